@@ -1,0 +1,214 @@
+"""The ``spectrace`` command line: the composition root.
+
+Only this module reaches ``hooks``, ``tui`` and ``engine``, and only through imports inside the
+command that needs them, so ``spectrace diff`` never loads textual, torch or vllm.
+stdout carries data only; diagnostics go to stderr as one line prefixed ``spectrace:``.
+Exit codes: 0 ok / no divergence, 1 divergence found, 2 usage or input error,
+3 other spectrace failure, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import click
+
+from .errors import InputError, SpectraceError
+
+EXIT_OK, EXIT_DIVERGENCE, EXIT_INPUT, EXIT_FAILURE, EXIT_INTERRUPT = 0, 1, 2, 3, 130
+
+
+def say(msg: str) -> None:
+    """Print one diagnostic line to stderr, prefixed ``spectrace:``."""
+    click.echo(f"spectrace: {msg}", err=True)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    say(f"warning: {message}")
+
+
+def _console():
+    """A rich Console on stdout: colour only on a TTY and never with NO_COLOR."""
+    from rich.console import Console
+
+    return Console(no_color=bool(os.environ.get("NO_COLOR")), highlight=False,
+                   soft_wrap=True)
+
+
+class _CaptureGroup(click.Group):
+    """``spectrace capture [vllm] -o OUT -- CMD``: ``vt`` is the default subcommand."""
+
+    def parse_args(self, ctx, args):
+        if not args or args[0] not in self.commands:
+            if not (args and args[0] in ("--help", "-h")):
+                args = ["vt", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="spectrace", prog_name="spectrace")
+def cli() -> None:
+    """spectrace: per-anchor draft-token tracer and differ for speculative decoding.
+
+    \b
+    Typical first steps:
+      spectrace demo                 run vLLM and the reference engine, diff them
+      spectrace info TRACE.h5        one trace's metadata and acceptance
+      spectrace diff OURS.h5 THEIRS.h5
+    """
+
+
+@cli.command()
+def schema() -> None:
+    """Print the trace store schema (HDF5, version 1)."""
+    from . import schema as _schema
+
+    click.echo(_schema.describe())
+
+
+@cli.command()
+@click.argument("trace", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True)
+def info(trace: tuple[str, ...], fmt: str) -> None:
+    """Show a trace's metadata and acceptance figures.
+
+    TRACE is one file, several files or a glob (one trace written by several processes).
+    """
+    from . import report
+    from .metrics import trace_summary
+    from .store import open_trace
+
+    t = open_trace(list(trace))
+    summary = trace_summary(t)
+    if fmt == "json":
+        click.echo(json.dumps(summary, indent=2, sort_keys=False))
+    else:
+        report.print_info(_console(), summary)
+
+
+@cli.command()
+@click.argument("ours")
+@click.argument("theirs")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True)
+@click.option("--examples", default=5, show_default=True,
+              help="Divergent blocks to show as examples.")
+def diff(ours: str, theirs: str, fmt: str, examples: int) -> None:
+    """Align two traces per anchor and report where their drafts differ.
+
+    OURS and THEIRS are trace files or globs (quote the glob). Exit status: 0 when every
+    comparable block agrees, 1 when a comparable block differs (or nothing is comparable),
+    2 on bad input.
+    """
+    from . import report
+    from .align import align
+    from .diff import diff_traces
+    from .store import open_trace
+
+    a, b = open_trace(ours), open_trace(theirs)
+    result = diff_traces(align(a, b), examples=examples)
+    if fmt == "json":
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        report.print_diff(_console(), result)
+    sys.exit(EXIT_DIVERGENCE if result.diverged else EXIT_OK)
+
+
+@cli.group("import")
+def import_() -> None:
+    """Convert an engine's trace output into a spectrace trace file."""
+
+
+@import_.command("vt")
+@click.argument("log", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False),
+              help="Output trace file (.h5).")
+@click.option("--requests", "requests_path", type=click.Path(dir_okay=False),
+              help="JSONL with req_id, prompt_ids, output_ids per request.")
+@click.option("--strict", is_flag=True, help="Fail on the first malformed line.")
+def import_vt(log: str, out: str, requests_path: str | None, strict: bool) -> None:
+    """Import our engine's VT_SPEC_TRACE stderr log (LOG, '-' for stdin)."""
+    from spectrace.hooks.vt_spec_trace import import_log
+
+    stats = import_log(log, out, requests_path=requests_path, strict=strict)
+    say(stats.summary())
+
+
+@cli.group(cls=_CaptureGroup)
+def capture() -> None:
+    """Run an engine command and record its drafts.
+
+    \b
+      spectrace capture -o OUT.h5 -- CMD ...        our engine (VT_SPEC_TRACE on stderr)
+      spectrace capture vllm -o OUT.h5 -- python SCRIPT ...   upstream vLLM (plugin)
+    """
+
+
+@capture.command("vt")
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False))
+@click.option("--requests", "requests_path", type=click.Path(dir_okay=False),
+              help="JSONL the command writes with req_id, prompt_ids, output_ids; "
+                   "read after the command exits.")
+@click.option("--strict", is_flag=True, help="Fail on the first malformed line.")
+@click.argument("cmd", nargs=-1, required=True)
+def capture_vt(out: str, requests_path: str | None, strict: bool, cmd: tuple[str, ...]) -> None:
+    """Run CMD with VT_SPEC_TRACE=1 (unless set), parse its stderr live, forward it."""
+    from spectrace.hooks.capture import capture_command
+
+    sys.exit(capture_command(list(cmd), out, requests_path=requests_path, strict=strict))
+
+
+@capture.command("vllm")
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False))
+@click.argument("cmd", nargs=-1, required=True)
+def capture_vllm_cmd(out: str, cmd: tuple[str, ...]) -> None:
+    """Run CMD (a vLLM script) with spectrace's vLLM plugin recording to OUT."""
+    from spectrace.hooks.capture import capture_vllm
+
+    sys.exit(capture_vllm(list(cmd), out))
+
+
+@cli.command()
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="spectrace-demo",
+              show_default=True, help="Directory for the traces and logs.")
+@click.option("--max-tokens", default=64, show_default=True)
+@click.option("--k", "k", default=4, show_default=True, help="num_speculative_tokens")
+def demo(out_dir: str, max_tokens: int, k: int) -> None:
+    """Run real vLLM and the reference engine on the bundled models, then diff them."""
+    from .demo import run_demo
+
+    sys.exit(run_demo(Path(out_dir), max_tokens=max_tokens, k=k))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: runs :func:`cli` and maps errors to exit codes."""
+    warnings.showwarning = _show_warning
+    try:
+        cli.main(args=argv, prog_name="spectrace", standalone_mode=False)
+    except click.exceptions.Abort:
+        say("interrupted")
+        sys.exit(EXIT_INTERRUPT)
+    except KeyboardInterrupt:
+        say("interrupted")
+        sys.exit(EXIT_INTERRUPT)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_INPUT)
+    except InputError as exc:
+        say(f"error: {exc}")
+        sys.exit(EXIT_INPUT)
+    except SpectraceError as exc:
+        say(f"error: {exc}")
+        sys.exit(EXIT_FAILURE)
+    except BrokenPipeError:
+        sys.exit(EXIT_OK)
+    sys.exit(EXIT_OK)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""The spectrace trace store schema, version 1: the single definition.
+
+Writers (:mod:`spectrace.tracer.store`), readers and ``spectrace schema`` all read this module;
+nothing else spells out a dataset name or dtype. Layout (one HDF5 file per engine process)::
+
+    /                 attrs: format, format_version, status, writer, created_utc
+    /meta             scalar UTF-8 string: one JSON document (see META_KEYS)
+    /requests/<col>   one row per request (REQUEST_COLUMNS)
+    /blocks/<col>     one row per draft block (BLOCK_COLUMNS)
+    /phases/<col>     one row per recorded per-step timing (PHASE_COLUMNS); names in attr ``names``
+
+Every table is a group of equal-length, chunked, unlimited-length datasets. Draft matrices are
+fixed width with a ``-1`` sentinel; their width grows (resize of axis 1) when a wider block
+arrives. Minor versions only add optional columns; readers ignore columns they do not know.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+FORMAT = "spectrace.trace"
+FORMAT_VERSION = "1.0"
+MAJOR_VERSION = 1
+
+#: File status attribute values. ``recording`` stays when a writer died before ``close()``.
+STATUS_RECORDING = "recording"
+STATUS_COMPLETE = "complete"
+
+#: Suffix of a file that is still being written (renamed away on clean close).
+PARTIAL_SUFFIX = ".partial"
+
+#: Sentinel for "no id" in padded draft matrices and "unknown" in count columns.
+PAD = -1
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a table.
+
+    ``width`` is ``None`` for a 1-D column, ``"k"`` for a ``[n, kmax]`` draft matrix and
+    ``"k+1"`` for a ``[n, kmax+1]`` emitted matrix. ``vlen`` marks a ragged column (one
+    variable-length array per row); ``str`` dtype means a UTF-8 variable-length string.
+    """
+
+    name: str
+    dtype: str
+    doc: str
+    width: str | None = None
+    vlen: bool = False
+    fill: int = 0
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        """The numpy dtype of one element (``object`` for strings)."""
+        return np.dtype(object) if self.dtype == "str" else np.dtype(self.dtype)
+
+
+REQUEST_COLUMNS: tuple[Column, ...] = (
+    Column("req_id", "str", "engine request id (internal vLLM ids keep their suffix)"),
+    Column("prompt_ids", "int32", "prompt token ids (ragged; empty when unknown)", vlen=True),
+    Column("output_ids", "int32", "output token ids as returned to the user, trimmed at "
+           "stop/max_tokens (ragged; empty when unknown)", vlen=True),
+    Column("finish_reason", "str", "length | stop | abort | unfinished | '' when unknown"),
+)
+
+BLOCK_COLUMNS: tuple[Column, ...] = (
+    Column("request", "int32", "row index into /requests"),
+    Column("step", "int32", "engine step that proposed this block (0-based, per process)"),
+    Column("position", "int32", "absolute index of the anchor in prompt + output (tokens)"),
+    Column("anchor", "int32", "anchor token id (the last verified / bonus token)"),
+    Column("k", "int16", "number of proposed ids in this block (may be < configured k)"),
+    Column("proposed", "int32", "ids the drafter proposed, for positions position+1..; -1 pad",
+           width="k", fill=PAD),
+    Column("num_verified", "int16", "number of drafts the target verified; -1 unknown",
+           fill=PAD),
+    Column("verified", "int32", "ids the target actually consumed; -1 pad", width="k",
+           fill=PAD),
+    Column("accepted", "int16", "accepted drafts as recorded by the engine; -1 unknown",
+           fill=PAD),
+    Column("num_emitted", "int16", "tokens the target emitted in this block "
+           "(accepted + 1 bonus/correction); -1 unknown", fill=PAD),
+    Column("emitted", "int32", "emitted ids; -1 pad", width="k+1", fill=PAD),
+    Column("t_ns", "int64", "wall-clock time the block was recorded (ns since the epoch)"),
+)
+
+PHASE_COLUMNS: tuple[Column, ...] = (
+    Column("step", "int32", "engine step the timing belongs to"),
+    Column("name", "int16", "index into the table's `names` attribute (e.g. backbone)"),
+    Column("ms", "float32", "duration in milliseconds"),
+    Column("level", "int8", "trace level that produced it (1: host enqueue time, 2+: synced)"),
+)
+
+TABLES: dict[str, tuple[Column, ...]] = {
+    "requests": REQUEST_COLUMNS,
+    "blocks": BLOCK_COLUMNS,
+    "phases": PHASE_COLUMNS,
+}
+
+#: Keys of the /meta JSON document. All optional; unknown keys are kept and shown as is.
+META_KEYS: dict[str, str] = {
+    "engine": "engine name (vllm, vllm.cpp, spectrace-reference)",
+    "engine_version": "engine version string",
+    "engine_commit": "engine commit, if known",
+    "backends": "object: backend name -> version (torch, FlashInfer, ...)",
+    "method": "dspark | dflash | eagle3 | mtp | draft_model | ngram | ...",
+    "k": "num_speculative_tokens as configured",
+    "layout": "object: sample_from_anchor, query slots per request",
+    "draft_vocab_size": "draft vocabulary size, if reduced",
+    "d2t": "true when a draft-to-target id mapping is applied",
+    "target_model": "target model path or id",
+    "draft_model": "draft model path or id",
+    "tokenizer": "tokenizer path (a directory or tokenizer.json)",
+    "sampling": "object: temperature, top_p, seed, penalties as applied",
+    "max_num_seqs": "engine batch limit",
+    "tp_rank / dp_rank": "ranks of the writing process",
+    "source": "vllm-hook | vt_spec_trace | reference",
+    "trace_level": "VT_SPEC_TRACE level or hook level",
+    "command": "command line that produced the trace",
+    "import": "object: parser statistics (lines, malformed line numbers, ...)",
+    "checks": "object: cross-checks against the engine's own counters",
+}
+
+
+def describe() -> str:
+    """Return the schema as human-readable text (what ``spectrace schema`` prints).
+
+    Returns:
+        A multi-line string listing every table, column, dtype, shape and meaning.
+    """
+    lines = [
+        f"spectrace trace store, format {FORMAT!r}, version {FORMAT_VERSION}",
+        "",
+        "/ attrs: format, format_version, status (recording|complete), writer, created_utc",
+        "/meta   UTF-8 JSON document with keys:",
+    ]
+    lines += [f"    {key:<20} {doc}" for key, doc in META_KEYS.items()]
+    for table, cols in TABLES.items():
+        lines += ["", f"/{table}   (equal-length columns, chunked, unlimited)"]
+        for c in cols:
+            shape = {None: "[n]", "k": "[n, kmax]", "k+1": "[n, kmax+1]"}[c.width]
+            if c.vlen:
+                shape = "[n][*]"
+            lines.append(f"    {c.name:<14} {c.dtype:<8} {shape:<12} {c.doc}")
+    lines += [
+        "",
+        "Conventions: acceptance rate = accepted / verified drafts; mean acceptance length =",
+        "1 + accepted / blocks (counts the bonus token, as vLLM does); per-position acceptance",
+        "at slot i = share of blocks with accepted > i (vLLM's survival-curve convention).",
+    ]
+    return "\n".join(lines)

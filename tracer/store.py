@@ -1,0 +1,660 @@
+"""HDF5 trace store: a crash-safe buffered writer and a lazy reader for schema v1.
+
+The writer buffers rows in Python lists, appends them in chunks to resizable HDF5 datasets,
+and flushes at least every ``flush_interval`` seconds from a background thread, so a
+``kill -9`` of the writing process loses only the rows recorded after the last flush. It
+writes ``NAME.h5.partial`` and renames it to ``NAME.h5`` on a clean :meth:`TraceWriter.close`.
+
+The reader opens one or several files (a glob or a list: one per process/DP rank) as one
+trace, reads columns lazily on first access and caches them as numpy arrays. A ``.partial``
+file opens with a :class:`TraceWarning`; rows are recovered up to the shortest flushed column.
+The file layout is defined in :mod:`spectrace.tracer.schema`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import glob as _glob
+import json
+import os
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from . import schema
+from .errors import InputError, TraceFormatError
+
+_STR = h5py.string_dtype("utf-8")
+_VLEN_I32 = h5py.vlen_dtype(np.int32)
+
+
+class TraceWarning(UserWarning):
+    """A recoverable problem with a trace file (e.g. a ``.partial`` file of a dead writer)."""
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("spectrace")
+    except Exception:  # not installed (e.g. a source checkout on sys.path)
+        return "unknown"
+
+
+def final_path(path: str | os.PathLike) -> Path:
+    """Return the clean-close name of a trace path (strips a trailing ``.partial``)."""
+    p = Path(path)
+    return p.with_name(p.name[: -len(schema.PARTIAL_SUFFIX)]) if p.name.endswith(
+        schema.PARTIAL_SUFFIX) else p
+
+
+# --------------------------------------------------------------------------------------------
+# Writer
+# --------------------------------------------------------------------------------------------
+
+
+class TraceWriter:
+    """Append-only writer of one trace file (schema v1).
+
+    Args:
+        path: final file name (``NAME.h5``); the file is written as ``NAME.h5.partial``.
+        meta: the /meta JSON document (see :data:`schema.META_KEYS`); must be JSON-serialisable.
+        flush_interval: seconds between background flushes (default 1.0). ``0`` disables the
+            thread; rows are then flushed every ``flush_rows`` rows and on close.
+        flush_rows: flush as soon as this many block rows are buffered.
+        compression: HDF5 filter for the tables (``"lzf"``, ``"gzip"`` or ``None``).
+
+    Thread-safe: a lock guards the buffers and the file. Use as a context manager: an
+    exception inside the ``with`` block flushes what was recorded and leaves the
+    ``.partial`` file (status ``recording``) for inspection instead of losing it.
+
+    Raises:
+        InputError: the output directory does not exist or the file cannot be created.
+    """
+
+    def __init__(self, path: str | os.PathLike, meta: dict | None = None, *,
+                 flush_interval: float = 1.0, flush_rows: int = 65536,
+                 compression: str | None = "lzf") -> None:
+        self.path = final_path(path)
+        self.partial_path = self.path.with_name(self.path.name + schema.PARTIAL_SUFFIX)
+        self._meta = dict(meta or {})
+        self._lock = threading.RLock()
+        self._flush_rows = flush_rows
+        self._compression = compression
+        self._kmax = max(int(self._meta.get("k") or 0), 1)
+        try:
+            self._file = h5py.File(self.partial_path, "w")
+        except OSError as exc:
+            raise InputError(f"{self.partial_path}: cannot create trace file ({exc})") from None
+        self._init_file()
+        self._blocks: dict[str, list] = {c.name: [] for c in schema.BLOCK_COLUMNS}
+        self._phases: dict[str, list] = {c.name: [] for c in schema.PHASE_COLUMNS}
+        self._phase_names: dict[str, int] = {}
+        self._req_index: dict[str, int] = {}
+        self._requests: list[list] = []  # [req_id, prompt, output, finish_reason]
+        self._dirty_requests: set[int] = set()
+        self._meta_dirty = False
+        self._closed = False
+        self.rows_written = 0
+        self._stop = threading.Event()
+        self._thread = None
+        if flush_interval and flush_interval > 0:
+            self._thread = threading.Thread(target=self._flush_loop, args=(flush_interval,),
+                                            name="spectrace-flush", daemon=True)
+            self._thread.start()
+
+    # -- file layout ---------------------------------------------------------------------------
+
+    def _init_file(self) -> None:
+        f = self._file
+        f.attrs["format"] = schema.FORMAT
+        f.attrs["format_version"] = schema.FORMAT_VERSION
+        f.attrs["status"] = schema.STATUS_RECORDING
+        f.attrs["writer"] = f"spectrace {_version()}"
+        f.attrs["created_utc"] = _dt.datetime.now(_dt.timezone.utc).isoformat(
+            timespec="seconds")
+        self._write_meta()
+        for table, cols in schema.TABLES.items():
+            g = f.create_group(table)
+            for c in cols:
+                self._create_column(g, c)
+        f.flush()
+
+    def _create_column(self, group: h5py.Group, c: schema.Column) -> None:
+        if c.vlen:
+            dtype = _VLEN_I32
+        elif c.dtype == "str":
+            dtype = _STR
+        else:
+            dtype = c.np_dtype
+        kw = {}
+        if c.width is None:
+            shape, maxshape, chunks = (0,), (None,), (16384,)
+        else:
+            w = self._kmax + (1 if c.width == "k+1" else 0)
+            shape, maxshape, chunks = (0, w), (None, None), (4096, w)
+        if not c.vlen and c.dtype != "str":
+            kw["fillvalue"] = c.fill
+            if self._compression:
+                kw.update(compression=self._compression, shuffle=True)
+        else:
+            chunks = (256,)
+        group.create_dataset(c.name, shape=shape, maxshape=maxshape, chunks=chunks,
+                             dtype=dtype, **kw)
+
+    def _write_meta(self) -> None:
+        if "meta" in self._file:
+            del self._file["meta"]
+        self._file.create_dataset("meta", data=json.dumps(self._meta, sort_keys=True,
+                                                          default=str), dtype=_STR)
+
+    # -- recording -----------------------------------------------------------------------------
+
+    def update_meta(self, **items) -> None:
+        """Merge ``items`` into /meta (rewritten on the next flush)."""
+        with self._lock:
+            self._meta.update(items)
+            self._meta_dirty = True
+
+    @property
+    def meta(self) -> dict:
+        """A copy of the /meta document as it will be written."""
+        with self._lock:
+            return dict(self._meta)
+
+    def request(self, req_id: str, prompt_ids: Sequence[int] | None = None,
+                output_ids: Sequence[int] | None = None,
+                finish_reason: str | None = None) -> int:
+        """Register request ``req_id`` (or update its ids) and return its row index.
+
+        Args:
+            req_id: engine request id.
+            prompt_ids, output_ids: token ids (int); ``None`` keeps what is stored.
+            finish_reason: ``length``, ``stop``, ...; ``None`` keeps what is stored.
+        Returns:
+            The request's row index in /requests (stable for the writer's lifetime).
+        """
+        with self._lock:
+            req_id = str(req_id)
+            idx = self._req_index.get(req_id)
+            if idx is None:
+                idx = len(self._requests)
+                self._req_index[req_id] = idx
+                self._requests.append([req_id, [], [], ""])
+            row = self._requests[idx]
+            if prompt_ids is not None:
+                row[1] = [int(t) for t in prompt_ids]
+            if output_ids is not None:
+                row[2] = [int(t) for t in output_ids]
+            if finish_reason is not None:
+                row[3] = str(finish_reason)
+            self._dirty_requests.add(idx)
+            return idx
+
+    def add_block(self, req_id: str, step: int, position: int, anchor: int,
+                  proposed: Sequence[int], *, verified: Sequence[int] | None = None,
+                  accepted: int = schema.PAD, emitted: Sequence[int] | None = None,
+                  t_ns: int | None = None) -> None:
+        """Record one draft block.
+
+        Args:
+            req_id: engine request id (registered on first sight).
+            step: engine step that proposed the block.
+            position: absolute index of the anchor in prompt + output (tokens).
+            anchor: anchor token id.
+            proposed: the k ids the drafter proposed (int).
+            verified: ids the target consumed, or ``None`` when not recorded.
+            accepted: accepted drafts as the engine counted them (``-1``: unknown).
+            emitted: tokens the target emitted (accepted drafts + bonus), or ``None``.
+            t_ns: wall-clock ns; defaults to now.
+        """
+        with self._lock:
+            b = self._blocks
+            b["request"].append(self.request(req_id))
+            b["step"].append(step)
+            b["position"].append(position)
+            b["anchor"].append(anchor)
+            b["k"].append(len(proposed))
+            b["proposed"].append(list(proposed))
+            b["num_verified"].append(schema.PAD if verified is None else len(verified))
+            b["verified"].append([] if verified is None else list(verified))
+            b["accepted"].append(accepted)
+            b["num_emitted"].append(schema.PAD if emitted is None else len(emitted))
+            b["emitted"].append([] if emitted is None else list(emitted))
+            b["t_ns"].append(time.time_ns() if t_ns is None else t_ns)
+            if len(b["request"]) >= self._flush_rows:
+                self._flush_locked()
+
+    def add_blocks(self, columns: dict[str, np.ndarray]) -> None:
+        """Append many blocks at once (vectorised; used by importers and benchmarks).
+
+        Args:
+            columns: block column name -> array of n rows; ``request`` holds row indices
+                of requests already registered with :meth:`request`. Matrices are
+                ``[n, w]`` int32 with ``-1`` padding. Missing columns get their fill value.
+        Raises:
+            ValueError: columns of different lengths or an unknown column name.
+        """
+        with self._lock:
+            self._flush_locked()
+            n = len(next(iter(columns.values())))
+            known = {c.name: c for c in schema.BLOCK_COLUMNS}
+            for name, arr in columns.items():
+                if name not in known:
+                    raise ValueError(f"blocks: unknown column {name!r}")
+                if len(arr) != n:
+                    raise ValueError(f"blocks.{name}: {len(arr)} rows, expected {n}")
+            g = self._file["blocks"]
+            for c in schema.BLOCK_COLUMNS:
+                arr = columns.get(c.name)
+                if arr is None:
+                    shape = (n,) if c.width is None else (n, 1)
+                    arr = np.full(shape, c.fill, dtype=c.np_dtype)
+                self._append(g[c.name], np.asarray(arr, dtype=c.np_dtype), c)
+            self.rows_written += n
+            self._file.flush()
+
+    def add_phase(self, step: int, name: str, ms: float, level: int = 1) -> None:
+        """Record one per-step timing (``name`` such as ``backbone``; ``ms`` milliseconds)."""
+        with self._lock:
+            code = self._phase_names.setdefault(name, len(self._phase_names))
+            p = self._phases
+            p["step"].append(step)
+            p["name"].append(code)
+            p["ms"].append(ms)
+            p["level"].append(level)
+
+    # -- flushing ------------------------------------------------------------------------------
+
+    def _flush_loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.flush()
+            except Exception:  # the file was closed under us; close() flushes anyway
+                return
+
+    def flush(self) -> None:
+        """Write buffered rows to the file and flush HDF5's buffers to disk."""
+        with self._lock:
+            if not self._closed:
+                self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        wrote = False
+        if self._blocks["request"]:
+            self._flush_table("blocks", schema.BLOCK_COLUMNS, self._blocks)
+            wrote = True
+        if self._phases["step"]:
+            self._flush_table("phases", schema.PHASE_COLUMNS, self._phases)
+            self._file["phases"].attrs["names"] = list(self._phase_names)
+            wrote = True
+        if self._dirty_requests:
+            self._flush_requests()
+            wrote = True
+        if self._meta_dirty:
+            self._write_meta()
+            self._meta_dirty = False
+            wrote = True
+        if wrote:
+            self._file.flush()
+
+    def _flush_table(self, table: str, cols: tuple[schema.Column, ...],
+                     buf: dict[str, list]) -> None:
+        g = self._file[table]
+        n = len(buf[cols[0].name])
+        for c in cols:
+            values = buf[c.name]
+            if c.width is None:
+                arr = np.asarray(values, dtype=c.np_dtype)
+            else:
+                w = max((len(v) for v in values), default=0)
+                arr = np.full((n, max(w, 1)), c.fill, dtype=c.np_dtype)
+                for i, v in enumerate(values):
+                    arr[i, :len(v)] = v
+            self._append(g[c.name], arr, c)
+            buf[c.name] = []
+        if table == "blocks":
+            self.rows_written += n
+
+    def _append(self, ds: h5py.Dataset, arr: np.ndarray, c: schema.Column) -> None:
+        n0 = ds.shape[0]
+        if c.width is None:
+            ds.resize((n0 + len(arr),))
+            ds[n0:] = arr
+            return
+        w = ds.shape[1]
+        if arr.shape[1] > w:  # a wider block than seen so far: widen, new cells read as -1
+            ds.resize((n0, arr.shape[1]))
+            w = arr.shape[1]
+        ds.resize((n0 + len(arr), w))
+        ds[n0:, :arr.shape[1]] = arr
+
+    def _flush_requests(self) -> None:
+        g = self._file["requests"]
+        n = len(self._requests)
+        for c in schema.REQUEST_COLUMNS:
+            g[c.name].resize((n,))
+        for idx in sorted(self._dirty_requests):
+            req_id, prompt, output, reason = self._requests[idx]
+            g["req_id"][idx] = req_id
+            g["prompt_ids"][idx] = np.asarray(prompt, dtype=np.int32)
+            g["output_ids"][idx] = np.asarray(output, dtype=np.int32)
+            g["finish_reason"][idx] = reason
+        self._dirty_requests.clear()
+
+    # -- closing -------------------------------------------------------------------------------
+
+    def close(self, complete: bool = True) -> Path:
+        """Flush, mark the file and (if ``complete``) rename ``.partial`` to the final name.
+
+        Idempotent. With ``complete=False`` the rows are flushed but the file stays
+        ``NAME.h5.partial`` with status ``recording`` (what a crashed engine leaves).
+
+        Returns:
+            The path of the file on disk.
+        """
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        with self._lock:
+            if self._closed:
+                return self.path if complete else self.partial_path
+            self._flush_locked()
+            if complete:
+                self._file.attrs["status"] = schema.STATUS_COMPLETE
+            self._file.close()
+            self._closed = True
+        if complete:
+            os.replace(self.partial_path, self.path)
+            return self.path
+        return self.partial_path
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(complete=exc_type is None)
+
+
+# --------------------------------------------------------------------------------------------
+# Reader
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Requests:
+    """The /requests table of a trace (all files concatenated).
+
+    Attributes:
+        req_id: list of n request ids (str).
+        prompt_ids, output_ids: lists of n int32 arrays (empty when unknown).
+        finish_reason: list of n str.
+        file: int array [n], index of the file each request came from.
+    """
+
+    req_id: list[str] = field(default_factory=list)
+    prompt_ids: list[np.ndarray] = field(default_factory=list)
+    output_ids: list[np.ndarray] = field(default_factory=list)
+    finish_reason: list[str] = field(default_factory=list)
+    file: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+
+    def __len__(self) -> int:
+        return len(self.req_id)
+
+    def full_sequence(self, i: int) -> np.ndarray:
+        """Prompt + output ids of request ``i`` (int32 [len])."""
+        return np.concatenate([self.prompt_ids[i], self.output_ids[i]]).astype(np.int32)
+
+
+class Blocks:
+    """Lazy view of the /blocks table: ``blocks.<column>`` loads and caches a numpy array.
+
+    Column names and dtypes are those of :data:`schema.BLOCK_COLUMNS`; matrices are padded
+    with ``-1`` to the widest file. ``request`` is re-based to index the concatenated
+    :class:`Requests`. Unknown optional columns are ignored.
+    """
+
+    def __init__(self, trace: Trace) -> None:
+        self._trace = trace
+        self._cache: dict[str, np.ndarray] = {}
+        self._cols = {c.name: c for c in schema.BLOCK_COLUMNS}
+
+    def __len__(self) -> int:
+        return sum(self._trace._nblocks)
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        cols = self.__dict__.get("_cols", {})
+        if name not in cols:
+            raise AttributeError(name)
+        cache = self.__dict__["_cache"]
+        if name not in cache:
+            cache[name] = self._trace._read_block_column(cols[name])
+        return cache[name]
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every column, loaded (name -> array)."""
+        return {name: getattr(self, name) for name in self._cols}
+
+
+class Trace:
+    """A trace opened for reading: one or several files treated as one run.
+
+    Attributes:
+        paths: the files, in the order given (globs sorted).
+        meta: /meta of the first file; ``metas`` holds every file's.
+        requests: :class:`Requests`, read eagerly (small).
+        blocks: :class:`Blocks`, read lazily per column.
+        status: ``complete`` if every file closed cleanly, else ``recording``.
+        warnings: one-line warnings raised while opening (also issued as TraceWarning).
+    """
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = paths
+        self.warnings: list[str] = []
+        self._files: list[h5py.File] = []
+        self.metas: list[dict] = []
+        self._nblocks: list[int] = []
+        self.status = schema.STATUS_COMPLETE
+        for p in paths:
+            self._open_one(p)
+        self.meta = self.metas[0] if self.metas else {}
+        self.requests = self._read_requests()
+        self.blocks = Blocks(self)
+
+    # -- opening -------------------------------------------------------------------------------
+
+    def _open_one(self, path: Path) -> None:
+        try:
+            f = h5py.File(path, "r", locking=False)
+        except FileNotFoundError:
+            raise InputError(f"{path}: no such file") from None
+        except OSError as exc:
+            raise TraceFormatError(f"{path}: not a readable HDF5 file ({_short(exc)})") from None
+        fmt = _attr(f, "format")
+        if fmt != schema.FORMAT:
+            f.close()
+            raise TraceFormatError(f"{path}: not a spectrace trace (format attribute is "
+                                   f"{fmt!r}, expected {schema.FORMAT!r})")
+        version = str(_attr(f, "format_version") or "")
+        if version.split(".")[0] != str(schema.MAJOR_VERSION):
+            f.close()
+            raise TraceFormatError(
+                f"{path}: trace format version {version or '?'} is not supported; this "
+                f"spectrace reads {schema.MAJOR_VERSION}.x (upgrade spectrace)")
+        try:
+            meta = json.loads(_decode(f["meta"][()]))
+        except (KeyError, ValueError) as exc:
+            f.close()
+            raise TraceFormatError(f"{path}: /meta is missing or not JSON ({exc})") from None
+        status = _attr(f, "status")
+        n = self._flushed_rows(f)
+        if status != schema.STATUS_COMPLETE or path.name.endswith(schema.PARTIAL_SUFFIX):
+            self.status = schema.STATUS_RECORDING
+            self._warn(f"{path}: trace was not closed cleanly (status {status!r}); "
+                       f"recovered {n} flushed blocks")
+        self._files.append(f)
+        self.metas.append(meta)
+        self._nblocks.append(n)
+
+    @staticmethod
+    def _flushed_rows(f: h5py.File) -> int:
+        # A writer killed mid-flush may leave columns of different lengths: the shortest one
+        # bounds the rows that were completely written.
+        g = f["blocks"]
+        return min((g[c.name].shape[0] for c in schema.BLOCK_COLUMNS if c.name in g),
+                   default=0)
+
+    def _warn(self, msg: str) -> None:
+        self.warnings.append(msg)
+        warnings.warn(msg, TraceWarning, stacklevel=3)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _read_requests(self) -> Requests:
+        r = Requests()
+        files = []
+        self._req_offsets = []
+        for i, f in enumerate(self._files):
+            g = f["requests"]
+            n = min(g[c.name].shape[0] for c in schema.REQUEST_COLUMNS)
+            self._req_offsets.append(len(r.req_id))
+            r.req_id += [_decode(x) for x in g["req_id"][:n]]
+            r.prompt_ids += [np.asarray(x, np.int32) for x in g["prompt_ids"][:n]]
+            r.output_ids += [np.asarray(x, np.int32) for x in g["output_ids"][:n]]
+            r.finish_reason += [_decode(x) for x in g["finish_reason"][:n]]
+            files.append(np.full(n, i, np.int32))
+        r.file = np.concatenate(files) if files else np.zeros(0, np.int32)
+        self._nreq_per_file = [int((r.file == i).sum()) for i in range(len(self._files))]
+        return r
+
+    def _read_block_column(self, c: schema.Column) -> np.ndarray:
+        parts = []
+        for i, (f, n) in enumerate(zip(self._files, self._nblocks)):
+            ds = f["blocks"].get(c.name)
+            if ds is None:
+                shape = (n,) if c.width is None else (n, 1)
+                arr = np.full(shape, c.fill, c.np_dtype)
+            else:
+                arr = ds[:n]
+            if c.name == "request":
+                arr = arr + self._req_offsets[i]
+                missing = arr >= self._req_offsets[i] + self._nreq_per_file[i]
+                if missing.any():  # rows flushed before their request row: keep them
+                    self._add_unknown_requests(arr, missing)
+            parts.append(arr)
+        if not parts:
+            return np.zeros((0,) if c.width is None else (0, 1), c.np_dtype)
+        if c.width is not None:
+            w = max(p.shape[1] for p in parts)
+            parts = [p if p.shape[1] == w else np.pad(
+                p, ((0, 0), (0, w - p.shape[1])), constant_values=c.fill) for p in parts]
+        return np.concatenate(parts)
+
+    def _add_unknown_requests(self, arr: np.ndarray, missing: np.ndarray) -> None:
+        # Remap dangling request indices to placeholder request rows at the end.
+        for idx in np.unique(arr[missing]):
+            new = len(self.requests.req_id)
+            self.requests.req_id.append(f"?{idx}")
+            self.requests.prompt_ids.append(np.zeros(0, np.int32))
+            self.requests.output_ids.append(np.zeros(0, np.int32))
+            self.requests.finish_reason.append("unfinished")
+            self.requests.file = np.append(self.requests.file, -1)
+            arr[arr == idx] = new
+
+    def phases(self) -> dict[str, np.ndarray]:
+        """The /phases table: ``step`` int32, ``name`` (str object array), ``ms`` float32,
+        ``level`` int8, ``file`` int32, all [n]."""
+        out: dict[str, list] = {"step": [], "name": [], "ms": [], "level": [], "file": []}
+        for i, f in enumerate(self._files):
+            g = f["phases"]
+            n = min(g[c.name].shape[0] for c in schema.PHASE_COLUMNS)
+            names = [_decode(x) for x in g.attrs.get("names", [])]
+            codes = g["name"][:n]
+            out["step"].append(g["step"][:n])
+            out["name"].append(np.array([names[c] if 0 <= c < len(names) else "?"
+                                         for c in codes], dtype=object))
+            out["ms"].append(g["ms"][:n])
+            out["level"].append(g["level"][:n])
+            out["file"].append(np.full(n, i, np.int32))
+        return {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in out.items()}
+
+    def close(self) -> None:
+        """Close the underlying files (columns already read stay usable)."""
+        for f in self._files:
+            f.close()
+        self._files = []
+
+    def __enter__(self) -> Trace:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def name(self) -> str:
+        """A short label: the first file name (plus ``+N`` for more files)."""
+        extra = f" +{len(self.paths) - 1}" if len(self.paths) > 1 else ""
+        return f"{self.paths[0].name}{extra}" if self.paths else "?"
+
+
+def resolve_paths(spec: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
+    """Expand a trace spec to file paths.
+
+    A spec is a path, a glob (``run-*.h5``) or a list of either. ``NAME.h5`` that does not
+    exist but has a ``NAME.h5.partial`` resolves to the partial file.
+
+    Raises:
+        InputError: a path or glob that matches nothing.
+    """
+    specs = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
+    out: list[Path] = []
+    for s in specs:
+        s = str(s)
+        if any(ch in s for ch in "*?["):
+            matches = sorted(_glob.glob(s))
+            if not matches:
+                raise InputError(f"{s}: no file matches this pattern")
+            out += [Path(m) for m in matches]
+            continue
+        p = Path(s)
+        if not p.exists():
+            partial = p.with_name(p.name + schema.PARTIAL_SUFFIX)
+            if partial.exists():
+                p = partial
+            else:
+                raise InputError(f"{s}: no such file")
+        out.append(p)
+    if not out:
+        raise InputError("no trace file given")
+    return out
+
+
+def open_trace(spec: str | os.PathLike | Iterable[str | os.PathLike]) -> Trace:
+    """Open a trace for reading (see :func:`resolve_paths` for the accepted specs).
+
+    Returns:
+        A :class:`Trace`; its columns are read lazily.
+    Raises:
+        InputError: missing file; TraceFormatError: not a spectrace trace or an unknown
+        major version. Each message is one line naming the file.
+    """
+    return Trace(resolve_paths(spec))
+
+
+def _attr(f: h5py.File, name: str):
+    v = f.attrs.get(name)
+    return _decode(v) if v is not None else None
+
+
+def _decode(v) -> str:
+    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+
+
+def _short(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:120]
