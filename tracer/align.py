@@ -1,0 +1,179 @@
+"""Align two traces per anchor on identical content.
+
+1. Requests are matched by identical prompt ids, then by request id, then by order.
+2. Per matched pair the *content divergence position* is the first index where the two full
+   sequences (prompt + output) differ; a block is comparable only when its anchor position is
+   before it (both engines saw the same prefix up to and including the anchor).
+3. Comparable blocks pair up by (request pair, anchor position): with different acceptance the
+   engines draft from different positions, so only positions both drafted from pair up.
+
+All block work is vectorised over whole columns (sort + intersect on int64 keys).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .store import Trace
+
+#: Divergence position meaning "the sequences agree on their common length".
+NO_DIVERGENCE = np.iinfo(np.int64).max
+
+
+@dataclass
+class Alignment:
+    """Two traces aligned per anchor.
+
+    Attributes:
+        a, b: the traces ("ours" and "theirs").
+        req_a, req_b: int64 [m] request indices of the m matched request pairs.
+        matched_by: list of m str: ``prompt`` | ``req_id`` | ``order``.
+        unmatched_a, unmatched_b: int64 request indices without a partner.
+        divergence: int64 [m] first differing index of the full sequences (tokens), or
+            :data:`NO_DIVERGENCE`; ``content_known``: bool [m], False when either side lacks
+            output ids (then only anchors tell whether content matches).
+        common_len: int64 [m] length of the shorter full sequence (tokens).
+        pair_of_block_a, pair_of_block_b: int64 [blocks] request-pair index per block, -1
+            when the request is unmatched.
+        comparable_a, comparable_b: bool [blocks] block lies on matched content.
+        ia, ib: int64 [P] indices of the P paired blocks (same pair, same anchor position),
+            sorted by (pair, position).
+    """
+
+    a: Trace
+    b: Trace
+    req_a: np.ndarray
+    req_b: np.ndarray
+    matched_by: list[str]
+    unmatched_a: np.ndarray
+    unmatched_b: np.ndarray
+    divergence: np.ndarray
+    content_known: np.ndarray
+    common_len: np.ndarray
+    pair_of_block_a: np.ndarray
+    pair_of_block_b: np.ndarray
+    comparable_a: np.ndarray
+    comparable_b: np.ndarray
+    ia: np.ndarray
+    ib: np.ndarray
+
+    @property
+    def pairs(self) -> int:
+        """Number of matched request pairs."""
+        return len(self.req_a)
+
+
+def match_requests(a: Trace, b: Trace) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Match requests of two traces: identical prompt ids, then request id, then order.
+
+    Duplicate prompts pair up in order of appearance. Returns ``(req_a, req_b, matched_by)``.
+    """
+    ra, rb = a.requests, b.requests
+    pairs: list[tuple[int, int, str]] = []
+    free_b = set(range(len(rb)))
+    by_prompt: dict[bytes, list[int]] = {}
+    for j in range(len(rb)):
+        if len(rb.prompt_ids[j]):
+            by_prompt.setdefault(rb.prompt_ids[j].astype(np.int32).tobytes(), []).append(j)
+    left_a = []
+    for i in range(len(ra)):
+        cands = by_prompt.get(ra.prompt_ids[i].astype(np.int32).tobytes()) \
+            if len(ra.prompt_ids[i]) else None
+        if cands:
+            j = cands.pop(0)
+            free_b.discard(j)
+            pairs.append((i, j, "prompt"))
+        else:
+            left_a.append(i)
+    by_id = {rb.req_id[j]: j for j in sorted(free_b)}
+    left_a2 = []
+    for i in left_a:
+        j = by_id.pop(ra.req_id[i], None)
+        if j is not None and not (len(ra.prompt_ids[i]) and len(rb.prompt_ids[j])):
+            free_b.discard(j)
+            pairs.append((i, j, "req_id"))
+        else:
+            left_a2.append(i)
+    # Order only where neither side knows its prompt: different prompts never match.
+    rest_b = [j for j in sorted(free_b) if not len(rb.prompt_ids[j])]
+    for i in [i for i in left_a2 if not len(ra.prompt_ids[i])]:
+        if rest_b:
+            pairs.append((i, rest_b.pop(0), "order"))
+    pairs.sort()
+    req_a = np.array([p[0] for p in pairs], dtype=np.int64)
+    req_b = np.array([p[1] for p in pairs], dtype=np.int64)
+    return req_a, req_b, [p[2] for p in pairs]
+
+
+def first_difference(x: np.ndarray, y: np.ndarray) -> int:
+    """First index where int arrays x and y differ within their common length, or
+    :data:`NO_DIVERGENCE`."""
+    n = min(len(x), len(y))
+    diff = np.flatnonzero(x[:n] != y[:n])
+    return int(diff[0]) if len(diff) else NO_DIVERGENCE
+
+
+def _block_keys(pair_of_block: np.ndarray, position: np.ndarray, comparable: np.ndarray,
+                stride: int) -> tuple[np.ndarray, np.ndarray]:
+    idx = np.flatnonzero(comparable)
+    keys = pair_of_block[idx] * stride + position[idx].astype(np.int64)
+    # One block per (pair, position): a re-prefill can repeat a position; keep the first.
+    keys, first = np.unique(keys, return_index=True)
+    return keys, idx[first]
+
+
+def align(a: Trace, b: Trace) -> Alignment:
+    """Align trace ``a`` (ours) with trace ``b`` (theirs). See the module docstring.
+
+    Returns:
+        An :class:`Alignment`. Reads the request tables and the ``request`` and ``position``
+        block columns.
+    """
+    a.blocks.request, b.blocks.request  # noqa: B018 - may add placeholder request rows
+    req_a, req_b, matched_by = match_requests(a, b)
+    m = len(req_a)
+    divergence = np.full(m, NO_DIVERGENCE, np.int64)
+    common_len = np.zeros(m, np.int64)
+    known = np.zeros(m, bool)
+    for p in range(m):
+        ia, ib = req_a[p], req_b[p]
+        oa, ob = a.requests.output_ids[ia], b.requests.output_ids[ib]
+        known[p] = len(oa) > 0 and len(ob) > 0
+        sa, sb = a.requests.full_sequence(ia), b.requests.full_sequence(ib)
+        common_len[p] = min(len(sa), len(sb))
+        if known[p]:
+            divergence[p] = first_difference(sa, sb)
+
+    pob_a = _pair_of_block(a, req_a)
+    pob_b = _pair_of_block(b, req_b)
+    pos_a, pos_b = a.blocks.position.astype(np.int64), b.blocks.position.astype(np.int64)
+    comp_a = _comparable(pob_a, pos_a, divergence)
+    comp_b = _comparable(pob_b, pos_b, divergence)
+    stride = int(max(pos_a.max(initial=0), pos_b.max(initial=0))) + 2
+    ka, ia_idx = _block_keys(pob_a, pos_a, comp_a, stride)
+    kb, ib_idx = _block_keys(pob_b, pos_b, comp_b, stride)
+    _, xa, xb = np.intersect1d(ka, kb, assume_unique=True, return_indices=True)
+    return Alignment(
+        a=a, b=b, req_a=req_a, req_b=req_b, matched_by=matched_by,
+        unmatched_a=np.setdiff1d(np.arange(len(a.requests)), req_a),
+        unmatched_b=np.setdiff1d(np.arange(len(b.requests)), req_b),
+        divergence=divergence, content_known=known, common_len=common_len,
+        pair_of_block_a=pob_a, pair_of_block_b=pob_b,
+        comparable_a=comp_a, comparable_b=comp_b,
+        ia=ia_idx[xa], ib=ib_idx[xb])
+
+
+def _pair_of_block(t: Trace, req: np.ndarray) -> np.ndarray:
+    r = t.blocks.request.astype(np.int64)  # first: may add placeholder request rows
+    lookup = np.full(len(t.requests) + 1, -1, np.int64)
+    lookup[req] = np.arange(len(req))
+    return lookup[r] if len(r) else np.zeros(0, np.int64)
+
+
+def _comparable(pob: np.ndarray, pos: np.ndarray, divergence: np.ndarray) -> np.ndarray:
+    ok = pob >= 0
+    out = np.zeros(len(pob), bool)
+    out[ok] = pos[ok] < divergence[pob[ok]]
+    return out

@@ -1,0 +1,152 @@
+"""Acceptance metrics over block columns, recorded and recomputed from the emitted stream.
+
+Conventions (vLLM's, stated in every report):
+
+* acceptance rate = accepted drafts / verified drafts;
+* mean acceptance length = 1 + accepted / blocks (the bonus token counts);
+* per-position acceptance at slot i = share of blocks with accepted > i (a survival curve,
+  as ``vllm:spec_decode_num_accepted_tokens_per_pos`` / ``num_drafts``), not conditional.
+
+Everything is vectorised over whole columns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .store import Trace
+
+
+def sequence_index(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Concatenate every request's prompt + output ids for vectorised gathers.
+
+    Returns:
+        ``(flat, start, length)``: flat int32 [total] ids; start, length int64 [requests]
+        (tokens). A request with unknown output ids has length 0.
+    """
+    r = trace.requests
+    seqs = [np.concatenate([p, o]) if len(o) else np.zeros(0, np.int32)
+            for p, o in zip(r.prompt_ids, r.output_ids)]
+    length = np.array([len(s) for s in seqs], dtype=np.int64)
+    start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64) if len(seqs) else \
+        np.zeros(0, np.int64)
+    flat = np.concatenate(seqs).astype(np.int32) if seqs else np.zeros(0, np.int32)
+    return flat, start, length
+
+
+def drafts_checked(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """The drafts the target checked per block: verified ids where recorded, else proposed.
+
+    Returns:
+        ``(ids, n)``: ids int32 [blocks, kmax] (-1 padded), n int64 [blocks] (tokens).
+    """
+    b = trace.blocks
+    nv = b.num_verified.astype(np.int64)
+    has_v = nv >= 0
+    prop, ver = b.proposed, b.verified
+    w = max(prop.shape[1], ver.shape[1])
+    ids = np.full((len(nv), w), -1, np.int32)
+    ids[:, :prop.shape[1]] = prop
+    if has_v.any():
+        ids[has_v] = -1
+        ids[has_v, :ver.shape[1]] = ver[has_v]
+    n = np.where(has_v, nv, b.k.astype(np.int64))
+    return ids, n
+
+
+def recompute_accepted(trace: Trace) -> np.ndarray:
+    """Accepted drafts recomputed from the output: the longest draft prefix the output took.
+
+    For block b of request r at anchor position p with checked drafts d[0..n), the count is
+    the largest m with ``d[j] == full_r[p+1+j]`` for all j < m. Exact under greedy decoding;
+    the last block of a request may undercount (output trimmed at max_tokens).
+    Mirrors the parity gate of our engine's ``test_qwen38_dflash2_spec_decode.cpp``.
+
+    Returns:
+        int16 [blocks]; -1 where the request's output ids are unknown.
+    """
+    b = trace.blocks
+    flat, start, length = sequence_index(trace)
+    ids, n = drafts_checked(trace)
+    req = b.request.astype(np.int64)
+    if len(req) == 0:
+        return np.zeros(0, np.int16)
+    slots = np.arange(ids.shape[1], dtype=np.int64)
+    tpos = b.position.astype(np.int64)[:, None] + 1 + slots          # target positions
+    valid = (slots < n[:, None]) & (tpos < length[req][:, None])
+    gather = np.where(valid, start[req][:, None] + tpos, 0)
+    got = flat[gather] if len(flat) else np.zeros_like(gather, dtype=np.int32)
+    match = valid & (got == ids)
+    out = np.cumprod(match, axis=1).sum(axis=1).astype(np.int16)
+    out[length[req] == 0] = -1
+    return out
+
+
+def acceptance(accepted: np.ndarray, verified: np.ndarray, kmax: int | None = None) -> dict:
+    """Acceptance figures of a set of blocks.
+
+    Args:
+        accepted: int [blocks] accepted drafts; blocks with -1 (unknown) are left out.
+        verified: int [blocks] drafts verified per block (tokens).
+        kmax: slots for the per-position curve (default: max verified).
+    Returns:
+        dict with ``blocks``, ``verified_tokens``, ``accepted_tokens``, ``acceptance_rate``
+        (accepted/verified or None), ``mean_acceptance_length`` (1 + accepted/blocks or
+        None) and ``per_position`` (list of kmax shares of blocks with accepted > i).
+    """
+    known = accepted >= 0
+    acc = accepted[known].astype(np.int64)
+    ver = np.maximum(verified[known].astype(np.int64), 0)
+    nblk = int(known.sum())
+    kmax = int(kmax if kmax is not None else (ver.max() if len(ver) else 0))
+    per_pos = [(float((acc > i).mean()) if nblk else None) for i in range(kmax)]
+    tot_acc, tot_ver = int(acc.sum()), int(ver.sum())
+    return {
+        "blocks": nblk,
+        "verified_tokens": tot_ver,
+        "accepted_tokens": tot_acc,
+        "acceptance_rate": tot_acc / tot_ver if tot_ver else None,
+        "mean_acceptance_length": 1 + tot_acc / nblk if nblk else None,
+        "per_position": per_pos,
+    }
+
+
+CONVENTIONS = ("acceptance rate = accepted/verified drafts; mean acceptance length = "
+               "1 + accepted/blocks (bonus token counted); per-position acceptance at slot i = "
+               "share of blocks with accepted > i")
+
+
+def trace_summary(trace: Trace) -> dict:
+    """Everything ``spectrace info`` shows: metadata and acceptance figures of one trace.
+
+    Returns:
+        A JSON-serialisable dict: ``files``, ``status``, ``warnings``, ``meta``, ``requests``,
+        ``blocks``, ``proposed_tokens``, ``verified_tokens``, ``unverified_blocks``,
+        ``recorded`` and ``recomputed`` (see :func:`acceptance`), ``phases_ms`` (median ms
+        per phase name), ``conventions``.
+    """
+    b = trace.blocks
+    _, checked = drafts_checked(trace)
+    k = b.k.astype(np.int64)
+    kmax = int(k.max()) if len(k) else 0
+    unverified = int(((b.num_verified < 0) & (b.accepted < 0)).sum())
+    recomputed = recompute_accepted(trace)
+    phases = trace.phases()
+    phase_ms = {}
+    for name in dict.fromkeys(phases["name"].tolist()):
+        phase_ms[name] = float(np.median(phases["ms"][phases["name"] == name]))
+    return {
+        "files": [str(p) for p in trace.paths],
+        "status": trace.status,
+        "warnings": list(trace.warnings),
+        "meta": trace.meta,
+        "requests": len(trace.requests),
+        "blocks": len(b),
+        "proposed_tokens": int(k.sum()),
+        "verified_tokens": int(np.maximum(b.num_verified, 0).sum()),
+        "unverified_blocks": unverified,
+        "recorded": acceptance(b.accepted, checked, kmax),
+        "recomputed": acceptance(recomputed, checked, kmax),
+        "phases_ms": phase_ms,
+        "conventions": CONVENTIONS,
+    }
