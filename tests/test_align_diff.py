@@ -1,0 +1,170 @@
+"""Alignment and diff on traces simulated by an independent greedy spec-decode loop."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from spectrace.tracer.align import NO_DIVERGENCE, align
+from spectrace.tracer.diff import SCHEMA, diff_traces
+from spectrace.tracer.metrics import recompute_accepted, trace_summary
+from spectrace.tracer.store import TraceWriter, open_trace
+
+SPECTRACE = os.path.join(os.path.dirname(sys.executable), "spectrace")
+K = 3
+
+
+def simulate(writer, req_id, prompt, output, drafter, miscount=None):
+    """Greedy speculative decoding over a known output: returns the anchor positions."""
+    seq = list(prompt) + list(output)
+    writer.request(req_id, prompt_ids=prompt, output_ids=output, finish_reason="length")
+    pos, step, positions = len(prompt) - 1, 0, []
+    while pos + 1 < len(seq):
+        drafts = drafter(seq, pos)
+        acc = 0
+        while acc < len(drafts) and pos + 1 + acc < len(seq) and drafts[acc] == seq[pos + 1 + acc]:
+            acc += 1
+        recorded = acc if miscount is None or step != miscount else acc + 1
+        writer.add_block(req_id, step, pos, seq[pos], drafts, verified=drafts,
+                         accepted=recorded, emitted=seq[pos + 1: pos + 2 + acc])
+        positions.append(pos)
+        pos, step = pos + acc + 1, step + 1
+    return positions
+
+
+PROMPT = [1, 2, 3]
+OUTPUT = list(range(10, 30))   # 20 output tokens
+
+
+def oracle(good_slots, truth=PROMPT + OUTPUT):
+    """Drafts equal to a fixed reference text in the given slots, a wrong id elsewhere.
+
+    Like a real drafter it depends only on the anchor position, never on the output.
+    """
+    def drafter(seq, pos):
+        out = []
+        for j in range(K):
+            true = truth[pos + 1 + j] if pos + 1 + j < len(truth) else 0
+            out.append(true if j in good_slots(pos) else 1000 + j)
+        return out
+    return drafter
+
+
+def make(path, req_id, drafter, output=OUTPUT, prompt=PROMPT, miscount=None):
+    with TraceWriter(path, {"k": K, "engine": req_id}, flush_interval=0) as w:
+        pos = simulate(w, req_id, prompt, output, drafter, miscount=miscount)
+    return pos
+
+
+def test_identical_traces_agree(tmp_path):
+    full = oracle(lambda p: {0, 1} if p % 2 else {0})
+    pa = make(tmp_path / "a.h5", "ours-0", full)
+    make(tmp_path / "b.h5", "theirs-0", full)
+    al = align(open_trace(tmp_path / "a.h5"), open_trace(tmp_path / "b.h5"))
+    assert al.matched_by == ["prompt"]           # different ids, same prompt
+    assert al.divergence.tolist() == [NO_DIVERGENCE]
+    r = diff_traces(al)
+    assert not r.diverged
+    assert r.agreement["paired_blocks"] == len(pa)
+    assert r.agreement["exact_matches"] == len(pa)
+    assert r.coverage["ours_coverage"] == 1.0
+    out = subprocess.run([SPECTRACE, "diff", str(tmp_path / "a.h5"), str(tmp_path / "b.h5")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "no divergence" in out.stdout
+
+
+def test_pairs_only_common_anchor_positions(tmp_path):
+    # Ours accepts slot 0 only (advance 2), theirs accepts everything (advance 4).
+    pa = make(tmp_path / "a.h5", "a", oracle(lambda p: {0}))
+    pb = make(tmp_path / "b.h5", "b", oracle(lambda p: {0, 1, 2}))
+    common = sorted(set(pa) & set(pb))
+    assert pa == list(range(2, 21, 2)) and pb == [2, 6, 10, 14, 18]
+    r = diff_traces(align(open_trace(tmp_path / "a.h5"), open_trace(tmp_path / "b.h5")))
+    assert r.agreement["paired_blocks"] == len(common) == 5
+    assert r.coverage["ours_coverage"] == 5 / 10
+    assert r.coverage["theirs_coverage"] == 1.0
+    # The proposals differ in slots 1 and 2 of every paired block.
+    assert r.agreement["exact_matches"] == 0
+    assert r.agreement["per_position"] == [1.0, 0.0, 0.0]
+    assert r.agreement["mean_common_prefix"] == 1.0
+    assert r.diverged
+    acc = r.acceptance
+    assert acc["ours"]["all_content"]["recorded"]["accepted_tokens"] == 10
+    assert acc["theirs"]["all_content"]["recorded"]["accepted_tokens"] == 5 * 3
+    assert acc["ours"]["all_content"]["recorded"]["mean_acceptance_length"] == 2.0
+
+
+def test_content_divergence_excludes_later_blocks(tmp_path):
+    good = oracle(lambda p: {0, 1, 2})
+    make(tmp_path / "a.h5", "a", good)
+    other = OUTPUT[:9] + [99] + OUTPUT[10:]             # differs at output index 9
+    pb = make(tmp_path / "b.h5", "b", good, output=other)
+    al = align(open_trace(tmp_path / "a.h5"), open_trace(tmp_path / "b.h5"))
+    d = len(PROMPT) + 9
+    assert al.divergence.tolist() == [d]
+    r = diff_traces(al)
+    assert r.content == [{"ours_req": "a", "theirs_req": "b", "position": d, "prompt_len": 3,
+                          "ours_token": OUTPUT[9], "theirs_token": 99}]
+    assert r.coverage["theirs_on_matched_content"] == sum(p < d for p in pb) == 3
+    assert r.agreement["paired_blocks"] == 3 and not r.diverged
+
+
+def test_recomputed_acceptance_exposes_miscount(tmp_path):
+    make(tmp_path / "a.h5", "a", oracle(lambda p: {0}), miscount=2)
+    t = open_trace(tmp_path / "a.h5")
+    rec, recomp = t.blocks.accepted, recompute_accepted(t)
+    assert (rec != recomp).nonzero()[0].tolist() == [2]
+    s = trace_summary(t)
+    assert s["recorded"]["accepted_tokens"] == s["recomputed"]["accepted_tokens"] + 1
+
+
+def test_requests_match_by_prompt_regardless_of_order(tmp_path):
+    d = oracle(lambda p: {0})
+    with TraceWriter(tmp_path / "a.h5", {"k": K}, flush_interval=0) as w:
+        simulate(w, "x", [1, 2], OUTPUT, d)
+        simulate(w, "y", [4, 5], OUTPUT, d)
+    with TraceWriter(tmp_path / "b.h5", {"k": K}, flush_interval=0) as w:
+        simulate(w, "q", [4, 5], OUTPUT, d)
+        simulate(w, "p", [1, 2], OUTPUT, d)
+        simulate(w, "z", [7, 7], OUTPUT, d)
+    al = align(open_trace(tmp_path / "a.h5"), open_trace(tmp_path / "b.h5"))
+    assert al.req_a.tolist() == [0, 1] and al.req_b.tolist() == [1, 0]
+    assert al.unmatched_b.tolist() == [2]
+    r = diff_traces(al)
+    assert r.requests["unmatched_theirs"] == ["z"]
+    # The reference text is offset for 2-token prompts: nothing accepted, one block per token.
+    assert r.agreement["exact_matches"] == r.agreement["paired_blocks"] == 2 * 20
+
+
+def test_json_output_and_exit_code(tmp_path):
+    make(tmp_path / "a.h5", "a", oracle(lambda p: {0}))
+    make(tmp_path / "b.h5", "b", oracle(lambda p: {1}))
+    out = subprocess.run([SPECTRACE, "diff", "--format", "json", str(tmp_path / "a.h5"),
+                          str(tmp_path / "b.h5")], capture_output=True, text=True)
+    assert out.returncode == 1
+    doc = json.loads(out.stdout)
+    assert doc["schema"] == SCHEMA and doc["diverged"] is True
+    ex = doc["examples"][0]
+    assert ex["position"] == 2 and ex["first_differing_slot"] == 0
+    assert ex["ours"] == [OUTPUT[0], 1001, 1002] and ex["theirs"] == [1000, OUTPUT[1], 1002]
+
+
+def test_vectorised_pairing_scales(tmp_path):
+    """200k blocks per side pair up exactly (keys, not loops)."""
+    n = 200_000
+    rng = np.random.default_rng(1)
+    prop = rng.integers(0, 50, (n, 4)).astype(np.int32)
+    for name, p in (("a", prop), ("b", prop.copy())):
+        with TraceWriter(tmp_path / f"{name}.h5", {"k": 4}, flush_interval=0) as w:
+            for r in range(4):
+                w.request(f"r{r}", prompt_ids=[r])
+            w.add_blocks({"request": np.arange(n) % 4, "position": np.arange(n) // 4 + 1,
+                          "anchor": np.zeros(n), "k": np.full(n, 4), "proposed": p,
+                          "accepted": np.zeros(n)})
+    r = diff_traces(align(open_trace(tmp_path / "a.h5"), open_trace(tmp_path / "b.h5")))
+    assert r.agreement["paired_blocks"] == n and r.agreement["exact_matches"] == n

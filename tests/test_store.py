@@ -1,0 +1,159 @@
+"""Trace store: round trip, partial files, SIGKILL recovery, refusal of foreign files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from spectrace.tracer import schema
+from spectrace.tracer.errors import InputError, TraceFormatError
+from spectrace.tracer.store import TraceWarning, TraceWriter, open_trace
+
+SPECTRACE = os.path.join(os.path.dirname(sys.executable), "spectrace")
+
+
+def test_round_trip(tmp_path):
+    path = tmp_path / "t.h5"
+    with TraceWriter(path, {"k": 3, "engine": "e"}, flush_interval=0) as w:
+        w.request("r0", prompt_ids=[5, 6])
+        w.add_block("r0", 0, 1, 6, [7, 8, 9], verified=[7, 8, 9], accepted=1, emitted=[7, 3])
+        w.add_block("r1", 1, 4, 2, [1, 2, 3, 4, 5])  # wider than k: the matrix grows
+        w.add_phase(1, "backbone", 2.5, level=1)
+        w.request("r0", output_ids=[7, 3], finish_reason="length")
+    assert not (tmp_path / "t.h5.partial").exists()
+    t = open_trace(path)
+    assert t.status == "complete" and t.warnings == []
+    assert t.meta == {"k": 3, "engine": "e"}
+    assert t.requests.req_id == ["r0", "r1"]
+    assert t.requests.full_sequence(0).tolist() == [5, 6, 7, 3]
+    assert t.requests.finish_reason == ["length", ""]
+    b = t.blocks
+    assert len(b) == 2
+    assert b.proposed.tolist() == [[7, 8, 9, -1, -1], [1, 2, 3, 4, 5]]
+    assert b.verified[:, :3].tolist() == [[7, 8, 9], [-1, -1, -1]]
+    assert b.num_verified.tolist() == [3, -1]
+    assert b.accepted.tolist() == [1, -1]
+    assert b.emitted[0, :3].tolist() == [7, 3, -1]
+    assert b.k.tolist() == [3, 5] and b.request.tolist() == [0, 1]
+    ph = t.phases()
+    assert ph["name"].tolist() == ["backbone"] and ph["ms"].tolist() == [2.5]
+
+
+def test_exception_leaves_partial(tmp_path):
+    path = tmp_path / "t.h5"
+    with pytest.raises(RuntimeError):
+        with TraceWriter(path, {"k": 2}, flush_interval=0) as w:
+            w.add_block("r", 0, 3, 1, [1, 2], accepted=0)
+            raise RuntimeError("engine crashed")
+    assert (tmp_path / "t.h5.partial").exists() and not path.exists()
+    with pytest.warns(TraceWarning, match="not closed cleanly"):
+        t = open_trace(path)  # NAME.h5 resolves to NAME.h5.partial
+    assert len(t.blocks) == 1 and t.status == "recording"
+
+
+def test_several_files_are_one_trace(tmp_path):
+    for r in range(2):
+        with TraceWriter(tmp_path / f"run.dp{r}.h5", {"k": 2}, flush_interval=0) as w:
+            w.request(f"q{r}", prompt_ids=[r], output_ids=[9])
+            w.add_block(f"q{r}", 0, 0, r, [r, r + 1], accepted=0)
+    t = open_trace(str(tmp_path / "run.dp*.h5"))
+    assert t.requests.req_id == ["q0", "q1"]
+    assert t.blocks.request.tolist() == [0, 1]  # re-based per file
+    assert t.blocks.anchor.tolist() == [0, 1]
+
+
+def test_refuses_foreign_and_future_files(tmp_path):
+    text = tmp_path / "x.h5"
+    text.write_text("hello")
+    with pytest.raises(TraceFormatError, match=r"x\.h5: not a readable HDF5 file"):
+        open_trace(text)
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f["data"] = [1, 2]
+    with pytest.raises(TraceFormatError, match=r"other\.h5: not a spectrace trace"):
+        open_trace(other)
+    future = tmp_path / "future.h5"
+    TraceWriter(future, {}, flush_interval=0).close()
+    with h5py.File(future, "a") as f:
+        f.attrs["format_version"] = "2.0"
+    with pytest.raises(TraceFormatError, match=r"version 2\.0 is not supported"):
+        open_trace(future)
+    with pytest.raises(InputError, match=r"missing\.h5: no such file"):
+        open_trace(tmp_path / "missing.h5")
+
+
+def test_cli_refusal_is_one_line(tmp_path):
+    bad = tmp_path / "bad.h5"
+    bad.write_text("not hdf5")
+    r = subprocess.run([SPECTRACE, "info", str(bad)], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("spectrace: error: ")
+    assert "bad.h5" in r.stderr
+
+
+_SLOW_WRITER = """
+import sys, time
+from spectrace.tracer.store import TraceWriter
+w = TraceWriter(sys.argv[1], {"k": 2}, flush_interval=0.2)
+for i in range(100000):
+    w.add_block("r", i, i, i % 7, [i, i + 1], accepted=i % 3)
+    print(i, flush=True)
+    time.sleep(0.01)
+"""
+
+
+def test_sigkill_keeps_every_flushed_block(tmp_path):
+    """A writer killed with SIGKILL leaves a .partial that opens with all flushed rows."""
+    path = tmp_path / "k.h5"
+    p = subprocess.Popen([sys.executable, "-c", _SLOW_WRITER, str(path)],
+                         stdout=subprocess.PIPE, text=True)
+    written = 0
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 1.5:  # several flush intervals
+        line = p.stdout.readline()
+        written = int(line) + 1
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    with pytest.warns(TraceWarning):
+        t = open_trace(path)
+    n = len(t.blocks)
+    # Rows recorded in the last flush interval may be lost, never more.
+    assert 0 < n <= written and written - n < 60
+    assert t.blocks.position.tolist() == list(range(n))
+    assert t.blocks.anchor.tolist() == [i % 7 for i in range(n)]
+    r = subprocess.run([SPECTRACE, "info", "--format", "json", str(path) + ".partial"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["blocks"] == n
+    assert "not closed cleanly" in r.stderr
+
+
+def test_bulk_append_matches_row_append(tmp_path):
+    rng = np.random.default_rng(0)
+    prop = rng.integers(0, 100, (50, 4)).astype(np.int32)
+    with TraceWriter(tmp_path / "a.h5", {"k": 4}, flush_interval=0) as w:
+        w.request("r")
+        w.add_blocks({"request": np.zeros(50, np.int32), "position": np.arange(50),
+                      "anchor": np.arange(50), "k": np.full(50, 4), "proposed": prop,
+                      "accepted": np.ones(50)})
+    t = open_trace(tmp_path / "a.h5")
+    assert (t.blocks.proposed == prop).all()
+    assert t.blocks.num_verified.tolist() == [-1] * 50
+    assert t.blocks.accepted.tolist() == [1] * 50
+
+
+def test_schema_is_the_one_definition():
+    text = schema.describe()
+    for table, cols in schema.TABLES.items():
+        assert f"/{table}" in text
+        for c in cols:
+            assert c.name in text
