@@ -155,12 +155,16 @@ def capture() -> None:
               help="JSONL the command writes with req_id, prompt_ids, output_ids; "
                    "read after the command exits.")
 @click.option("--strict", is_flag=True, help="Fail on the first malformed line.")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False),
+              help="Also keep CMD's raw stderr in this file (for `spectrace import vt`).")
 @click.argument("cmd", nargs=-1, required=True)
-def capture_vt(out: str, requests_path: str | None, strict: bool, cmd: tuple[str, ...]) -> None:
+def capture_vt(out: str, requests_path: str | None, strict: bool, log_path: str | None,
+               cmd: tuple[str, ...]) -> None:
     """Run CMD with VT_SPEC_TRACE=1 (unless set), parse its stderr live, forward it."""
     from spectrace.hooks.capture import capture_command
 
-    sys.exit(capture_command(list(cmd), out, requests_path=requests_path, strict=strict))
+    sys.exit(capture_command(list(cmd), out, requests_path=requests_path, strict=strict,
+                             log_path=log_path))
 
 
 @capture.command("vllm")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .align import NO_DIVERGENCE, Alignment
+from .findings import Finding
 from .metrics import CONVENTIONS, acceptance, drafts_checked, recompute_accepted
 from .store import Trace
 
@@ -34,6 +35,7 @@ class DiffResult:
     examples: list[dict]
     diverged: bool
     reasons: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
 
     def to_json(self) -> dict:
         """The ``spectrace.diff/1`` document (JSON-serialisable)."""
@@ -41,6 +43,7 @@ class DiffResult:
             "schema": SCHEMA,
             "diverged": self.diverged,
             "reasons": self.reasons,
+            "findings": [f.to_json() for f in self.findings],
             "ours": self.ours,
             "theirs": self.theirs,
             "requests": self.requests,

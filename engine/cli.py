@@ -1,0 +1,104 @@
+"""Command line of the reference engine.
+
+``python -m spectrace.engine --method draft_model|ngram --k 4 --max-tokens 64 [--target DIR]
+[--draft DIR] [--prompts FILE.jsonl] [--requests-out FILE.jsonl] [--batch-size N]``
+
+stdout: one line per request, ``<req_id>: <completion as a JSON string>``.
+stderr: the ``VT_SPEC_TRACE`` lines (when the variable is set), ``--stats`` and errors.
+Requests are greedy with ``ignore_eos`` semantics unless ``--stop-on-eos``; every request
+gets exactly ``--max-tokens`` output tokens. Exit codes: 0 ok, 2 usage/input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+PROG = "spectrace-engine"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m spectrace.engine", description="Reference greedy speculative-decoding engine.")
+    ap.add_argument("--method", choices=["draft_model", "ngram"], default="draft_model")
+    ap.add_argument("--k", type=int, default=4, help="speculative tokens per step (num_speculative_tokens)")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--target", type=Path, default=None, help="target model folder (default: bundled)")
+    ap.add_argument("--draft", type=Path, default=None, help="draft model folder (default: bundled; draft_model only)")
+    ap.add_argument("--prompts", type=Path, default=None, help='JSONL of {"id", "text"} or {"id", "prompt_ids"} (default: bundled)')
+    ap.add_argument("--requests-out", type=Path, default=None, help="write one JSON line per request here")
+    ap.add_argument("--batch-size", type=int, default=None, help="max concurrently running requests (default: all)")
+    ap.add_argument("--prompt-lookup-min", type=int, default=1, help="ngram: shortest n-gram to match")
+    ap.add_argument("--prompt-lookup-max", type=int, default=3, help="ngram: longest n-gram to match")
+    ap.add_argument("--stop-on-eos", action="store_true", help="finish a request at EOS (default: ignore_eos)")
+    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    ap.add_argument("--stats", action="store_true", help="print an acceptance summary line to stderr")
+    return ap
+
+
+def read_prompts(path: Path, tokenizer) -> list[list[int]]:
+    """Prompt token ids, one list per JSONL line (`prompt_ids` used as is, `text` tokenized)."""
+    from .models import encode_prompt
+
+    prompts = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        obj = json.loads(line)
+        if "prompt_ids" in obj:
+            prompts.append([int(t) for t in obj["prompt_ids"]])
+        elif "text" in obj:
+            prompts.append(encode_prompt(tokenizer, obj["text"]))
+        else:
+            raise ValueError(f"{path}:{n}: needs 'text' or 'prompt_ids'")
+    return prompts
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.k < 1 or args.max_tokens < 1 or (args.batch_size is not None and args.batch_size < 1):
+        print(f"{PROG}: error: --k, --max-tokens and --batch-size must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        return run(args)
+    except (OSError, ValueError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    from .core import Engine
+    from .drafters import DraftModelDrafter, NgramDrafter
+    from .models import bundled_model_dir, bundled_prompts_path, configure_torch, load_model, load_tokenizer
+
+    configure_torch(args.threads)
+    target_dir = args.target or bundled_model_dir("target")
+    target = load_model(target_dir)
+    tokenizer = load_tokenizer(target_dir)
+    if args.method == "draft_model":
+        drafter = DraftModelDrafter(load_model(args.draft or bundled_model_dir("draft")), args.k)
+    else:
+        drafter = NgramDrafter(args.k, args.prompt_lookup_min, args.prompt_lookup_max, target.max_model_len)
+
+    engine = Engine(target, drafter, batch_size=args.batch_size, ignore_eos=not args.stop_on_eos)
+    prompts = read_prompts(args.prompts or bundled_prompts_path(), tokenizer)
+    for i, ids in enumerate(prompts):
+        engine.add_request(str(i), ids, args.max_tokens)
+    requests = engine.run()
+
+    for req in requests:
+        print(f"{req.req_id}: {json.dumps(tokenizer.decode(req.output_ids))}")
+    if args.requests_out:
+        with open(args.requests_out, "w") as f:
+            for req in requests:
+                rec = {"req_id": req.req_id, "prompt_ids": req.prompt_ids, "output_ids": req.output_ids, "finish_reason": req.finish_reason}
+                f.write(json.dumps(rec) + "\n")
+    if args.stats:
+        s = engine.stats
+        print(
+            f"{PROG}: method={args.method} k={args.k} steps={s.num_steps} spec_drafts_proposed={s.num_draft_tokens} "
+            f"spec_drafts_accepted={s.num_accepted_tokens} spec_drafted_request_steps={s.num_drafts}",
+            file=sys.stderr,
+        )
+    return 0

@@ -1,0 +1,167 @@
+"""Draft proposers: `draft_model` (greedy continuation of a small LM) and `ngram` (prompt lookup).
+
+A drafter maps the full token sequences of the batch rows (prompt + committed output, the
+anchor last) to one draft list per row. Both reproduce vLLM's proposals token for token:
+
+* `draft_model`: vLLM's draft model sees the same sequence and greedily extends it by k tokens.
+  We compute that the plain way (a full forward per draft token, argmax of the last row), which
+  is numerically the straightforward computation in fp32.
+* `ngram`: a line-by-line port of vLLM's numba `_find_longest_matched_ngram_and_propose_tokens`
+  (vllm/v1/spec_decode/ngram_proposer.py), including which occurrence wins and the short/empty
+  results.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import torch
+
+from .models import LoadedModel
+
+METHODS = ("draft_model", "ngram")
+
+
+@dataclass
+class ProposeTimings:
+    """Wall time of one propose call, split like the `[spec-phase]` line. Units: seconds."""
+
+    pre_s: float = 0.0  # building the draft model's input tensors
+    backbone_s: float = 0.0  # draft model forwards
+    sample_s: float = 0.0  # argmax / selection of the next draft token
+
+
+@dataclass
+class Proposal:
+    """Drafts for each batch row (`drafts[i]` may be shorter than k, or empty, for ngram)."""
+
+    drafts: list[list[int]]
+    timings: ProposeTimings | None = None  # None for drafters that print no propose-side lines
+    logits_numel: int = 0  # elements of the logits the selection looked at, for `logits=`
+
+
+class Drafter(Protocol):
+    method: str
+    k: int
+    lookahead: int  # the scheduler's num_lookahead_tokens for this method (vLLM: k / 0)
+
+    def propose(self, sequences: Sequence[Sequence[int]]) -> Proposal: ...
+
+
+# ---------------------------------------------------------------------------- draft model
+
+
+def draft_logits_last(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Logits of the last position. ids: int64 [1, T]. Returns fp32 [vocab]."""
+    return model(input_ids=ids, use_cache=False).logits[0, -1]
+
+
+def greedy_select(logits: torch.Tensor) -> int:
+    """Greedy draft selection: argmax over the vocab (first index on ties, like torch/vLLM)."""
+    return int(torch.argmax(logits).item())
+
+
+@dataclass
+class DraftModelDrafter:
+    """Greedy k-token continuation of a draft LM from each row's full sequence."""
+
+    draft: LoadedModel
+    k: int
+    method: str = field(default="draft_model", init=False)
+
+    @property
+    def lookahead(self) -> int:
+        return self.k
+
+    def propose_row(self, sequence: Sequence[int], timings: ProposeTimings) -> list[int]:
+        """k greedy tokens after `sequence` (ints, anchor last). Adds to `timings` in place."""
+        seq = list(sequence)
+        out: list[int] = []
+        for _ in range(self.k):
+            t0 = time.perf_counter()
+            ids = torch.tensor([seq], dtype=torch.int64)
+            t1 = time.perf_counter()
+            with torch.no_grad():
+                logits = draft_logits_last(self.draft.model, ids)
+            t2 = time.perf_counter()
+            tok = greedy_select(logits)
+            t3 = time.perf_counter()
+            timings.pre_s += t1 - t0
+            timings.backbone_s += t2 - t1
+            timings.sample_s += t3 - t2
+            seq.append(tok)
+            out.append(tok)
+        return out
+
+    def propose(self, sequences: Sequence[Sequence[int]]) -> Proposal:
+        timings = ProposeTimings()
+        drafts = [self.propose_row(seq, timings) for seq in sequences]
+        return Proposal(drafts, timings, logits_numel=len(sequences) * self.k * self.draft.vocab_size)
+
+
+# ---------------------------------------------------------------------------- ngram
+
+
+def ngram_lookup(tokens: Sequence[int], min_n: int, max_n: int, k: int, max_model_len: int) -> list[int]:
+    """vLLM's prompt lookup for one sequence (port of the numba KMP, same branch structure).
+
+    Finds the longest n in [min_n, max_n] such that the last n tokens occur earlier in `tokens`;
+    among occurrences of that n-gram it takes the EARLIEST one, and returns the up-to-k tokens
+    that follow it (fewer when the match runs into the end; [] when none or no room left
+    before max_model_len).
+    """
+    total = len(tokens)
+    if total < min_n:
+        return []
+    k = min(k, max_model_len - total)
+    if k <= 0:
+        return []
+    rev = tokens[::-1]  # the suffix of `tokens` becomes a prefix of `rev`
+    lps = [0] * max_n  # KMP failure function, kept for the first max_n prefix positions only
+    longest, position = 0, 0
+    prev = 0
+    i = 1
+    while i < total:
+        if rev[prev] == rev[i]:
+            prev += 1
+            # `>=`: a later i in `rev` is an earlier occurrence in `tokens`, which vLLM prefers.
+            if prev >= longest:
+                longest, position = prev, i
+            if i < max_n:
+                lps[i] = prev
+            if prev == max_n:
+                prev = lps[max_n - 1]
+            i += 1
+        elif prev != 0:
+            prev = lps[prev - 1]
+        else:
+            i += 1
+    if longest < min_n:
+        return []
+    start = total - 1 - position + longest
+    k = min(k, total - start)
+    return list(tokens[start : start + k])
+
+
+@dataclass
+class NgramDrafter:
+    """Prompt-lookup drafter; vLLM's `ngram` with prompt_lookup_min/max."""
+
+    k: int
+    min_n: int = 1
+    max_n: int = 3
+    max_model_len: int = 512
+    method: str = field(default="ngram", init=False)
+
+    @property
+    def lookahead(self) -> int:
+        return 0  # vLLM reserves no lookahead KV slots for ngram
+
+    def propose(self, sequences: Sequence[Sequence[int]]) -> Proposal:
+        drafts = [
+            ngram_lookup(seq, self.min_n, self.max_n, self.k, self.max_model_len) if len(seq) < self.max_model_len else []
+            for seq in sequences
+        ]
+        return Proposal(drafts)
