@@ -83,6 +83,9 @@ BLOCK_COLUMNS: tuple[Column, ...] = (
            "(accepted + 1 bonus/correction); -1 unknown", fill=PAD),
     Column("emitted", "int32", "emitted ids; -1 pad", width="k+1", fill=PAD),
     Column("t_ns", "int64", "wall-clock time the block was recorded (ns since the epoch)"),
+    Column("batch_row", "int16", "row of the request in the proposing step's batch; -1 unknown",
+           fill=PAD),
+    Column("batch_size", "int16", "rows in the proposing step's batch; -1 unknown", fill=PAD),
 )
 
 PHASE_COLUMNS: tuple[Column, ...] = (

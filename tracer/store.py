@@ -200,7 +200,8 @@ class TraceWriter:
     def add_block(self, req_id: str, step: int, position: int, anchor: int,
                   proposed: Sequence[int], *, verified: Sequence[int] | None = None,
                   accepted: int = schema.PAD, emitted: Sequence[int] | None = None,
-                  t_ns: int | None = None) -> None:
+                  t_ns: int | None = None, batch_row: int = schema.PAD,
+                  batch_size: int = schema.PAD) -> None:
         """Record one draft block.
 
         Args:
@@ -213,6 +214,8 @@ class TraceWriter:
             accepted: accepted drafts as the engine counted them (``-1``: unknown).
             emitted: tokens the target emitted (accepted drafts + bonus), or ``None``.
             t_ns: wall-clock ns; defaults to now.
+            batch_row, batch_size: the request's row in the proposing step's batch and the
+                number of rows (-1: unknown); they expose batch-dependent drafts.
         """
         with self._lock:
             b = self._blocks
@@ -228,6 +231,8 @@ class TraceWriter:
             b["num_emitted"].append(schema.PAD if emitted is None else len(emitted))
             b["emitted"].append([] if emitted is None else list(emitted))
             b["t_ns"].append(time.time_ns() if t_ns is None else t_ns)
+            b["batch_row"].append(batch_row)
+            b["batch_size"].append(batch_size)
             if len(b["request"]) >= self._flush_rows:
                 self._flush_locked()
 
