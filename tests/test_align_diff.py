@@ -111,7 +111,11 @@ def test_content_divergence_excludes_later_blocks(tmp_path):
     assert r.content == [{"ours_req": "a", "theirs_req": "b", "position": d, "prompt_len": 3,
                           "ours_token": OUTPUT[9], "theirs_token": 99}]
     assert r.coverage["theirs_on_matched_content"] == sum(p < d for p in pb) == 3
-    assert r.agreement["paired_blocks"] == 3 and not r.diverged
+    assert r.agreement["paired_blocks"] == 3
+    # The paired blocks agree, but differing content is an error finding of its own.
+    assert [(f.kind, f.severity, f.position) for f in r.findings] == [
+        ("content_divergence", "error", d)]
+    assert r.diverged
 
 
 def test_recomputed_acceptance_exposes_miscount(tmp_path):

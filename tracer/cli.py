@@ -98,7 +98,9 @@ def info(trace: tuple[str, ...], fmt: str) -> None:
               show_default=True)
 @click.option("--examples", default=5, show_default=True,
               help="Divergent blocks to show as examples.")
-def diff(ours: str, theirs: str, fmt: str, examples: int) -> None:
+@click.option("--tokenizer", type=click.Path(),
+              help="tokenizer.json (or its directory) to decode ids; default: from the trace.")
+def diff(ours: str, theirs: str, fmt: str, examples: int, tokenizer: str | None) -> None:
     """Align two traces per anchor and report where their drafts differ.
 
     OURS and THEIRS are trace files or globs (quote the glob). Exit status: 0 when every
@@ -110,13 +112,45 @@ def diff(ours: str, theirs: str, fmt: str, examples: int) -> None:
     from .diff import diff_traces
     from .store import open_trace
 
+    from .tokens import decoder_for
+
     a, b = open_trace(ours), open_trace(theirs)
-    result = diff_traces(align(a, b), examples=examples)
+    dec = decoder_for(tokenizer, a.meta, b.meta)
+    result = diff_traces(align(a, b), examples=examples, decoder=dec)
     if fmt == "json":
         click.echo(json.dumps(result.to_json(), indent=2))
     else:
         report.print_diff(_console(), result)
     sys.exit(EXIT_DIVERGENCE if result.diverged else EXIT_OK)
+
+
+@cli.command()
+@click.argument("trace", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True)
+@click.option("--tokenizer", type=click.Path(),
+              help="tokenizer.json (or its directory) to decode ids; default: from the trace.")
+def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None) -> None:
+    """Check one trace on its own: loops, constant or unverified drafts, bookkeeping,
+    vocabulary range, verified vs proposed, anchors. Exit 1 on an error finding."""
+    from . import report
+    from .detect import check_trace
+    from .metrics import trace_summary
+    from .store import open_trace
+    from .tokens import decoder_for
+
+    t = open_trace(list(trace))
+    found = check_trace(t, decoder_for(tokenizer, t.meta))
+    summary = trace_summary(t)
+    if fmt == "json":
+        click.echo(json.dumps({"schema": "spectrace.check/1",
+                               "findings": [f.to_json() for f in found],
+                               "summary": summary}, indent=2))
+    else:
+        con = _console()
+        report.print_findings(con, found)
+        report.print_info(con, summary)
+    sys.exit(EXIT_DIVERGENCE if any(f.severity == "error" for f in found) else EXIT_OK)
 
 
 @cli.group("import")

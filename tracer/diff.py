@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .align import NO_DIVERGENCE, Alignment
+from .detect import detect_pair
 from .findings import Finding
 from .metrics import CONVENTIONS, acceptance, drafts_checked, recompute_accepted
 from .store import Trace
@@ -100,15 +101,17 @@ def _share(num: np.ndarray, den: np.ndarray) -> list:
     return [float(n / d) if d else None for n, d in zip(num, den)]
 
 
-def diff_traces(al: Alignment, examples: int = 5) -> DiffResult:
+def diff_traces(al: Alignment, examples: int = 5, decoder=None) -> DiffResult:
     """Compare the paired blocks of an alignment. See the module docstring.
 
     Args:
         al: the alignment of ours (``al.a``) and theirs (``al.b``).
         examples: how many divergent blocks to include as examples.
+        decoder: a :class:`~spectrace.tracer.tokens.Decoder` for examples, or None.
     Returns:
-        A :class:`DiffResult`. ``diverged`` is True when a paired block's anchor or
-        proposal differs, or when nothing is comparable although both traces have blocks.
+        A :class:`DiffResult`. ``diverged`` is True when a finding of severity ``error``
+        exists, a paired block's anchor or proposal differs, or nothing is comparable
+        although both traces have blocks.
     """
     a, b = al.a, al.b
     ia, ib = al.ia, al.ib
@@ -152,12 +155,19 @@ def diff_traces(al: Alignment, examples: int = 5) -> DiffResult:
         reasons.append(f"{int(bad.sum())} of {P} paired blocks differ")
     if P == 0 and na and nb:
         reasons.append("no comparable blocks: nothing could be paired")
+    found = detect_pair(al, {"pa": pa, "pb": pb, "ka": ka, "kb": kb, "eq": s["eq"],
+                             "both": s["both"], "exact": s["exact"],
+                             "anchor_eq": anchor_eq}, decoder)
+    errors = [f for f in found if f.severity == "error"]
+    if errors:
+        reasons.insert(0, f"{len(errors)} error finding{'s' if len(errors) > 1 else ''}, "
+                          f"first: {errors[0].kind}")
     return DiffResult(
         ours=_side(a), theirs=_side(b),
         requests=_requests(al), coverage=coverage, agreement=agreement,
         acceptance=acc, content=_content(al), examples=_examples(al, pa, pb, ka, kb, s,
                                                                  anchor_eq, bad, examples),
-        diverged=bool(reasons), reasons=reasons)
+        diverged=bool(reasons), reasons=reasons, findings=found)
 
 
 def _acceptance(t: Trace, comparable: np.ndarray, kmax: int) -> dict:

@@ -62,6 +62,26 @@ def print_info(con: Console, s: dict) -> None:
     con.print(f"[dim]conventions: {CONVENTIONS}[/dim]")
 
 
+_SEV_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def print_findings(con: Console, findings: list) -> None:
+    """Render findings, most severe first, one block each: kind, where, sentence."""
+    if not findings:
+        con.print("findings: [green]none[/green]")
+        return
+    con.print(f"findings ({len(findings)}):")
+    for f in findings:
+        where = ", ".join(x for x in (
+            f"request {f.request}" if f.request is not None else "",
+            f"position {f.position}" if f.position is not None else "",
+            f"slot {f.slot}" if f.slot is not None else "") if x)
+        style = _SEV_STYLE[f.severity]
+        con.print(f"  [{style}]{f.severity:<7}[/{style}] [bold]{f.kind}[/bold] ({f.side}"
+                  f"{'; ' + where if where else ''})")
+        con.print(f"          {escape(f.message)}")
+
+
 def print_diff(con: Console, r: DiffResult) -> None:
     """Render a :class:`DiffResult`: verdict, content, agreement, acceptance, examples."""
     o, t = r.ours, r.theirs
@@ -72,6 +92,7 @@ def print_diff(con: Console, r: DiffResult) -> None:
     verdict = ("[bold red]DIVERGED[/bold red]: " + "; ".join(r.reasons)) if r.diverged else \
         "[bold green]no divergence[/bold green] on comparable blocks"
     con.print(verdict)
+    print_findings(con, r.findings)
     q = r.requests
     con.print(f"requests: {q['matched']} matched (by prompt {q['matched_by']['prompt']}, "
               f"by id {q['matched_by']['req_id']}, by order {q['matched_by']['order']}); "

@@ -1,0 +1,707 @@
+"""Detectors: turn one trace, or an alignment of two, into typed findings.
+
+Each detector recognises one class of ``shared/reference/spec_decode_bugs.md`` by its
+signature, generally (any shift size, any constant offset or id permutation, any slot), and
+returns at most one :class:`~spectrace.tracer.findings.Finding` pointing at the first block
+where it shows. Thresholds are module constants, each with the reason for its value.
+Everything is vectorised over block columns; per-request Python loops only touch request
+tables (thousands of rows, not millions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .align import NO_DIVERGENCE, Alignment
+from .findings import Finding, sort_findings
+from .metrics import drafts_checked, recompute_accepted, sequence_index
+from .store import Trace
+from .tokens import Decoder, show
+
+#: A loop is a repeating tail of at least this many tokens (and 3 periods): shorter repeats
+#: occur in healthy code and prose (indentation, closing brackets).
+LOOP_MIN_TOKENS = 24
+LOOP_MAX_PERIOD = 32
+#: A pattern must hold in this share of the blocks it is measured on to be called systematic.
+SYSTEMATIC = 0.5
+#: Fewest blocks a rate-based verdict is drawn from.
+MIN_BLOCKS = 3
+#: Below this share, proposal mismatches are reported as a warning (possible numerical ties).
+MISMATCH_ERROR_RATE = 0.02
+
+
+@dataclass
+class TraceData:
+    """Per-trace columns the detectors share (computed once, vectorised).
+
+    Attributes:
+        t: the trace; side: ``ours`` | ``theirs``.
+        ids, nchecked: drafts the target checked (int32 [n, w]) and their count [n].
+        recomputed: int16 [n] accepted recomputed from the output (-1 unknown).
+        order: int64 [n] block indices sorted by (request, position).
+        last: bool [n] block is its request's last; prev: int64 [n] previous block of the
+            same request (-1 for the first).
+        flat, start, length: concatenated full sequences (see metrics.sequence_index).
+    """
+
+    t: Trace
+    side: str
+    ids: np.ndarray
+    nchecked: np.ndarray
+    recomputed: np.ndarray
+    order: np.ndarray
+    last: np.ndarray
+    prev: np.ndarray
+    flat: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+
+    @classmethod
+    def build(cls, t: Trace, side: str) -> TraceData:
+        b = t.blocks
+        req, pos = b.request.astype(np.int64), b.position.astype(np.int64)
+        order = np.lexsort((pos, req))
+        n = len(req)
+        last, prev = np.zeros(n, bool), np.full(n, -1, np.int64)
+        if n:
+            rs = req[order]
+            same_next = np.r_[rs[1:] == rs[:-1], False]
+            last[order[~same_next]] = True
+            prev[order[1:][rs[1:] == rs[:-1]]] = order[:-1][rs[1:] == rs[:-1]]
+        ids, nchecked = drafts_checked(t)
+        flat, start, length = sequence_index(t)
+        return cls(t, side, ids, nchecked, recompute_accepted(t), order, last, prev,
+                   flat, start, length)
+
+    def req_id(self, block: int) -> str:
+        return self.t.requests.req_id[int(self.t.blocks.request[block])]
+
+    def at(self, block: int) -> dict:
+        """Location fields of a finding at ``block``."""
+        return {"request": self.req_id(block), "position": int(self.t.blocks.position[block])}
+
+
+def _tok(dec: Decoder | None, ids) -> list:
+    """Example ids, with decoded text when a tokenizer is known."""
+    ids = [int(i) for i in ids]
+    return ids if dec is None else [f"{i}:{show(dec.token(i))}" for i in ids]
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+# ----------------------------------------------------------------------------------------------
+# Single-trace detectors
+# ----------------------------------------------------------------------------------------------
+
+
+def find_loop(ids: np.ndarray) -> tuple[int, int] | None:
+    """Find a repetition loop at the end of an output.
+
+    Args:
+        ids: int [n] output ids.
+    Returns:
+        ``(start, period)`` of the shortest-period repeating tail of at least
+        ``max(LOOP_MIN_TOKENS, 3 * period)`` tokens, or None.
+    """
+    n = len(ids)
+    for p in range(1, min(LOOP_MAX_PERIOD, n // 3) + 1):
+        eq = ids[p:] == ids[:-p]
+        if not eq[-1]:
+            continue
+        breaks = np.flatnonzero(~eq)
+        run = len(eq) - (breaks[-1] + 1 if len(breaks) else 0)
+        if run + p >= max(LOOP_MIN_TOKENS, 3 * p):
+            return n - (run + p), p
+    return None
+
+
+def degenerate(td: TraceData, dec: Decoder | None) -> list[tuple[int, int, int]]:
+    """Requests whose output ends in a loop: list of ``(request, loop_start_pos, period)``."""
+    r = td.t.requests
+    out = []
+    for i in range(len(r)):
+        loop = find_loop(r.output_ids[i])
+        if loop:
+            out.append((i, len(r.prompt_ids[i]) + loop[0], loop[1]))
+    return out
+
+
+def degenerate_finding(td: TraceData, loops: list, dec: Decoder | None,
+                       severity: str, why: str) -> Finding | None:
+    if not loops:
+        return None
+    r = td.t.requests
+    i, start, period = loops[0]
+    seq = r.full_sequence(i)
+    unit = seq[start:start + period]
+    text = f" {show(dec.text(unit))!r}" if dec else ""
+    looped = sum(len(r.full_sequence(j)) - s for j, s, _ in loops)
+    return Finding(
+        "degenerate_output", severity, side=td.side, request=r.req_id[i], position=start,
+        message=(f"{td.side} output degenerates into a loop in {len(loops)} of {len(r)} "
+                 f"requests (first: request {r.req_id[i]} from position {start}, period "
+                 f"{period}{text}); {why}"),
+        evidence={"requests": len(loops), "looped_tokens": int(looped), "period": period,
+                  "loop_start": start, "unit": _tok(dec, unit),
+                  "loops": [{"request": r.req_id[j], "start": s, "period": p}
+                            for j, s, p in loops[:10]]})
+
+
+def anchor_consistency(td: TraceData) -> Finding | None:
+    """anchor_shift within a trace: the recorded anchor is not the sequence at its position."""
+    b = td.t.blocks
+    req = b.request.astype(np.int64)
+    pos = b.position.astype(np.int64)
+    known = (td.length[req] > 0) & (b.anchor >= 0) & (pos >= 0) & (pos < td.length[req])
+    if known.sum() < MIN_BLOCKS:
+        return None
+    truth = np.full(len(pos), -1, np.int64)
+    truth[known] = td.flat[td.start[req[known]] + pos[known]]
+    bad = known & (truth != b.anchor)
+    if bad.mean() < SYSTEMATIC * known.mean() or bad.sum() < MIN_BLOCKS:
+        return None
+    shifts = {}
+    for s in range(-4, 5):
+        if s == 0:
+            continue
+        q = pos + s
+        ok = known & (q >= 0) & (q < td.length[req])
+        hit = np.zeros(len(pos), bool)
+        hit[ok] = td.flat[td.start[req[ok]] + q[ok]] == b.anchor[ok]
+        shifts[s] = float(hit[bad].mean())
+    best = max(shifts, key=shifts.get)
+    first = int(np.flatnonzero(bad)[0])
+    shift_txt = (f"; the anchor is the token at position{best:+d} in {_pct(shifts[best])}"
+                 if shifts[best] >= SYSTEMATIC else "")
+    return Finding(
+        "anchor_shift", "error", side=td.side, **td.at(first),
+        message=(f"{td.side}: the recorded anchor is not the sequence's token at the anchor "
+                 f"position in {int(bad.sum())} of {int(known.sum())} blocks{shift_txt}"),
+        evidence={"blocks": int(bad.sum()), "checked": int(known.sum()),
+                  "shift": best if shifts[best] >= SYSTEMATIC else None,
+                  "shift_rates": {str(k): v for k, v in shifts.items()}})
+
+
+def verified_vs_proposed(td: TraceData, dec: Decoder | None) -> Finding | None:
+    """verified_differs: what the target consumed is not what the drafter produced."""
+    b = td.t.blocks
+    nv = b.num_verified.astype(np.int64)
+    w = min(b.proposed.shape[1], b.verified.shape[1])
+    slots = np.arange(w)
+    live = (slots < np.minimum(nv, b.k)[:, None]) & (nv >= 0)[:, None]
+    diff = live & (b.proposed[:, :w] != b.verified[:, :w])
+    bad = diff.any(axis=1)
+    trimmed = (nv >= 0) & (nv < b.k)
+    if not bad.any():
+        return None
+    first = int(np.flatnonzero(bad)[0])
+    per_slot = diff.sum(axis=0)
+    worst = int(per_slot.argmax())
+    vals = b.verified[:, :w][diff]
+    anchors = np.broadcast_to(b.anchor[:, None], diff.shape)[diff]
+    equals_anchor = float((vals == anchors).mean())
+    placeholder = float((vals < 0).mean())
+    note = ""
+    if equals_anchor >= SYSTEMATIC:
+        note = (f"; the verified value equals the block's anchor (the previous emitted token) "
+                f"in {_pct(equals_anchor)}")
+    elif placeholder >= SYSTEMATIC:
+        note = f"; {_pct(placeholder)} of them are placeholder ids (-1)"
+    j = int(np.flatnonzero(diff[first])[0])
+    return Finding(
+        "verified_differs", "error", side=td.side, slot=j, **td.at(first),
+        message=(f"{td.side}: the target verified other ids than the drafter proposed in "
+                 f"{int(bad.sum())} of {int((nv >= 0).sum())} blocks, mostly slot {worst} "
+                 f"({int(per_slot[worst])} blocks){note}"),
+        evidence={"blocks": int(bad.sum()), "per_slot": per_slot.tolist(),
+                  "equals_anchor": equals_anchor, "placeholders": placeholder,
+                  "trimmed_blocks": int(trimmed.sum()),
+                  "example": {"proposed": _tok(dec, b.proposed[first, :b.k[first]]),
+                              "verified": _tok(dec, b.verified[first, :max(nv[first], 0)])}})
+
+
+def constant_rate(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
+    """Blocks (k >= 2) whose proposed ids are all equal: (mask [n], eligible [n])."""
+    b = td.t.blocks
+    k = b.k.astype(np.int64)
+    elig = k >= 2
+    p = b.proposed
+    slots = np.arange(p.shape[1])
+    same = (p == p[:, :1]) | (slots >= k[:, None])
+    return elig & same.all(axis=1), elig
+
+
+def constant_drafts(td: TraceData, ref: TraceData | None, dec: Decoder | None) -> Finding | None:
+    """constant_drafts: one id repeated across every slot in most blocks (vs the reference)."""
+    const, elig = constant_rate(td)
+    if elig.sum() < MIN_BLOCKS:
+        return None
+    rate = const.sum() / elig.sum()
+    ref_rate = None
+    if ref is not None:
+        rc, re_ = constant_rate(ref)
+        ref_rate = rc.sum() / re_.sum() if re_.sum() else 0.0
+        if rate < SYSTEMATIC or rate < 3 * ref_rate:
+            return None
+    elif rate < SYSTEMATIC:
+        return None
+    first = int(np.flatnonzero(const)[0])
+    b = td.t.blocks
+    ref_txt = f" (reference: {_pct(ref_rate)})" if ref_rate is not None else ""
+    return Finding(
+        "constant_drafts", "error", side=td.side, slot=1, **td.at(first),
+        message=(f"{td.side}: every slot holds the same id in {int(const.sum())} of "
+                 f"{int(elig.sum())} blocks ({_pct(rate)}){ref_txt}: the step-0 draft is "
+                 f"copied across depth, or the blocks are placeholders"),
+        evidence={"blocks": int(const.sum()), "eligible": int(elig.sum()), "rate": float(rate),
+                  "reference_rate": None if ref_rate is None else float(ref_rate),
+                  "example": _tok(dec, b.proposed[first, :b.k[first]])})
+
+
+def unverified(td: TraceData) -> Finding | None:
+    """unverified_drafts: proposals without a verify record, or requests whose blocks stop."""
+    b = td.t.blocks
+    none = (b.num_verified < 0) & (b.accepted < 0)
+    # The last proposal of a request is legitimately never verified (the request finished).
+    bad = none & ~td.last
+    req = b.request.astype(np.int64)
+    stops = []
+    kmax = int(b.k.max(initial=0))
+    for blk in np.flatnonzero(td.last):
+        r = req[blk]
+        if td.length[r] and b.position[blk] + 1 + kmax + 1 < td.length[r] - 1:
+            stops.append(int(blk))
+    if not bad.any() and len(stops) < 1:
+        return None
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        msg = (f"{td.side}: {int(bad.sum())} of {len(bad)} draft blocks were proposed but "
+               f"never verified")
+    else:
+        first = stops[0]
+        msg = (f"{td.side}: {len(stops)} requests stop proposing long before their output "
+               f"ends (first: request {td.req_id(first)} after position "
+               f"{int(b.position[first])})")
+    return Finding("unverified_drafts", "error", side=td.side, **td.at(first), message=msg,
+                   evidence={"unverified_blocks": int(bad.sum()), "requests_stopping":
+                             [td.req_id(s) for s in stops[:10]]})
+
+
+def bookkeeping(td: TraceData) -> Finding | None:
+    """acceptance_bookkeeping: recorded accepted counts disagree with the emitted stream."""
+    b = td.t.blocks
+    rec, rc = b.accepted.astype(np.int64), td.recomputed.astype(np.int64)
+    known = (rec >= 0) & (rc >= 0)
+    # The output may be trimmed at max_tokens inside the last block: it can only undercount.
+    bad = known & np.where(td.last, rc > rec, rc != rec)
+    ne = b.num_emitted.astype(np.int64)
+    bad_emit = (ne >= 0) & (rec >= 0) & (ne != rec + 1) & ~td.last
+    bad = bad | bad_emit
+    if not bad.any():
+        return None
+    first = int(np.flatnonzero(bad)[0])
+    return Finding(
+        "acceptance_bookkeeping", "error", side=td.side, **td.at(first),
+        message=(f"{td.side}: the recorded accepted count disagrees with the emitted stream in "
+                 f"{int(bad.sum())} of {int(known.sum())} blocks (recorded "
+                 f"{int(rec[known].sum())}, recomputed {int(rc[known].sum())} accepted tokens)"),
+        evidence={"blocks": int(bad.sum()), "recorded_total": int(rec[known].sum()),
+                  "recomputed_total": int(rc[known].sum()),
+                  "emitted_count_mismatch": int(bad_emit.sum()),
+                  "first": {"recorded": int(rec[first]), "recomputed": int(rc[first])}})
+
+
+def vocab_range(td: TraceData) -> Finding | None:
+    """vocab_mapping within a trace: ids outside the vocabulary or bunched below the draft
+    vocabulary size (d2t not applied)."""
+    b = td.t.blocks
+    meta = td.t.meta
+    k = b.k.astype(np.int64)
+    live = np.arange(b.proposed.shape[1]) < k[:, None]
+    ids = b.proposed[live]
+    if len(ids) < MIN_BLOCKS:
+        return None
+    vocab = meta.get("vocab_size")
+    dvs = meta.get("draft_vocab_size")
+    if vocab and (ids >= vocab).any() or (ids < 0).any():
+        bad = live & ((b.proposed < 0) | ((b.proposed >= vocab) if vocab else False))
+        first = int(np.flatnonzero(bad.any(axis=1))[0])
+        return Finding("vocab_mapping", "error", side=td.side, **td.at(first),
+                       slot=int(np.flatnonzero(bad[first])[0]),
+                       message=(f"{td.side}: {int(bad.sum())} proposed ids lie outside the "
+                                f"vocabulary [0, {vocab})"),
+                       evidence={"ids": int(bad.sum()), "vocab_size": vocab,
+                                 "max_id": int(ids.max())})
+    if dvs and vocab and dvs < vocab and td.t.meta.get("d2t") and ids.max() < dvs:
+        return Finding("vocab_mapping", "error", side=td.side, **td.at(0),
+                       message=(f"{td.side}: every proposed id is below the draft vocabulary "
+                                f"size {dvs} although a d2t mapping exists: the mapping to "
+                                f"target ids was not applied"),
+                       evidence={"draft_vocab_size": dvs, "max_id": int(ids.max())})
+    return None
+
+
+def check_trace(t: Trace, decoder: Decoder | None = None, side: str = "ours") -> list[Finding]:
+    """Single-trace findings (``spectrace check``): degenerate output, constant drafts,
+    unverified drafts, bookkeeping, vocabulary range, verified vs proposed, anchors.
+
+    Returns:
+        Findings, most severe first.
+    """
+    td = TraceData.build(t, side)
+    loops = degenerate(td, decoder)
+    found = [
+        degenerate_finding(td, loops, decoder, "warning",
+                           "acceptance measured on a loop is inflated and not comparable"),
+        anchor_consistency(td), verified_vs_proposed(td, decoder),
+        constant_drafts(td, None, decoder), unverified(td), bookkeeping(td), vocab_range(td),
+    ]
+    return sort_findings([f for f in found if f is not None])
+
+
+# ----------------------------------------------------------------------------------------------
+# Pair detectors
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PairData:
+    """Paired-block arrays shared by the pair detectors.
+
+    Attributes:
+        pa, pb: int32 [P, w] proposals (ours, theirs), -1 padded; ka, kb: int64 [P].
+        eq, both: bool [P, w] slot equal / slot present on both sides.
+        exact: bool [P]; anchor_eq: bool [P].
+    """
+
+    al: Alignment
+    oa: TraceData
+    ob: TraceData
+    pa: np.ndarray
+    pb: np.ndarray
+    ka: np.ndarray
+    kb: np.ndarray
+    eq: np.ndarray
+    both: np.ndarray
+    exact: np.ndarray
+    anchor_eq: np.ndarray
+
+    def at(self, x: int) -> dict:
+        return self.oa.at(int(self.al.ia[x]))
+
+
+def shift_rates(pa, pb, ka, kb, max_shift: int) -> dict[int, tuple[float, int]]:
+    """Slot-shift agreement: for s != 0, share of slot pairs with ours[i] == theirs[i+s].
+
+    Returns:
+        ``{s: (rate, slot_pairs)}`` for s in ±1..±max_shift (rate 0 where no slot pairs).
+    """
+    out = {}
+    w = pa.shape[1]
+    for s in range(-max_shift, max_shift + 1):
+        if s == 0 or abs(s) >= w:
+            continue
+        i = np.arange(max(0, -s), min(w, w - s))
+        ok = (i[None, :] < ka[:, None]) & ((i + s)[None, :] < kb[:, None])
+        hit = ok & (pa[:, i] == pb[:, i + s])
+        n = int(ok.sum())
+        out[s] = (float(hit.sum() / n) if n else 0.0, n)
+    return out
+
+
+def layout_shift(pd: PairData, dec: Decoder | None) -> Finding | None:
+    """layout_shift: ours[i] == theirs[i+s] for most slots while ours[i] == theirs[i] is rare."""
+    P = len(pd.exact)
+    if P < MIN_BLOCKS:
+        return None
+    w = pd.pa.shape[1]
+    rates = shift_rates(pd.pa, pd.pb, pd.ka, pd.kb, w - 1)
+    if not rates:
+        return None
+    s = max(rates, key=lambda x: rates[x][0])
+    rate, n = rates[s]
+    base = float(pd.eq.sum() / max(pd.both.sum(), 1))
+    if rate < 0.6 or rate < 2 * base + 0.05:
+        return None
+    i = np.arange(max(0, -s), min(w, w - s))
+    hold = (pd.pa[:, i] == pd.pb[:, i + s]).all(axis=1) & ~pd.exact
+    first = int(np.flatnonzero(hold)[0]) if hold.any() else 0
+    rel = f"ours[i] equals theirs[i{s:+d}]"
+    return Finding(
+        "layout_shift", "error", side="ours", slot=0, **pd.at(first),
+        message=(f"draft layout shifted by {abs(s)} slot{'s' if abs(s) > 1 else ''}: {rel} in "
+                 f"{_pct(rate)} of {n} slot pairs over {P} paired blocks, while ours[i] equals "
+                 f"theirs[i] in {_pct(base)} (the N vs 1+N anchor layout, sample_from_anchor)"),
+        evidence={"shift": s, "rate": rate, "slot_pairs": n, "same_slot_rate": base,
+                  "paired_blocks": P, "rates": {str(k): v[0] for k, v in rates.items()},
+                  "example": {"ours": _tok(dec, pd.pa[first, :pd.ka[first]]),
+                              "theirs": _tok(dec, pd.pb[first, :pd.kb[first]])}})
+
+
+def anchor_pairs(pd: PairData, dec: Decoder | None) -> Finding | None:
+    """anchor_shift across traces: anchors differ at the same position on matched content."""
+    known = (pd.oa.t.blocks.anchor[pd.al.ia] >= 0) & (pd.ob.t.blocks.anchor[pd.al.ib] >= 0)
+    bad = known & ~pd.anchor_eq
+    if known.sum() < MIN_BLOCKS or bad.sum() < SYSTEMATIC * known.sum():
+        return None
+    first = int(np.flatnonzero(bad)[0])
+    ia, ib = int(pd.al.ia[first]), int(pd.al.ib[first])
+    return Finding(
+        "anchor_shift", "error", side="ours", **pd.at(first),
+        message=(f"anchors differ at the same position on matched content in {int(bad.sum())} "
+                 f"of {int(known.sum())} paired blocks: the block recorded at position p is "
+                 f"not drafted from the token at p"),
+        evidence={"blocks": int(bad.sum()), "paired": int(known.sum()),
+                  "example": {"ours_anchor": _tok(dec, [pd.oa.t.blocks.anchor[ia]]),
+                              "theirs_anchor": _tok(dec, [pd.ob.t.blocks.anchor[ib]])}})
+
+
+def functional_map(src: np.ndarray, dst: np.ndarray) -> tuple[float, int]:
+    """How well ``dst`` is a function of ``src``: share of pairs (over src ids seen at least
+    twice) whose dst equals the most frequent dst of their src. Returns (share, pairs)."""
+    if len(src) == 0:
+        return 0.0, 0
+    key = src.astype(np.int64) * (1 << 32) + (dst.astype(np.int64) & 0xFFFFFFFF)
+    uk, cnt = np.unique(key, return_counts=True)
+    us = uk >> 32
+    # per src: total count and count of its mode
+    src_ids, inv = np.unique(us, return_inverse=True)
+    total = np.bincount(inv, weights=cnt)
+    mode = np.zeros(len(src_ids))
+    np.maximum.at(mode, inv, cnt)
+    rep = total >= 2
+    n = int(total[rep].sum())
+    return (float(mode[rep].sum() / n) if n else 0.0), n
+
+
+def vocab_pairs(pd: PairData, dec: Decoder | None) -> Finding | None:
+    """vocab_mapping across traces: ours ids are a fixed function of theirs (offset, factor,
+    permutation) on slots where they differ."""
+    diff = pd.both & ~pd.eq
+    if diff.sum() < 20 or diff.sum() < SYSTEMATIC * pd.both.sum():
+        return None
+    o, t = pd.pa[diff].astype(np.int64), pd.pb[diff].astype(np.int64)
+    share, n = functional_map(t, o)
+    if n < 20 or share < 0.9 or len(np.unique(t)) < 5:
+        return None
+    off = o - t
+    vals, cnt = np.unique(off, return_counts=True)
+    relation = "a fixed per-id mapping (permuted ids)"
+    ev = {"consistency": share, "slots": int(diff.sum())}
+    if cnt.max() >= 0.9 * len(off):
+        c = int(vals[cnt.argmax()])
+        relation, ev["offset"] = f"a constant offset ({c:+d})", c
+    else:
+        nz = t != 0
+        if nz.any():
+            ratio = o[nz] / t[nz]
+            rv, rc = np.unique(np.round(ratio, 6), return_counts=True)
+            if rc.max() >= 0.9 * nz.sum():
+                relation, ev["factor"] = f"a constant factor (x{rv[rc.argmax()]:g})", float(
+                    rv[rc.argmax()])
+    below = int(o.max())
+    ev["ours_max_id"], ev["theirs_max_id"] = below, int(t.max())
+    first = int(np.flatnonzero(diff.any(axis=1))[0])
+    return Finding(
+        "vocab_mapping", "error", side="ours", slot=int(np.flatnonzero(diff[first])[0]),
+        **pd.at(first),
+        message=(f"ours relate to theirs by {relation} on {_pct(share)} of {int(diff.sum())} "
+                 f"differing slots: a reduced-vocabulary (d2t/t2d) mapping is missing, applied "
+                 f"twice or regenerated (ours ids reach {below}, theirs {int(t.max())})"),
+        evidence=ev | {"example": {"ours": _tok(dec, pd.pa[first, :pd.ka[first]]),
+                                   "theirs": _tok(dec, pd.pb[first, :pd.kb[first]])}})
+
+
+def k_pairs(pd: PairData) -> Finding | None:
+    """k_mismatch: the number of proposed ids differs between matched blocks."""
+    bad = pd.ka != pd.kb
+    if bad.sum() < MIN_BLOCKS or bad.mean() < SYSTEMATIC:
+        return None
+    first = int(np.flatnonzero(bad)[0])
+    d = pd.ka[bad] - pd.kb[bad]
+    vals, cnt = np.unique(d, return_counts=True)
+    typical = int(vals[cnt.argmax()])
+    return Finding(
+        "k_mismatch", "error", side="ours", **pd.at(first),
+        message=(f"k differs in {int(bad.sum())} of {len(bad)} paired blocks: ours proposes "
+                 f"{typical:+d} ids against theirs (ours k={int(pd.ka[first])}, theirs "
+                 f"k={int(pd.kb[first])} at the first); one side may count the anchor in k"),
+        evidence={"blocks": int(bad.sum()), "typical_difference": typical,
+                  "ours_k": np.unique(pd.ka).tolist(), "theirs_k": np.unique(pd.kb).tolist()})
+
+
+def depth(pd: PairData) -> Finding | None:
+    """depth_divergence: slot 0 agrees, deeper slots do not (the multi-step loop is broken)."""
+    both = pd.both.sum(axis=0)
+    agree = pd.eq.sum(axis=0) / np.maximum(both, 1)
+    if len(agree) < 2 or both[0] < MIN_BLOCKS or agree[0] < 0.9:
+        return None
+    # Conditional on slot 0 agreeing, how often does slot 1 agree?
+    s0 = pd.eq[:, 0] & pd.both[:, 1]
+    if s0.sum() < MIN_BLOCKS:
+        return None
+    cond1 = float(pd.eq[s0, 1].mean())
+    if cond1 > 1 - SYSTEMATIC:
+        return None
+    first = int(np.flatnonzero(s0 & ~pd.eq[:, 1])[0])
+    return Finding(
+        "depth_divergence", "error", side="ours", slot=1, **pd.at(first),
+        message=(f"slot 0 agrees in {_pct(agree[0])} of paired blocks but slot 1 in only "
+                 f"{_pct(cond1)} of those: the multi-step draft loop is broken beyond depth 0 "
+                 f"(positions, seq_lens or the previous token not advanced)"),
+        evidence={"per_position": [float(x) for x in agree], "slot1_given_slot0": cond1})
+
+
+def stale(pd: PairData) -> Finding | None:
+    """stale_state: right after a rejection the next block differs while the anchor agrees."""
+    oa = pd.oa
+    b = oa.t.blocks
+    ia = pd.al.ia
+    prev = oa.prev[ia]
+    has_prev = prev >= 0
+    pv = np.where(has_prev, prev, 0)
+    rejected = has_prev & (b.accepted[pv] >= 0) & (b.accepted[pv] < oa.nchecked[pv])
+    clean = ~rejected
+    mism = ~pd.exact & pd.anchor_eq
+    if rejected.sum() < MIN_BLOCKS or clean.sum() < MIN_BLOCKS:
+        return None
+    r_rej, r_clean = float(mism[rejected].mean()), float(mism[clean].mean())
+    if r_rej < SYSTEMATIC or r_clean > 0.2 or r_rej < 3 * r_clean:
+        return None
+    first = int(np.flatnonzero(rejected & mism)[0])
+    return Finding(
+        "stale_state", "error", side="ours", **pd.at(first),
+        message=(f"right after a rejection ours proposes differently in {_pct(r_rej)} of "
+                 f"{int(rejected.sum())} paired blocks, otherwise in {_pct(r_clean)}: the "
+                 f"drafter keeps stale state (KV or hidden state of rejected tokens)"),
+        evidence={"after_rejection": r_rej, "otherwise": r_clean,
+                  "blocks_after_rejection": int(rejected.sum())})
+
+
+def batch(pd: PairData) -> Finding | None:
+    """batch_dependence: mismatches concentrate on batch rows > 0 or batch sizes > 1."""
+    b = pd.oa.t.blocks
+    ia = pd.al.ia
+    mism = ~pd.exact
+    for col, label in (("batch_row", "batch row"), ("batch_size", "batch size")):
+        v = getattr(b, col)[ia].astype(np.int64)
+        lo = v == (0 if col == "batch_row" else 1)
+        hi = v > (0 if col == "batch_row" else 1)
+        if lo.sum() < MIN_BLOCKS or hi.sum() < MIN_BLOCKS:
+            continue
+        r_lo, r_hi = float(mism[lo].mean()), float(mism[hi].mean())
+        if r_hi >= SYSTEMATIC and r_lo <= 0.1:
+            first = int(np.flatnonzero(hi & mism)[0])
+            base = "0" if col == "batch_row" else "1"
+            return Finding(
+                "batch_dependence", "error", side="ours", **pd.at(first),
+                message=(f"proposals differ in {_pct(r_hi)} of blocks at {label} > {base} but "
+                         f"{_pct(r_lo)} at {label} {base}: drafts depend on the batch "
+                         f"(indexing in padded or sorted batches)"),
+                evidence={"by": col, "mismatch_rate_low": r_lo, "mismatch_rate_high": r_hi,
+                          "blocks_low": int(lo.sum()), "blocks_high": int(hi.sum())})
+    return None
+
+
+def mismatch(pd: PairData, dec: Decoder | None) -> Finding | None:
+    """draft_mismatch: proposals differ at matched anchors with no more specific pattern."""
+    bad = ~pd.exact & pd.anchor_eq
+    if not bad.any():
+        return None
+    P = len(bad)
+    rate = float(bad.mean())
+    first = int(np.flatnonzero(bad)[0])
+    slot0 = float((pd.both[:, 0] & ~pd.eq[:, 0])[bad].mean())
+    sev = "error" if rate >= MISMATCH_ERROR_RATE else "warning"
+    tie = "" if sev == "error" else " (few: possibly numerical near-ties)"
+    slot = int(np.flatnonzero(~pd.eq[first] & pd.both[first])[0]) if (
+        ~pd.eq[first] & pd.both[first]).any() else None
+    return Finding(
+        "draft_mismatch", sev, side="ours", slot=slot, **pd.at(first),
+        message=(f"proposals differ at matched anchors in {int(bad.sum())} of {P} paired blocks "
+                 f"({_pct(rate)}), from slot 0 in {_pct(slot0)} of them, with no shift or "
+                 f"mapping pattern{tie}"),
+        evidence={"blocks": int(bad.sum()), "paired": P, "rate": rate, "from_slot0": slot0,
+                  "example": {"ours": _tok(dec, pd.pa[first, :pd.ka[first]]),
+                              "theirs": _tok(dec, pd.pb[first, :pd.kb[first]])}})
+
+
+def content(al: Alignment, oa: TraceData, ob: TraceData, dec: Decoder | None) -> Finding | None:
+    """content_divergence: the two outputs differ from some position on."""
+    div = np.flatnonzero(al.divergence != NO_DIVERGENCE)
+    if not len(div):
+        return None
+    p = int(div[0])
+    i, j, d = int(al.req_a[p]), int(al.req_b[p]), int(al.divergence[p])
+    sa, sb = oa.t.requests.full_sequence(i), ob.t.requests.full_sequence(j)
+    beyond_a = int((al.pair_of_block_a == p).sum() - (al.comparable_a &
+                                                     (al.pair_of_block_a == p)).sum())
+    plen = len(oa.t.requests.prompt_ids[i])
+    return Finding(
+        "content_divergence", "error", side="both", request=oa.t.requests.req_id[i],
+        position=d,
+        message=(f"the outputs differ in {len(div)} of {al.pairs} matched requests (first: "
+                 f"request {oa.t.requests.req_id[i]} at position {d}, output token {d - plen}: "
+                 f"ours {_tok(dec, [sa[d]])[0]} vs theirs {_tok(dec, [sb[d]])[0]}); blocks "
+                 f"past it are not compared and acceptance totals on all content compare "
+                 f"different text"),
+        evidence={"requests": len(div), "position": d, "ours_token": _tok(dec, [sa[d]]),
+                  "theirs_token": _tok(dec, [sb[d]]), "blocks_not_compared_ours": beyond_a,
+                  "divergences": [{"request": oa.t.requests.req_id[int(al.req_a[q])],
+                                   "position": int(al.divergence[q])} for q in div[:10]]})
+
+
+def _loop_findings(al: Alignment, oa: TraceData, ob: TraceData, loops_a: list, loops_b: list,
+                   dec: Decoder | None) -> list[Finding | None]:
+    """Loops on both sides of matched text are the model's, not a bug (warning); a loop on
+    one side only makes the other engine's acceptance look broken (error)."""
+    partner_a = dict(zip(al.req_a.tolist(), al.req_b.tolist()))
+    partner_b = dict(zip(al.req_b.tolist(), al.req_a.tolist()))
+    start_a = {i: st for i, st, _ in loops_a}
+    start_b = {i: st for i, st, _ in loops_b}
+    out = []
+    for td, loops, partner, other in ((oa, loops_a, partner_a, start_b),
+                                      (ob, loops_b, partner_b, start_a)):
+        own = [lp for lp in loops if other.get(partner.get(lp[0], -1)) != lp[1]]
+        shared = [lp for lp in loops if lp not in own]
+        out.append(degenerate_finding(
+            td, own, dec, "error", "the other engine's output does not loop there, so "
+            "acceptance totals compare different text"))
+        if not own:
+            out.append(degenerate_finding(
+                td, shared, dec, "warning", "both engines loop identically (the model's "
+                "doing); acceptance on the loop is inflated"))
+    return out
+
+
+def detect_pair(al: Alignment, pd_arrays: dict, decoder: Decoder | None = None) -> list[Finding]:
+    """All findings of a diff: both traces' single-trace checks and the pair detectors.
+
+    Args:
+        al: the alignment (ours = ``al.a``).
+        pd_arrays: paired arrays from :func:`spectrace.tracer.diff.diff_traces` (``pa``,
+            ``pb``, ``ka``, ``kb``, ``eq``, ``both``, ``exact``, ``anchor_eq``).
+        decoder: decodes example ids, or None.
+    Returns:
+        Findings, most severe first (see :func:`findings.sort_findings`).
+    """
+    oa, ob = TraceData.build(al.a, "ours"), TraceData.build(al.b, "theirs")
+    pd = PairData(al=al, oa=oa, ob=ob, **pd_arrays)
+    found: list[Finding | None] = []
+    loops_a, loops_b = degenerate(oa, decoder), degenerate(ob, decoder)
+    found += _loop_findings(al, oa, ob, loops_a, loops_b, decoder)
+    found.append(content(al, oa, ob, decoder))
+    for td, ref in ((oa, ob), (ob, oa)):
+        found += [anchor_consistency(td), verified_vs_proposed(td, decoder),
+                  constant_drafts(td, ref, decoder), unverified(td), bookkeeping(td),
+                  vocab_range(td)]
+    pair = [anchor_pairs(pd, decoder), layout_shift(pd, decoder), vocab_pairs(pd, decoder),
+            k_pairs(pd), depth(pd), stale(pd), batch(pd)]
+    found += pair
+    if not any(pair):
+        found.append(mismatch(pd, decoder))
+    return sort_findings([f for f in found if f is not None])
