@@ -16,7 +16,7 @@ import numpy as np
 
 from .align import NO_DIVERGENCE, Alignment
 from .findings import Finding, sort_findings
-from .metrics import drafts_checked, recompute_accepted, sequence_index
+from .metrics import drafts_checked, memo, recompute_accepted, sequence_index
 from .store import Trace
 from .tokens import Decoder, show
 
@@ -60,9 +60,15 @@ class TraceData:
 
     @classmethod
     def build(cls, t: Trace, side: str) -> TraceData:
+        """Build (once per trace and side; memoised in ``t.cache``)."""
+        return memo(t, f"TraceData.{side}", lambda: cls._build(t, side))
+
+    @classmethod
+    def _build(cls, t: Trace, side: str) -> TraceData:
         b = t.blocks
         req, pos = b.request.astype(np.int64), b.position.astype(np.int64)
-        order = np.lexsort((pos, req))
+        stride = int(pos.max(initial=0)) + 2
+        order = np.argsort(req * stride + pos, kind="stable")
         n = len(req)
         last, prev = np.zeros(n, bool), np.full(n, -1, np.int64)
         if n:
@@ -419,12 +425,14 @@ def layout_shift(pd: PairData, dec: Decoder | None) -> Finding | None:
     if P < MIN_BLOCKS:
         return None
     w = pd.pa.shape[1]
+    base = float(pd.eq.sum() / max(pd.both.sum(), 1))
+    if base >= 0.45:  # no shift can then reach 2 x base + 0.05 while ours[i] == theirs[i]
+        return None
     rates = shift_rates(pd.pa, pd.pb, pd.ka, pd.kb, w - 1)
     if not rates:
         return None
     s = max(rates, key=lambda x: rates[x][0])
     rate, n = rates[s]
-    base = float(pd.eq.sum() / max(pd.both.sum(), 1))
     if rate < 0.6 or rate < 2 * base + 0.05:
         return None
     i = np.arange(max(0, -s), min(w, w - s))

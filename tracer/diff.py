@@ -16,7 +16,8 @@ import numpy as np
 from .align import NO_DIVERGENCE, Alignment
 from .detect import detect_pair
 from .findings import Finding
-from .metrics import CONVENTIONS, acceptance, drafts_checked, recompute_accepted
+from .metrics import (CONVENTIONS, acceptance, drafts_checked, leading_true,
+                      recompute_accepted)
 from .store import Trace
 
 SCHEMA = "spectrace.diff/1"
@@ -90,7 +91,7 @@ def slot_agreement(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarra
     both = (slots < np.minimum(ka, kb)[:, None])
     eq = both & (pa == pb)
     exact = (ka == kb) & (eq.sum(axis=1) == ka)
-    prefix = np.cumprod(eq, axis=1).sum(axis=1)
+    prefix = leading_true(eq)
     both_sh = both[:, 1:]
     return {"eq": eq, "both": both, "exact": exact, "prefix": prefix,
             "shift_plus": both_sh & (pa[:, :-1] == pb[:, 1:]),

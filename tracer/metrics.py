@@ -17,6 +17,13 @@ import numpy as np
 from .store import Trace
 
 
+def memo(trace: Trace, key: str, fn):
+    """Compute a derived value of ``trace`` once: ``fn()`` is cached in ``trace.cache``."""
+    if key not in trace.cache:
+        trace.cache[key] = fn()
+    return trace.cache[key]
+
+
 def sequence_index(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Concatenate every request's prompt + output ids for vectorised gathers.
 
@@ -24,6 +31,10 @@ def sequence_index(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         ``(flat, start, length)``: flat int32 [total] ids; start, length int64 [requests]
         (tokens). A request with unknown output ids has length 0.
     """
+    return memo(trace, "sequence_index", lambda: _sequence_index(trace))
+
+
+def _sequence_index(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r = trace.requests
     seqs = [np.concatenate([p, o]) if len(o) else np.zeros(0, np.int32)
             for p, o in zip(r.prompt_ids, r.output_ids)]
@@ -40,10 +51,18 @@ def drafts_checked(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     Returns:
         ``(ids, n)``: ids int32 [blocks, kmax] (-1 padded), n int64 [blocks] (tokens).
     """
+    return memo(trace, "drafts_checked", lambda: _drafts_checked(trace))
+
+
+def _drafts_checked(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     b = trace.blocks
     nv = b.num_verified.astype(np.int64)
     has_v = nv >= 0
     prop, ver = b.proposed, b.verified
+    if has_v.all():  # the common cases need no copy
+        return ver, nv
+    if not has_v.any():
+        return prop, b.k.astype(np.int64)
     w = max(prop.shape[1], ver.shape[1])
     ids = np.full((len(nv), w), -1, np.int32)
     ids[:, :prop.shape[1]] = prop
@@ -65,19 +84,34 @@ def recompute_accepted(trace: Trace) -> np.ndarray:
     Returns:
         int16 [blocks]; -1 where the request's output ids are unknown.
     """
+    return memo(trace, "recompute_accepted", lambda: _recompute_accepted(trace))
+
+
+def leading_true(match: np.ndarray) -> np.ndarray:
+    """Length of the leading run of True per row of a bool [n, w] matrix (int64 [n])."""
+    if match.shape[1] == 0:
+        return np.zeros(len(match), np.int64)
+    first_false = np.argmin(match, axis=1)
+    return np.where(match[np.arange(len(match)), first_false], match.shape[1], first_false)
+
+
+def _recompute_accepted(trace: Trace) -> np.ndarray:
     b = trace.blocks
     flat, start, length = sequence_index(trace)
     ids, n = drafts_checked(trace)
     req = b.request.astype(np.int64)
     if len(req) == 0:
         return np.zeros(0, np.int16)
-    slots = np.arange(ids.shape[1], dtype=np.int64)
-    tpos = b.position.astype(np.int64)[:, None] + 1 + slots          # target positions
-    valid = (slots < n[:, None]) & (tpos < length[req][:, None])
-    gather = np.where(valid, start[req][:, None] + tpos, 0)
-    got = flat[gather] if len(flat) else np.zeros_like(gather, dtype=np.int32)
-    match = valid & (got == ids)
-    out = np.cumprod(match, axis=1).sum(axis=1).astype(np.int16)
+    w = ids.shape[1]
+    first = b.position.astype(np.int64) + 1                           # first target position
+    room = np.minimum(n, length[req] - first)                         # checkable slots
+    # Row i of the window view is flat[i : i + w]: one contiguous copy per block.
+    padded = np.concatenate([flat, np.full(w, -2, np.int32)])
+    windows = np.lib.stride_tricks.sliding_window_view(padded, w)
+    base = np.clip(start[req] + first, 0, len(padded) - w)
+    got = windows[base]
+    got[np.arange(w) >= room[:, None]] = -2  # never equal to a draft id or the -1 pad
+    out = leading_true(got == ids).astype(np.int16)
     out[length[req] == 0] = -1
     return out
 

@@ -417,6 +417,63 @@ class Requests:
         return np.concatenate([self.prompt_ids[i], self.output_ids[i]]).astype(np.int32)
 
 
+class RaggedColumn(Sequence):
+    """A ragged int32 request column read on demand (``Trace(..., lazy_requests=True)``).
+
+    Indexing returns one int32 array (read from the file and kept in a bounded cache); rows
+    appended with :meth:`append` (placeholder requests) live in memory. Reads need the trace
+    to be open. Thread-safe (h5py serialises file access).
+    """
+
+    def __init__(self, parts: list[tuple[h5py.Dataset, int]], cache_rows: int = 256) -> None:
+        self._parts = parts
+        self._starts = np.cumsum([0] + [n for _, n in parts])
+        self._extra: list[np.ndarray] = []
+        self._cache: dict[int, np.ndarray] = {}
+        self._cache_rows = cache_rows
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return int(self._starts[-1]) + len(self._extra)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        i = int(i) + n if int(i) < 0 else int(i)
+        if not 0 <= i < n:
+            raise IndexError(i)
+        if i >= self._starts[-1]:
+            return self._extra[i - int(self._starts[-1])]
+        with self._lock:
+            hit = self._cache.get(i)
+            if hit is None:
+                f = int(np.searchsorted(self._starts, i, side="right")) - 1
+                ds, _ = self._parts[f]
+                hit = np.asarray(ds[i - int(self._starts[f])], np.int32)
+                if len(self._cache) >= self._cache_rows:
+                    self._cache.pop(next(iter(self._cache)))
+                self._cache[i] = hit
+            return hit
+
+    def read(self, start: int, stop: int) -> list[np.ndarray]:
+        """Rows ``[start, stop)`` in bulk (uncached): for scans over many requests."""
+        out: list[np.ndarray] = []
+        base = int(self._starts[-1])
+        for f, (ds, _) in enumerate(self._parts):
+            s0, s1 = int(self._starts[f]), int(self._starts[f + 1])
+            lo, hi = max(start, s0), min(stop, s1)
+            if lo < hi:
+                out += [np.asarray(x, np.int32) for x in ds[lo - s0:hi - s0]]
+        if stop > base:
+            out += self._extra[max(start - base, 0):stop - base]
+        return out
+
+    def append(self, arr: np.ndarray) -> None:
+        """Add an in-memory row at the end."""
+        self._extra.append(np.asarray(arr, np.int32))
+
+
 class Blocks:
     """Lazy view of the /blocks table: ``blocks.<column>`` loads and caches a numpy array.
 
@@ -459,8 +516,12 @@ class Trace:
         warnings: one-line warnings raised while opening (also issued as TraceWarning).
     """
 
-    def __init__(self, paths: list[Path]) -> None:
+    def __init__(self, paths: list[Path], *, lazy_requests: bool = False) -> None:
         self.paths = paths
+        self._lazy_requests = lazy_requests
+        self._requests: Requests | None = None
+        self._requests_lock = threading.Lock()
+        self._unknown: dict[int, int] = {}
         self.warnings: list[str] = []
         self._files: list[h5py.File] = []
         self.metas: list[dict] = []
@@ -469,8 +530,20 @@ class Trace:
         for p in paths:
             self._open_one(p)
         self.meta = self.metas[0] if self.metas else {}
-        self.requests = self._read_requests()
+        if not lazy_requests:
+            self._requests = self._read_requests()
         self.blocks = Blocks(self)
+        #: Memo of derived columns (see :func:`spectrace.tracer.metrics.memo`).
+        self.cache: dict = {}
+
+    @property
+    def requests(self) -> Requests:
+        """The /requests table (read on first access when opened with ``lazy_requests``)."""
+        if self._requests is None:
+            with self._requests_lock:
+                if self._requests is None:
+                    self._requests = self._read_requests()
+        return self._requests
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -524,6 +597,7 @@ class Trace:
     def _read_requests(self) -> Requests:
         r = Requests()
         files = []
+        lazy_parts: list[tuple[h5py.Dataset, int]] = []
         self._req_offsets = []
         for i, f in enumerate(self._files):
             g = f["requests"]
@@ -531,14 +605,20 @@ class Trace:
             self._req_offsets.append(len(r.req_id))
             r.req_id += [_decode(x) for x in g["req_id"][:n]]
             r.prompt_ids += [np.asarray(x, np.int32) for x in g["prompt_ids"][:n]]
-            r.output_ids += [np.asarray(x, np.int32) for x in g["output_ids"][:n]]
+            if self._lazy_requests:
+                lazy_parts.append((g["output_ids"], n))
+            else:
+                r.output_ids += [np.asarray(x, np.int32) for x in g["output_ids"][:n]]
             r.finish_reason += [_decode(x) for x in g["finish_reason"][:n]]
             files.append(np.full(n, i, np.int32))
+        if self._lazy_requests:
+            r.output_ids = RaggedColumn(lazy_parts)  # type: ignore[assignment]
         r.file = np.concatenate(files) if files else np.zeros(0, np.int32)
         self._nreq_per_file = [int((r.file == i).sum()) for i in range(len(self._files))]
         return r
 
     def _read_block_column(self, c: schema.Column) -> np.ndarray:
+        self.requests  # noqa: B018 - request offsets are known once requests are read
         parts = []
         for i, (f, n) in enumerate(zip(self._files, self._nblocks)):
             ds = f["blocks"].get(c.name)
@@ -546,7 +626,7 @@ class Trace:
                 shape = (n,) if c.width is None else (n, 1)
                 arr = np.full(shape, c.fill, c.np_dtype)
             else:
-                arr = ds[:n]
+                arr = ds[()] if ds.shape[0] == n else ds[:n]  # [()] skips hyperslab work
             if c.name == "request":
                 arr = arr + self._req_offsets[i]
                 missing = arr >= self._req_offsets[i] + self._nreq_per_file[i]
@@ -564,13 +644,66 @@ class Trace:
     def _add_unknown_requests(self, arr: np.ndarray, missing: np.ndarray) -> None:
         # Remap dangling request indices to placeholder request rows at the end.
         for idx in np.unique(arr[missing]):
+            if int(idx) in self._unknown:  # seen before (windowed reads): same placeholder
+                arr[arr == idx] = self._unknown[int(idx)]
+                continue
             new = len(self.requests.req_id)
+            self._unknown[int(idx)] = new
             self.requests.req_id.append(f"?{idx}")
             self.requests.prompt_ids.append(np.zeros(0, np.int32))
             self.requests.output_ids.append(np.zeros(0, np.int32))
             self.requests.finish_reason.append("unfinished")
             self.requests.file = np.append(self.requests.file, -1)
             arr[arr == idx] = new
+
+    def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` of block column ``name`` without loading the whole column.
+
+        Same values, dtype and padding as ``blocks.<name>[start:stop]`` (served from that
+        array when it is already loaded). For viewers of traces too big to hold in memory.
+
+        Raises:
+            KeyError: unknown column name.
+        """
+        c = {c.name: c for c in schema.BLOCK_COLUMNS}[name]
+        cached = self.blocks._cache.get(name)
+        if cached is not None:
+            return cached[start:stop]
+        self.requests  # noqa: B018 - request offsets
+        total = sum(self._nblocks)
+        start, stop = max(0, min(start, total)), max(0, min(stop, total))
+        width = None
+        if c.width is not None:
+            width = max([f["blocks"][name].shape[1] for f in self._files
+                         if name in f["blocks"]] or [1])
+        parts, base = [], 0
+        for i, (f, n) in enumerate(zip(self._files, self._nblocks)):
+            lo, hi = max(start, base) - base, min(stop, base + n) - base
+            base += n
+            if lo >= hi:
+                continue
+            ds = f["blocks"].get(name)
+            if ds is None:
+                shape = (hi - lo,) if width is None else (hi - lo, width)
+                arr = np.full(shape, c.fill, c.np_dtype)
+            else:
+                arr = ds[lo:hi]
+            if width is not None and arr.shape[1] < width:
+                arr = np.pad(arr, ((0, 0), (0, width - arr.shape[1])), constant_values=c.fill)
+            if name == "request":
+                arr = arr + self._req_offsets[i]
+                missing = arr >= self._req_offsets[i] + self._nreq_per_file[i]
+                if missing.any():
+                    self._add_unknown_requests(arr, missing)
+            parts.append(arr)
+        if not parts:
+            return np.zeros((0,) if width is None else (0, width), c.np_dtype)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    @property
+    def nblocks_per_file(self) -> list[int]:
+        """Flushed block rows of each file (as read at open)."""
+        return list(self._nblocks)
 
     def phases(self) -> dict[str, np.ndarray]:
         """The /phases table: ``step`` int32, ``name`` (str object array), ``ms`` float32,
@@ -640,16 +773,20 @@ def resolve_paths(spec: str | os.PathLike | Iterable[str | os.PathLike]) -> list
     return out
 
 
-def open_trace(spec: str | os.PathLike | Iterable[str | os.PathLike]) -> Trace:
+def open_trace(spec: str | os.PathLike | Iterable[str | os.PathLike], *,
+               lazy_requests: bool = False) -> Trace:
     """Open a trace for reading (see :func:`resolve_paths` for the accepted specs).
 
+    Args:
+        lazy_requests: read /requests on first use and output ids row by row on demand
+            (for viewers of very large traces; see :class:`RaggedColumn`).
     Returns:
         A :class:`Trace`; its columns are read lazily.
     Raises:
         InputError: missing file; TraceFormatError: not a spectrace trace or an unknown
         major version. Each message is one line naming the file.
     """
-    return Trace(resolve_paths(spec))
+    return Trace(resolve_paths(spec), lazy_requests=lazy_requests)
 
 
 def _attr(f: h5py.File, name: str):
