@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompt-lookup-min", type=int, default=1, help="ngram: shortest n-gram to match")
     ap.add_argument("--prompt-lookup-max", type=int, default=3, help="ngram: longest n-gram to match")
     ap.add_argument("--stop-on-eos", action="store_true", help="finish a request at EOS (default: ignore_eos)")
-    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (results may depend on it)")
     ap.add_argument("--stats", action="store_true", help="print an acceptance summary line to stderr")
     return ap
 

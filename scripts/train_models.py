@@ -189,6 +189,7 @@ def write_model_dir(model: LlamaForCausalLM, tok: Tokenizer, out: Path) -> None:
     """Save an HF-format, vLLM-loadable fp32 model folder (config, generation config, weights, tokenizer)."""
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
+    os.chmod(out / "model.safetensors", 0o644)  # written via a private temp file (0600)
     cfg = json.loads((out / "config.json").read_text())
     cfg["torch_dtype"] = "float32"  # older readers look for torch_dtype, newer ones for dtype
     cfg["dtype"] = "float32"
