@@ -66,6 +66,9 @@ class TraceData:
     @classmethod
     def _build(cls, t: Trace, side: str) -> TraceData:
         b = t.blocks
+        for col in ("anchor", "k", "proposed", "num_verified", "verified", "accepted",
+                    "num_emitted", "batch_row", "batch_size"):
+            getattr(b, col)  # read here, so that prepare() overlaps both sides' reads
         req, pos = b.request.astype(np.int64), b.position.astype(np.int64)
         stride = int(pos.max(initial=0)) + 2
         order = np.argsort(req * stride + pos, kind="stable")
@@ -195,6 +198,8 @@ def anchor_consistency(td: TraceData) -> Finding | None:
 def verified_vs_proposed(td: TraceData, dec: Decoder | None) -> Finding | None:
     """verified_differs: what the target consumed is not what the drafter produced."""
     b = td.t.blocks
+    if b.proposed.shape == b.verified.shape and np.array_equal(b.proposed, b.verified):
+        return None  # the common case, in one pass
     nv = b.num_verified.astype(np.int64)
     w = min(b.proposed.shape[1], b.verified.shape[1])
     slots = np.arange(w)
@@ -232,12 +237,16 @@ def verified_vs_proposed(td: TraceData, dec: Decoder | None) -> Finding | None:
 
 def constant_rate(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
     """Blocks (k >= 2) whose proposed ids are all equal: (mask [n], eligible [n])."""
+    return memo(td.t, "constant_rate", lambda: _constant_rate(td))
+
+
+def _constant_rate(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
     b = td.t.blocks
-    k = b.k.astype(np.int64)
-    elig = k >= 2
     p = b.proposed
-    slots = np.arange(p.shape[1])
-    same = (p == p[:, :1]) | (slots >= k[:, None])
+    elig = b.k >= 2
+    same = p == p[:, :1]
+    if not (b.k == p.shape[1]).all():  # padded slots count as equal
+        same |= np.arange(p.shape[1]) >= b.k[:, None]
     return elig & same.all(axis=1), elig
 
 
@@ -326,28 +335,29 @@ def vocab_range(td: TraceData) -> Finding | None:
     vocabulary size (d2t not applied)."""
     b = td.t.blocks
     meta = td.t.meta
-    k = b.k.astype(np.int64)
-    live = np.arange(b.proposed.shape[1]) < k[:, None]
-    ids = b.proposed[live]
-    if len(ids) < MIN_BLOCKS:
+    if len(b) < MIN_BLOCKS:
         return None
     vocab = meta.get("vocab_size")
     dvs = meta.get("draft_vocab_size")
-    if vocab and (ids >= vocab).any() or (ids < 0).any():
-        bad = live & ((b.proposed < 0) | ((b.proposed >= vocab) if vocab else False))
+    live = np.arange(b.proposed.shape[1]) < b.k[:, None]
+    bad = live & (b.proposed < 0)
+    if vocab:
+        bad |= b.proposed >= vocab
+    max_id = int(b.proposed.max(initial=-1))  # the -1 pad never raises the max
+    if bad.any():
         first = int(np.flatnonzero(bad.any(axis=1))[0])
         return Finding("vocab_mapping", "error", side=td.side, **td.at(first),
                        slot=int(np.flatnonzero(bad[first])[0]),
                        message=(f"{td.side}: {int(bad.sum())} proposed ids lie outside the "
-                                f"vocabulary [0, {vocab})"),
+                                f"vocabulary [0, {vocab or '?'})"),
                        evidence={"ids": int(bad.sum()), "vocab_size": vocab,
-                                 "max_id": int(ids.max())})
-    if dvs and vocab and dvs < vocab and td.t.meta.get("d2t") and ids.max() < dvs:
+                                 "max_id": max_id})
+    if dvs and vocab and dvs < vocab and meta.get("d2t") and max_id < dvs:
         return Finding("vocab_mapping", "error", side=td.side, **td.at(0),
                        message=(f"{td.side}: every proposed id is below the draft vocabulary "
                                 f"size {dvs} although a d2t mapping exists: the mapping to "
                                 f"target ids was not applied"),
-                       evidence={"draft_vocab_size": dvs, "max_id": int(ids.max())})
+                       evidence={"draft_vocab_size": dvs, "max_id": max_id})
     return None
 
 
@@ -686,6 +696,17 @@ def _loop_findings(al: Alignment, oa: TraceData, ob: TraceData, loops_a: list, l
     return out
 
 
+def prepare(traces: list[tuple[Trace, str]]) -> list[TraceData]:
+    """Build each trace's :class:`TraceData` (reads + recomputed acceptance), one thread
+    per trace: numpy releases the GIL, so two sides overlap on two cores."""
+    if len(traces) == 1:
+        return [TraceData.build(*traces[0])]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(traces)) as pool:
+        return list(pool.map(lambda ts: TraceData.build(*ts), traces))
+
+
 def detect_pair(al: Alignment, pd_arrays: dict, decoder: Decoder | None = None) -> list[Finding]:
     """All findings of a diff: both traces' single-trace checks and the pair detectors.
 
@@ -697,7 +718,7 @@ def detect_pair(al: Alignment, pd_arrays: dict, decoder: Decoder | None = None) 
     Returns:
         Findings, most severe first (see :func:`findings.sort_findings`).
     """
-    oa, ob = TraceData.build(al.a, "ours"), TraceData.build(al.b, "theirs")
+    oa, ob = prepare([(al.a, "ours"), (al.b, "theirs")])
     pd = PairData(al=al, oa=oa, ob=ob, **pd_arrays)
     found: list[Finding | None] = []
     loops_a, loops_b = degenerate(oa, decoder), degenerate(ob, decoder)

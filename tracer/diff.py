@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .align import NO_DIVERGENCE, Alignment
-from .detect import detect_pair
+from .detect import detect_pair, prepare
 from .findings import Finding
 from .metrics import (CONVENTIONS, acceptance, drafts_checked, leading_true,
                       recompute_accepted)
@@ -115,6 +115,7 @@ def diff_traces(al: Alignment, examples: int = 5, decoder=None) -> DiffResult:
         although both traces have blocks.
     """
     a, b = al.a, al.b
+    prepare([(a, "ours"), (b, "theirs")])  # reads and derived columns, both sides at once
     ia, ib = al.ia, al.ib
     P = len(ia)
     w = max(a.blocks.proposed.shape[1], b.blocks.proposed.shape[1])

@@ -133,7 +133,10 @@ def acceptance(accepted: np.ndarray, verified: np.ndarray, kmax: int | None = No
     ver = np.maximum(verified[known].astype(np.int64), 0)
     nblk = int(known.sum())
     kmax = int(kmax if kmax is not None else (ver.max() if len(ver) else 0))
-    per_pos = [(float((acc > i).mean()) if nblk else None) for i in range(kmax)]
+    # Survival curve in one pass: blocks with accepted > i = total - blocks with accepted <= i.
+    counts = np.bincount(acc, minlength=kmax + 1) if nblk else np.zeros(kmax + 1, np.int64)
+    above = nblk - np.cumsum(counts)[:kmax]
+    per_pos = [(float(x / nblk) if nblk else None) for x in above]
     tot_acc, tot_ver = int(acc.sum()), int(ver.sum())
     return {
         "blocks": nblk,

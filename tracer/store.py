@@ -639,7 +639,7 @@ class Trace:
             w = max(p.shape[1] for p in parts)
             parts = [p if p.shape[1] == w else np.pad(
                 p, ((0, 0), (0, w - p.shape[1])), constant_values=c.fill) for p in parts]
-        return np.concatenate(parts)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _add_unknown_requests(self, arr: np.ndarray, missing: np.ndarray) -> None:
         # Remap dangling request indices to placeholder request rows at the end.
@@ -674,15 +674,16 @@ class Trace:
         start, stop = max(0, min(start, total)), max(0, min(stop, total))
         width = None
         if c.width is not None:
-            width = max([f["blocks"][name].shape[1] for f in self._files
-                         if name in f["blocks"]] or [1])
+            width = max([ds.shape[1] for ds in (self._dataset(i, name)
+                                                for i in range(len(self._files)))
+                         if ds is not None] or [1])
         parts, base = [], 0
         for i, (f, n) in enumerate(zip(self._files, self._nblocks)):
             lo, hi = max(start, base) - base, min(stop, base + n) - base
             base += n
             if lo >= hi:
                 continue
-            ds = f["blocks"].get(name)
+            ds = self._dataset(i, name)
             if ds is None:
                 shape = (hi - lo,) if width is None else (hi - lo, width)
                 arr = np.full(shape, c.fill, c.np_dtype)
@@ -699,6 +700,13 @@ class Trace:
         if not parts:
             return np.zeros((0,) if width is None else (0, width), c.np_dtype)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _dataset(self, i: int, name: str):
+        # h5py's group lookup costs as much as a small read: keep the handles.
+        cache = self.__dict__.setdefault("_datasets", {})
+        if (i, name) not in cache:
+            cache[(i, name)] = self._files[i]["blocks"].get(name)
+        return cache[(i, name)]
 
     @property
     def nblocks_per_file(self) -> list[int]:
