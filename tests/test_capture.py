@@ -1,0 +1,290 @@
+"""spectrace capture: live parsing of a child's stderr, forwarding, exit status, Ctrl-C,
+crash safety (kill -9 of spectrace itself), and the vLLM-plugin variant."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from spectrace.hooks.capture import (capture_command, capture_vllm, trace_level,
+                                     written_traces)
+from spectrace.hooks.vt_spec_trace import import_log
+from spectrace.tracer.errors import InputError, ParseError
+from spectrace.tracer.store import TraceWarning, open_trace
+
+SPECTRACE = os.path.join(os.path.dirname(sys.executable), "spectrace")
+PY = sys.executable
+
+
+def _block(i: int, req: str = "a") -> str:
+    # Request `req`: prompt of 10 tokens; block i verifies [i, 99] at pos 10+2i, emits [i, 7].
+    return f"[SPECTRACE] req={req} pos={10 + 2 * i} k=2 ns=2 acc=1 draft=[ {i} 99 ] emit=[ {i} 7 ]"
+
+
+# The children print with the same formula (block(i) == _block(i)).
+_PREAMBLE = """import os, sys, time, json
+def err(s):
+    print(s, file=sys.stderr, flush=True)
+def block(i, req="a"):
+    return f"[SPECTRACE] req={req} pos={10 + 2 * i} k=2 ns=2 acc=1 draft=[ {i} 99 ] emit=[ {i} 7 ]"
+"""
+
+
+def _child(tmp_path: Path, body: str, name: str = "child.py") -> Path:
+    p = tmp_path / name
+    p.write_text(_PREAMBLE + textwrap.dedent(body))
+    return p
+
+
+def _spectrace(*args, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([SPECTRACE, *args], capture_output=True, text=True, timeout=60, **kw)
+
+
+def test_forwards_stderr_and_returns_exit_status(tmp_path):
+    child = _child(tmp_path, f"""
+        print("to stdout", flush=True)
+        err("vllm.cpp: request a has outgrown the draft speculative context (4096 tokens)")
+        for i in range(3):
+            err(block(i))
+        err("env VT_SPEC_TRACE=" + os.environ["VT_SPEC_TRACE"])
+        reqs = {{"req_id": "a", "prompt_ids": list(range(100, 110)),
+                "output_ids": [0, 7, 1, 7, 2, 7]}}
+        open(sys.argv[1], "w").write(json.dumps(reqs) + "\\n")
+        sys.exit(3)
+    """)
+    out, reqs, log = tmp_path / "t.h5", tmp_path / "r.jsonl", tmp_path / "raw.log"
+    env = {k: v for k, v in os.environ.items() if k != "VT_SPEC_TRACE"}
+    r = _spectrace("capture", "-o", str(out), "--requests", str(reqs), "--log", str(log), "--",
+                   PY, str(child), str(reqs), env=env)
+    assert r.returncode == 3
+    assert r.stdout == "to stdout\n"
+    lines = r.stderr.splitlines()
+    expected = ["vllm.cpp: request a has outgrown the draft speculative context (4096 tokens)",
+                _block(0), _block(1), _block(2), "env VT_SPEC_TRACE=1"]
+    assert lines[:5] == expected  # every line forwarded, trace lines too, in order
+    assert len(lines) == 6 and lines[5].startswith(
+        "spectrace: captured 3 blocks of 1 request from python")
+    assert lines[5].endswith(f"-> {out}, 1 anchors resolved from the requests file; "
+                             f"command exit status 3")
+    assert log.read_text().splitlines() == expected
+    t = open_trace(out)
+    assert t.status == "complete"
+    assert t.blocks.position.tolist() == [9, 11, 13]
+    assert t.blocks.anchor.tolist() == [109, 7, 7]  # the first one patched after exit
+    assert t.requests.finish_reason == [""]
+    assert t.meta["exit_status"] == 3 and t.meta["trace_level"] == 1
+    assert t.meta["command"].endswith(f"{child} {reqs}")
+    # The raw log imports to the same blocks.
+    import_log(log, tmp_path / "u.h5", requests_path=reqs, strict=True)
+    assert open_trace(tmp_path / "u.h5").blocks.anchor.tolist() == [109, 7, 7]
+
+
+def test_keeps_the_users_trace_level(tmp_path, capfd):
+    child = _child(tmp_path, """
+        err("level " + os.environ["VT_SPEC_TRACE"])
+        err("[spec-phase-dev] pre=1.00ms fwd=2.00ms select=3.00ms walk=4.00ms")
+        err("[spec-phase] pre=0.50ms backbone=0.25ms sample=9.00ms logits=9")
+    """)
+    os.environ["VT_SPEC_TRACE"] = "2"
+    try:
+        assert capture_command([PY, str(child)], tmp_path / "t.h5") == 0
+    finally:
+        del os.environ["VT_SPEC_TRACE"]
+    err = capfd.readouterr().err
+    assert err.startswith("level 2\n")
+    t = open_trace(tmp_path / "t.h5")
+    assert t.meta["trace_level"] == 2
+    assert t.phases()["level"].tolist() == [2] * 7
+
+
+@pytest.mark.parametrize("value,level", [(None, 0), ("", 0), ("0", 0), ("01", 0), ("1", 1),
+                                         ("3", 3), ("yes", 1), ("-1", 1), (" 2x", 2)])
+def test_trace_level_latch(value, level):
+    assert trace_level(value) == level
+
+
+def test_command_that_cannot_start(tmp_path):
+    with pytest.raises(InputError, match=r"^/nonexistent/engine: cannot run this command"):
+        capture_command(["/nonexistent/engine"], tmp_path / "t.h5")
+    assert list(tmp_path.iterdir()) == []  # no empty trace left behind
+    r = _spectrace("capture", "-o", str(tmp_path / "t.h5"), "--", "/nonexistent/engine")
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        "spectrace: error: /nonexistent/engine: cannot run this command (No such file or "
+        "directory)"]
+
+
+def test_missing_requests_file_is_a_warning(tmp_path, capfd):
+    child = _child(tmp_path, "err(block(0))\nsys.exit(0)\n")
+    assert capture_command([PY, str(child)], tmp_path / "t.h5",
+                           requests_path=tmp_path / "nope.jsonl") == 0
+    err = capfd.readouterr().err.splitlines()
+    assert err[1] == (f"spectrace: warning: {tmp_path / 'nope.jsonl'}: no such requests file; "
+                      f"first-block anchors stay unknown (-1)")
+    t = open_trace(tmp_path / "t.h5")
+    assert t.blocks.anchor.tolist() == [-1]
+    assert "no such requests file" in t.meta["requests_error"]
+
+
+def test_stale_requests_file_is_ignored(tmp_path, capfd):
+    stale = tmp_path / "r.jsonl"
+    stale.write_text('{"req_id": "a", "prompt_ids": [1], "output_ids": []}\n')
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    child = _child(tmp_path, "err(block(0))\n")
+    assert capture_command([PY, str(child)], tmp_path / "t.h5", requests_path=stale) == 0
+    assert f"{stale}: requests file is older than the command" in capfd.readouterr().err
+    t = open_trace(tmp_path / "t.h5")
+    assert t.blocks.anchor.tolist() == [-1] and t.requests.prompt_ids[0].tolist() == []
+
+
+def test_strict_stops_the_command_and_keeps_partial(tmp_path):
+    child = _child(tmp_path, """
+        err(block(0))
+        err("[SPECTRACE] req=a pos=x")
+        time.sleep(30)
+    """)
+    t0 = time.monotonic()
+    with pytest.raises(ParseError, match=rf"^{Path(PY).name} stderr:2: malformed trace line: "
+                                         r"pos=x is not an integer$"):
+        capture_command([PY, str(child)], tmp_path / "t.h5", strict=True)
+    assert time.monotonic() - t0 < 15  # the child was terminated, not waited for
+    with pytest.warns(TraceWarning):
+        t = open_trace(tmp_path / "t.h5.partial")
+    assert len(t.blocks) == 1 and "ParseError" in t.meta["aborted"]
+
+
+def test_sigint_is_forwarded_and_exit_is_130(tmp_path):
+    child = _child(tmp_path, """
+        import signal
+        def stop(*_):
+            err("child: stopping")
+            err(block(1))
+            sys.exit(1)
+        signal.signal(signal.SIGINT, stop)
+        err(block(0))
+        time.sleep(30)
+    """)
+    proc = subprocess.Popen([SPECTRACE, "capture", "-o", str(tmp_path / "t.h5"), "--", PY,
+                             str(child)], stderr=subprocess.PIPE, text=True)
+    assert proc.stderr.readline().strip() == _block(0)
+    proc.send_signal(signal.SIGINT)  # to spectrace only: it must forward it
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=20) == 130
+    assert rest.splitlines()[:2] == ["child: stopping", _block(1)]
+    t = open_trace(tmp_path / "t.h5")
+    assert len(t.blocks) == 2 and t.meta["interrupted"] is True and t.meta["exit_status"] == 1
+
+
+def _flushed_blocks(out: Path) -> int:
+    # Peek at the file being written (read-only; a read racing a flush just retries).
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TraceWarning)
+            with open_trace(out) as t:
+                return len(t.blocks)
+    except Exception:
+        return 0
+
+
+def test_kill_9_of_spectrace_keeps_every_flushed_block(tmp_path):
+    """Every block flushed (background flush, 1 s) before a SIGKILL of spectrace survives."""
+    pidfile, marker = tmp_path / "child.pid", tmp_path / "printed"
+    n = 12
+    child = _child(tmp_path, f"""
+        open({str(pidfile)!r}, "w").write(str(os.getpid()))
+        for i in range({n}):
+            err(block(i))
+            time.sleep(0.02)
+        open({str(marker)!r}, "w").write("done")
+        time.sleep(60)
+    """)
+    out = tmp_path / "t.h5"
+    proc = subprocess.Popen([SPECTRACE, "capture", "-o", str(out), "--", PY, str(child)],
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not marker.exists():
+            assert time.monotonic() < deadline, "child did not print its blocks"
+            time.sleep(0.05)
+        while _flushed_blocks(out) < n:  # the background flush runs every second
+            assert time.monotonic() < deadline, "the blocks were never flushed"
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if pidfile.exists():
+            try:
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert not out.exists()
+    with pytest.warns(TraceWarning, match="not closed cleanly"):
+        t = open_trace(out)  # resolves to t.h5.partial
+    assert t.status == "recording"
+    assert t.blocks.position.tolist() == [9 + 2 * i for i in range(n)]
+    assert t.blocks.verified[:, 0].tolist() == list(range(n))
+
+
+# -- vLLM ---------------------------------------------------------------------------------------
+
+
+def test_capture_vllm_sets_out_and_reports_files(tmp_path, capfd, monkeypatch):
+    # A stand-in for a vLLM script whose plugin writes OUT and a DP-rank sibling.
+    child = _child(tmp_path, """
+        from spectrace.tracer.store import TraceWriter
+        out = os.environ["SPECTRACE_OUT"]
+        assert os.path.isabs(out)
+        for path, n in ((out, 2), (out[:-3] + ".dp1.h5", 1)):
+            with TraceWriter(path, {"k": 2}, flush_interval=0) as w:
+                for i in range(n):
+                    w.add_block("r" + str(i), 0, 5, 1, [2, 3])
+        print("generated", flush=True)
+        sys.exit(4)
+    """)
+    (tmp_path / "other.h5").write_text("not ours")
+    monkeypatch.chdir(tmp_path)
+    status = capture_vllm([PY, str(child)], "run.h5")
+    assert status == 4
+    cap = capfd.readouterr()
+    assert cap.out == "generated\n"
+    assert cap.err.splitlines() == [
+        f"spectrace: wrote {tmp_path / 'run.dp1.h5'}, {tmp_path / 'run.h5'}: 3 blocks of "
+        f"3 requests; command exit status 4"]  # r0 is in both files
+    assert written_traces(tmp_path / "run.h5") == [tmp_path / "run.dp1.h5", tmp_path / "run.h5"]
+
+
+def test_capture_vllm_without_plugin_output_warns(tmp_path, capfd):
+    child = _child(tmp_path, "sys.exit(0)\n")
+    assert capture_vllm([PY, str(child)], tmp_path / "run.h5") == 0
+    err = capfd.readouterr().err
+    assert err.startswith(f"spectrace: warning: no trace was written to {tmp_path / 'run.h5'}")
+
+
+def test_capture_vllm_forwards_sigint(tmp_path):
+    child = _child(tmp_path, """
+        import signal
+        def stop(*_):
+            print("child: stopping", flush=True)
+            sys.exit(1)
+        signal.signal(signal.SIGINT, stop)
+        print("ready", flush=True)
+        time.sleep(30)
+    """)
+    proc = subprocess.Popen([SPECTRACE, "capture", "vllm", "-o", str(tmp_path / "run.h5"), "--",
+                             PY, str(child)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)  # to spectrace only: it must forward it
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130
+    assert out == "child: stopping\n"
+    assert err.startswith("spectrace: warning: no trace was written")
+    assert err.rstrip().endswith("command exit status 130")
