@@ -39,6 +39,24 @@ def _console():
                    soft_wrap=True)
 
 
+def _parse_meta(items: tuple[str, ...]) -> dict:
+    """``KEY=VALUE`` options to a dict (VALUE parsed as JSON when it is JSON, else text)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--meta")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+_META_HELP = ("Extra trace metadata KEY=VALUE (repeatable), e.g. engine=vllm.cpp "
+              "method=dspark k=8 tokenizer=PATH.")
+
+
 class _CaptureGroup(click.Group):
     """``spectrace capture [vllm] -o OUT -- CMD``: ``vt`` is the default subcommand."""
 
@@ -165,11 +183,14 @@ def import_() -> None:
 @click.option("--requests", "requests_path", type=click.Path(dir_okay=False),
               help="JSONL with req_id, prompt_ids, output_ids per request.")
 @click.option("--strict", is_flag=True, help="Fail on the first malformed line.")
-def import_vt(log: str, out: str, requests_path: str | None, strict: bool) -> None:
+@click.option("--meta", "meta", multiple=True, metavar="KEY=VALUE", help=_META_HELP)
+def import_vt(log: str, out: str, requests_path: str | None, strict: bool,
+              meta: tuple[str, ...]) -> None:
     """Import our engine's VT_SPEC_TRACE stderr log (LOG, '-' for stdin)."""
     from spectrace.hooks.vt_spec_trace import import_log
 
-    stats = import_log(log, out, requests_path=requests_path, strict=strict)
+    stats = import_log(log, out, requests_path=requests_path, strict=strict,
+                       meta=_parse_meta(meta) or None)
     say(stats.summary())
 
 
@@ -191,14 +212,15 @@ def capture() -> None:
 @click.option("--strict", is_flag=True, help="Fail on the first malformed line.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False),
               help="Also keep CMD's raw stderr in this file (for `spectrace import vt`).")
+@click.option("--meta", "meta", multiple=True, metavar="KEY=VALUE", help=_META_HELP)
 @click.argument("cmd", nargs=-1, required=True)
 def capture_vt(out: str, requests_path: str | None, strict: bool, log_path: str | None,
-               cmd: tuple[str, ...]) -> None:
+               meta: tuple[str, ...], cmd: tuple[str, ...]) -> None:
     """Run CMD with VT_SPEC_TRACE=1 (unless set), parse its stderr live, forward it."""
     from spectrace.hooks.capture import capture_command
 
     sys.exit(capture_command(list(cmd), out, requests_path=requests_path, strict=strict,
-                             log_path=log_path))
+                             log_path=log_path, meta=_parse_meta(meta) or None))
 
 
 @capture.command("vllm")
@@ -221,6 +243,36 @@ def demo(out_dir: str, max_tokens: int, k: int) -> None:
     from .demo import run_demo
 
     sys.exit(run_demo(Path(out_dir), max_tokens=max_tokens, k=k))
+
+
+@cli.command()
+@click.argument("ours")
+@click.argument("theirs", required=False)
+@click.option("--tokenizer", type=click.Path(),
+              help="tokenizer.json (or its directory) to decode ids; default: from the trace.")
+@click.option("--follow", is_flag=True,
+              help="Re-read the trace(s) as they grow (a .partial file still being written).")
+@click.option("--tab", "start_tab", type=click.Choice(["overview", "blocks", "charts"]),
+              default="overview", show_default=True, help="Tab shown first.")
+@click.option("--analysis", type=click.Choice(["auto", "thread", "process", "off"]),
+              default="auto", show_default=True,
+              help="Where the whole-trace diff runs (auto: a child process for big traces).")
+def view(ours: str, theirs: str | None, tokenizer: str | None, follow: bool, start_tab: str,
+         analysis: str) -> None:
+    """Browse a trace, or two aligned traces, in the terminal (press ? for every key).
+
+    OURS and THEIRS are trace files or quoted globs; with only OURS the same views show one
+    engine. Needs a terminal.
+    """
+    from spectrace.tui import make_app
+
+    app = make_app(ours, theirs, tokenizer=tokenizer, follow=follow, analysis=analysis,
+                   start_tab=start_tab)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise InputError("view needs a terminal (stdin and stdout must be a TTY)")
+    app.run()
+    if app.return_code:
+        sys.exit(app.return_code)
 
 
 def main(argv: list[str] | None = None) -> None:

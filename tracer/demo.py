@@ -50,7 +50,11 @@ def demo_commands(out: Path, max_tokens: int, k: int) -> dict[str, list[str]]:
                  sys.executable, "-m", "spectrace.hooks.vllm_driver", *common],
         "reference": [*spectrace, "capture", "-o", str(out / "reference.h5"),
                       "--requests", str(out / "reference.requests.jsonl"),
-                      "--log", str(out / "reference.vt.log"), "--",
+                      "--log", str(out / "reference.vt.log"),
+                      "--meta", "engine=spectrace-reference", "--meta", "method=draft_model",
+                      "--meta", f"k={k}", "--meta", f"target_model={target}",
+                      "--meta", f"draft_model={draft}", "--meta", f"tokenizer={target}",
+                      "--meta", 'sampling={"temperature": 0.0}', "--",
                       sys.executable, "-m", "spectrace.engine", *common,
                       "--requests-out", str(out / "reference.requests.jsonl")],
     }

@@ -35,9 +35,13 @@ def print_info(con: Console, s: dict) -> None:
     for key in _META_SHOWN:
         if key in meta:
             t.add_row(key, str(meta[key]))
-    for key in ("checks", "import"):
-        if key in meta:
-            t.add_row(key, str(meta[key]))
+    if "checks" in meta:
+        t.add_row("checks", escape(str(meta["checks"])))
+    imp = meta.get("import")
+    if isinstance(imp, dict):
+        keys = ("lines", "trace_lines", "steps", "malformed", "violations", "chain_gaps",
+                "joins", "proposed_source")
+        t.add_row("import", escape(", ".join(f"{k}={imp[k]}" for k in keys if k in imp)))
     con.print(t)
     rec, rc = s["recorded"], s["recomputed"]
     f = Table(title="figures", title_justify="left")
