@@ -311,10 +311,13 @@ def bookkeeping(td: TraceData) -> Finding | None:
     b = td.t.blocks
     rec, rc = b.accepted.astype(np.int64), td.recomputed.astype(np.int64)
     known = (rec >= 0) & (rc >= 0)
-    # The output may be trimmed at max_tokens inside the last block: it can only undercount.
-    bad = known & np.where(td.last, rc > rec, rc != rec)
+    # Where the recorded emission runs past the end of the stored output (trimmed at
+    # max_tokens or a stop), the recomputed count can only undercount.
+    req = b.request.astype(np.int64)
+    trimmed = b.position.astype(np.int64) + 1 + rec >= td.length[req]
+    bad = known & (rc != rec) & ~(trimmed & (rc < rec))
     ne = b.num_emitted.astype(np.int64)
-    bad_emit = (ne >= 0) & (rec >= 0) & (ne != rec + 1) & ~td.last
+    bad_emit = (ne >= 0) & (rec >= 0) & (ne != rec + 1) & ~trimmed
     bad = bad | bad_emit
     if not bad.any():
         return None

@@ -78,7 +78,8 @@ def recompute_accepted(trace: Trace) -> np.ndarray:
 
     For block b of request r at anchor position p with checked drafts d[0..n), the count is
     the largest m with ``d[j] == full_r[p+1+j]`` for all j < m. Exact under greedy decoding;
-    the last block of a request may undercount (output trimmed at max_tokens).
+    the last block of a request may undercount (output trimmed at max_tokens). Blocks
+    without a verify record (neither verified ids nor an accepted count) get -1.
     Mirrors the parity gate of our engine's ``test_qwen38_dflash2_spec_decode.cpp``.
 
     Returns:
@@ -113,6 +114,7 @@ def _recompute_accepted(trace: Trace) -> np.ndarray:
     got[np.arange(w) >= room[:, None]] = -2  # never equal to a draft id or the -1 pad
     out = leading_true(got == ids).astype(np.int16)
     out[length[req] == 0] = -1
+    out[(b.num_verified < 0) & (b.accepted < 0)] = -1  # never verified: nothing accepted
     return out
 
 
