@@ -1,12 +1,17 @@
 """Command line of the reference engine.
 
 ``python -m spectrace.engine --method draft_model|ngram --k 4 --max-tokens 64 [--target DIR]
-[--draft DIR] [--prompts FILE.jsonl] [--requests-out FILE.jsonl] [--batch-size N]``
+[--draft DIR] [--prompts FILE.jsonl] [--requests-out FILE.jsonl] [--batch-size N]
+[--draft-vocab N] [--fault NAME ...] [--list-faults]``
 
 stdout: one line per request, ``<req_id>: <completion as a JSON string>``.
 stderr: the ``VT_SPEC_TRACE`` lines (when the variable is set), ``--stats`` and errors.
 Requests are greedy with ``ignore_eos`` semantics unless ``--stop-on-eos``; every request
 gets exactly ``--max-tokens`` output tokens. Exit codes: 0 ok, 2 usage/input error.
+
+``--draft-vocab N`` (draft_model) restricts the draft head to N target ids with a d2t offset
+table (see :mod:`.drafters`). ``--fault NAME`` (repeatable) plants one documented bug of
+:mod:`.faults` (``--list-faults`` prints them with the finding kind each must produce).
 """
 
 from __future__ import annotations
@@ -34,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--stop-on-eos", action="store_true", help="finish a request at EOS (default: ignore_eos)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (results may depend on it)")
     ap.add_argument("--stats", action="store_true", help="print an acceptance summary line to stderr")
+    ap.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                    help="draft_model: reduced draft vocabulary of N target ids, mapped with a d2t table")
+    ap.add_argument("--fault", action="append", default=[], metavar="NAME",
+                    help="plant a deliberate bug (repeatable; see --list-faults); off by default")
+    ap.add_argument("--list-faults", action="store_true", help="list the faults and exit")
     return ap
 
 
@@ -57,10 +67,21 @@ def read_prompts(path: Path, tokenizer) -> list[list[int]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.list_faults:
+        from .faults import describe
+
+        print(describe())
+        return 0
     if args.k < 1 or args.max_tokens < 1 or (args.batch_size is not None and args.batch_size < 1):
         print(f"{PROG}: error: --k, --max-tokens and --batch-size must be >= 1", file=sys.stderr)
         return 2
     try:
+        from . import faults
+
+        faults.enable(args.fault)
+        faults.check(args.method, args.draft_vocab)
+        if args.draft_vocab is not None and args.method != "draft_model":
+            raise ValueError("--draft-vocab needs --method draft_model")
         return run(args)
     except (OSError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -77,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     target = load_model(target_dir)
     tokenizer = load_tokenizer(target_dir)
     if args.method == "draft_model":
-        drafter = DraftModelDrafter(load_model(args.draft or bundled_model_dir("draft")), args.k)
+        drafter = DraftModelDrafter(load_model(args.draft or bundled_model_dir("draft")), args.k, args.draft_vocab)
     else:
         drafter = NgramDrafter(args.k, args.prompt_lookup_min, args.prompt_lookup_max, target.max_model_len)
 

@@ -15,6 +15,8 @@ One `Engine.step()` mirrors one synchronous step of our engine (and of vLLM's V1
 
 Verification is exact greedy: accept the longest draft prefix equal to the target's argmax,
 then emit the target's token at the first mismatch (or the bonus token when all match).
+
+Deliberate bugs (``--fault NAME``, see :mod:`.faults`) hook in at ``faults.active(...)`` only.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Sequence
 
 import torch
 
+from . import faults
 from .drafters import Drafter, Proposal
 from .models import LoadedModel
 from .vt_trace import VtTrace
@@ -70,15 +73,19 @@ class SpecStats:
 # ---------------------------------------------------------------------------- verify
 
 
-def target_argmax(model: torch.nn.Module, sequence: Sequence[int], num_rows: int) -> list[int]:
+def target_argmax(model: torch.nn.Module, sequence: Sequence[int], num_rows: int, prompt_len: int | None = None) -> list[int]:
     """Greedy target tokens for the last `num_rows` positions of `sequence`.
 
     One forward over int64 [1, T]; row j of the result predicts position T - num_rows + j + 1.
+    `prompt_len` (tokens) locates output indices for the `content`/`repetition` faults.
     """
     ids = torch.tensor([list(sequence)], dtype=torch.int64)
     with torch.no_grad():
         logits = model(input_ids=ids, use_cache=False).logits[0]  # fp32 [T, vocab]
-    return [int(t) for t in torch.argmax(logits[-num_rows:], dim=-1).tolist()]
+    tokens = [int(t) for t in torch.argmax(logits[-num_rows:], dim=-1).tolist()]
+    if prompt_len is not None and (faults.active("content") or faults.active("repetition")):
+        tokens = faults.target_tokens(tokens, logits[-num_rows:], sequence, prompt_len)
+    return tokens
 
 
 def accepted_prefix_len(drafts: Sequence[int], target_tokens: Sequence[int]) -> int:
@@ -89,13 +96,13 @@ def accepted_prefix_len(drafts: Sequence[int], target_tokens: Sequence[int]) -> 
     return n
 
 
-def verify_greedy(model: torch.nn.Module, sequence: Sequence[int], drafts: Sequence[int]) -> list[int]:
+def verify_greedy(model: torch.nn.Module, sequence: Sequence[int], drafts: Sequence[int], prompt_len: int | None = None) -> list[int]:
     """Greedy rejection sampling of `drafts` placed after `sequence` (anchor last).
 
     Returns the emitted tokens: the accepted drafts plus one target token (correction or
     bonus), so 1 <= len(result) <= len(drafts) + 1. With no drafts this is one decode step.
     """
-    target_tokens = target_argmax(model, list(sequence) + list(drafts), len(drafts) + 1)
+    target_tokens = target_argmax(model, list(sequence) + list(drafts), len(drafts) + 1, prompt_len)
     acc = accepted_prefix_len(drafts, target_tokens)
     return target_tokens[: acc + 1]
 
@@ -124,6 +131,8 @@ class Engine:
         self.running: list[Request] = []
         self.done: list[Request] = []
         self.stats = SpecStats()
+        self._rejected: dict[str, list[int]] = {}  # fault stale_state: drafts rejected last step
+        self._dropped: set[str] = set()  # fault drop_drafts: requests that stopped proposing
 
     def add_request(self, req_id: str, prompt_ids: Sequence[int], max_tokens: int) -> None:
         """Queue a request. Refuses sequences that could outgrow the target's positions."""
@@ -148,7 +157,7 @@ class Engine:
         batch = list(self.running)
         self._schedule(batch)
         emitted = [self._execute_row(req) for req in batch]
-        proposal = self.drafter.propose([req.tokens for req in batch])
+        proposal = self.drafter.propose(self._draft_inputs(batch))
         self._trace_propose(batch, proposal)
         for req, tokens in zip(batch, emitted):
             self._commit(req, tokens)
@@ -173,22 +182,39 @@ class Engine:
                 sched = num_new + computed - req.num_tokens
                 self.trace.sched(req.req_id, have, num_new, computed, req.num_tokens, 0, sched)
 
+    def _draft_inputs(self, batch: list[Request]) -> list[list[int]]:
+        """The sequence each batch row drafts from: its own tokens (anchor last)."""
+        seqs = [req.tokens for req in batch]
+        if faults.active("batch_order"):  # off-by-one row index: row i reads row i-1
+            seqs = seqs[:1] + seqs[:-1]
+        if faults.active("stale_state"):  # drafter KV not rolled back after a rejection
+            seqs = [s[:-1] + self._rejected.get(r.req_id, []) + s[-1:] for s, r in zip(seqs, batch)]
+        return seqs
+
     def _execute_row(self, req: Request) -> list[int]:
         """Tokens the sampler emits for this row this step (before any trimming)."""
+        plen = len(req.prompt_ids)
+        self._rejected.pop(req.req_id, None)
         if not req.prefilled:
             req.prefilled = True
-            emitted = verify_greedy(self.target.model, req.tokens, [])
+            emitted = verify_greedy(self.target.model, req.tokens, [], plen)
         elif req.pending_drafts:
             drafts = req.pending_drafts
+            if faults.active("verify_overwrite"):  # the input combine writes the anchor into the last slot
+                drafts = drafts[:-1] + req.tokens[-1:]
             pos = req.num_tokens  # before write-back; the anchor sits at pos - 1
-            emitted = verify_greedy(self.target.model, req.tokens, drafts)
+            emitted = verify_greedy(self.target.model, req.tokens, drafts, plen)
             acc = len(emitted) - 1
-            self.trace.spectrace(req.req_id, pos, len(drafts), len(emitted), acc, drafts, emitted)
+            shown_pos = pos + 1 if faults.active("anchor_shift") else pos
+            shown_acc = acc + 1 if faults.active("miscount") and acc < len(drafts) else acc
+            self.trace.spectrace(req.req_id, shown_pos, len(drafts), len(emitted), shown_acc, drafts, emitted)
+            if faults.active("stale_state") and acc < len(drafts):
+                self._rejected[req.req_id] = list(drafts[acc:])
             self.stats.num_drafts += 1
             self.stats.num_draft_tokens += len(drafts)
             self.stats.num_accepted_tokens += acc
         else:
-            emitted = verify_greedy(self.target.model, req.tokens, [])
+            emitted = verify_greedy(self.target.model, req.tokens, [], plen)
         req.pending_drafts = []
         req.tokens.extend(emitted)
         return emitted
@@ -220,9 +246,12 @@ class Engine:
     def _install_drafts(self, batch: list[Request], proposal: Proposal) -> None:
         self.trace.post_step(True, len(batch))
         self.trace.update_called(len(batch))
-        for req, drafts in zip(batch, proposal.drafts):
+        for row, (req, drafts) in enumerate(zip(batch, proposal.drafts)):
             self.trace.update_req(req.req_id, True, req.finished, False, len(drafts))
             if req.finished:
                 continue  # drafts of a finished request are dropped, not installed
+            if faults.active("drop_drafts") and (req.req_id in self._dropped or (row >= 1 and self.stats.num_steps >= faults.DROP_FROM_STEP)):
+                self._dropped.add(req.req_id)  # proposed, never installed again: plain decode steps
+                drafts = []
             req.pending_drafts = list(drafts)
             self.trace.install(req.req_id, len(drafts), self.drafter.lookahead)

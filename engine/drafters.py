@@ -9,6 +9,11 @@ anchor last) to one draft list per row. Both reproduce vLLM's proposals token fo
 * `ngram`: a line-by-line port of vLLM's numba `_find_longest_matched_ngram_and_propose_tokens`
   (vllm/v1/spec_decode/ngram_proposer.py), including which occurrence wins and the short/empty
   results.
+
+Reduced draft vocabulary (``--draft-vocab N``, draft_model): the draft head's argmax runs over N
+target ids only (the N rows of the draft lm_head with the largest L2 norm, ties to the lower
+id, sorted ascending) and draft index i maps to ``target = i + d2t[i]``, the offset table vLLM
+and speculators define. The faults of :mod:`.faults` hook in at ``faults.active(...)``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Protocol, Sequence
 
 import torch
 
+from . import faults
 from .models import LoadedModel
 
 METHODS = ("draft_model", "ngram")
@@ -53,14 +59,29 @@ class Drafter(Protocol):
 # ---------------------------------------------------------------------------- draft model
 
 
-def draft_logits_last(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    """Logits of the last position. ids: int64 [1, T]. Returns fp32 [vocab]."""
-    return model(input_ids=ids, use_cache=False).logits[0, -1]
+def draft_logits_last(model: torch.nn.Module, ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits of the last position. ids: int64 [1, T] (position_ids: int64 [1, T] or None for
+    0..T-1). Returns fp32 [vocab]."""
+    return model(input_ids=ids, position_ids=position_ids, use_cache=False).logits[0, -1]
 
 
 def greedy_select(logits: torch.Tensor) -> int:
     """Greedy draft selection: argmax over the vocab (first index on ties, like torch/vLLM)."""
     return int(torch.argmax(logits).item())
+
+
+def reduced_vocab(lm_head: torch.Tensor, n: int) -> tuple[torch.Tensor, list[int]]:
+    """The reduced draft vocabulary: (target ids int64 [n] ascending, d2t offsets [n]).
+
+    The n rows of ``lm_head`` (fp32 [vocab, hidden]) with the largest L2 norm, ties broken
+    towards the lower id; ``d2t[i] = ids[i] - i`` so that ``target = i + d2t[i]``.
+    """
+    vocab = lm_head.shape[0]
+    if not 1 <= n <= vocab:
+        raise ValueError(f"--draft-vocab must be in 1..{vocab}, got {n}")
+    norms = lm_head.detach().norm(dim=1).tolist()
+    chosen = sorted(sorted(range(vocab), key=lambda t: (-norms[t], t))[:n])
+    return torch.tensor(chosen, dtype=torch.int64), [t - i for i, t in enumerate(chosen)]
 
 
 @dataclass
@@ -69,36 +90,65 @@ class DraftModelDrafter:
 
     draft: LoadedModel
     k: int
+    draft_vocab: int | None = None  # reduced draft vocabulary size (None: the full vocab)
     method: str = field(default="draft_model", init=False)
+
+    def __post_init__(self) -> None:
+        self.vocab_ids, self.d2t = (None, None) if self.draft_vocab is None else reduced_vocab(
+            self.draft.model.get_output_embeddings().weight, self.draft_vocab)
 
     @property
     def lookahead(self) -> int:
         return self.k
 
+    def select(self, logits: torch.Tensor) -> tuple[int, int]:
+        """(id fed back to the draft model, id handed to the scheduler) of one draft step.
+
+        The draft loop always feeds back the right target id; the ``d2t_*`` faults corrupt only
+        the ids handed out (the mapping step at the proposer's output).
+        """
+        if self.vocab_ids is None:
+            tok = greedy_select(logits)
+            return tok, tok
+        idx = greedy_select(logits[self.vocab_ids])  # argmax over the draft vocabulary
+        return idx + self.d2t[idx], faults.map_draft_index(idx, self.d2t, self.draft.vocab_size)
+
     def propose_row(self, sequence: Sequence[int], timings: ProposeTimings) -> list[int]:
         """k greedy tokens after `sequence` (ints, anchor last). Adds to `timings` in place."""
         seq = list(sequence)
+        if faults.active("wrong_features"):
+            seq = seq[-faults.FEATURE_WINDOW:]
+        ctx = len(seq)
+        n = self.k + faults.active("layout_shift") - faults.active("k_minus_one")
         out: list[int] = []
-        for _ in range(self.k):
+        for depth in range(n):
             t0 = time.perf_counter()
             ids = torch.tensor([seq], dtype=torch.int64)
+            positions = None
+            if faults.active("broken_depth"):  # positions not advanced: drafts sit at the anchor's
+                positions = torch.tensor([list(range(ctx)) + [ctx - 1] * depth], dtype=torch.int64)
             t1 = time.perf_counter()
             with torch.no_grad():
-                logits = draft_logits_last(self.draft.model, ids)
+                logits = draft_logits_last(self.draft.model, ids, positions)
             t2 = time.perf_counter()
-            tok = greedy_select(logits)
+            fed, tok = self.select(logits)
             t3 = time.perf_counter()
             timings.pre_s += t1 - t0
             timings.backbone_s += t2 - t1
             timings.sample_s += t3 - t2
-            seq.append(tok)
+            seq.append(fed)
             out.append(tok)
+        if faults.active("layout_shift"):
+            out = out[1:]  # slot 0 is the anchor's own (bonus) slot in the 1+N layout
+        if faults.active("constant_depth"):
+            out = out[:1] * len(out)
         return out
 
     def propose(self, sequences: Sequence[Sequence[int]]) -> Proposal:
         timings = ProposeTimings()
         drafts = [self.propose_row(seq, timings) for seq in sequences]
-        return Proposal(drafts, timings, logits_numel=len(sequences) * self.k * self.draft.vocab_size)
+        vocab = self.draft_vocab or self.draft.vocab_size
+        return Proposal(drafts, timings, logits_numel=len(sequences) * self.k * vocab)
 
 
 # ---------------------------------------------------------------------------- ngram

@@ -124,7 +124,7 @@ def find_loop(ids: np.ndarray) -> tuple[int, int] | None:
         breaks = np.flatnonzero(~eq)
         run = len(eq) - (breaks[-1] + 1 if len(breaks) else 0)
         if run + p >= max(LOOP_MIN_TOKENS, 3 * p):
-            return n - (run + p), p
+            return int(n - (run + p)), p
     return None
 
 
@@ -135,7 +135,7 @@ def degenerate(td: TraceData, dec: Decoder | None) -> list[tuple[int, int, int]]
     for i in range(len(r)):
         loop = find_loop(r.output_ids[i])
         if loop:
-            out.append((i, len(r.prompt_ids[i]) + loop[0], loop[1]))
+            out.append((i, int(len(r.prompt_ids[i]) + loop[0]), int(loop[1])))
     return out
 
 
@@ -277,8 +277,35 @@ def constant_drafts(td: TraceData, ref: TraceData | None, dec: Decoder | None) -
                   "example": _tok(dec, b.proposed[first, :b.k[first]])})
 
 
-def unverified(td: TraceData) -> Finding | None:
-    """unverified_drafts: proposals without a verify record, or requests whose blocks stop."""
+def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) -> np.ndarray:
+    """Blocks of ``td`` that follow a gap: the engine emitted up to anchor position q without
+    drafting from q, although ``ref`` drafted from q on matched content.
+
+    Returns:
+        int64 block indices (the block after each such gap).
+    """
+    b = td.t.blocks
+    prev = td.prev
+    has = (prev >= 0) & (b.accepted[np.maximum(prev, 0)] >= 0)
+    pv = np.maximum(prev, 0)
+    expected = b.position[pv].astype(np.int64) + b.accepted[pv] + 1
+    gap = has & (b.position.astype(np.int64) > expected)
+    pob = al.pair_of_block_a if side_a else al.pair_of_block_b
+    rpob = al.pair_of_block_b if side_a else al.pair_of_block_a
+    rcomp = al.comparable_b if side_a else al.comparable_a
+    idx = np.flatnonzero(gap & (pob >= 0))
+    if not len(idx):
+        return idx
+    stride = int(max(b.position.max(initial=0), ref.t.blocks.position.max(initial=0))) + 2
+    want = pob[idx] * stride + expected[idx]
+    have = rpob[rcomp] * stride + ref.t.blocks.position[rcomp].astype(np.int64)
+    return idx[np.isin(want, have)]
+
+
+def unverified(td: TraceData, skipped: np.ndarray | None = None) -> Finding | None:
+    """unverified_drafts: proposals without a verify record, requests whose blocks stop, or
+    (with ``skipped`` from :func:`skipped_anchors`) anchors the reference drafted from and
+    this engine silently skipped."""
     b = td.t.blocks
     none = (b.num_verified < 0) & (b.accepted < 0)
     # The last proposal of a request is legitimately never verified (the request finished).
@@ -290,9 +317,16 @@ def unverified(td: TraceData) -> Finding | None:
         r = req[blk]
         if td.length[r] and b.position[blk] + 1 + kmax + 1 < td.length[r] - 1:
             stops.append(int(blk))
-    if not bad.any() and len(stops) < 1:
+    skipped = np.zeros(0, np.int64) if skipped is None else skipped
+    if not bad.any() and len(stops) < 1 and len(skipped) < MIN_BLOCKS:
         return None
-    if bad.any():
+    if len(skipped) >= MIN_BLOCKS and not bad.any() and not stops:
+        first = int(skipped[0])
+        msg = (f"{td.side}: {len(skipped)} times a request went on without drafting from an "
+               f"anchor the other engine drafted from (first: request {td.req_id(first)} "
+               f"before position {int(b.position[first])}): drafts dropped before "
+               f"verification")
+    elif bad.any():
         first = int(np.flatnonzero(bad)[0])
         msg = (f"{td.side}: {int(bad.sum())} of {len(bad)} draft blocks were proposed but "
                f"never verified")
@@ -303,7 +337,8 @@ def unverified(td: TraceData) -> Finding | None:
                f"{int(b.position[first])})")
     return Finding("unverified_drafts", "error", side=td.side, **td.at(first), message=msg,
                    evidence={"unverified_blocks": int(bad.sum()), "requests_stopping":
-                             [td.req_id(s) for s in stops[:10]]})
+                             [td.req_id(s) for s in stops[:10]],
+                             "skipped_anchors": int(len(skipped))})
 
 
 def bookkeeping(td: TraceData) -> Finding | None:
@@ -441,7 +476,13 @@ def layout_shift(pd: PairData, dec: Decoder | None) -> Finding | None:
     base = float(pd.eq.sum() / max(pd.both.sum(), 1))
     if base >= 0.45:  # no shift can then reach 2 x base + 0.05 while ours[i] == theirs[i]
         return None
-    rates = shift_rates(pd.pa, pd.pb, pd.ka, pd.kb, w - 1)
+    # A block of one repeated id "agrees" with any shift: leave those to constant_drafts.
+    varied = ~(constant_rate(pd.oa)[0][pd.al.ia] | constant_rate(pd.ob)[0][pd.al.ib])
+    if varied.sum() < MIN_BLOCKS:
+        return None
+    # Shifts up to the block length, keeping at least two slot pairs per block.
+    rates = shift_rates(pd.pa[varied], pd.pb[varied], pd.ka[varied], pd.kb[varied],
+                        max(1, w - 2))
     if not rates:
         return None
     s = max(rates, key=lambda x: rates[x][0])
@@ -449,8 +490,8 @@ def layout_shift(pd: PairData, dec: Decoder | None) -> Finding | None:
     if rate < 0.6 or rate < 2 * base + 0.05:
         return None
     i = np.arange(max(0, -s), min(w, w - s))
-    hold = (pd.pa[:, i] == pd.pb[:, i + s]).all(axis=1) & ~pd.exact
-    first = int(np.flatnonzero(hold)[0]) if hold.any() else 0
+    hold = (pd.pa[:, i] == pd.pb[:, i + s]).all(axis=1) & ~pd.exact & varied
+    first = int(np.flatnonzero(hold)[0]) if hold.any() else int(np.flatnonzero(varied)[0])
     rel = f"ours[i] equals theirs[i{s:+d}]"
     return Finding(
         "layout_shift", "error", side="ours", slot=0, **pd.at(first),
@@ -687,7 +728,9 @@ def _loop_findings(al: Alignment, oa: TraceData, ob: TraceData, loops_a: list, l
     out = []
     for td, loops, partner, other in ((oa, loops_a, partner_a, start_b),
                                       (ob, loops_b, partner_b, start_a)):
-        own = [lp for lp in loops if other.get(partner.get(lp[0], -1)) != lp[1]]
+        # The partner looping too (even from another start, after the content diverged)
+        # makes it the model's loop; only a loop the partner lacks is one-sided.
+        own = [lp for lp in loops if partner.get(lp[0], -1) not in other]
         shared = [lp for lp in loops if lp not in own]
         out.append(degenerate_finding(
             td, own, dec, "error", "the other engine's output does not loop there, so "
@@ -727,9 +770,10 @@ def detect_pair(al: Alignment, pd_arrays: dict, decoder: Decoder | None = None) 
     loops_a, loops_b = degenerate(oa, decoder), degenerate(ob, decoder)
     found += _loop_findings(al, oa, ob, loops_a, loops_b, decoder)
     found.append(content(al, oa, ob, decoder))
-    for td, ref in ((oa, ob), (ob, oa)):
+    for td, ref, side_a in ((oa, ob, True), (ob, oa, False)):
         found += [anchor_consistency(td), verified_vs_proposed(td, decoder),
-                  constant_drafts(td, ref, decoder), unverified(td), bookkeeping(td),
+                  constant_drafts(td, ref, decoder),
+                  unverified(td, skipped_anchors(td, ref, al, side_a)), bookkeeping(td),
                   vocab_range(td)]
     pair = [anchor_pairs(pd, decoder), layout_shift(pd, decoder), vocab_pairs(pd, decoder),
             k_pairs(pd), depth(pd), stale(pd), batch(pd)]

@@ -19,11 +19,13 @@ KINDS: tuple[str, ...] = (
     "layout_shift",
     "vocab_mapping",
     "k_mismatch",
+    # Within one trace and direct: where verified ids differ from proposed ones, cross-engine
+    # mismatches of blocks whose proposal only the verified ids reveal follow from it.
+    "verified_differs",
     "constant_drafts",
     "depth_divergence",
     "stale_state",
     "batch_dependence",
-    "verified_differs",
     "unverified_drafts",
     "acceptance_bookkeeping",
     "draft_mismatch",
