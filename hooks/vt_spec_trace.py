@@ -75,7 +75,7 @@ from pathlib import Path
 
 from spectrace.tracer import schema
 from spectrace.tracer.errors import InputError, ParseError
-from spectrace.tracer.store import TraceWriter
+from spectrace.tracer.store import TraceWriter, update_blocks
 
 SOURCE = "vt_spec_trace"
 DEFAULT_ENGINE = "vllm.cpp"
@@ -1069,19 +1069,7 @@ def patch_anchors(path: str | os.PathLike, patches: Iterable[tuple[int, int]]) -
     patches = sorted(patches)
     if not patches:
         return 0
-    import h5py
-    import numpy as np
-
-    try:
-        with h5py.File(path, "r+") as f:
-            ds = f["blocks"]["anchor"]
-            rows = np.array([r for r, _ in patches])
-            vals = np.array([a for _, a in patches], dtype=ds.dtype)
-            keep = rows < ds.shape[0]
-            ds[rows[keep]] = vals[keep]  # fancy indexing needs increasing rows: sorted above
-            return int(keep.sum())
-    except OSError as exc:
-        raise InputError(f"{path}: cannot patch anchors ({exc})") from None
+    return update_blocks(path, "anchor", [r for r, _ in patches], [a for _, a in patches])
 
 
 def _open_log(log: str | os.PathLike) -> tuple[Iterable[str], str, Callable[[], None]]:

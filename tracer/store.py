@@ -749,6 +749,36 @@ class Trace:
         return f"{self.paths[0].name}{extra}" if self.paths else "?"
 
 
+def update_blocks(path: str | os.PathLike, column: str, rows, values) -> int:
+    """Overwrite cells of one block column in a closed trace file (e.g. anchors resolved
+    after their rows were flushed).
+
+    Args:
+        path: the trace file; column: a 1-D block column name (schema.BLOCK_COLUMNS).
+        rows: int row indices; values: the new values (same length).
+    Returns:
+        The number of rows written (rows past the end are skipped).
+    Raises:
+        InputError: unknown column, or the file cannot be opened for writing.
+    """
+    cols = {c.name: c for c in schema.BLOCK_COLUMNS if c.width is None}
+    if column not in cols:
+        raise InputError(f"blocks.{column}: not a 1-D block column")
+    rows = np.asarray(rows, dtype=np.int64)
+    values = np.asarray(values, dtype=cols[column].np_dtype)
+    order = np.argsort(rows, kind="stable")  # h5py fancy indexing needs increasing rows
+    rows, values = rows[order], values[order]
+    try:
+        with h5py.File(path, "r+") as f:
+            ds = f["blocks"][column]
+            keep = rows < ds.shape[0]
+            if keep.any():
+                ds[rows[keep]] = values[keep]
+            return int(keep.sum())
+    except OSError as exc:
+        raise InputError(f"{path}: cannot update blocks.{column} ({_short(exc)})") from None
+
+
 def resolve_paths(spec: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
     """Expand a trace spec to file paths.
 
