@@ -1,0 +1,230 @@
+"""Benchmark of ``spectrace view`` on a big synthetic trace pair (default 10M blocks a side).
+
+Measures, headless (Textual ``run_test``, in a fresh process so RSS is the viewer's own):
+
+* first paint: from ``make_app`` to the first refresh of the screen;
+* blocks ready: until the block view shows the first request's rows (request tables read,
+  request columns indexed);
+* page down: key press to repaint, and the view's own work (page + render every line);
+* jump to the next finding / next divergence (after the background analysis, which runs in
+  a child process for traces this size and is timed separately);
+* RSS (current and peak) of the viewer process.
+
+With ``--tmux`` it also runs the real CLI in a tmux terminal: launch to first rows on screen,
+PageDown to repaint (screen polling), and the process RSS.
+
+Usage: ``python benchmarks/bench_tui.py [--dir /tmp/spectrace-bench] [--requests 10000
+--blocks 1000] [--tmux]``. Traces are generated once (``synth.py``, about a minute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _ms(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    return f"median {1000 * statistics.median(xs):.1f} ms, max {1000 * max(xs):.1f} ms"
+
+
+def ensure_traces(d: Path, requests: int, blocks: int) -> tuple[Path, Path]:
+    """Generate the pair once."""
+    a, b = d / "ours.h5", d / "theirs.h5"
+    if not (a.exists() and b.exists()):
+        sys.path.insert(0, str(HERE))
+        from synth import make_pair
+
+        t0 = time.perf_counter()
+        make_pair(d, requests=requests, blocks=blocks)
+        print(f"generated {requests * blocks:,} blocks a side in "
+              f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return a, b
+
+
+async def _headless(a: Path, b: Path, analysis_timeout: float) -> dict:
+    import psutil
+
+    from spectrace.tui import make_app
+    from spectrace.tui.block_view import BlockView
+
+    out: dict = {}
+    t0 = time.perf_counter()
+    app = make_app(a, b, start_tab="blocks")
+    async with app.run_test(size=(160, 50)) as pilot:
+        while app.first_paint is None:
+            await asyncio.sleep(0.002)
+        out["first_paint_s"] = app.first_paint - t0
+        view = app.main.query_one(BlockView)
+        while view.rows is None:
+            await asyncio.sleep(0.005)
+        await pilot.pause()
+        out["blocks_ready_s"] = time.perf_counter() - t0
+        out["rows_first_request"] = len(view.rows)
+        view.focus()
+        await pilot.pause()
+        screen = app.main
+        rendered = {"t": 0.0}
+        orig = view.render_line
+        last_y = view.size.height - 1
+
+        def spy(y):
+            strip = orig(y)
+            if y == last_y:
+                rendered["t"] = time.perf_counter()
+            return strip
+
+        view.render_line = spy
+
+        async def repaint(action) -> tuple[float, float]:
+            """Wall time from the action to the last line of the view repainted, and the
+            process CPU time spent meanwhile."""
+            rendered["t"] = 0.0
+            c0, t0_ = time.process_time(), time.perf_counter()
+            action()
+            while rendered["t"] == 0.0:
+                await asyncio.sleep(0.0005)
+            return rendered["t"] - t0_, time.process_time() - c0
+
+        busy = [await repaint(lambda: view.action_page(1)) for _ in range(20)]
+        out["page_busy"] = [x for x, _ in busy]
+        t = time.perf_counter()
+        while screen.analysis is None and screen.analysis_error is None:
+            if time.perf_counter() - t > analysis_timeout:
+                break
+            await asyncio.sleep(0.1)
+        out["analysis_s"] = time.perf_counter() - t
+        await pilot.pause()
+        page = [await repaint(lambda: view.action_page(1)) for _ in range(40)]
+        out["page_key"] = [x for x, _ in page]
+        out["page_cpu"] = [c for _, c in page]
+        out["analysis_error"] = screen.analysis_error
+        out["findings"] = len(screen.findings)
+        await pilot.pause()
+        jf = [await repaint(lambda: screen.action_finding(1)) for _ in range(8)]
+        view.action_edge(-1)
+        await pilot.pause()
+        jn = [await repaint(lambda: screen.action_divergence(1)) for _ in range(8)]
+        out["jump_finding"] = [x for x, _ in jf]
+        out["jump_divergence"] = [x for x, _ in jn]
+        proc = psutil.Process()
+        out["rss_mb"] = proc.memory_info().rss / 2**20
+        out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+def headless(a: Path, b: Path, analysis_timeout: float) -> dict:
+    """Run the headless measurement in a child process; returns its figures."""
+    r = subprocess.run([sys.executable, __file__, "--child", str(a), str(b),
+                        "--analysis-timeout", str(analysis_timeout)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"headless run failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def tmux_run(a: Path, b: Path) -> dict:
+    """The real CLI in tmux: launch to rows on screen, PageDown latency, RSS."""
+    import psutil
+
+    spectrace = os.path.join(os.path.dirname(sys.executable), "spectrace")
+    sock = f"spectrace-bench-{os.getpid()}"
+    tm = ["tmux", "-L", sock]
+
+    def cap() -> str:
+        return subprocess.run([*tm, "capture-pane", "-p", "-t", "b"], capture_output=True,
+                              text=True).stdout
+
+    out: dict = {}
+    t0 = time.perf_counter()
+    subprocess.run([*tm, "new-session", "-d", "-s", "b", "-x", "160", "-y", "50",
+                    f"{spectrace} view {a} {b} --tab blocks"], check=True,
+                   env={**os.environ, "TERM": "xterm-256color"})
+    try:
+        while "Overview" not in cap():
+            time.sleep(0.005)
+        out["first_paint_s"] = time.perf_counter() - t0
+        while "same" not in cap() and "≠" not in cap():
+            time.sleep(0.005)
+        out["blocks_ready_s"] = time.perf_counter() - t0
+        t = time.perf_counter()
+        while "✓" not in cap() and "●" not in cap() and time.perf_counter() - t < 300:
+            time.sleep(0.2)  # badges appear when the background analysis is done
+        out["analysis_s"] = time.perf_counter() - t0
+        time.sleep(0.5)
+        lat = []
+        for _ in range(15):
+            before = cap()
+            t = time.perf_counter()
+            subprocess.run([*tm, "send-keys", "-t", "b", "PageDown"], check=True)
+            while cap() == before and time.perf_counter() - t < 2:
+                time.sleep(0.002)
+            lat.append(time.perf_counter() - t)
+        out["page_key"] = lat
+        pid = int(subprocess.run([*tm, "list-panes", "-t", "b", "-F", "#{pane_pid}"],
+                                 capture_output=True, text=True).stdout.split()[0])
+        procs = [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True)
+        viewer = next(p for p in procs if "view" in p.cmdline())  # not the analysis child
+        out["rss_mb"] = viewer.memory_info().rss / 2**20
+        subprocess.run([*tm, "send-keys", "-t", "b", "q"], check=True)
+    finally:
+        subprocess.run([*tm, "kill-server"], capture_output=True)
+    return out
+
+
+def main() -> None:
+    """Command line (see the module docstring)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/spectrace-bench"))
+    ap.add_argument("--requests", type=int, default=10000)
+    ap.add_argument("--blocks", type=int, default=1000)
+    ap.add_argument("--tmux", action="store_true")
+    ap.add_argument("--analysis-timeout", type=float, default=600)
+    ap.add_argument("--child", nargs=2, type=Path)
+    args = ap.parse_args()
+    if args.child:
+        res = asyncio.run(_headless(*args.child, args.analysis_timeout))
+        print(json.dumps(res))
+        return
+    a, b = ensure_traces(args.dir, args.requests, args.blocks)
+    h = headless(a, b, args.analysis_timeout)
+    rows = [("first paint (headless)", f"{h['first_paint_s'] * 1000:.0f} ms"),
+            ("block view ready (headless)", f"{h['blocks_ready_s'] * 1000:.0f} ms"),
+            ("page down while indexing/analysing (headless)", _ms(h["page_busy"])),
+            ("page down, action to view repainted (headless)", _ms(h["page_key"])),
+            ("page down, CPU time of the process", _ms(h["page_cpu"])),
+            ("analysis (child process)", f"{h['analysis_s']:.1f} s, {h['findings']} findings"
+             + (f" ({h['analysis_error']})" if h["analysis_error"] else "")),
+            ("jump to next finding (action to repaint)", _ms(h["jump_finding"])),
+            ("jump to next divergence (action to repaint)", _ms(h["jump_divergence"])),
+            ("RSS after browsing / peak (headless)",
+             f"{h['rss_mb']:.0f} MB / {h['peak_rss_mb']:.0f} MB")]
+    if args.tmux and shutil.which("tmux"):
+        t = tmux_run(a, b)
+        rows += [("first paint (tmux, from launch)", f"{t['first_paint_s'] * 1000:.0f} ms"),
+                 ("block view ready (tmux, from launch)",
+                  f"{t['blocks_ready_s'] * 1000:.0f} ms"),
+                 ("analysis done (tmux, from launch)", f"{t['analysis_s']:.1f} s"),
+                 ("page down (tmux, send-keys to screen change)", _ms(t["page_key"])),
+                 ("RSS (tmux)", f"{t['rss_mb']:.0f} MB")]
+    n = h["rows_first_request"]
+    print(f"spectrace view: {a} vs {b} (first request: {n} rows)")
+    w = max(len(r[0]) for r in rows)
+    for name, val in rows:
+        print(f"  {name:<{w}}  {val}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""The block detail dialog: full ids and decoded tokens of one row, both sides.
+
+Shows proposed, verified and emitted ids slot by slot with their decoded tokens, the
+preceding context decoded, the recorded phase timings of the block's engine step, the
+row's explanation and any finding located there. Escape, enter or q closes it.
+"""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from spectrace.tracer.tokens import Decoder, show
+from spectrace.tracer.view_model import STATE_NAMES, Rows, ViewModel
+
+from .fmt import divergence_text, explain, token
+
+STATE_STYLE = {"equal": "green", "different": "bold red", "shifted": "bold yellow",
+               "past divergence": "bright_black", "unpaired": "", "none": "dim"}
+
+
+def _tok(decoder: Decoder | None, tid: int) -> str:
+    return "" if tid < 0 else token(decoder, tid, ids=False) if decoder else ""
+
+
+def detail_renderable(model: ViewModel, rows: Rows, row: int, decoder: Decoder | None,
+                      findings: list, next_ids=None) -> Group:
+    """Everything the dialog shows (a Rich renderable; tested directly)."""
+    win = model.window(rows, row)
+    i = row - win.start
+    pair = rows.pair
+    pos = int(win.pos[i])
+    title = Text(f"Request {pair.label}   anchor position {pos}   content divergence "
+                 f"{divergence_text(rows.divergence)}", style="bold")
+    why = Text(explain(win, i, pair, decoder, rows.divergence, findings, next_ids))
+    sides = [("ours", model.a, rows.ia[row], pair.req_a)]
+    if model.b is not None:
+        sides.append(("theirs", model.b, rows.ib[row], pair.req_b))
+    blocks = {name: (model.block(name, int(idx)) if idx >= 0 else None)
+              for name, _, idx, _ in sides}
+
+    facts = Table(box=None, padding=(0, 2), show_edge=False)
+    facts.add_column("", style="bold")
+    for name, tr, _, _ in sides:
+        facts.add_column(f"{name} ({tr.meta.get('engine') or tr.name})")
+    for key, label in (("step", "engine step"), ("k", "drafts (k)"),
+                       ("num_verified", "verified"), ("accepted", "accepted (recorded)"),
+                       ("num_emitted", "emitted")):
+        vals = []
+        for name, *_ in sides:
+            blk = blocks[name]
+            v = "-" if blk is None else blk[key]
+            vals.append("unknown" if v == -1 else str(v))
+        facts.add_row(label, *vals)
+    anchor_vals = []
+    for name, *_ in sides:
+        blk = blocks[name]
+        anchor_vals.append("-" if blk is None else
+                           f"{blk['anchor']} {_q(decoder, blk['anchor'])}")
+    facts.add_row("anchor", *anchor_vals)
+
+    slots = Table(box=None, padding=(0, 1), show_edge=False, title="drafts slot by slot",
+                  title_justify="left", title_style="bold")
+    slots.add_column("slot", justify="right")
+    for name, *_ in sides:
+        for col in ("proposed", "verified", "emitted"):
+            slots.add_column(f"{name} {col}")
+    width = max([len(b["emitted"]) for b in blocks.values() if b] +
+                [len(b["proposed"]) for b in blocks.values() if b] + [0])
+    side_key = {"ours": "a", "theirs": "b"}
+    for j in range(width):
+        cells = [str(j)]
+        for name, *_ in sides:
+            blk = blocks[name]
+            sd = getattr(win, side_key[name])
+            for col in ("proposed", "verified", "emitted"):
+                ids = blk[col] if blk else []
+                if j >= len(ids):
+                    cells.append("")
+                    continue
+                tid = ids[j]
+                txt = Text(f"{tid} {_q(decoder, tid)}")
+                if col == "proposed" and sd is not None and j < sd["state"].shape[1]:
+                    state = STATE_NAMES[int(sd["state"][i, j])]
+                    txt.stylize(STATE_STYLE.get(state, ""))
+                    if sd["acc"][i, j]:
+                        txt.stylize("underline")
+                cells.append(txt)
+        slots.add_row(*cells)
+
+    ctx_parts = [Text("preceding context (anchor last)", style="bold")]
+    for name, tr, idx, req in sides:
+        if idx < 0:
+            continue
+        ids = model.context(name, req, pos)
+        if not len(ids):
+            ctx_parts.append(Text(f"  {name}: output ids not recorded", style="dim"))
+            continue
+        line = Text(f"  {name}: ", style="dim")
+        if decoder is not None:
+            line.append("…" + show(decoder.text(ids[:-1])))
+            line.append(f"⟦{show(decoder.token(int(ids[-1])))}⟧", style="bold reverse")
+        else:
+            line.append("… " + " ".join(str(int(x)) for x in ids[:-1]) + " ")
+            line.append(f"⟦{int(ids[-1])}⟧", style="bold reverse")
+        ctx_parts.append(line)
+        if model.b is not None and pair.matched and rows.divergence > pos:
+            break  # identical content: one context says it all
+
+    timing = [Text("phase timings of the block's engine step", style="bold")]
+    any_t = False
+    for name, *_ in sides:
+        blk = blocks[name]
+        if blk is None:
+            continue
+        ph = model.phases_of(name, blk["step"], blk["file"])
+        if ph:
+            any_t = True
+            timing.append(Text(f"  {name}: " + ", ".join(f"{n} {ms:.3f} ms (level {lv})"
+                                                        for n, ms, lv in ph)))
+    if not any_t:
+        timing.append(Text("  not recorded", style="dim"))
+    return Group(title, Text(""), why, Text(""), facts, Text(""), slots, Text(""),
+                 *ctx_parts, Text(""), *timing)
+
+
+def _q(decoder: Decoder | None, tid: int) -> str:
+    if decoder is None or tid < 0:
+        return ""
+    return f"'{show(decoder.token(int(tid)))}'"
+
+
+class BlockDetail(ModalScreen[None]):
+    """The detail dialog of one row (see the module docstring)."""
+
+    BINDINGS = [Binding("escape,enter,q", "dismiss", "Close", id="detail.close")]
+    DEFAULT_CSS = """
+    BlockDetail { align: center middle; }
+    BlockDetail > VerticalScroll {
+        width: 90%; height: 90%; border: thick $accent; background: $surface; padding: 0 1;
+    }
+    """
+
+    def __init__(self, body: Group) -> None:
+        super().__init__()
+        self.body = body
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Static(self.body, id="detail-body")
+
+    def action_dismiss(self) -> None:
+        """Close."""
+        self.dismiss(None)

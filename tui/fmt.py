@@ -1,0 +1,154 @@
+"""Text for people: token cells, row explanations and figures (pure functions, no widgets).
+
+Everything the block view, the detail dialog and the explain line say about a row is built
+here from a :class:`~spectrace.tracer.view_model.Window`, so the words are tested once.
+"""
+
+from __future__ import annotations
+
+from rich.cells import cell_len, set_cell_size
+
+from spectrace.tracer.align import NO_DIVERGENCE
+from spectrace.tracer.tokens import Decoder, show
+from spectrace.tracer.view_model import Pair, Window
+
+#: Shown for an absent id (padding) in cells.
+EMPTY = "·"
+
+
+def fit(text: str, width: int) -> str:
+    """``text`` padded or cut (with ``…``) to exactly ``width`` terminal cells."""
+    if width <= 0:
+        return ""
+    if cell_len(text) <= width:
+        return set_cell_size(text, width)
+    return set_cell_size(text, width - 1) + "…"
+
+
+def token(decoder: Decoder | None, tid: int, ids: bool) -> str:
+    """One token for a cell: its id (``ids`` or no decoder) or its visible decoded text."""
+    if tid < 0:
+        return EMPTY
+    if ids or decoder is None:
+        return str(tid)
+    return show(decoder.token(int(tid))) or "⟨⟩"
+
+
+def quoted(decoder: Decoder | None, tid: int) -> str:
+    """``'text' (id)`` for sentences, or ``id`` without a decoder."""
+    if tid < 0:
+        return "none"
+    if decoder is None:
+        return str(tid)
+    return f"'{show(decoder.token(int(tid)))}' ({tid})"
+
+
+def pct(x) -> str:
+    """A share as ``45.1%`` (``-`` when unknown)."""
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def divergence_text(div: int | None) -> str:
+    """``at N`` / ``none`` / ``?`` for a content divergence."""
+    if div is None:
+        return "?"
+    return "none" if div == NO_DIVERGENCE else f"at {div}"
+
+
+def row_note(win: Window, i: int, paired_view: bool) -> str:
+    """The short 'why' column of a row (a few words)."""
+    a, b = win.a, win.b
+    if not paired_view or b is None:
+        if a["k"][i] == 0:
+            return ""
+        return "unverified" if a["unverified"][i].all() else ""
+    if not win.comparable[i]:
+        return "past divergence"
+    if not win.paired[i]:
+        return "only ours" if a["has"][i] else "only theirs"
+    if not win.anchor_eq[i]:
+        return "anchor differs"
+    if win.bad[i]:
+        if a["k"][i] != b["k"][i] and win.first_diff[i] >= min(a["k"][i], b["k"][i]):
+            return f"k {a['k'][i]}≠{b['k'][i]}"
+        j = int(win.first_diff[i])
+        shifted = a["state"][i, j] == 3 or b["state"][i, j] == 3
+        return f"≠ slot {j}" + (" (shift)" if shifted else "")
+    if a["vdiff"][i].any() or b["vdiff"][i].any():
+        return "verified≠proposed"
+    return "same"
+
+
+def explain(win: Window, i: int, pair: Pair, decoder: Decoder | None, divergence: int,
+            findings: list | None = None, next_ids=None) -> str:
+    """One or two sentences saying what row ``i`` of ``win`` shows and why it matters.
+
+    ``next_ids`` (optional): the ids the output actually has after the anchor, to say which
+    side's differing draft was right.
+    """
+    pos = int(win.pos[i])
+    a, b = win.a, win.b
+    parts: list[str] = []
+    anchor = a["anchor"][i] if a["has"][i] else (b["anchor"][i] if b is not None else -1)
+    head = f"Position {pos}, anchor {quoted(decoder, int(anchor))}."
+
+    def drafts(side: dict) -> str:
+        k = int(side["k"][i])
+        acc = int(side["accepted"][i])
+        acc_s = "?" if acc < 0 else str(acc)
+        return f"{k} drafts, {acc_s} accepted"
+
+    def ids(side: dict, j: int) -> str:
+        return quoted(decoder, int(side["proposed"][i, j]))
+
+    if b is None:
+        parts.append(f"{head} Proposed {drafts(a)}.")
+        if a["unverified"][i].all() and a["k"][i]:
+            parts.append("The target did not verify these drafts.")
+    elif not win.comparable[i]:
+        parts.append(f"{head} Past the content divergence at {divergence}: the two engines' "
+                     f"texts differ from there on, so their drafts are not comparable.")
+    elif not win.paired[i]:
+        who, other = ("ours", "theirs") if a["has"][i] else ("theirs", "ours")
+        side = a if a["has"][i] else b
+        parts.append(f"{head} Only {who} drafted from here ({drafts(side)}): {other} "
+                     f"accepted a different number of drafts earlier and skipped this "
+                     f"position, so there is nothing to compare.")
+    elif not win.anchor_eq[i]:
+        parts.append(f"{head} ANCHORS DIFFER: ours {quoted(decoder, int(a['anchor'][i]))}, "
+                     f"theirs {quoted(decoder, int(b['anchor'][i]))} at the same position "
+                     f"on identical content: a position or anchor bookkeeping bug.")
+    elif win.bad[i]:
+        j = int(win.first_diff[i])
+        ka, kb = int(a["k"][i]), int(b["k"][i])
+        if j >= min(ka, kb):
+            parts.append(f"{head} Ours proposed {ka} drafts, theirs {kb}; the common "
+                         f"{min(ka, kb)} agree.")
+        else:
+            parts.append(f"{head} DRAFTS DIFFER from slot {j}: ours {ids(a, j)}, theirs "
+                         f"{ids(b, j)}.")
+            if next_ids is not None and j < len(next_ids):
+                truth = int(next_ids[j])
+                right = [n for n, sd in (("ours", a), ("theirs", b))
+                         if int(sd["proposed"][i, j]) == truth]
+                verdict = (f"{right[0]} drafted it" if len(right) == 1 else
+                           "neither drafted it" if not right else "both drafted it")
+                parts.append(f"The text continues with {quoted(decoder, truth)}: {verdict}.")
+            sh = [jj for jj in range(min(ka, kb)) if a["state"][i, jj] == 3]
+            if sh:
+                parts.append(f"Slot(s) {', '.join(map(str, sh))} match the other side one "
+                             f"or two slots off: a shift (layout or anchor offset).")
+        parts.append(f"Ours: {drafts(a)}; theirs: {drafts(b)}.")
+    else:
+        parts.append(f"{head} Both engines proposed the same {int(a['k'][i])} drafts. "
+                     f"Ours: {drafts(a)}; theirs: {drafts(b)}.")
+    for name, side in (("ours", a), ("theirs", b)):
+        if side is None or not side["has"][i]:
+            continue
+        vd = [int(j) for j in range(side["vdiff"].shape[1]) if side["vdiff"][i, j]]
+        if vd:
+            parts.append(f"{name.capitalize()} verified ids differ from the proposed ones at "
+                         f"slot(s) {', '.join(map(str, vd))}.")
+    for f in findings or []:
+        parts.append(f"Finding ({f.kind}): {f.message}")
+    return " ".join(parts)
