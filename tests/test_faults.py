@@ -387,7 +387,11 @@ def test_repetition(runs, diffs):
     start, period = loops[q]
     assert f["side"] == "ours" and f["request"] == q
     assert f["position"] == len(r.requests[q]["prompt_ids"]) + start
-    assert f["evidence"]["period"] == period and f["evidence"]["requests"] == len(r.requests)
+    # One-sided loops only: a request whose clean partner loops too is the model's loop.
+    clean_loops = {q for q, req in runs["clean"].requests.items() if _loop(req["output_ids"])}
+    one_sided = [q for q in r.requests if q not in clean_loops]
+    assert f["evidence"]["period"] == period and f["evidence"]["requests"] == len(one_sided)
+    assert q in one_sided
 
 
 def test_wrong_features(runs, diffs):

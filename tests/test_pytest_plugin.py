@@ -1,0 +1,169 @@
+"""The pytest plugin, driven through pytester as an engine team's CI would use it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A tiny greedy spec-decode simulator the generated test modules share (conftest).
+CONFTEST = '''
+from spectrace.tracer.store import TraceWriter
+
+PROMPT = [1, 2, 3]
+OUTPUT = list(range(10, 30))
+
+
+def make(path, drafter, output=OUTPUT, req_id="r0", skip=0):
+    """skip: plain decode steps before the first draft (the first anchor moves by skip)."""
+    seq = PROMPT + output
+    with TraceWriter(path, {"k": 3}, flush_interval=0) as w:
+        w.request(req_id, prompt_ids=PROMPT, output_ids=output, finish_reason="length")
+        pos = len(PROMPT) - 1 + skip
+        while pos + 1 < len(seq):
+            d = drafter(pos)
+            acc = 0
+            while acc < 3 and pos + 1 + acc < len(seq) and d[acc] == seq[pos + 1 + acc]:
+                acc += 1
+            w.add_block(req_id, 0, pos, seq[pos], d, verified=d, accepted=acc,
+                        emitted=seq[pos + 1: pos + 2 + acc])
+            pos += acc + 1
+    return path
+
+
+def good(pos):
+    truth = PROMPT + OUTPUT
+    return [truth[pos + 1 + j] if pos + 1 + j < len(truth) else 0 for j in range(3)]
+
+
+def bad_slot2(pos):
+    d = good(pos)
+    return d[:2] + [999]
+'''
+
+
+@pytest.fixture
+def tester(pytester):
+    pytester.makeconftest(CONFTEST)
+    return pytester
+
+
+def test_matching_drafts_pass(tester):
+    tester.makepyfile('''
+        from conftest import make, good
+        def test_it(tmp_path, spectrace_assert_drafts_match):
+            a = make(tmp_path / "a.h5", good, req_id="ours-1")
+            b = make(tmp_path / "b.h5", good, req_id="theirs-7")
+            spectrace_assert_drafts_match(a, b)
+    ''')
+    tester.runpytest_subprocess("-q").assert_outcomes(passed=1)
+
+
+def test_failure_text_names_block_finding_and_command(tester):
+    tester.makepyfile('''
+        from conftest import make, good, bad_slot2
+        def test_it(tmp_path, spectrace_assert_drafts_match):
+            a = make(tmp_path / "a.h5", bad_slot2)
+            b = make(tmp_path / "b.h5", good)
+            spectrace_assert_drafts_match(a, b)
+    ''')
+    r = tester.runpytest_subprocess("-q")
+    r.assert_outcomes(failed=1)
+    # Ours accepts 2 per block (slot 2 is wrong): anchors 2, 5, 8, ..., 20; theirs accepts 3:
+    # anchors 2, 6, 10, 14, 18. They pair at 2 and 14, and differ in slot 2 at both.
+    r.stdout.fnmatch_lines([
+        "spectrace: drafts do not match: drafts match in 0 of 2 paired blocks (0.0%), "
+        "required 100.0%; 1 error finding(s), at most 0 allowed",
+        "  first divergent block: request r0, position 2, slot 2",
+        "    ours:   [10, 11, 999]",
+        "    theirs: [10, 11, 12]",
+        "  first error finding: draft_mismatch: proposals differ at matched anchors in 2 of 2 "
+        "paired blocks (100%), from slot 0 in 0% of them, with no shift or mapping pattern",
+        "  inspect: spectrace view */a.h5 */b.h5",
+    ])
+
+
+def test_tolerances_and_ignores(tester):
+    tester.makepyfile('''
+        from conftest import make, good, bad_slot2
+        def test_it(tmp_path, spectrace_assert_drafts_match):
+            a = make(tmp_path / "a.h5", bad_slot2)
+            b = make(tmp_path / "b.h5", good)
+            spectrace_assert_drafts_match(a, b, min_agreement=0.0, ignore={"draft_mismatch"})
+            spectrace_assert_drafts_match(a, a, positions=range(5, 9))
+    ''')
+    tester.runpytest_subprocess("-q").assert_outcomes(passed=1)
+
+
+def test_no_vacuous_pass_when_content_diverged_first(tester):
+    tester.makepyfile('''
+        from conftest import make, good, OUTPUT
+        def test_it(tmp_path, spectrace_assert_drafts_match):
+            # Theirs decodes one token before drafting, and it differs from ours: the only
+            # position both could draft from is gone.
+            other = [99] + OUTPUT[1:]
+            a = make(tmp_path / "a.h5", good)
+            b = make(tmp_path / "b.h5", good, output=other, skip=1)
+            spectrace_assert_drafts_match(a, b, max_error_findings=5)
+    ''')
+    r = tester.runpytest_subprocess("-q")
+    r.assert_outcomes(failed=1)
+    r.stdout.fnmatch_lines([
+        "spectrace: drafts do not match: no comparable blocks: the content diverged at "
+        "position 3 before any block both engines drafted from",
+    ])
+
+
+def test_golden_cycle(tester, monkeypatch):
+    tester.makepyfile(test_engine='''
+        import os
+        from conftest import make, good, bad_slot2
+        def test_drafts(tmp_path, spectrace_regression):
+            drafter = bad_slot2 if os.environ.get("BROKEN") else good
+            spectrace_regression.check(make(tmp_path / "run.h5", drafter,
+                                            req_id=str(os.getpid())))
+    ''')
+    golden = tester.path / "test_engine" / "test_drafts.h5"
+    obtained = tester.path / "test_engine" / "test_drafts.obtained.h5"
+    r = tester.runpytest_subprocess("-q")                      # 1. missing golden: written, fails
+    r.assert_outcomes(failed=1)
+    r.stdout.fnmatch_lines(["*golden trace written: *test_engine/test_drafts.h5; re-run*"])
+    assert golden.exists()
+    tester.runpytest_subprocess("-q").assert_outcomes(passed=1)  # 2. same drafts, new request id: pass
+    monkeypatch.setenv("BROKEN", "1")
+    r = tester.runpytest_subprocess("-q")                      # 3. drafts moved: obtained written, fails
+    r.assert_outcomes(failed=1)
+    r.stdout.fnmatch_lines(["*drafts do not match*", "*obtained trace: *test_drafts.obtained.h5",
+                            "*accept it with --spectrace-regen"])
+    assert obtained.exists()
+    r = tester.runpytest_subprocess("-q", "--spectrace-regen")  # 4. regen: rewritten, fails
+    r.assert_outcomes(failed=1)
+    r.stdout.fnmatch_lines(["*golden trace rewritten (--spectrace-regen)*"])
+    tester.runpytest_subprocess("-q").assert_outcomes(passed=1)  # 5. the new golden holds
+    assert not obtained.exists()
+
+
+def test_loading_the_plugin_is_light():
+    code = ("import sys, time; t = time.perf_counter(); import spectrace.tracer.pytest_plugin; "
+            "dt = time.perf_counter() - t; "
+            "print(sorted(m for m in ('torch', 'vllm', 'textual', 'h5py', 'numpy') "
+            "if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]"
+
+
+def test_log_loads_through_the_parser(tester):
+    log = ROOT / "tests" / "data" / "vt_sync_dflash.log"
+    req = ROOT / "tests" / "data" / "vt_sync_dflash.requests.jsonl"
+    tester.makepyfile(f'''
+        def test_it(spectrace_load):
+            t = spectrace_load({str(log)!r}, requests={str(req)!r})
+            assert t.meta["source"] == "vt_spec_trace" and len(t.blocks) > 0
+    ''')
+    tester.runpytest_subprocess("-q").assert_outcomes(passed=1)
