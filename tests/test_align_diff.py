@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from spectrace.tracer.align import NO_DIVERGENCE, align
 from spectrace.tracer.diff import SCHEMA, diff_traces
@@ -172,3 +173,22 @@ def test_vectorised_pairing_scales(tmp_path):
                           "accepted": np.zeros(n)})
     r = diff_traces(align(open_trace(tmp_path / "a.h5"), open_trace(tmp_path / "b.h5")))
     assert r.agreement["paired_blocks"] == n and r.agreement["exact_matches"] == n
+
+
+def test_json_output_validates_against_its_schema(tmp_path):
+    """The documented schema (``spectrace schema --diff``) holds for real output."""
+    import jsonschema
+
+    make(tmp_path / "a.h5", "a", oracle(lambda p: {0}))
+    other = OUTPUT[:5] + [77] + OUTPUT[6:]
+    make(tmp_path / "b.h5", "b", oracle(lambda p: {1}), output=other)
+    out = subprocess.run([SPECTRACE, "diff", "--format", "json", str(tmp_path / "a.h5"),
+                          str(tmp_path / "b.h5")], capture_output=True, text=True)
+    doc = json.loads(out.stdout)
+    assert doc["findings"] and doc["content_divergence"] and doc["examples"]
+    schema = json.loads(subprocess.run([SPECTRACE, "schema", "--diff"], capture_output=True,
+                                       text=True, check=True).stdout)
+    jsonschema.validate(doc, schema)
+    doc["findings"][0]["kind"] = "not_a_kind"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, schema)

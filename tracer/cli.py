@@ -81,8 +81,15 @@ def cli() -> None:
 
 
 @cli.command()
-def schema() -> None:
+@click.option("--diff", "diff_json", is_flag=True,
+              help="Print the JSON Schema of `spectrace diff --format json` instead.")
+def schema(diff_json: bool) -> None:
     """Print the trace store schema (HDF5, version 1)."""
+    if diff_json:
+        from .diff_schema import SCHEMA
+
+        click.echo(json.dumps(SCHEMA, indent=2))
+        return
     from . import schema as _schema
 
     click.echo(_schema.describe())

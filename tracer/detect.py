@@ -720,22 +720,31 @@ def content(al: Alignment, oa: TraceData, ob: TraceData, dec: Decoder | None) ->
 def _loop_findings(al: Alignment, oa: TraceData, ob: TraceData, loops_a: list, loops_b: list,
                    dec: Decoder | None) -> list[Finding | None]:
     """Loops on both sides of matched text are the model's, not a bug (warning); a loop on
-    one side only makes the other engine's acceptance look broken (error)."""
+    one side only makes the other engine's acceptance look broken (error), unless it starts
+    after the pair's content already diverged: then the divergence is the cause (warning)."""
     partner_a = dict(zip(al.req_a.tolist(), al.req_b.tolist()))
     partner_b = dict(zip(al.req_b.tolist(), al.req_a.tolist()))
+    div_a = dict(zip(al.req_a.tolist(), al.divergence.tolist()))
+    div_b = dict(zip(al.req_b.tolist(), al.divergence.tolist()))
     start_a = {i: st for i, st, _ in loops_a}
     start_b = {i: st for i, st, _ in loops_b}
     out = []
-    for td, loops, partner, other in ((oa, loops_a, partner_a, start_b),
-                                      (ob, loops_b, partner_b, start_a)):
+    for td, loops, partner, other, div in ((oa, loops_a, partner_a, start_b, div_a),
+                                           (ob, loops_b, partner_b, start_a, div_b)):
         # The partner looping too (even from another start, after the content diverged)
         # makes it the model's loop; only a loop the partner lacks is one-sided.
-        own = [lp for lp in loops if partner.get(lp[0], -1) not in other]
-        shared = [lp for lp in loops if lp not in own]
+        one_sided = [lp for lp in loops if partner.get(lp[0], -1) not in other]
+        later = [lp for lp in one_sided if lp[1] > div.get(lp[0], NO_DIVERGENCE)]
+        own = [lp for lp in one_sided if lp not in later]
+        shared = [lp for lp in loops if lp not in one_sided]
         out.append(degenerate_finding(
             td, own, dec, "error", "the other engine's output does not loop there, so "
             "acceptance totals compare different text"))
         if not own:
+            out.append(degenerate_finding(
+                td, later, dec, "warning", "it starts after the content already diverged "
+                "(see content_divergence); acceptance on the loop is inflated"))
+        if not own and not later:
             out.append(degenerate_finding(
                 td, shared, dec, "warning", "both engines loop identically (the model's "
                 "doing); acceptance on the loop is inflated"))
