@@ -47,7 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--prompts", required=True, help='JSONL file, one {"id", "text"} per line')
-    p.add_argument("--num-prompts", type=int, default=0, help="use the first N (0: all)")
+    p.add_argument("--num-prompts", type=int, default=0,
+                   help="use N prompts: the first N, or the file cycled when N is larger "
+                        "(0: all)")
     p.add_argument("--prompt-lookup-max", type=int, default=3, help="ngram only")
     p.add_argument("--prompt-lookup-min", type=int, default=1, help="ngram only")
     p.add_argument("--temperature", type=float, default=0.0)
@@ -63,6 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def read_prompts(path: str, limit: int = 0) -> list[dict]:
     """Read ``{"id", "text"}`` objects from a JSONL file (blank lines skipped).
+
+    ``limit`` > 0 keeps the first ``limit`` prompts, cycling through the file (ids get a
+    ``#n`` suffix on repeats) when it has fewer.
 
     Raises:
         SystemExit: a line that is not a JSON object with a string ``text``
@@ -81,10 +86,13 @@ def read_prompts(path: str, limit: int = 0) -> list[dict]:
             except (ValueError, KeyError, TypeError) as exc:
                 raise SystemExit(f"spectrace: {path}:{n}: not a prompt object ({exc})")
             prompts.append({"id": str(obj.get("id", len(prompts))), "text": text})
-    if limit > 0:
-        prompts = prompts[:limit]
     if not prompts:
         raise SystemExit(f"spectrace: {path}: no prompts")
+    if limit > 0:
+        n = len(prompts)
+        prompts = [dict(prompts[i % n], id=prompts[i % n]["id"] + (f"#{i // n}" if i >= n
+                                                                   else ""))
+                   for i in range(limit)]
     return prompts
 
 
