@@ -157,3 +157,35 @@ def test_schema_is_the_one_definition():
         assert f"/{table}" in text
         for c in cols:
             assert c.name in text
+
+
+def test_torn_last_chunk_is_cut_off(tmp_path):
+    """A kill during a flush can tear the last compressed chunk: the reader steps back."""
+    path = tmp_path / "torn.h5"
+    w = TraceWriter(path, {"k": 2}, flush_interval=0, flush_rows=10**9)
+    w.request("r")
+    n = 20000  # two 16384-row chunks in the 1-D columns
+    w.add_blocks({"request": np.zeros(n, np.int32), "position": np.arange(n),
+                  "anchor": np.arange(n) % 97, "k": np.full(n, 2),
+                  "proposed": np.arange(2 * n).reshape(n, 2) % 89})
+    w.close(complete=False)
+    partial = tmp_path / "torn.h5.partial"
+    with h5py.File(partial, "r") as f:
+        info = f["blocks/position"].id.get_chunk_info(1)  # the second (last) chunk
+    with open(partial, "r+b") as fh:  # overwrite the compressed bytes with garbage
+        fh.seek(info.byte_offset)
+        fh.write(b"\xff" * info.size)
+    with pytest.warns(TraceWarning, match="recovered 16384 flushed blocks"):
+        t = open_trace(partial)
+    assert len(t.blocks) == 16384
+    assert t.blocks.position.tolist() == list(range(16384))
+
+
+def test_known_requests_are_not_rewritten_per_block(tmp_path):
+    w = TraceWriter(tmp_path / "r.h5", {"k": 1}, flush_interval=0)
+    w.request("r", prompt_ids=[1, 2])
+    w.flush()
+    for i in range(50):
+        w.add_block("r", i, i, 0, [1])
+    assert w._dirty_requests == set()  # ragged rows are rewritten only when they change
+    w.close()

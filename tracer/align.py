@@ -149,8 +149,8 @@ def align(a: Trace, b: Trace) -> Alignment:
     pob_a = _pair_of_block(a, req_a)
     pob_b = _pair_of_block(b, req_b)
     pos_a, pos_b = a.blocks.position.astype(np.int64), b.blocks.position.astype(np.int64)
-    comp_a = _comparable(pob_a, pos_a, divergence)
-    comp_b = _comparable(pob_b, pos_b, divergence)
+    comp_a = _comparable(pob_a, pos_a, divergence, common_len, known)
+    comp_b = _comparable(pob_b, pos_b, divergence, common_len, known)
     stride = int(max(pos_a.max(initial=0), pos_b.max(initial=0))) + 2
     ka, ia_idx = _block_keys(pob_a, pos_a, comp_a, stride)
     kb, ib_idx = _block_keys(pob_b, pos_b, comp_b, stride)
@@ -172,8 +172,13 @@ def _pair_of_block(t: Trace, req: np.ndarray) -> np.ndarray:
     return lookup[r] if len(r) else np.zeros(0, np.int64)
 
 
-def _comparable(pob: np.ndarray, pos: np.ndarray, divergence: np.ndarray) -> np.ndarray:
+def _comparable(pob: np.ndarray, pos: np.ndarray, divergence: np.ndarray,
+                common_len: np.ndarray, known: np.ndarray) -> np.ndarray:
+    # Before the divergence, and with at least one token after the anchor on both sides: a
+    # request's final proposal (drafted after the last token, never verified) compares with
+    # nothing.
     ok = pob >= 0
     out = np.zeros(len(pob), bool)
-    out[ok] = pos[ok] < divergence[pob[ok]]
+    p = pob[ok]
+    out[ok] = (pos[ok] < divergence[p]) & (~known[p] | (pos[ok] < common_len[p] - 1))
     return out

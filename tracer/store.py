@@ -219,7 +219,10 @@ class TraceWriter:
         """
         with self._lock:
             b = self._blocks
-            b["request"].append(self.request(req_id))
+            # Register only new requests: re-marking rows would rewrite their ragged ids on
+            # every flush (heap churn that a kill mid-flush can leave unreadable).
+            idx = self._req_index.get(str(req_id))
+            b["request"].append(self.request(req_id) if idx is None else idx)
             b["step"].append(step)
             b["position"].append(position)
             b["anchor"].append(anchor)
@@ -573,6 +576,7 @@ class Trace:
         status = _attr(f, "status")
         n = self._flushed_rows(f)
         if status != schema.STATUS_COMPLETE or path.name.endswith(schema.PARTIAL_SUFFIX):
+            n = self._readable_rows(f, n)
             self.status = schema.STATUS_RECORDING
             self._warn(f"{path}: trace was not closed cleanly (status {status!r}); "
                        f"recovered {n} flushed blocks")
@@ -587,6 +591,22 @@ class Trace:
         g = f["blocks"]
         return min((g[c.name].shape[0] for c in schema.BLOCK_COLUMNS if c.name in g),
                    default=0)
+
+    @staticmethod
+    def _readable_rows(f: h5py.File, n: int) -> int:
+        """Rows of a dead writer's file that read back: a kill during a flush can tear the
+        last compressed chunks, so step back a chunk at a time until every column reads."""
+        g = f["blocks"]
+        cols = [g[c.name] for c in schema.BLOCK_COLUMNS if c.name in g]
+        while n > 0:
+            try:
+                for ds in cols:
+                    ds[max(0, n - ds.chunks[0]):n]
+                return n
+            except (OSError, RuntimeError, ValueError):
+                step = min(ds.chunks[0] for ds in cols)
+                n = (n - 1) // step * step
+        return 0
 
     def _warn(self, msg: str) -> None:
         self.warnings.append(msg)
