@@ -167,3 +167,34 @@ def test_log_loads_through_the_parser(tester):
             assert t.meta["source"] == "vt_spec_trace" and len(t.blocks) > 0
     ''')
     tester.runpytest_subprocess("-q").assert_outcomes(passed=1)
+
+
+GUIDE_TEST = '''
+import sys
+
+def test_drafts_match_upstream(tmp_path, spectrace_capture_cmd, spectrace_assert_drafts_match):
+    requests = tmp_path / "requests.jsonl"
+    ours = spectrace_capture_cmd(
+        [sys.executable, "-m", "spectrace.engine", "--method", "draft_model", "--k", "4",
+         "--max-tokens", "64", "--requests-out", requests, *FAULT], requests=requests)
+    spectrace_assert_drafts_match(ours, "{golden}")
+'''
+
+
+def test_reference_engine_against_the_real_vllm_golden(pytester):
+    """The README's CI test, verbatim: our engine vs the golden captured from real vLLM."""
+    golden = ROOT / "traces" / "vllm.h5"
+    pytester.makepyfile(test_ci="FAULT = []\n" + GUIDE_TEST.format(golden=golden))
+    pytester.runpytest_subprocess("-q").assert_outcomes(passed=1)
+    # Break the engine: the failure names the block and the bug class.
+    pytester.makepyfile(test_ci='FAULT = ["--fault", "layout_shift"]\n' +
+                        GUIDE_TEST.format(golden=golden))
+    r = pytester.runpytest_subprocess("-q")
+    r.assert_outcomes(failed=1)
+    r.stdout.fnmatch_lines([
+        "spectrace: drafts do not match: drafts match in 0 of * paired blocks (0.0%)*",
+        "  first divergent block: request 0, position 10, slot 0",
+        "  first error finding: layout_shift: draft layout shifted by 1 slot: ours[[]i[]] "
+        "equals theirs[[]i+1[]]*",
+        "  inspect: spectrace view */test_drafts_match_upstream0/ours.h5 */traces/vllm.h5",
+    ])

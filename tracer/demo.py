@@ -24,6 +24,12 @@ from pathlib import Path
 from .errors import SpectraceError
 
 
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("spectrace")
+
+
 def bundled_dir() -> Path:
     """Directory of the bundled models and prompts (inside ``spectrace.engine``), found
     without importing the engine package."""
@@ -52,6 +58,7 @@ def demo_commands(out: Path, max_tokens: int, k: int) -> dict[str, list[str]]:
                       "--requests", str(out / "reference.requests.jsonl"),
                       "--log", str(out / "reference.vt.log"),
                       "--meta", "engine=spectrace-reference", "--meta", "method=draft_model",
+                      "--meta", f"engine_version={_version()}",
                       "--meta", f"k={k}", "--meta", f"target_model={target}",
                       "--meta", f"draft_model={draft}", "--meta", f"tokenizer={target}",
                       "--meta", 'sampling={"temperature": 0.0}', "--",
@@ -98,8 +105,10 @@ def run_demo(out: Path, max_tokens: int = 64, k: int = 4) -> int:
                  out / "reference.capture.log")
     t_vllm = _run("vLLM draft_model k=%d (spectrace capture vllm)" % k, cmds["vllm"],
                   out / "vllm.capture.log")
+    from .tokens import decoder_for
+
     ours, theirs = open_trace(out / "reference.h5"), open_trace(out / "vllm.h5")
-    result = diff_traces(align(ours, theirs))
+    result = diff_traces(align(ours, theirs), decoder=decoder_for(None, ours.meta, theirs.meta))
     print_diff(_console(), result)
     say(f"demo wall time {time.perf_counter() - t0:.1f} s (reference {t_ref:.1f} s, "
         f"vLLM {t_vllm:.1f} s); traces in {out}/")
