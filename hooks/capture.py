@@ -95,24 +95,40 @@ class _SigintForwarder:
     def __init__(self, proc: subprocess.Popen) -> None:
         self.proc = proc
         self.count = 0
+        self.terminated = False
         self._old = None
+        self._old_term = None
         self._timer: threading.Timer | None = None
 
     @property
     def interrupted(self) -> bool:
-        """True once a SIGINT arrived."""
-        return self.count > 0
+        """True once a SIGINT or SIGTERM arrived."""
+        return self.count > 0 or self.terminated
+
+    @property
+    def status(self) -> int:
+        """The exit status that reports the signal: 143 after SIGTERM, else 130."""
+        return 128 + signal.SIGTERM if self.terminated else EXIT_INTERRUPT
 
     def __enter__(self) -> _SigintForwarder:
         if threading.current_thread() is threading.main_thread():
             self._old = signal.signal(signal.SIGINT, self._on_sigint)
+            # SIGTERM (timeout, CI, a service manager) is forwarded at once; the trace is
+            # then finished and renamed like after a normal exit.
+            self._old_term = signal.signal(signal.SIGTERM, self._on_sigterm)
         return self
 
     def __exit__(self, *exc) -> None:
         if self._old is not None:
             signal.signal(signal.SIGINT, self._old)
+        if self._old_term is not None:
+            signal.signal(signal.SIGTERM, self._old_term)
         if self._timer is not None:
             self._timer.cancel()
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self.terminated = True
+        self._send(signal.SIGTERM)
 
     def _on_sigint(self, signum, frame) -> None:
         self.count += 1
@@ -229,19 +245,20 @@ def capture_command(cmd: list[str], out: str | os.PathLike,
     finally:
         if log is not None:
             log.close()
-    status = EXIT_INTERRUPT if interrupted else _exit_status(proc.returncode)
+    status = interrupted if interrupted else _exit_status(proc.returncode)
     _finish_capture(parser, writer, requests_path, proc.returncode, interrupted, started)
     return status
 
 
 def _run_parsing(proc: subprocess.Popen, parser: VtTraceParser, writer: TraceWriter,
-                 log) -> bool:
-    """Pump CMD's stderr into the parser until EOF; returns True after a Ctrl-C."""
+                 log) -> int:
+    """Pump CMD's stderr into the parser until EOF; returns 0, or the exit status that
+    reports a Ctrl-C (130) or a SIGTERM (143) received meanwhile."""
     try:
         with _SigintForwarder(proc) as sigint:
             _pump(proc, parser, _Forwarder(), log)  # after Ctrl-C too: CMD's last lines
             proc.wait()
-        return sigint.interrupted
+        return sigint.status if sigint.interrupted else 0
     except BaseException as exc:  # strict ParseError or a bug: keep what was recorded
         _stop(proc)
         parser.abort()
@@ -263,8 +280,8 @@ def _read_fresh_requests(path: str | os.PathLike, started: float):
 
 def _finish_capture(parser: VtTraceParser, writer: TraceWriter,
                     requests_path: str | os.PathLike | None, returncode: int,
-                    interrupted: bool, started: float) -> None:
-    items: dict = {**_exit_meta(returncode), "interrupted": interrupted}
+                    interrupted: int, started: float) -> None:
+    items: dict = {**_exit_meta(returncode), "interrupted": bool(interrupted)}
     if requests_path is not None:
         try:
             parser.set_requests(_read_fresh_requests(requests_path, started))
@@ -297,7 +314,7 @@ def run_forwarding(cmd: list[str], env: dict) -> int:
     proc = _start(cmd, env)
     with _SigintForwarder(proc) as sigint:
         returncode = proc.wait()
-    return EXIT_INTERRUPT if sigint.interrupted else _exit_status(returncode)
+    return sigint.status if sigint.interrupted else _exit_status(returncode)
 
 
 def written_traces(out: str | os.PathLike, since: float = 0.0) -> list[Path]:

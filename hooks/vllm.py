@@ -375,7 +375,8 @@ class BlockJoiner:
                emitted=None) -> None:
         self.sink.add_block(req_id, o.step, o.position, o.anchor, o.proposed,
                             verified=verified, accepted=accepted, emitted=emitted, t_ns=o.t_ns,
-                            batch_row=o.batch_row, batch_size=o.batch_size)
+                            batch_row=o.batch_row, batch_size=o.batch_size,
+                            proposal_source=1)  # the drafter's own output, read in the worker
 
 
 # --------------------------------------------------------------------------------------------

@@ -320,6 +320,9 @@ def attach_v2(runner, path: Path, meta: dict) -> Session:
     session = Session(path, meta)
     tap = ProposeTap(runner.speculator, session,
                      max_model_len=getattr(runner, "max_model_len", None))
+    from spectrace.hooks.vllm_dspark import maybe_attach_dspark
+
+    maybe_attach_dspark(runner, tap, session)  # DSpark: layout meta, eager inner check
     orig_add, orig_finish, orig_shutdown = (runner.add_requests, runner.finish_requests,
                                             runner.shutdown)
 

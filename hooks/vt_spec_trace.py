@@ -964,7 +964,10 @@ class VtTraceParser:
             self.stats.probes["ellipsis_blocks"] += 1
         self.writer.add_block(b.req, b.step, b.pos - 1, b.anchor, proposed, verified=verified,
                               accepted=b.acc, emitted=emitted, batch_row=b.batch_row,
-                              batch_size=b.batch_size)
+                              batch_size=b.batch_size,
+                              proposal_source=schema.PROPOSAL_FROM_DRAFTER
+                              if b.proposed is not None
+                              else schema.PROPOSAL_COPIED_FROM_VERIFIED)
         if b.anchor == schema.PAD:
             self._unresolved.append((self._rows, b.req, b.pos))
         self._rows += 1

@@ -183,6 +183,29 @@ def test_sigint_is_forwarded_and_exit_is_130(tmp_path):
     assert len(t.blocks) == 2 and t.meta["interrupted"] is True and t.meta["exit_status"] == 1
 
 
+def test_sigterm_is_forwarded_and_the_trace_is_finished(tmp_path):
+    """`timeout` and CI stop with SIGTERM: the child gets it, every block is kept and the
+    trace is renamed as after a normal exit; the status reports the signal (143)."""
+    child = _child(tmp_path, """
+        import signal
+        def stop(*_):
+            err(block(1))
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, stop)
+        err(block(0))
+        time.sleep(30)
+    """)
+    proc = subprocess.Popen([SPECTRACE, "capture", "-o", str(tmp_path / "t.h5"), "--", PY,
+                             str(child)], stderr=subprocess.PIPE, text=True)
+    assert proc.stderr.readline().strip() == _block(0)
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=20) == 143
+    assert _block(1) in rest.splitlines() and "spectrace: captured 2 blocks" in rest
+    t = open_trace(tmp_path / "t.h5")  # the final name: no .partial left
+    assert len(t.blocks) == 2 and t.meta["interrupted"] is True
+
+
 def _flushed_blocks(out: Path) -> int:
     # Peek at the file being written (read-only; a read racing a flush just retries).
     try:

@@ -178,6 +178,31 @@ def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None) -> None:
     sys.exit(EXIT_DIVERGENCE if any(f.severity == "error" for f in found) else EXIT_OK)
 
 
+@cli.command("inspect-draft")
+@click.argument("ckpt_dir", type=click.Path())
+@click.option("--target", "target_dir", type=click.Path(),
+              help="Target model folder (its config.json): vocabulary, layers, hidden size.")
+@click.option("--k", "k", type=int, default=None,
+              help="Drafts per step to check against block_size (default: the config's).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True)
+def inspect_draft_cmd(ckpt_dir: str, target_dir: str | None, k: int | None, fmt: str) -> None:
+    """Check a DSpark draft checkpoint (config.json + safetensors headers, no weights).
+
+    One verdict per line (ok, info, warn, ERROR): method and architecture, layout
+    (sample_from_anchor), vocabularies and d2t/t2d, Markov head, confidence head, aux layers,
+    q_proj, block size against k, own embed_tokens/lm_head, mask token. Exit 1 on an error.
+    """
+    from .inspect_draft import inspect_draft
+
+    rep = inspect_draft(ckpt_dir, target_dir, k)
+    if fmt == "json":
+        click.echo(json.dumps(rep.to_json(), indent=2))
+    else:
+        click.echo(rep.text())
+    sys.exit(EXIT_DIVERGENCE if rep.errors else EXIT_OK)
+
+
 @cli.group("import")
 def import_() -> None:
     """Convert an engine's trace output into a spectrace trace file."""
@@ -199,6 +224,9 @@ def import_vt(log: str, out: str, requests_path: str | None, strict: bool,
     stats = import_log(log, out, requests_path=requests_path, strict=strict,
                        meta=_parse_meta(meta) or None)
     say(stats.summary())
+    if not stats.blocks:
+        say(f"warning: {log}: no [SPECTRACE] verify lines, so the trace has no blocks "
+            f"(was VT_SPEC_TRACE set, and is this our engine's stderr?)")
 
 
 @cli.group(cls=_CaptureGroup)
@@ -293,8 +321,12 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         say("interrupted")
         sys.exit(EXIT_INTERRUPT)
+    except click.UsageError as exc:
+        cmd = exc.ctx.command_path if exc.ctx else "spectrace"
+        say(f"error: {exc.format_message()} (see '{cmd} --help')")
+        sys.exit(EXIT_INPUT)
     except click.ClickException as exc:
-        exc.show()
+        say(f"error: {exc.format_message()}")
         sys.exit(EXIT_INPUT)
     except InputError as exc:
         say(f"error: {exc}")

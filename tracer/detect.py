@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .align import NO_DIVERGENCE, Alignment
+from . import schema
 from .findings import Finding, sort_findings
 from .metrics import drafts_checked, memo, recompute_accepted, sequence_index
 from .store import Trace
@@ -377,17 +378,16 @@ def vocab_range(td: TraceData) -> Finding | None:
         return None
     vocab = meta.get("vocab_size")
     dvs = meta.get("draft_vocab_size")
-    live = np.arange(b.proposed.shape[1]) < b.k[:, None]
-    bad = live & (b.proposed < 0)
-    if vocab:
-        bad |= b.proposed >= vocab
     max_id = int(b.proposed.max(initial=-1))  # the -1 pad never raises the max
-    if bad.any():
+    # Negative ids are placeholders (-1, elided ids): not a vocabulary problem.
+    if vocab and max_id >= vocab:
+        live = np.arange(b.proposed.shape[1]) < b.k[:, None]
+        bad = live & (b.proposed >= vocab)
         first = int(np.flatnonzero(bad.any(axis=1))[0])
         return Finding("vocab_mapping", "error", side=td.side, **td.at(first),
                        slot=int(np.flatnonzero(bad[first])[0]),
                        message=(f"{td.side}: {int(bad.sum())} proposed ids lie outside the "
-                                f"vocabulary [0, {vocab or '?'})"),
+                                f"target vocabulary of {vocab} ids (up to {max_id})"),
                        evidence={"ids": int(bad.sum()), "vocab_size": vocab,
                                  "max_id": max_id})
     if dvs and vocab and dvs < vocab and meta.get("d2t") and max_id < dvs:
@@ -443,6 +443,13 @@ class PairData:
     both: np.ndarray
     exact: np.ndarray
     anchor_eq: np.ndarray
+    #: bool [P]: our proposal is the drafter's own output, or nothing says otherwise. False
+    #: for blocks whose "proposal" only copies verified ids when verified ids are corrupted.
+    trusted: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.trusted is None:
+            self.trusted = np.ones(len(self.exact), bool)
 
     def at(self, x: int) -> dict:
         return self.oa.at(int(self.al.ia[x]))
@@ -590,7 +597,9 @@ def k_pairs(pd: PairData) -> Finding | None:
     return Finding(
         "k_mismatch", "error", side="ours", **pd.at(first),
         message=(f"k differs in {int(bad.sum())} of {len(bad)} paired blocks: ours proposes "
-                 f"{typical:+d} ids against theirs (ours k={int(pd.ka[first])}, theirs "
+                 f"{abs(typical)} {'fewer' if typical < 0 else 'more'} draft "
+                 f"id{'s' if abs(typical) != 1 else ''} than theirs "
+                 f"(ours k={int(pd.ka[first])}, theirs "
                  f"k={int(pd.kb[first])} at the first); one side may count the anchor in k"),
         evidence={"blocks": int(bad.sum()), "typical_difference": typical,
                   "ours_k": np.unique(pd.ka).tolist(), "theirs_k": np.unique(pd.kb).tolist()})
@@ -626,8 +635,8 @@ def stale(pd: PairData) -> Finding | None:
     prev = oa.prev[ia]
     has_prev = prev >= 0
     pv = np.where(has_prev, prev, 0)
-    rejected = has_prev & (b.accepted[pv] >= 0) & (b.accepted[pv] < oa.nchecked[pv])
-    clean = ~rejected
+    rejected = pd.trusted & has_prev & (b.accepted[pv] >= 0) & (b.accepted[pv] < oa.nchecked[pv])
+    clean = pd.trusted & ~rejected
     mism = ~pd.exact & pd.anchor_eq
     if rejected.sum() < MIN_BLOCKS or clean.sum() < MIN_BLOCKS:
         return None
@@ -648,11 +657,11 @@ def batch(pd: PairData) -> Finding | None:
     """batch_dependence: mismatches concentrate on batch rows > 0 or batch sizes > 1."""
     b = pd.oa.t.blocks
     ia = pd.al.ia
-    mism = ~pd.exact
+    mism = ~pd.exact & pd.trusted
     for col, label in (("batch_row", "batch row"), ("batch_size", "batch size")):
         v = getattr(b, col)[ia].astype(np.int64)
-        lo = v == (0 if col == "batch_row" else 1)
-        hi = v > (0 if col == "batch_row" else 1)
+        lo = pd.trusted & (v == (0 if col == "batch_row" else 1))
+        hi = pd.trusted & (v > (0 if col == "batch_row" else 1))
         if lo.sum() < MIN_BLOCKS or hi.sum() < MIN_BLOCKS:
             continue
         r_lo, r_hi = float(mism[lo].mean()), float(mism[hi].mean())
@@ -733,10 +742,11 @@ def _loop_findings(al: Alignment, oa: TraceData, ob: TraceData, loops_a: list, l
                                            (ob, loops_b, partner_b, start_a, div_b)):
         # The partner looping too (even from another start, after the content diverged)
         # makes it the model's loop; only a loop the partner lacks is one-sided.
-        one_sided = [lp for lp in loops if partner.get(lp[0], -1) not in other]
+        one_sided = [lp for lp in loops
+                     if lp[0] in partner and partner[lp[0]] not in other]
         later = [lp for lp in one_sided if lp[1] > div.get(lp[0], NO_DIVERGENCE)]
         own = [lp for lp in one_sided if lp not in later]
-        shared = [lp for lp in loops if lp not in one_sided]
+        shared = [lp for lp in loops if lp[0] in partner and lp not in one_sided]
         out.append(degenerate_finding(
             td, own, dec, "error", "the other engine's output does not loop there, so "
             "acceptance totals compare different text"))
@@ -744,10 +754,15 @@ def _loop_findings(al: Alignment, oa: TraceData, ob: TraceData, loops_a: list, l
             out.append(degenerate_finding(
                 td, later, dec, "warning", "it starts after the content already diverged "
                 "(see content_divergence); acceptance on the loop is inflated"))
+        unmatched = [lp for lp in loops if lp[0] not in partner]
         if not own and not later:
             out.append(degenerate_finding(
                 td, shared, dec, "warning", "both engines loop identically (the model's "
                 "doing); acceptance on the loop is inflated"))
+        if not own and not later and not shared:
+            out.append(degenerate_finding(
+                td, unmatched, dec, "warning", "in requests the other trace lacks; "
+                "acceptance on the loop is inflated"))
     return out
 
 
@@ -775,6 +790,10 @@ def detect_pair(al: Alignment, pd_arrays: dict, decoder: Decoder | None = None) 
     """
     oa, ob = prepare([(al.a, "ours"), (al.b, "theirs")])
     pd = PairData(al=al, oa=oa, ob=ob, **pd_arrays)
+    if verified_vs_proposed(oa, decoder) is not None:
+        # Corrupted verified ids explain mismatches of blocks whose proposal is their copy.
+        src = al.a.blocks.proposal_source[al.ia]
+        pd.trusted = src != schema.PROPOSAL_COPIED_FROM_VERIFIED
     found: list[Finding | None] = []
     loops_a, loops_b = degenerate(oa, decoder), degenerate(ob, decoder)
     found += _loop_findings(al, oa, ob, loops_a, loops_b, decoder)

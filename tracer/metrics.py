@@ -151,8 +151,8 @@ def acceptance(accepted: np.ndarray, verified: np.ndarray, kmax: int | None = No
 
 
 CONVENTIONS = ("acceptance rate = accepted/verified drafts; mean acceptance length = "
-               "1 + accepted/blocks (bonus token counted); per-position acceptance at slot i = "
-               "share of blocks with accepted > i")
+               "1 + accepted/verified blocks (bonus token counted); per-position acceptance at "
+               "slot i = share of verified blocks with accepted > i")
 
 
 def trace_summary(trace: Trace) -> dict:

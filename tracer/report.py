@@ -49,7 +49,8 @@ def print_info(con: Console, s: dict) -> None:
     f.add_column("recorded", justify="right")
     f.add_column("recomputed from output", justify="right")
     f.add_row("requests", str(s["requests"]), "")
-    f.add_row("blocks", str(s["blocks"]), str(rc["blocks"]))
+    f.add_row("blocks", str(s["blocks"]), "")
+    f.add_row("blocks verified", str(rec["blocks"]), str(rc["blocks"]))
     f.add_row("proposed tokens", str(s["proposed_tokens"]), "")
     f.add_row("verified tokens", str(s["verified_tokens"]), str(rc["verified_tokens"]))
     f.add_row("unverified blocks", str(s["unverified_blocks"]), "")
@@ -89,10 +90,11 @@ def print_findings(con: Console, findings: list) -> None:
 def print_diff(con: Console, r: DiffResult) -> None:
     """Render a :class:`DiffResult`: verdict, content, agreement, acceptance, examples."""
     o, t = r.ours, r.theirs
-    con.print(f"ours:   {', '.join(o['files'])}  ({o['engine']} {o['engine_version'] or ''}, "
-              f"{o['method']}, k={o['k']}, {o['blocks']} blocks)")
-    con.print(f"theirs: {', '.join(t['files'])}  ({t['engine']} {t['engine_version'] or ''}, "
-              f"{t['method']}, k={t['k']}, {t['blocks']} blocks)")
+    for label, side in (("ours:  ", o), ("theirs:", t)):
+        engine = " ".join(str(x) for x in (side["engine"], side["engine_version"]) if x)
+        con.print(escape(f"{label} {', '.join(side['files'])}  ({engine or '?'}, "
+                         f"{side['method'] or 'method ?'}, k={side['k'] or '?'}, "
+                         f"{side['blocks']} blocks)"))
     verdict = ("[bold red]DIVERGED[/bold red]: " + "; ".join(r.reasons)) if r.diverged else \
         "[bold green]no divergence[/bold green] on comparable blocks"
     con.print(verdict)

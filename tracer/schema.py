@@ -50,6 +50,8 @@ class Column:
     width: str | None = None
     vlen: bool = False
     fill: int = 0
+    #: Optional columns (minor-version additions) may be absent; readers fill them.
+    optional: bool = False
 
     @property
     def np_dtype(self) -> np.dtype:
@@ -84,9 +86,17 @@ BLOCK_COLUMNS: tuple[Column, ...] = (
     Column("emitted", "int32", "emitted ids; -1 pad", width="k+1", fill=PAD),
     Column("t_ns", "int64", "wall-clock time the block was recorded (ns since the epoch)"),
     Column("batch_row", "int16", "row of the request in the proposing step's batch; -1 unknown",
-           fill=PAD),
-    Column("batch_size", "int16", "rows in the proposing step's batch; -1 unknown", fill=PAD),
+           fill=PAD, optional=True),
+    Column("batch_size", "int16", "rows in the proposing step's batch; -1 unknown", fill=PAD,
+           optional=True),
+    Column("proposal_source", "int8", "where `proposed` comes from: 1 the drafter's output, "
+           "0 a copy of `verified` (the engine printed no proposal), -1 unknown", fill=PAD,
+           optional=True),
 )
+
+#: Values of the ``proposal_source`` block column.
+PROPOSAL_FROM_DRAFTER = 1
+PROPOSAL_COPIED_FROM_VERIFIED = 0
 
 PHASE_COLUMNS: tuple[Column, ...] = (
     Column("step", "int32", "engine step the timing belongs to"),
@@ -145,7 +155,8 @@ def describe() -> str:
             shape = {None: "[n]", "k": "[n, kmax]", "k+1": "[n, kmax+1]"}[c.width]
             if c.vlen:
                 shape = "[n][*]"
-            lines.append(f"    {c.name:<14} {c.dtype:<8} {shape:<12} {c.doc}")
+            opt = " (optional)" if c.optional else ""
+            lines.append(f"    {c.name:<15} {c.dtype:<8} {shape:<12} {c.doc}{opt}")
     lines += [
         "",
         "Conventions: acceptance rate = accepted / verified drafts; mean acceptance length =",

@@ -143,6 +143,7 @@ class TraceWriter:
             kw["fillvalue"] = c.fill
             if self._compression:
                 kw.update(compression=self._compression, shuffle=True)
+            kw["fletcher32"] = True  # a damaged chunk fails to read instead of lying
         else:
             chunks = (256,)
         group.create_dataset(c.name, shape=shape, maxshape=maxshape, chunks=chunks,
@@ -201,7 +202,7 @@ class TraceWriter:
                   proposed: Sequence[int], *, verified: Sequence[int] | None = None,
                   accepted: int = schema.PAD, emitted: Sequence[int] | None = None,
                   t_ns: int | None = None, batch_row: int = schema.PAD,
-                  batch_size: int = schema.PAD) -> None:
+                  batch_size: int = schema.PAD, proposal_source: int = schema.PAD) -> None:
         """Record one draft block.
 
         Args:
@@ -216,6 +217,8 @@ class TraceWriter:
             t_ns: wall-clock ns; defaults to now.
             batch_row, batch_size: the request's row in the proposing step's batch and the
                 number of rows (-1: unknown); they expose batch-dependent drafts.
+            proposal_source: 1 when ``proposed`` is the drafter's output, 0 when it only
+                copies ``verified`` (-1 unknown); see ``schema.PROPOSAL_*``.
         """
         with self._lock:
             b = self._blocks
@@ -236,6 +239,7 @@ class TraceWriter:
             b["t_ns"].append(time.time_ns() if t_ns is None else t_ns)
             b["batch_row"].append(batch_row)
             b["batch_size"].append(batch_size)
+            b["proposal_source"].append(proposal_source)
             if len(b["request"]) >= self._flush_rows:
                 self._flush_locked()
 
@@ -533,6 +537,10 @@ class Trace:
         for p in paths:
             self._open_one(p)
         self.meta = self.metas[0] if self.metas else {}
+        engines = {(m.get("engine"), m.get("method"), m.get("k")) for m in self.metas}
+        if len(engines) > 1:  # one trace = one run split over processes, not two engines
+            self._warn(f"{self.name}: files of different runs read as one trace "
+                       f"(engine, method, k: {sorted(engines, key=str)})")
         if not lazy_requests:
             self._requests = self._read_requests()
         self.blocks = Blocks(self)
@@ -551,18 +559,31 @@ class Trace:
     # -- opening -------------------------------------------------------------------------------
 
     def _open_one(self, path: Path) -> None:
+        if path.is_dir():
+            raise InputError(f"{path}: is a directory, not a trace file")
         try:
             f = h5py.File(path, "r", locking=False)
         except FileNotFoundError:
             raise InputError(f"{path}: no such file") from None
         except OSError as exc:
             raise TraceFormatError(f"{path}: not a readable HDF5 file ({_short(exc)})") from None
+        try:
+            self._check_and_add(path, f)
+        except (KeyError, OSError, RuntimeError, ValueError, TypeError) as exc:
+            # HDF5 reports damaged object headers as KeyError/OSError deep inside h5py.
+            f.close()
+            raise TraceFormatError(f"{path}: damaged trace file ({_short(exc)})") from None
+
+    def _check_and_add(self, path: Path, f: h5py.File) -> None:
         fmt = _attr(f, "format")
         if fmt != schema.FORMAT:
             f.close()
             raise TraceFormatError(f"{path}: not a spectrace trace (format attribute is "
                                    f"{fmt!r}, expected {schema.FORMAT!r})")
         version = str(_attr(f, "format_version") or "")
+        if not version:
+            f.close()
+            raise TraceFormatError(f"{path}: damaged trace file (no format_version attribute)")
         if version.split(".")[0] != str(schema.MAJOR_VERSION):
             f.close()
             raise TraceFormatError(
@@ -574,6 +595,10 @@ class Trace:
             f.close()
             raise TraceFormatError(f"{path}: /meta is missing or not JSON ({exc})") from None
         status = _attr(f, "status")
+        for table, cols in schema.TABLES.items():  # touch every column: damage shows here
+            for c in cols:
+                if c.name in f[table] or not c.optional:
+                    f[table][c.name].shape
         n = self._flushed_rows(f)
         if status != schema.STATUS_COMPLETE or path.name.endswith(schema.PARTIAL_SUFFIX):
             n = self._readable_rows(f, n)
@@ -615,6 +640,13 @@ class Trace:
     # -- reading -------------------------------------------------------------------------------
 
     def _read_requests(self) -> Requests:
+        try:
+            return self._read_requests_unchecked()
+        except (KeyError, OSError, RuntimeError) as exc:
+            raise TraceFormatError(f"{self.name}: damaged /requests table ({_short(exc)})") \
+                from None
+
+    def _read_requests_unchecked(self) -> Requests:
         r = Requests()
         files = []
         lazy_parts: list[tuple[h5py.Dataset, int]] = []
@@ -638,6 +670,13 @@ class Trace:
         return r
 
     def _read_block_column(self, c: schema.Column) -> np.ndarray:
+        try:
+            return self._read_block_column_unchecked(c)
+        except (KeyError, OSError, RuntimeError) as exc:
+            raise TraceFormatError(f"{self.name}: damaged column blocks/{c.name} "
+                                   f"({_short(exc)})") from None
+
+    def _read_block_column_unchecked(self, c: schema.Column) -> np.ndarray:
         self.requests  # noqa: B018 - request offsets are known once requests are read
         parts = []
         for i, (f, n) in enumerate(zip(self._files, self._nblocks)):
@@ -828,6 +867,12 @@ def resolve_paths(spec: str | os.PathLike | Iterable[str | os.PathLike]) -> list
         out.append(p)
     if not out:
         raise InputError("no trace file given")
+    unique = list(dict.fromkeys(p.resolve() for p in out))
+    if len(unique) < len(out):  # the same file twice would count every block twice
+        warnings.warn(f"{len(out) - len(unique)} trace file(s) given more than once; "
+                      f"each is read once", TraceWarning, stacklevel=2)
+        out = [p for p in dict.fromkeys(out) if p.resolve() in unique]
+        out = list({p.resolve(): p for p in out}.values())
     return out
 
 

@@ -417,26 +417,18 @@ class MainScreen(Screen):
         self.show_pair(hit[0], base_row=hit[1])
 
     def action_finding(self, direction: int) -> None:
-        """Next (1) / previous (-1) finding, in location order from the cursor."""
+        """Next (1) / previous (-1) finding in report order: most severe first, so the first
+        `f` always shows the finding that names the bug."""
         if self.analysis is None:
             self.notify("the analysis is still running", severity="warning")
             return
-        located = []
-        for f in self.findings:
-            p = self.finding_pair(f)
-            located.append(((p if p is not None else 1 << 30,
-                             f.position if f.position is not None else -1), f))
-        if not located:
+        fs = self.findings
+        if not fs:
             self.notify("no findings")
             return
-        located.sort(key=lambda x: x[0])
-        here = (self.pair, int(self.view.rows.pos[self.view.cursor])
-                if self.view.rows is not None and len(self.view.rows) else -1)
-        if direction > 0:
-            nxt = next((f for key, f in located if key > here), located[0][1])
-        else:
-            nxt = next((f for key, f in reversed(located) if key < here), located[-1][1])
-        self._jump_finding(nxt)
+        idx = getattr(self, "_finding_idx", -1 if direction > 0 else 0)
+        self._finding_idx = (idx + direction) % len(fs)
+        self._jump_finding(fs[self._finding_idx])
 
     def action_content_divergence(self) -> None:
         """Go to the content divergence of the request in view."""
