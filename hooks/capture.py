@@ -164,14 +164,16 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 class _Forwarder:
-    """Copies the child's stderr lines to ours byte for byte (stops quietly if ours closes)."""
+    """Copies the child's stderr lines to ours byte for byte (stops quietly if ours closes).
+    With ``trace_lines=False`` only lines that are not trace lines pass (quiet captures)."""
 
-    def __init__(self) -> None:
+    def __init__(self, trace_lines: bool = True) -> None:
         self._out = getattr(sys.stderr, "buffer", None)
         self.ok = True
+        self.trace_lines = trace_lines
 
-    def write(self, raw: bytes) -> None:
-        if not self.ok:
+    def write(self, raw: bytes, is_trace: bool = False) -> None:
+        if not self.ok or (is_trace and not self.trace_lines):
             return
         try:
             if self._out is not None:
@@ -188,16 +190,20 @@ def _pump(proc: subprocess.Popen, parser: VtTraceParser, fwd: _Forwarder, log) -
     # A buffered pipe's readline returns each line as soon as the child has written it
     # (reads return what is available), without a syscall per byte.
     for raw in iter(proc.stderr.readline, b""):
-        fwd.write(raw)
+        if fwd.trace_lines:
+            fwd.write(raw)
         if log is not None:
             log.write(raw)
             log.flush()  # the raw log survives a kill like the trace does
-        parser.feed_line(raw.decode("utf-8", "replace"))
+        is_trace = parser.feed_line(raw.decode("utf-8", "replace"))
+        if not fwd.trace_lines:
+            fwd.write(raw, is_trace)
 
 
 def capture_command(cmd: list[str], out: str | os.PathLike,
                     requests_path: str | os.PathLike | None = None, strict: bool = False,
-                    meta: dict | None = None, log_path: str | os.PathLike | None = None) -> int:
+                    meta: dict | None = None, log_path: str | os.PathLike | None = None,
+                    forward_trace_lines: bool = True) -> int:
     """Run CMD, record its ``VT_SPEC_TRACE`` stderr lines into OUT, return its exit status.
 
     Args:
@@ -211,6 +217,7 @@ def capture_command(cmd: list[str], out: str | os.PathLike,
             terminated, the ``.partial`` file keeps what was recorded, ParseError is raised.
         meta: extra /meta items (``method``, ``k``, ``target_model``, ...).
         log_path: also write CMD's raw stderr bytes to this file (for ``import vt``).
+        forward_trace_lines: False forwards only CMD's other stderr lines (quiet test runs).
     Returns:
         CMD's exit status (``128+N`` if signal N killed it; 130 after Ctrl-C).
     Raises:
@@ -241,7 +248,7 @@ def capture_command(cmd: list[str], out: str | os.PathLike,
     parser = VtTraceParser(writer, strict=strict, source_name=f"{Path(cmd[0]).name} stderr",
                            trace_level=level or None)
     try:
-        interrupted = _run_parsing(proc, parser, writer, log)
+        interrupted = _run_parsing(proc, parser, writer, log, forward_trace_lines)
     finally:
         if log is not None:
             log.close()
@@ -251,12 +258,13 @@ def capture_command(cmd: list[str], out: str | os.PathLike,
 
 
 def _run_parsing(proc: subprocess.Popen, parser: VtTraceParser, writer: TraceWriter,
-                 log) -> int:
+                 log, forward_trace_lines: bool = True) -> int:
     """Pump CMD's stderr into the parser until EOF; returns 0, or the exit status that
     reports a Ctrl-C (130) or a SIGTERM (143) received meanwhile."""
     try:
         with _SigintForwarder(proc) as sigint:
-            _pump(proc, parser, _Forwarder(), log)  # after Ctrl-C too: CMD's last lines
+            # After Ctrl-C too: CMD's last lines.
+            _pump(proc, parser, _Forwarder(forward_trace_lines), log)
             proc.wait()
         return sigint.status if sigint.interrupted else 0
     except BaseException as exc:  # strict ParseError or a bug: keep what was recorded
