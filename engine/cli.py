@@ -1,6 +1,6 @@
 """Command line of the reference engine.
 
-``python -m spectrace.engine --method draft_model|ngram --k 4 --max-tokens 64 [--target DIR]
+``python -m spectrace.engine --method draft_model|ngram|dspark --k 4 --max-tokens 64 [--target DIR]
 [--draft DIR] [--prompts FILE.jsonl] [--requests-out FILE.jsonl] [--batch-size N]
 [--draft-vocab N] [--fault NAME ...] [--list-faults]``
 
@@ -9,7 +9,11 @@ stderr: the ``VT_SPEC_TRACE`` lines (when the variable is set), ``--stats`` and 
 Requests are greedy with ``ignore_eos`` semantics unless ``--stop-on-eos``; every request
 gets exactly ``--max-tokens`` output tokens. Exit codes: 0 ok, 2 usage/input error.
 
-``--draft-vocab N`` (draft_model) restricts the draft head to N target ids with a d2t offset
+``--method dspark`` drafts with the DSpark drafter of :mod:`.dspark` (``--draft`` is its
+speculators-layout checkpoint folder, default the bundled ``models/dspark``; it reads the
+target's hidden states, recomputed with the target forward).
+
+``--draft-vocab N`` (draft_model, dspark) restricts the draft head to N target ids with a d2t offset
 table (see :mod:`.drafters`). ``--fault NAME`` (repeatable) plants one documented bug of
 :mod:`.faults` (``--list-faults`` prints them with the finding kind each must produce).
 """
@@ -26,11 +30,11 @@ PROG = "spectrace-engine"
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m spectrace.engine", description="Reference greedy speculative-decoding engine.")
-    ap.add_argument("--method", choices=["draft_model", "ngram"], default="draft_model")
+    ap.add_argument("--method", choices=["draft_model", "ngram", "dspark"], default="draft_model")
     ap.add_argument("--k", type=int, default=4, help="speculative tokens per step (num_speculative_tokens)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--target", type=Path, default=None, help="target model folder (default: bundled)")
-    ap.add_argument("--draft", type=Path, default=None, help="draft model folder (default: bundled; draft_model only)")
+    ap.add_argument("--draft", type=Path, default=None, help="draft model folder (default: bundled; draft_model, or dspark: a speculators DSpark checkpoint)")
     ap.add_argument("--prompts", type=Path, default=None, help='JSONL of {"id", "text"} or {"id", "prompt_ids"} (default: bundled)')
     ap.add_argument("--requests-out", type=Path, default=None, help="write one JSON line per request here")
     ap.add_argument("--batch-size", type=int, default=None, help="max concurrently running requests (default: all)")
@@ -40,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (results may depend on it)")
     ap.add_argument("--stats", action="store_true", help="print an acceptance summary line to stderr")
     ap.add_argument("--draft-vocab", type=int, default=None, metavar="N",
-                    help="draft_model: reduced draft vocabulary of N target ids, mapped with a d2t table")
+                    help="draft_model/dspark: reduced draft vocabulary of N target ids, mapped with a d2t table")
     ap.add_argument("--fault", action="append", default=[], metavar="NAME",
                     help="plant a deliberate bug (repeatable; see --list-faults); off by default")
     ap.add_argument("--list-faults", action="store_true", help="list the faults and exit")
@@ -80,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
 
         faults.enable(args.fault)
         faults.check(args.method, args.draft_vocab)
-        if args.draft_vocab is not None and args.method != "draft_model":
-            raise ValueError("--draft-vocab needs --method draft_model")
+        if args.draft_vocab is not None and args.method not in ("draft_model", "dspark"):
+            raise ValueError("--draft-vocab needs --method draft_model or dspark")
         return run(args)
     except (OSError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
@@ -99,6 +103,14 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(target_dir)
     if args.method == "draft_model":
         drafter = DraftModelDrafter(load_model(args.draft or bundled_model_dir("draft")), args.k, args.draft_vocab)
+    elif args.method == "dspark":
+        from .dspark import DSparkDrafter, reduce_vocab
+        from .dspark_ckpt import load_dspark
+
+        dmodel = load_dspark(args.draft or bundled_model_dir("dspark"), target.model)
+        if args.draft_vocab is not None:
+            dmodel = reduce_vocab(dmodel, args.draft_vocab)
+        drafter = DSparkDrafter(dmodel, target, args.k)
     else:
         drafter = NgramDrafter(args.k, args.prompt_lookup_min, args.prompt_lookup_max, target.max_model_len)
 

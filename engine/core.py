@@ -228,7 +228,8 @@ class Engine:
         t = proposal.timings
         self.trace.phase(t.pre_s * 1e3, t.backbone_s * 1e3, t.sample_s * 1e3, proposal.logits_numel)
         if rows:
-            self.trace.propose(len(rows), self.drafter.k, rows[0])
+            nqpr = getattr(self.drafter, "num_query_per_req", self.drafter.k)  # dspark: k or 1 + k
+            self.trace.propose(len(rows), nqpr, rows[0])
         else:
             self.trace.propose_none(len(batch))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-BUNDLED_MODELS = ("target", "draft")
+BUNDLED_MODELS = ("target", "draft", "dspark")
 DEFAULT_NUM_THREADS = 1  # tiny models: one thread is fastest, and immune to oversubscription
 
 

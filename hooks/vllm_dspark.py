@@ -29,7 +29,6 @@ for ``DSparkSpeculator`` instances:
 from __future__ import annotations
 
 import inspect
-from collections import deque
 from dataclasses import dataclass
 
 from spectrace.hooks.vllm import Session, SpecTraceLayoutError, _say, _vllm_version
@@ -69,8 +68,9 @@ def dspark_layout(speculator) -> dict:
     """Feature-detect a DSpark speculator's layout.
 
     Returns:
-        ``{"sample_from_anchor", "num_query_per_req", "k", "num_reqs_arg", "d2t"}``
-        (``num_reqs_arg``: the position of ``num_reqs`` in ``_sample_sequential``).
+        ``{"sample_from_anchor", "num_query_per_req", "k", "num_reqs_arg", "d2t",
+        "draft_vocab_size"}`` (``num_reqs_arg``: the position of ``num_reqs`` in
+        ``_sample_sequential``; the last two from ``model.draft_id_to_target_id``).
     Raises:
         SpecTraceLayoutError: an attribute or the layout flag is missing, or the query slots
             per request fit neither layout (one line: vLLM version, class, what is missing).
@@ -104,9 +104,10 @@ def dspark_layout(speculator) -> dict:
             f"num_speculative_steps={k} and sample_from_anchor={sfa}: neither the N-slot nor "
             f"the 1+N layout; known layout: {KNOWN_DSPARK_LAYOUT}")
     model = getattr(speculator, "model", None)
-    d2t = getattr(model, "draft_id_to_target_id", None) is not None
+    d2t_t = getattr(model, "draft_id_to_target_id", None)
     return {"sample_from_anchor": sfa, "num_query_per_req": nq, "k": k,
-            "num_reqs_arg": num_reqs_arg, "d2t": d2t}
+            "num_reqs_arg": num_reqs_arg, "d2t": d2t_t is not None,
+            "draft_vocab_size": int(d2t_t.shape[0]) if d2t_t is not None else None}
 
 
 @dataclass
@@ -150,7 +151,6 @@ class DSparkTap:
         self._ring: list[_InnerSlot] = []
         self._nslots = slots
         self._next = 0
-        self._order: deque = deque()
         self._set_meta()
         orig_join = tap._join
 
@@ -177,7 +177,9 @@ class DSparkTap:
         layout.update({"sample_from_anchor": lay["sample_from_anchor"],
                        "query_slots_per_request": lay["num_query_per_req"],
                        "speculator": type(self.spec).__name__})
-        extra = {"layout": layout, "d2t_present": lay["d2t"]}
+        extra = {"layout": layout, "d2t": lay["d2t"]}  # schema META_KEYS names
+        if lay["draft_vocab_size"]:
+            extra["draft_vocab_size"] = lay["draft_vocab_size"]
         self.session.meta.update(extra)
         if self.session._writer is not None:
             self.session._writer.update_meta(**extra)

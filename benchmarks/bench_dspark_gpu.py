@@ -1,0 +1,474 @@
+"""Cost of spectrace's V2 capture path on a DSpark draft step replayed from a CUDA graph.
+
+What runs, per measured step (both modes do exactly the same work except the capture):
+
+1. the runner's side (emulated): per-step inputs written by small device ops (the anchors
+   from ``last_sampled``, positions), like vLLM's eager prepare kernel before the replay;
+2. ``propose``: one replay of a CUDA graph holding the reference DSpark draft step
+   (``spectrace.engine.dspark``): context K/V of the k+1 newly accepted tokens per request
+   written into a static KV cache (vLLM's context-KV precompute), the query block through the
+   backbone, draft-vocabulary logits, the sequential Markov loop with argmax and d2t, drafts
+   into a persistent ``draft_tokens`` buffer;
+3. mode ``capture`` only: spectrace's ``ProposeTap`` (``spectrace.hooks.vllm_v2``) wraps
+   ``propose``: it stages ``[n, 4 + k]`` int64 on the device (verdict, anchor, anchor position,
+   drafts), copies it non-blocking into a pinned ring slot, records an event, and joins the
+   slots whose events completed (by request id) into blocks. The sink is a real trace file
+   (``--sink h5``, needs h5py) or an in-memory counter (``--sink null``);
+4. the runner's per-step host wait (emulated): like vLLM with async scheduling, the host
+   waits for the step before the previous one (``event.synchronize()``), so it runs at most
+   two steps ahead. That wait is the same in both modes.
+
+Reported per configuration and mode: wall time per step, device time per step (CUDA events
+around the whole loop, divided by the steps), draft tokens per second (batch x k / step
+time), host time spent inside the capture path per step, host synchronisations per step (explicit ``synchronize()``
+calls counted by wrappers plus implicit ones reported by ``torch.cuda.set_sync_debug_mode``;
+the runner's own wait is 1 per step in both modes) and the ring's ``sync_waits``. The capture
+must cost under 1% of the step and add no synchronisation.
+
+Configurations (``--config``): ``tiny`` is the bundled drafter (``engine/models/dspark``,
+hidden 128, fp32; random weights if it is missing), a launch-bound worst case; ``qwen3-8b`` is
+a DSpark drafter of Qwen3-8B's shape with random weights (hidden 4096, 32 heads, 8 KV heads of
+128, MLP 12288, 1 layer, 3 taps of 4096, target vocabulary 151936, reduced draft vocabulary
+32768 with d2t, Markov rank 256, bf16).
+
+Usage (on a CUDA machine; only torch + numpy + this repository are needed)::
+
+    python benchmarks/bench_dspark_gpu.py                       # both configs, batch 1,8,32,64
+    python benchmarks/bench_dspark_gpu.py --config tiny --batch 8 --steps 500 --json out.json
+
+Without a CUDA device it says so and runs a short CPU smoke test of the same code (eager, no
+graph; the figures are then not GPU figures). Exit status: 0 ok, 1 target missed, 2 no GPU
+and ``--no-cpu-fallback``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import types
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def import_spectrace():
+    """``spectrace.engine.dspark``, ``.dspark_ckpt``, ``spectrace.hooks.vllm[_v2]``: installed,
+    or mapped from this checkout by hand (the package maps top-level folders into the
+    ``spectrace`` namespace, so a plain PYTHONPATH cannot)."""
+    try:
+        from spectrace.engine import dspark  # noqa: F401
+    except ImportError:
+        for pkg, folder in (("spectrace", None), ("spectrace.engine", "engine"),
+                            ("spectrace.hooks", "hooks"), ("spectrace.tracer", "tracer")):
+            if pkg not in sys.modules:
+                m = types.ModuleType(pkg)
+                m.__path__ = [str(ROOT / folder)] if folder else []
+                sys.modules[pkg] = m
+    from spectrace.engine import dspark, dspark_ckpt
+    from spectrace.hooks import vllm as hook
+    from spectrace.hooks import vllm_v2
+
+    return dspark, dspark_ckpt, hook, vllm_v2
+
+
+dspark, dspark_ckpt, hook, vllm_v2 = import_spectrace()
+# The bench's trace has no vLLM engine core behind it: skip the close-time counter report.
+hook._report = lambda *a, **kw: None
+
+
+# --------------------------------------------------------------------------------------------
+# models
+# --------------------------------------------------------------------------------------------
+
+
+def make_model(name: str, device, dtype) -> tuple[object, int]:
+    """(DSparkDraftModel on device, target vocabulary)."""
+    if name == "tiny":
+        ckpt = ROOT / "engine" / "models" / "dspark"
+        if (ckpt / "model.safetensors").exists():
+            model = dspark_ckpt.load_dspark(ckpt)
+        else:
+            print("bench: no bundled engine/models/dspark; using random weights", file=sys.stderr)
+            torch.manual_seed(0)
+            model = dspark.DSparkDraftModel(dspark.DSparkConfig(
+                vocab_size=2048, draft_vocab_size=2048, hidden_size=128, intermediate_size=384,
+                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4, head_dim=32,
+                target_hidden_size=128, aux_hidden_state_layer_ids=[1, 2], mask_token_id=2047,
+                block_size=4, markov_rank=32))
+        return model.to(device=device, dtype=dtype).eval(), model.cfg.vocab_size
+    if name == "qwen3-8b":
+        cfg = dspark.DSparkConfig(
+            vocab_size=151936, draft_vocab_size=32768, hidden_size=4096, intermediate_size=12288,
+            num_hidden_layers=1, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+            target_hidden_size=4096, aux_hidden_state_layer_ids=[2, 18, 33], mask_token_id=151669,
+            block_size=7, markov_rank=256, enable_confidence_head=False, rms_norm_eps=1e-6,
+            rope_theta=1e6, max_position_embeddings=40960)
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = dspark.DSparkDraftModel(cfg).to(dtype)
+            for p in model.parameters():
+                if p.is_floating_point():
+                    torch.nn.init.normal_(p, 0.0, 0.02)
+            ids = torch.sort(torch.randperm(cfg.vocab_size)[:cfg.draft_vocab_size]).values
+            model.set_vocab_mapping(ids)
+        return model.eval(), cfg.vocab_size
+    raise SystemExit(f"bench: unknown config {name!r}")
+
+
+class StaticDraftStep:
+    """One DSpark draft step over static buffers (capturable): see the module doc, step 2.
+
+    Buffers (device): ``kv`` per layer [B, C, kv_heads, head_dim] (the context cache, C slots,
+    ``ctx_valid`` [B, C]); ``new_states`` [B, k+1, n_aux*H_t], ``new_pos``/``new_slot``
+    [B, k+1]: the accepted tokens whose context K/V this step writes; ``anchor``/``anchor_pos``
+    [B]; outputs ``draft_tokens`` [B, k] and ``sample_pos`` [B*k].
+    """
+
+    def __init__(self, model, batch: int, ctx: int, k: int, device, dtype) -> None:
+        cfg = model.cfg
+        self.model, self.b, self.c, self.k = model, batch, ctx, k
+        self.sfa = bool(cfg.sample_from_anchor)
+        self.nq = dspark.num_query_slots(k, self.sfa)
+        self.off = dspark.sample_slot_offset(self.sfa)
+        n_aux = len(cfg.aux_hidden_state_layer_ids)
+        torch.manual_seed(1)
+        width = n_aux * cfg.target_hidden_size
+        self.kv = [(torch.empty(batch, ctx, cfg.num_key_value_heads, cfg.head_dim, device=device, dtype=dtype),
+                    torch.empty(batch, ctx, cfg.num_key_value_heads, cfg.head_dim, device=device, dtype=dtype))
+                   for _ in range(cfg.num_hidden_layers)]
+        with torch.no_grad():  # the context cache, filled in chunks of 64 positions
+            for c0 in range(0, ctx, 64):
+                c1 = min(ctx, c0 + 64)
+                states = torch.randn(batch, c1 - c0, width, device=device, dtype=dtype)
+                pos = torch.arange(c0, c1, device=device)[None].expand(batch, -1)
+                for (kc, vc), (kk, vv) in zip(self.kv, model.context_kv(states, pos)):
+                    kc[:, c0:c1] = kk
+                    vc[:, c0:c1] = vv
+        self.new_states = torch.randn(batch, k + 1, width, device=device, dtype=dtype)
+        self.new_pos = (ctx - k - 1 + torch.arange(k + 1)).to(device)[None].expand(batch, -1).contiguous()
+        self.new_slot = self.new_pos.clone()
+        self.ctx_valid = torch.ones(batch, ctx, dtype=torch.bool, device=device)
+        self.anchor = torch.zeros(batch, dtype=torch.int64, device=device)
+        self.anchor_pos = torch.full((batch,), ctx, dtype=torch.int64, device=device)
+        self.mask_ids = torch.full((batch, self.nq - 1), cfg.mask_token_id, dtype=torch.int64, device=device)
+        self.block_ok = torch.ones(batch, self.nq, self.nq, dtype=torch.bool, device=device)
+        self.qoff = torch.arange(self.nq, device=device)
+        self.koff = torch.arange(1, k + 1, device=device)
+        self.draft_tokens = torch.zeros(batch, k, dtype=torch.int64, device=device)
+        self.sample_pos = torch.zeros(batch * k, dtype=torch.int64, device=device)
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        m, b = self.model, self.b
+        new_kv = m.context_kv(self.new_states, self.new_pos)
+        idx = self.new_slot[:, :, None, None]
+        for (kc, vc), (nk, nv) in zip(self.kv, new_kv):
+            kc.scatter_(1, idx.expand_as(nk), nk)
+            vc.scatter_(1, idx.expand_as(nv), nv)
+        q_ids = torch.cat([self.anchor[:, None], self.mask_ids], dim=1)
+        q_pos = self.anchor_pos[:, None] + self.qoff
+        mask = torch.cat([self.ctx_valid[:, None, :].expand(b, self.nq, self.c), self.block_ok], dim=2)
+        hidden = m.query_forward(self.kv, q_ids, q_pos, mask)
+        base = m.compute_draft_logits(hidden[:, self.off:self.off + self.k])
+        self.draft_tokens.copy_(dspark.sample_sequential(base, self.anchor, m))
+        self.sample_pos.copy_((self.anchor_pos[:, None] + self.koff).reshape(-1))
+
+
+# --------------------------------------------------------------------------------------------
+# the runner around it
+# --------------------------------------------------------------------------------------------
+
+
+class NullSession:
+    """What ProposeTap needs from a Session, writing nothing (``--sink null``)."""
+
+    def __init__(self) -> None:
+        self.active, self.step, self.blocks = True, 0, 0
+        self.joiner = hook.BlockJoiner(self)
+
+    def add_block(self, *a, **kw) -> None:
+        self.blocks += 1
+
+    def on_close(self, fn) -> None:
+        self._close = fn
+
+    def fail(self, exc, where) -> None:
+        raise exc
+
+    def see_request(self, *a, **kw) -> None:
+        pass
+
+    def finish_request(self, *a, **kw) -> None:
+        pass
+
+    def close(self) -> None:
+        self._close()
+
+
+class Runner:
+    """Emulates the V2 runner's calls around ``speculator.propose`` (module doc, 1-4)."""
+
+    def __init__(self, step: StaticDraftStep, vocab: int, device, use_graph: bool) -> None:
+        self.step_fn, self.device = step, device
+        b, k = step.b, step.k
+        self.max_reqs = b
+        self.req_ids = [f"{i}-bench{i:04d}" for i in range(b)]
+        g = torch.Generator(device="cpu").manual_seed(2)
+        pool = 64
+        ns = torch.randint(1, k + 2, (pool, b), generator=g, dtype=torch.int32)
+        self.ns_pool = ns.to(device)
+        self.nr_pool = (k + 1 - ns).to(device)
+        self.last_sampled = torch.randint(0, vocab, (b, 1), generator=g).to(device)
+        self.next_prefill = torch.zeros((1, b), dtype=torch.int32, device=device)
+        self.idx_mapping = torch.arange(b, dtype=torch.int64, device=device)
+        self.positions = (100 + torch.arange(b * (k + 1))).to(device)
+        self.qsl = (torch.arange(b + 1) * (k + 1)).to(torch.int32).to(device)
+        self.graph = None
+        if use_graph:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(3):
+                    step()
+            torch.cuda.current_stream().wait_stream(s)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                step()
+        self.t = 0
+        self.events: list = []
+
+    def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states,
+                aux_hidden_states, num_sampled, num_rejected, last_sampled,
+                next_prefill_tokens, temperature, seeds, dp_sync_state=None, dummy_run=False,
+                skip_attn_for_dummy_run=False, mm_inputs=None, is_profile=False,
+                num_speculative_tokens=None):
+        st = self.step_fn
+        st.anchor.copy_(last_sampled[input_batch.idx_mapping, 0])  # the prepare kernel's reads
+        st.anchor_pos.add_(1)
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            st()
+        return st.draft_tokens[:input_batch.num_reqs]
+
+    def run_step(self, propose) -> None:
+        i = self.t % self.ns_pool.shape[0]
+        batch = SimpleNamespace(req_ids=list(self.req_ids), num_reqs=len(self.req_ids),
+                                idx_mapping=self.idx_mapping, positions=self.positions,
+                                query_start_loc=self.qsl)
+        out = propose(batch, None, None, None, None, self.ns_pool[i], self.nr_pool[i],
+                      self.last_sampled, self.next_prefill, None, None,
+                      num_speculative_tokens=self.step_fn.k)
+        self.last_sampled[:, 0].copy_(out[:, -1])  # the next anchors come from this step
+        if self.device.type == "cuda":
+            ev = torch.cuda.Event()
+            ev.record()
+            self.events.append(ev)
+            if len(self.events) > 2:  # async scheduling: wait for the step before the last
+                self.events.pop(0).synchronize()
+        self.t += 1
+
+
+class SyncCounter:
+    """Counts explicit synchronize() calls and implicit syncs (sync debug mode warnings)."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda, self.explicit, self.implicit = cuda, 0, 0
+
+    def __enter__(self):
+        self._saved = []
+        if self.cuda:
+            for owner, name in ((torch.cuda.Event, "synchronize"), (torch.cuda.Stream, "synchronize"),
+                                (torch.cuda, "synchronize")):
+                orig = getattr(owner, name)
+                self._saved.append((owner, name, orig))
+
+                def wrapped(*a, _orig=orig, **kw):
+                    self.explicit += 1
+                    return _orig(*a, **kw)
+
+                setattr(owner, name, wrapped)
+            self._wctx = warnings.catch_warnings(record=True)
+            self._log = self._wctx.__enter__()
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            torch.cuda.set_sync_debug_mode("default")
+            self.implicit = sum("synchroniz" in str(w.message).lower() for w in self._log)
+            self._wctx.__exit__(*exc)
+        for owner, name, orig in self._saved:
+            setattr(owner, name, orig)
+
+
+def measure(runner: Runner, propose, steps: int, warmup: int, cuda: bool) -> dict:
+    for _ in range(warmup):
+        runner.run_step(propose)
+    if cuda:
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with SyncCounter(cuda) as sc:
+        t0 = time.perf_counter()
+        if cuda:
+            e0.record()
+        for _ in range(steps):
+            runner.run_step(propose)
+        if cuda:
+            e1.record()
+        wall_loop = time.perf_counter() - t0
+    if cuda:
+        torch.cuda.synchronize()
+        gpu_ms = e0.elapsed_time(e1) / steps
+    else:
+        gpu_ms = float("nan")
+    wall = (time.perf_counter() - t0) if cuda else wall_loop
+    return {"step_ms": wall / steps * 1e3, "gpu_ms": gpu_ms,
+            "syncs_per_step": (sc.explicit + sc.implicit) / steps,
+            "explicit_syncs": sc.explicit, "implicit_syncs": sc.implicit}
+
+
+def bench_one(config: str, batch: int, args, device) -> list[dict]:
+    """Both modes on one model and batch size, interleaved ``args.repeats`` times (off,
+    capture, off, capture, ...); each figure is the median over the repeats."""
+    import statistics
+
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if (config == "qwen3-8b" and cuda) else torch.float32
+    model, vocab = make_model(config, device, dtype)
+    k = args.k or model.cfg.block_size
+    step = StaticDraftStep(model, batch, args.ctx, k, device, dtype)
+    runner = Runner(step, vocab, device, use_graph=cuda and not args.eager)
+    if args.sink == "h5":
+        tmp = tempfile.mkdtemp(prefix="bench_dspark_")
+        session = hook.Session(Path(tmp) / "bench.h5", {"engine": "bench", "method": "dspark",
+                                                         "k": k, "source": "bench"})
+    else:
+        session = NullSession()
+    spec = SimpleNamespace(propose=runner.propose)
+    tap = vllm_v2.ProposeTap(spec, session)  # wraps spec.propose; runner.propose stays bare
+    host = [0.0, 0]
+    orig_record = tap.record
+
+    def timed_record(*a, **kw):  # host time spent inside the capture path
+        t0 = time.perf_counter()
+        try:
+            return orig_record(*a, **kw)
+        finally:
+            host[0] += time.perf_counter() - t0
+            host[1] += 1
+
+    tap.record = timed_record
+    runs: dict[str, list[dict]] = {"off": [], "capture": []}
+    for _ in range(args.repeats):
+        for mode, propose in (("off", runner.propose), ("capture", spec.propose)):
+            runs[mode].append(measure(runner, propose, args.steps, args.warmup, cuda))
+    tap.drain(wait=True)
+    rows = []
+    for mode, rs in runs.items():
+        r = {key: statistics.median(x[key] for x in rs) for key in rs[0]}
+        r["syncs_per_step"] = max(x["syncs_per_step"] for x in rs)
+        r.update(config=config, batch=batch, k=k, mode=mode, dtype=str(dtype).replace("torch.", ""),
+                 graph=runner.graph is not None, tok_s=batch * k / (r["step_ms"] / 1e3),
+                 repeats=args.repeats)
+        rows.append(r)
+    off, on = rows
+    on["capture_host_us"] = host[0] / max(host[1], 1) * 1e6
+    on["sync_waits"] = tap.sync_waits
+    on["blocks"] = session.blocks if isinstance(session, NullSession) else session.totals["blocks"]
+    session.close()
+    on["overhead_pct"] = (on["step_ms"] - off["step_ms"]) / off["step_ms"] * 100
+    on["gpu_overhead_pct"] = (on["gpu_ms"] - off["gpu_ms"]) / off["gpu_ms"] * 100 if cuda else float("nan")
+    on["added_syncs_per_step"] = on["syncs_per_step"] - off["syncs_per_step"]
+    del model, step, runner
+    if cuda:
+        torch.cuda.empty_cache()
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    head = (f"{'config':<9} {'batch':>5} {'k':>2} {'mode':<8} {'graph':<5} {'step ms':>9} "
+            f"{'dev ms':>8} {'draft tok/s':>12} {'syncs/step':>10} {'waits':>5} {'overhead':>9} "
+            f"{'tap host us':>11}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        ov = f"{r['overhead_pct']:+8.2f}%" if "overhead_pct" in r else ""
+        print(f"{r['config']:<9} {r['batch']:>5} {r['k']:>2} {r['mode']:<8} {str(r['graph']):<5} "
+              f"{r['step_ms']:>9.4f} {r['gpu_ms']:>8.4f} {r['tok_s']:>12.0f} "
+              f"{r['syncs_per_step']:>10.2f} {r.get('sync_waits', ''):>5} {ov:>9} "
+              f"{r.get('capture_host_us', float('nan')):>11.1f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", choices=["tiny", "qwen3-8b", "all"], default="all")
+    ap.add_argument("--batch", default="1,8,32,64", help="comma-separated batch sizes")
+    ap.add_argument("--k", type=int, default=None, help="drafts per step (default: the block size)")
+    ap.add_argument("--ctx", type=int, default=512, help="context tokens per request (KV cache)")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved off/capture runs (median)")
+    ap.add_argument("--sink", choices=["h5", "null"], default=None,
+                    help="where captured blocks go (default: h5 when h5py imports, else null)")
+    ap.add_argument("--eager", action="store_true", help="no CUDA graph (for comparison)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--no-cpu-fallback", action="store_true")
+    args = ap.parse_args(argv)
+    if args.sink is None:
+        try:
+            import h5py  # noqa: F401
+            args.sink = "h5"
+        except ImportError:
+            args.sink = "null"
+    configs = ["tiny", "qwen3-8b"] if args.config == "all" else [args.config]
+    batches = [int(b) for b in args.batch.split(",")]
+    if torch.cuda.is_available():
+        device = torch.device("cuda")
+        print(f"bench: {torch.cuda.get_device_name()} torch {torch.__version__}, sink {args.sink}, "
+              f"ctx {args.ctx}, {args.steps} steps after {args.warmup} warmup, median of "
+              f"{args.repeats} interleaved runs per mode", flush=True)
+    else:
+        msg = ("bench: no CUDA device: this benchmark measures a CUDA-graph replay and needs a GPU. "
+               "Running a CPU smoke test of the same code instead (eager, tiny, batch 2, "
+               "5 steps); these are not GPU figures.")
+        print(msg, file=sys.stderr)
+        if args.no_cpu_fallback:
+            return 2
+        device = torch.device("cpu")
+        configs, batches = ["tiny"], [2]
+        args.steps, args.warmup, args.repeats = 5, 2, 1
+    rows = []
+    for config in configs:
+        for b in batches:
+            rows += bench_one(config, b, args, device)
+            print(f"bench: {config} batch {b} done", file=sys.stderr, flush=True)
+    print_table(rows)
+    caps = [r for r in rows if r["mode"] == "capture"]
+    worst = max(caps, key=lambda r: r["overhead_pct"])
+    added = max(r["added_syncs_per_step"] for r in caps)
+    waits = max(r["sync_waits"] for r in caps)
+    print(f"\ncapture overhead: worst {worst['overhead_pct']:+.2f}% of the step "
+          f"({worst['config']} batch {worst['batch']}); added host syncs per step: {added:+.2f}; "
+          f"ring waits: {waits}")
+    by_cfg = {}
+    for r in caps:
+        by_cfg.setdefault(r["config"], []).append(r["overhead_pct"])
+    for c, v in by_cfg.items():
+        print(f"  {c}: overhead per batch size {', '.join(f'{x:+.2f}%' for x in v)}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    ok = device.type != "cuda" or (added <= 0 and waits == 0)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
