@@ -29,6 +29,7 @@ PROG = "spectrace-engine"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of `python -m spectrace.engine`."""
     ap = argparse.ArgumentParser(prog="python -m spectrace.engine", description="Reference greedy speculative-decoding engine.")
     ap.add_argument("--method", choices=["draft_model", "ngram", "dspark"], default="draft_model")
     ap.add_argument("--k", type=int, default=4, help="speculative tokens per step (num_speculative_tokens)")
@@ -70,6 +71,7 @@ def read_prompts(path: Path, tokenizer) -> list[list[int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m spectrace.engine`: returns the exit status (0 ok, 2 bad arguments)."""
     args = build_parser().parse_args(argv)
     if args.list_faults:
         from .faults import describe
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the engine for parsed arguments: decoded outputs on stdout, VT_SPEC_TRACE lines on stderr, the requests JSONL if asked."""
     from .core import Engine
     from .drafters import DraftModelDrafter, NgramDrafter
     from .models import bundled_model_dir, bundled_prompts_path, configure_torch, load_model, load_tokenizer

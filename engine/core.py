@@ -57,6 +57,7 @@ class Request:
 
     @property
     def finished(self) -> bool:
+        """True once the request has emitted max_tokens tokens (or stopped)."""
         return self.finish_reason is not None
 
 

@@ -27,9 +27,6 @@ import torch
 from . import faults
 from .models import LoadedModel
 
-METHODS = ("draft_model", "ngram")
-
-
 @dataclass
 class ProposeTimings:
     """Wall time of one propose call, split like the `[spec-phase]` line. Units: seconds."""
@@ -49,6 +46,7 @@ class Proposal:
 
 
 class Drafter(Protocol):
+    """What the engine needs from a drafter: ``propose(sequences) -> Proposal`` with up to k int ids per sequence (tokens), plus the method name and the scheduler lookahead. Mirrors vLLM V1's proposer interface (`propose_draft_token_ids`)."""
     method: str
     k: int
     lookahead: int  # the scheduler's num_lookahead_tokens for this method (vLLM: k / 0)
@@ -99,6 +97,7 @@ class DraftModelDrafter:
 
     @property
     def lookahead(self) -> int:
+        """The scheduler's num_lookahead_tokens for this method (tokens), as vLLM sets it."""
         return self.k
 
     def select(self, logits: torch.Tensor) -> tuple[int, int]:
@@ -145,6 +144,7 @@ class DraftModelDrafter:
         return out
 
     def propose(self, sequences: Sequence[Sequence[int]]) -> Proposal:
+        """Propose drafts for each sequence (prompt + output ids, int); returns a :class:`Proposal` with one list of at most k ids per sequence."""
         timings = ProposeTimings()
         drafts = [self.propose_row(seq, timings) for seq in sequences]
         vocab = self.draft_vocab or self.draft.vocab_size
@@ -207,9 +207,11 @@ class NgramDrafter:
 
     @property
     def lookahead(self) -> int:
+        """The scheduler's num_lookahead_tokens for this method (tokens), as vLLM sets it."""
         return 0  # vLLM reserves no lookahead KV slots for ngram
 
     def propose(self, sequences: Sequence[Sequence[int]]) -> Proposal:
+        """Propose drafts for each sequence (prompt + output ids, int); returns a :class:`Proposal` with one list of at most k ids per sequence."""
         drafts = [
             ngram_lookup(seq, self.min_n, self.max_n, self.k, self.max_model_len) if len(seq) < self.max_model_len else []
             for seq in sequences

@@ -418,10 +418,12 @@ class DSparkDrafter:
 
     @property
     def lookahead(self) -> int:
+        """The scheduler's lookahead (tokens): k with `sample_from_anchor`, k+1 in the 1+N layout (vLLM `config/vllm.py`)."""
         return self.k
 
     @property
     def num_query_per_req(self) -> int:
+        """Query slots per request: k (`sample_from_anchor`) or 1+k."""
         return num_query_slots(self.k, self.sample_from_anchor)
 
     def step(self, sequence: Sequence[int], timings: ProposeTimings | None = None) -> DSparkStep:
@@ -453,6 +455,7 @@ class DSparkDrafter:
         return DSparkStep(anchor, p, hidden, base, [int(t) for t in drafts[0].tolist()], conf)
 
     def propose(self, sequences: Sequence[Sequence[int]]) -> Proposal:
+        """Propose k drafts per sequence with the DSpark drafter (greedy, as vLLM's `DSparkSpeculator._sample_sequential`); returns a :class:`~spectrace.engine.drafters.Proposal`."""
         timings = ProposeTimings()
         self.last_steps = [self.step(seq, timings) for seq in sequences]
         vocab = self.model.cfg.draft_vocab_size

@@ -86,11 +86,12 @@ def _start(cmd: list[str], env: dict, **kw) -> subprocess.Popen:
         raise InputError(f"{cmd[0]}: cannot run this command ({exc.strerror or exc})") from None
 
 
-class _SigintForwarder:
+class _SignalForwarder:
     """While active, Ctrl-C never raises in spectrace (it could land mid-record and lose a
     block): the first SIGINT is forwarded to CMD after a short grace (a terminal's Ctrl-C
     reaches CMD by itself, being in the same process group), a second one kills CMD.
-    Only the main thread can own the handler; elsewhere this is a no-op."""
+    SIGTERM is forwarded at once. Only the main thread can own the handlers; elsewhere this
+    is a no-op."""
 
     def __init__(self, proc: subprocess.Popen) -> None:
         self.proc = proc
@@ -110,7 +111,7 @@ class _SigintForwarder:
         """The exit status that reports the signal: 143 after SIGTERM, else 130."""
         return 128 + signal.SIGTERM if self.terminated else EXIT_INTERRUPT
 
-    def __enter__(self) -> _SigintForwarder:
+    def __enter__(self) -> _SignalForwarder:
         if threading.current_thread() is threading.main_thread():
             self._old = signal.signal(signal.SIGINT, self._on_sigint)
             # SIGTERM (timeout, CI, a service manager) is forwarded at once; the trace is
@@ -262,7 +263,7 @@ def _run_parsing(proc: subprocess.Popen, parser: VtTraceParser, writer: TraceWri
     """Pump CMD's stderr into the parser until EOF; returns 0, or the exit status that
     reports a Ctrl-C (130) or a SIGTERM (143) received meanwhile."""
     try:
-        with _SigintForwarder(proc) as sigint:
+        with _SignalForwarder(proc) as sigint:
             # After Ctrl-C too: CMD's last lines.
             _pump(proc, parser, _Forwarder(forward_trace_lines), log)
             proc.wait()
@@ -320,7 +321,7 @@ def run_forwarding(cmd: list[str], env: dict) -> int:
         InputError: CMD cannot be started.
     """
     proc = _start(cmd, env)
-    with _SigintForwarder(proc) as sigint:
+    with _SignalForwarder(proc) as sigint:
         returncode = proc.wait()
     return sigint.status if sigint.interrupted else _exit_status(returncode)
 

@@ -104,6 +104,18 @@ def _strict() -> bool:
     return os.environ.get(ENV_STRICT, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def require_attrs(obj, names, what: str, hint: str = "") -> None:
+    """Fail at attach time when ``obj`` lacks an attribute spectrace reads.
+
+    Raises:
+        SpecTraceLayoutError: one line naming the vLLM version, ``what`` and the missing names.
+    """
+    missing = [a for a in names if not hasattr(obj, a)]
+    if missing:
+        raise SpecTraceLayoutError(f"vLLM {_vllm_version()}: {what} lacks "
+                                   f"{', '.join(missing)}{hint}")
+
+
 def _vllm_version() -> str:
     try:
         import vllm
@@ -789,11 +801,7 @@ class V1Recorder:
         r = self.runner
         batch = r.input_batch
         if not self._batch_checked:
-            missing = [a for a in _V1_BATCH_ATTRS if not hasattr(batch, a)]
-            if missing:
-                raise SpecTraceLayoutError(
-                    f"vLLM {_vllm_version()}: V1 input batch {type(batch).__name__} lacks "
-                    f"{', '.join(missing)}")
+            require_attrs(batch, _V1_BATCH_ATTRS, f"V1 input batch {type(batch).__name__}")
             self._batch_checked = True
         md = getattr(r.execute_model_state, "spec_decode_metadata", None)
         req_ids = list(batch.req_ids)

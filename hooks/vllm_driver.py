@@ -126,6 +126,7 @@ def spec_counters(metrics) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run vLLM (LLM + SamplingParams, greedy) on the prompts file with the given speculative config; prints vLLM's spec-decode counters as JSON with --counters-out. Returns the exit status."""
     args = parse_args(argv)
     prompts = read_prompts(args.prompts, args.num_prompts)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -29,9 +29,9 @@ for ``DSparkSpeculator`` instances:
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 
 from spectrace.hooks.vllm import Session, SpecTraceLayoutError, _say, _vllm_version
+from spectrace.hooks.vllm_v2 import _Slot, staging_ring
 from spectrace.tracer.errors import SpectraceError
 
 #: Speculator attributes ``_sample_sequential`` uses that the inner recording reads.
@@ -110,14 +110,6 @@ def dspark_layout(speculator) -> dict:
             "draft_vocab_size": int(d2t_t.shape[0]) if d2t_t is not None else None}
 
 
-@dataclass
-class _InnerSlot:
-    host: object
-    dev: object = None
-    event: object = None
-    busy: bool = False
-
-
 class DSparkTap:
     """Layout meta, inner ``_sample_sequential`` recording and the agreement check.
 
@@ -147,8 +139,8 @@ class DSparkTap:
         self.k = self.layout["k"]
         self.checked = self.mismatched = self.unchecked = self.sync_waits = 0
         self.first_mismatch: dict | None = None
-        self._pending: dict[int, tuple[_InnerSlot, int]] = {}
-        self._ring: list[_InnerSlot] = []
+        self._pending: dict[int, tuple[_Slot, int]] = {}
+        self._ring: list[_Slot] = []
         self._nslots = slots
         self._next = 0
         self._set_meta()
@@ -225,18 +217,10 @@ class DSparkTap:
             old[0].busy = False
         self._pending[step] = (slot, n)
 
-    def _acquire(self, rows: int, cols: int, device, cuda: bool) -> _InnerSlot:
-        import torch
-
+    def _acquire(self, rows: int, cols: int, device, cuda: bool) -> _Slot:
         if not self._ring or self._ring[0].host.shape[0] < rows:
-            self._ring = []
-            for _ in range(self._nslots if cuda else 2):
-                host = torch.zeros((rows, cols), dtype=torch.int64, pin_memory=cuda)
-                if cuda:
-                    dev = torch.zeros((rows, cols), dtype=torch.int64, device=device)
-                    self._ring.append(_InnerSlot(host, dev, torch.cuda.Event()))
-                else:
-                    self._ring.append(_InnerSlot(host))
+            # Two CPU slots: a step's inner rows wait for its propose to be joined.
+            self._ring = staging_ring(self._nslots if cuda else 2, rows, cols, device, cuda)
             self._next = 0
         slot = self._ring[self._next]
         if slot.busy:  # never joined (its step was skipped): reclaim it

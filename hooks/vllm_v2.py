@@ -46,6 +46,7 @@ from spectrace.hooks.vllm import (
     _say,
     _vllm_version,
     is_warmup,
+    require_attrs,
     trim_output,
 )
 
@@ -102,6 +103,22 @@ class _Slot:
     host: object         # host tensor (pinned on CUDA)
     event: object = None  # torch.cuda.Event on CUDA
     busy: bool = False
+
+
+def staging_ring(count: int, rows: int, cols: int, device, cuda: bool) -> list[_Slot]:
+    """``count`` staging slots of int64 ``[rows, cols]``: on CUDA a device block, a pinned
+    host block and an event each; on a CPU the device block is the host block and there is
+    no event (copies are plain and synchronous)."""
+    import torch
+
+    def one() -> _Slot:
+        host = torch.zeros((rows, cols), dtype=torch.int64, pin_memory=cuda)
+        if not cuda:
+            return _Slot(host, host)
+        return _Slot(torch.zeros((rows, cols), dtype=torch.int64, device=device), host,
+                     torch.cuda.Event())
+
+    return [one() for _ in range(count)]
 
 
 class ProposeTap:
@@ -166,11 +183,8 @@ class ProposeTap:
             return
         batch = self._arg("input_batch", args, kwargs)
         if not self._batch_checked:
-            missing = [a for a in BATCH_ATTRS if not hasattr(batch, a)]
-            if missing:
-                raise SpecTraceLayoutError(
-                    f"vLLM {_vllm_version()}: {type(batch).__name__} (propose's input_batch) "
-                    f"lacks {', '.join(missing)}; known layout: {KNOWN_LAYOUT}")
+            require_attrs(batch, BATCH_ATTRS, f"{type(batch).__name__} (propose's input_batch)",
+                          f"; known layout: {KNOWN_LAYOUT}")
             self._batch_checked = True
         n = int(batch.num_reqs)
         if n <= 0:
@@ -214,20 +228,12 @@ class ProposeTap:
     # -- the ring ------------------------------------------------------------------------
 
     def _acquire(self, rows: int, cols: int, device, cuda: bool) -> _Slot:
-        import torch
-
         if self._slots and (self._slots[0].host.shape[0] < rows
                             or self._slots[0].host.shape[1] < cols):
             self.drain(wait=True)
             self._slots = []
         if not self._slots:
-            for _ in range(self._nslots if cuda else 1):
-                host = torch.zeros((rows, cols), dtype=torch.int64, pin_memory=cuda)
-                if cuda:
-                    dev = torch.zeros((rows, cols), dtype=torch.int64, device=device)
-                    self._slots.append(_Slot(dev, host, torch.cuda.Event()))
-                else:
-                    self._slots.append(_Slot(host, host))
+            self._slots = staging_ring(self._nslots if cuda else 1, rows, cols, device, cuda)
             self._next = 0
         slot = self._slots[self._next]
         if slot.busy:  # still queued: drain up to it (should not happen with 6 slots)
@@ -312,11 +318,8 @@ def attach_v2(runner, path: Path, meta: dict) -> Session:
     Raises:
         SpecTraceLayoutError: the speculator's ``propose`` or the runner lacks what is read.
     """
-    missing = [a for a in ("speculator", "add_requests", "finish_requests", "shutdown")
-               if not hasattr(runner, a)]
-    if missing:
-        raise SpecTraceLayoutError(
-            f"vLLM {_vllm_version()}: V2 {type(runner).__name__} lacks {', '.join(missing)}")
+    require_attrs(runner, ("speculator", "add_requests", "finish_requests", "shutdown"),
+                  f"V2 {type(runner).__name__}")
     session = Session(path, meta)
     tap = ProposeTap(runner.speculator, session,
                      max_model_len=getattr(runner, "max_model_len", None))

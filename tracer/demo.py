@@ -22,12 +22,7 @@ import time
 from pathlib import Path
 
 from .errors import SpectraceError
-
-
-def _version() -> str:
-    from importlib.metadata import version
-
-    return version("spectrace")
+from .store import spectrace_version
 
 
 def bundled_dir() -> Path:
@@ -58,7 +53,7 @@ def demo_commands(out: Path, max_tokens: int, k: int) -> dict[str, list[str]]:
                       "--requests", str(out / "reference.requests.jsonl"),
                       "--log", str(out / "reference.vt.log"),
                       "--meta", "engine=spectrace-reference", "--meta", "method=draft_model",
-                      "--meta", f"engine_version={_version()}",
+                      "--meta", f"engine_version={spectrace_version()}",
                       "--meta", f"k={k}", "--meta", f"target_model={target}",
                       "--meta", f"draft_model={draft}", "--meta", f"tokenizer={target}",
                       "--meta", 'sampling={"temperature": 0.0}', "--",

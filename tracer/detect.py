@@ -86,6 +86,7 @@ class TraceData:
                    flat, start, length)
 
     def req_id(self, block: int) -> str:
+        """Request id of block row ``block``."""
         return self.t.requests.req_id[int(self.t.blocks.request[block])]
 
     def at(self, block: int) -> dict:
@@ -142,6 +143,7 @@ def degenerate(td: TraceData, dec: Decoder | None) -> list[tuple[int, int, int]]
 
 def degenerate_finding(td: TraceData, loops: list, dec: Decoder | None,
                        severity: str, why: str) -> Finding | None:
+    """The degenerate_output finding for ``loops`` (list of (request, loop start position, period)) at ``severity``, or None when there are none."""
     if not loops:
         return None
     r = td.t.requests
@@ -452,6 +454,7 @@ class PairData:
             self.trusted = np.ones(len(self.exact), bool)
 
     def at(self, x: int) -> dict:
+        """Location fields (request, position) of paired block ``x`` on our side."""
         return self.oa.at(int(self.al.ia[x]))
 
 

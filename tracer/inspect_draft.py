@@ -212,11 +212,6 @@ def target_layer_types(t: dict) -> list[str] | None:
     return None
 
 
-def _fmt_ids(ids) -> str:
-    ids = list(ids)
-    return "[" + ", ".join(str(int(i)) for i in ids[:8]) + (", ..." if len(ids) > 8 else "") + "]"
-
-
 # --------------------------------------------------------------------------------------------
 # the checks
 # --------------------------------------------------------------------------------------------

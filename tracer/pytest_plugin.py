@@ -26,6 +26,7 @@ _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
 def pytest_addoption(parser) -> None:
+    """Adds ``--spectrace-regen`` (rewrite golden traces)."""
     group = parser.getgroup("spectrace")
     group.addoption("--spectrace-regen", action="store_true", default=False,
                     help="rewrite spectrace golden traces (the tests still fail once)")

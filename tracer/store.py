@@ -38,7 +38,8 @@ class TraceWarning(UserWarning):
     """A recoverable problem with a trace file (e.g. a ``.partial`` file of a dead writer)."""
 
 
-def _version() -> str:
+def spectrace_version() -> str:
+    """The installed spectrace version ("unknown" in a source checkout on sys.path)."""
     try:
         from importlib.metadata import version
 
@@ -116,7 +117,7 @@ class TraceWriter:
         f.attrs["format"] = schema.FORMAT
         f.attrs["format_version"] = schema.FORMAT_VERSION
         f.attrs["status"] = schema.STATUS_RECORDING
-        f.attrs["writer"] = f"spectrace {_version()}"
+        f.attrs["writer"] = f"spectrace {spectrace_version()}"
         f.attrs["created_utc"] = _dt.datetime.now(_dt.timezone.utc).isoformat(
             timespec="seconds")
         self._write_meta()
@@ -701,19 +702,20 @@ class Trace:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _add_unknown_requests(self, arr: np.ndarray, missing: np.ndarray) -> None:
-        # Remap dangling request indices to placeholder request rows at the end.
-        for idx in np.unique(arr[missing]):
-            if int(idx) in self._unknown:  # seen before (windowed reads): same placeholder
-                arr[arr == idx] = self._unknown[int(idx)]
-                continue
-            new = len(self.requests.req_id)
-            self._unknown[int(idx)] = new
-            self.requests.req_id.append(f"?{idx}")
-            self.requests.prompt_ids.append(np.zeros(0, np.int32))
-            self.requests.output_ids.append(np.zeros(0, np.int32))
-            self.requests.finish_reason.append("unfinished")
-            self.requests.file = np.append(self.requests.file, -1)
-            arr[arr == idx] = new
+        # Remap dangling request indices to placeholder request rows at the end (the same
+        # placeholder when windowed reads see an index again), in one pass over the column.
+        dangling, inverse = np.unique(arr[missing], return_inverse=True)
+        target = np.empty(len(dangling), arr.dtype)
+        for j, idx in enumerate(dangling.tolist()):
+            if idx not in self._unknown:
+                self._unknown[idx] = len(self.requests.req_id)
+                self.requests.req_id.append(f"?{idx}")
+                self.requests.prompt_ids.append(np.zeros(0, np.int32))
+                self.requests.output_ids.append(np.zeros(0, np.int32))
+                self.requests.finish_reason.append("unfinished")
+                self.requests.file = np.append(self.requests.file, -1)
+            target[j] = self._unknown[idx]
+        arr[missing] = target[inverse]
 
     def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` of block column ``name`` without loading the whole column.
