@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .metrics import block_order, chunks
 from .store import Trace
 
 #: Divergence position meaning "the sequences agree on their common length".
@@ -115,13 +116,35 @@ def first_difference(x: np.ndarray, y: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else NO_DIVERGENCE
 
 
-def _block_keys(pair_of_block: np.ndarray, position: np.ndarray, comparable: np.ndarray,
-                stride: int) -> tuple[np.ndarray, np.ndarray]:
-    idx = np.flatnonzero(comparable)
-    keys = pair_of_block[idx] * stride + position[idx].astype(np.int64)
-    # One block per (pair, position): a re-prefill can repeat a position; keep the first.
-    keys, first = np.unique(keys, return_index=True)
-    return keys, idx[first]
+def _pair_blocks(a: Trace, b: Trace, pob_a: np.ndarray, comp_a: np.ndarray,
+                 comp_b: np.ndarray, req_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Paired block indices ``(ia, ib)``, sorted by (pair, position).
+
+    Our comparable blocks in (request, position) order are in (pair, position) order (pairs
+    are numbered in our request order); each is looked up by (their request, position) in
+    their sorted keys. A re-prefill can repeat a position: the first block of each
+    (request, position) is used on both sides.
+    """
+    order_a, keys_a, _, _ = block_order(a)
+    order_b, keys_b, stride_b, pmin_b = block_order(b)
+    sel = comp_a[order_a]
+    ia, ka = order_a[sel], keys_a[sel]
+    if len(ka):
+        first = np.empty(len(ka), bool)
+        first[0] = True
+        np.not_equal(ka[1:], ka[:-1], out=first[1:])
+        ia = ia[first]
+    pos = a.blocks.position[ia].astype(np.int64) - pmin_b
+    q = req_b[pob_a[ia]] * stride_b + pos
+    x = np.minimum(np.searchsorted(keys_b, q), max(len(keys_b) - 1, 0))
+    hit = (pos >= 0) & (pos < stride_b)
+    if len(keys_b):
+        hit &= keys_b[x] == q
+    else:
+        hit[:] = False
+    ib = order_b[x[hit]]
+    ok = comp_b[ib]  # comparability depends on (pair, position) only: a safety net
+    return ia[hit][ok], ib[ok]
 
 
 def align(a: Trace, b: Trace) -> Alignment:
@@ -148,13 +171,9 @@ def align(a: Trace, b: Trace) -> Alignment:
 
     pob_a = _pair_of_block(a, req_a)
     pob_b = _pair_of_block(b, req_b)
-    pos_a, pos_b = a.blocks.position.astype(np.int64), b.blocks.position.astype(np.int64)
-    comp_a = _comparable(pob_a, pos_a, divergence, common_len, known)
-    comp_b = _comparable(pob_b, pos_b, divergence, common_len, known)
-    stride = int(max(pos_a.max(initial=0), pos_b.max(initial=0))) + 2
-    ka, ia_idx = _block_keys(pob_a, pos_a, comp_a, stride)
-    kb, ib_idx = _block_keys(pob_b, pos_b, comp_b, stride)
-    _, xa, xb = np.intersect1d(ka, kb, assume_unique=True, return_indices=True)
+    comp_a = _comparable(pob_a, a.blocks.position, divergence, common_len, known)
+    comp_b = _comparable(pob_b, b.blocks.position, divergence, common_len, known)
+    ia, ib = _pair_blocks(a, b, pob_a, comp_a, comp_b, req_b)
     return Alignment(
         a=a, b=b, req_a=req_a, req_b=req_b, matched_by=matched_by,
         unmatched_a=np.setdiff1d(np.arange(len(a.requests)), req_a),
@@ -162,7 +181,7 @@ def align(a: Trace, b: Trace) -> Alignment:
         divergence=divergence, content_known=known, common_len=common_len,
         pair_of_block_a=pob_a, pair_of_block_b=pob_b,
         comparable_a=comp_a, comparable_b=comp_b,
-        ia=ia_idx[xa], ib=ib_idx[xb])
+        ia=ia, ib=ib)
 
 
 def _pair_of_block(t: Trace, req: np.ndarray) -> np.ndarray:
@@ -177,8 +196,10 @@ def _comparable(pob: np.ndarray, pos: np.ndarray, divergence: np.ndarray,
     # Before the divergence, and with at least one token after the anchor on both sides: a
     # request's final proposal (drafted after the last token, never verified) compares with
     # nothing.
-    ok = pob >= 0
     out = np.zeros(len(pob), bool)
-    p = pob[ok]
-    out[ok] = (pos[ok] < divergence[p]) & (~known[p] | (pos[ok] < common_len[p] - 1))
+    # Per pair: the first position that is no longer comparable.
+    limit = np.where(known, np.minimum(divergence, common_len - 1), divergence)
+    limit = np.append(limit, np.iinfo(np.int64).min)  # pair -1 (unmatched): nothing is
+    for c in chunks(len(pob)):
+        out[c] = pos[c] < limit[pob[c]]
     return out

@@ -10,6 +10,7 @@ tables (thousands of rows, not millions).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +18,7 @@ import numpy as np
 from .align import NO_DIVERGENCE, Alignment
 from . import schema
 from .findings import Finding, sort_findings
-from .metrics import drafts_checked, memo, recompute_accepted, sequence_index
+from .metrics import block_order, chunks, drafts_checked, memo, recompute_accepted, sequence_index
 from .store import Trace
 from .tokens import Decoder, show
 
@@ -70,16 +71,15 @@ class TraceData:
         for col in ("anchor", "k", "proposed", "num_verified", "verified", "accepted",
                     "num_emitted", "batch_row", "batch_size"):
             getattr(b, col)  # read here, so that prepare() overlaps both sides' reads
-        req, pos = b.request.astype(np.int64), b.position.astype(np.int64)
-        stride = int(pos.max(initial=0)) + 2
-        order = np.argsort(req * stride + pos, kind="stable")
-        n = len(req)
+        order = block_order(t)[0]
+        n = len(order)
         last, prev = np.zeros(n, bool), np.full(n, -1, np.int64)
         if n:
-            rs = req[order]
-            same_next = np.r_[rs[1:] == rs[:-1], False]
-            last[order[~same_next]] = True
-            prev[order[1:][rs[1:] == rs[:-1]]] = order[:-1][rs[1:] == rs[:-1]]
+            rs = b.request[order]
+            same = rs[1:] == rs[:-1]  # order[i + 1] continues order[i]'s request
+            last[order[:-1][~same]] = True
+            last[order[-1]] = True
+            prev[order[1:][same]] = order[:-1][same]
         ids, nchecked = drafts_checked(t)
         flat, start, length = sequence_index(t)
         return cls(t, side, ids, nchecked, recompute_accepted(t), order, last, prev,
@@ -130,11 +130,32 @@ def find_loop(ids: np.ndarray) -> tuple[int, int] | None:
     return None
 
 
+def loop_candidates(td: TraceData) -> np.ndarray:
+    """Requests whose output tail is periodic over the length :func:`find_loop` demands for
+    some period (a necessary condition, tested for all requests at once per period).
+
+    Returns:
+        int64 request indices, ascending.
+    """
+    r = td.t.requests
+    out_len = np.fromiter((len(o) for o in r.output_ids), np.int64, len(r))
+    end = td.start + td.length - 1  # last output token in td.flat
+    cand = np.zeros(len(r), bool)
+    for p in range(1, LOOP_MAX_PERIOD + 1):
+        need = max(LOOP_MIN_TOKENS, 3 * p)  # tail tokens a loop of period p covers
+        idx = np.flatnonzero((out_len >= need) & (td.length > 0) & ~cand)
+        idx = idx[td.flat[end[idx]] == td.flat[end[idx] - p]]
+        if len(idx):
+            tail = end[idx, None] - np.arange(need - p)
+            cand[idx[(td.flat[tail] == td.flat[tail - p]).all(axis=1)]] = True
+    return np.flatnonzero(cand)
+
+
 def degenerate(td: TraceData, dec: Decoder | None) -> list[tuple[int, int, int]]:
     """Requests whose output ends in a loop: list of ``(request, loop_start_pos, period)``."""
     r = td.t.requests
     out = []
-    for i in range(len(r)):
+    for i in loop_candidates(td).tolist():
         loop = find_loop(r.output_ids[i])
         if loop:
             out.append((i, int(len(r.prompt_ids[i]) + loop[0]), int(loop[1])))
@@ -163,37 +184,41 @@ def degenerate_finding(td: TraceData, loops: list, dec: Decoder | None,
                             for j, s, p in loops[:10]]})
 
 
+def _token_at(td: TraceData, req: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """int64 [n] the token of request ``req`` at position ``pos`` (-1 outside the sequence)."""
+    length = td.length[req]
+    ok = (pos >= 0) & (pos < length)
+    out = np.full(len(req), -1, np.int64)
+    out[ok] = td.flat[td.start[req[ok]] + pos[ok]]
+    return out
+
+
 def anchor_consistency(td: TraceData) -> Finding | None:
     """anchor_shift within a trace: the recorded anchor is not the sequence at its position."""
     b = td.t.blocks
-    req = b.request.astype(np.int64)
-    pos = b.position.astype(np.int64)
-    known = (td.length[req] > 0) & (b.anchor >= 0) & (pos >= 0) & (pos < td.length[req])
-    if known.sum() < MIN_BLOCKS:
+    n = len(b)
+    known, bad = np.zeros(n, bool), np.zeros(n, bool)
+    for c in chunks(n):
+        req, anchor, pos = b.request[c], b.anchor[c], b.position[c].astype(np.int64)
+        known[c] = (anchor >= 0) & (pos >= 0) & (pos < td.length[req])
+        bad[c] = known[c] & (_token_at(td, req, pos) != anchor)
+    nknown, nbad = int(known.sum()), int(bad.sum())
+    if nknown < MIN_BLOCKS or nbad < SYSTEMATIC * nknown or nbad < MIN_BLOCKS:
         return None
-    truth = np.full(len(pos), -1, np.int64)
-    truth[known] = td.flat[td.start[req[known]] + pos[known]]
-    bad = known & (truth != b.anchor)
-    if bad.mean() < SYSTEMATIC * known.mean() or bad.sum() < MIN_BLOCKS:
-        return None
-    shifts = {}
-    for s in range(-4, 5):
-        if s == 0:
-            continue
-        q = pos + s
-        ok = known & (q >= 0) & (q < td.length[req])
-        hit = np.zeros(len(pos), bool)
-        hit[ok] = td.flat[td.start[req[ok]] + q[ok]] == b.anchor[ok]
-        shifts[s] = float(hit[bad].mean())
+    # Which neighbouring position holds the recorded anchor, over the bad blocks only.
+    idx = np.flatnonzero(bad)
+    req, pos, anchor = b.request[idx], b.position[idx].astype(np.int64), b.anchor[idx]
+    shifts = {s: float((_token_at(td, req, pos + s) == anchor).mean())
+              for s in range(-4, 5) if s != 0}
     best = max(shifts, key=shifts.get)
-    first = int(np.flatnonzero(bad)[0])
+    first = int(idx[0])
     shift_txt = (f"; the anchor is the token at position{best:+d} in {_pct(shifts[best])}"
                  if shifts[best] >= SYSTEMATIC else "")
     return Finding(
         "anchor_shift", "error", side=td.side, **td.at(first),
         message=(f"{td.side}: the recorded anchor is not the sequence's token at the anchor "
-                 f"position in {int(bad.sum())} of {int(known.sum())} blocks{shift_txt}"),
-        evidence={"blocks": int(bad.sum()), "checked": int(known.sum()),
+                 f"position in {nbad} of {nknown} blocks{shift_txt}"),
+        evidence={"blocks": nbad, "checked": nknown,
                   "shift": best if shifts[best] >= SYSTEMATIC else None,
                   "shift_rates": {str(k): v for k, v in shifts.items()}})
 
@@ -201,8 +226,9 @@ def anchor_consistency(td: TraceData) -> Finding | None:
 def verified_vs_proposed(td: TraceData, dec: Decoder | None) -> Finding | None:
     """verified_differs: what the target consumed is not what the drafter produced."""
     b = td.t.blocks
-    if b.proposed.shape == b.verified.shape and np.array_equal(b.proposed, b.verified):
-        return None  # the common case, in one pass
+    if b.verified is b.proposed or (b.proposed.shape == b.verified.shape
+                                    and np.array_equal(b.proposed, b.verified)):
+        return None  # the common case: the store said so, or one pass
     nv = b.num_verified.astype(np.int64)
     w = min(b.proposed.shape[1], b.verified.shape[1])
     slots = np.arange(w)
@@ -245,12 +271,15 @@ def constant_rate(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
 
 def _constant_rate(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
     b = td.t.blocks
-    p = b.proposed
-    elig = b.k >= 2
-    same = p == p[:, :1]
-    if not (b.k == p.shape[1]).all():  # padded slots count as equal
-        same |= np.arange(p.shape[1]) >= b.k[:, None]
-    return elig & same.all(axis=1), elig
+    p, k = b.proposed, b.k
+    elig = k >= 2
+    const = np.zeros(len(k), bool)
+    slots = np.arange(p.shape[1])
+    for c in chunks(len(k)):
+        same = p[c] == p[c, :1]
+        same |= slots >= k[c, None]  # padded slots count as equal
+        const[c] = same.all(axis=1)
+    return elig & const, elig
 
 
 def constant_drafts(td: TraceData, ref: TraceData | None, dec: Decoder | None) -> Finding | None:
@@ -288,19 +317,25 @@ def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) 
         int64 block indices (the block after each such gap).
     """
     b = td.t.blocks
-    prev = td.prev
-    has = (prev >= 0) & (b.accepted[np.maximum(prev, 0)] >= 0)
-    pv = np.maximum(prev, 0)
-    expected = b.position[pv].astype(np.int64) + b.accepted[pv] + 1
-    gap = has & (b.position.astype(np.int64) > expected)
     pob = al.pair_of_block_a if side_a else al.pair_of_block_b
     rpob = al.pair_of_block_b if side_a else al.pair_of_block_a
     rcomp = al.comparable_b if side_a else al.comparable_a
-    idx = np.flatnonzero(gap & (pob >= 0))
+    gaps, exp = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for c in chunks(len(b)):
+        pv = td.prev[c]
+        has = pv >= 0
+        pv = np.maximum(pv, 0)
+        acc = b.accepted[pv]
+        expected = b.position[pv].astype(np.int64) + acc + 1
+        gap = np.flatnonzero(has & (acc >= 0) & (b.position[c] > expected) & (pob[c] >= 0))
+        gaps.append(gap + c.start)
+        exp.append(expected[gap])
+    idx, expected = np.concatenate(gaps), np.concatenate(exp)
     if not len(idx):
         return idx
-    stride = int(max(b.position.max(initial=0), ref.t.blocks.position.max(initial=0))) + 2
-    want = pob[idx] * stride + expected[idx]
+    stride = int(max(b.position.max(initial=0), ref.t.blocks.position.max(initial=0),
+                     expected.max())) + 2
+    want = pob[idx] * stride + expected
     have = rpob[rcomp] * stride + ref.t.blocks.position[rcomp].astype(np.int64)
     return idx[np.isin(want, have)]
 
@@ -347,18 +382,20 @@ def unverified(td: TraceData, skipped: np.ndarray | None = None) -> Finding | No
 def bookkeeping(td: TraceData) -> Finding | None:
     """acceptance_bookkeeping: recorded accepted counts disagree with the emitted stream."""
     b = td.t.blocks
-    rec, rc = b.accepted.astype(np.int64), td.recomputed.astype(np.int64)
-    known = (rec >= 0) & (rc >= 0)
-    # Where the recorded emission runs past the end of the stored output (trimmed at
-    # max_tokens or a stop), the recomputed count can only undercount.
-    req = b.request.astype(np.int64)
-    trimmed = b.position.astype(np.int64) + 1 + rec >= td.length[req]
-    bad = known & (rc != rec) & ~(trimmed & (rc < rec))
-    ne = b.num_emitted.astype(np.int64)
-    bad_emit = (ne >= 0) & (rec >= 0) & (ne != rec + 1) & ~trimmed
-    bad = bad | bad_emit
+    n = len(b)
+    known, bad, bad_emit = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
+    for c in chunks(n):
+        rec, rc = b.accepted[c].astype(np.int64), td.recomputed[c]
+        known[c] = (rec >= 0) & (rc >= 0)
+        # Where the recorded emission runs past the end of the stored output (trimmed at
+        # max_tokens or a stop), the recomputed count can only undercount.
+        trimmed = b.position[c] + 1 + rec >= td.length[b.request[c]]
+        ne = b.num_emitted[c]
+        bad_emit[c] = (ne >= 0) & (rec >= 0) & (ne != rec + 1) & ~trimmed
+        bad[c] = (known[c] & (rc != rec) & ~(trimmed & (rc < rec))) | bad_emit[c]
     if not bad.any():
         return None
+    rec, rc = b.accepted.astype(np.int64), td.recomputed.astype(np.int64)
     first = int(np.flatnonzero(bad)[0])
     return Finding(
         "acceptance_bookkeeping", "error", side=td.side, **td.at(first),
@@ -429,22 +466,25 @@ class PairData:
     """Paired-block arrays shared by the pair detectors.
 
     Attributes:
-        pa, pb: int32 [P, w] proposals (ours, theirs), -1 padded; ka, kb: int64 [P].
-        eq, both: bool [P, w] slot equal / slot present on both sides.
+        ka, kb: int64 [P] proposal lengths (ours, theirs).
+        eq: bool [P, w] slot equal (and present on both sides); ``eq_count``,
+            ``both_count``: int64 [w] per-slot counts of equal / present on both sides.
         exact: bool [P]; anchor_eq: bool [P].
+        both: bool [P, w] slot present on both sides; pa, pb: int32 [P, w] paired
+            proposals (-1 padded); these three are built on first use: most detectors
+            decide from the counts alone.
     """
 
     al: Alignment
     oa: TraceData
     ob: TraceData
-    pa: np.ndarray
-    pb: np.ndarray
     ka: np.ndarray
     kb: np.ndarray
     eq: np.ndarray
-    both: np.ndarray
     exact: np.ndarray
     anchor_eq: np.ndarray
+    eq_count: np.ndarray
+    both_count: np.ndarray
     #: bool [P]: our proposal is the drafter's own output, or nothing says otherwise. False
     #: for blocks whose "proposal" only copies verified ids when verified ids are corrupted.
     trusted: np.ndarray | None = None
@@ -452,6 +492,33 @@ class PairData:
     def __post_init__(self) -> None:
         if self.trusted is None:
             self.trusted = np.ones(len(self.exact), bool)
+
+    @functools.cached_property
+    def both(self) -> np.ndarray:
+        """bool [P, w]: slot j present on both sides."""
+        return np.arange(self.eq.shape[1]) < np.minimum(self.ka, self.kb)[:, None]
+
+    @functools.cached_property
+    def pa(self) -> np.ndarray:
+        """int32 [P, w] our paired proposals."""
+        return self._paired(self.al.a.blocks.proposed, self.al.ia)
+
+    @functools.cached_property
+    def pb(self) -> np.ndarray:
+        """int32 [P, w] their paired proposals."""
+        return self._paired(self.al.b.blocks.proposed, self.al.ib)
+
+    def _paired(self, prop: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        w = self.eq.shape[1]
+        m = prop[idx]
+        return m[:, :w] if m.shape[1] >= w else np.pad(
+            m, ((0, 0), (0, w - m.shape[1])), constant_values=schema.PAD)
+
+    def example(self, x: int, dec: Decoder | None) -> dict:
+        """Both proposals of paired block ``x`` (ids, decoded when ``dec`` is given)."""
+        a, b = int(self.al.ia[x]), int(self.al.ib[x])
+        return {"ours": _tok(dec, self.al.a.blocks.proposed[a, :self.ka[x]]),
+                "theirs": _tok(dec, self.al.b.blocks.proposed[b, :self.kb[x]])}
 
     def at(self, x: int) -> dict:
         """Location fields (request, position) of paired block ``x`` on our side."""
@@ -482,8 +549,8 @@ def layout_shift(pd: PairData, dec: Decoder | None) -> Finding | None:
     P = len(pd.exact)
     if P < MIN_BLOCKS:
         return None
-    w = pd.pa.shape[1]
-    base = float(pd.eq.sum() / max(pd.both.sum(), 1))
+    w = pd.eq.shape[1]
+    base = float(pd.eq_count.sum() / max(pd.both_count.sum(), 1))
     if base >= 0.45:  # no shift can then reach 2 x base + 0.05 while ours[i] == theirs[i]
         return None
     # A block of one repeated id "agrees" with any shift: leave those to constant_drafts.
@@ -510,8 +577,7 @@ def layout_shift(pd: PairData, dec: Decoder | None) -> Finding | None:
                  f"theirs[i] in {_pct(base)} (the N vs 1+N anchor layout, sample_from_anchor)"),
         evidence={"shift": s, "rate": rate, "slot_pairs": n, "same_slot_rate": base,
                   "paired_blocks": P, "rates": {str(k): v[0] for k, v in rates.items()},
-                  "example": {"ours": _tok(dec, pd.pa[first, :pd.ka[first]]),
-                              "theirs": _tok(dec, pd.pb[first, :pd.kb[first]])}})
+                  "example": pd.example(first, dec)})
 
 
 def anchor_pairs(pd: PairData, dec: Decoder | None) -> Finding | None:
@@ -553,9 +619,10 @@ def functional_map(src: np.ndarray, dst: np.ndarray) -> tuple[float, int]:
 def vocab_pairs(pd: PairData, dec: Decoder | None) -> Finding | None:
     """vocab_mapping across traces: ours ids are a fixed function of theirs (offset, factor,
     permutation) on slots where they differ."""
-    diff = pd.both & ~pd.eq
-    if diff.sum() < 20 or diff.sum() < SYSTEMATIC * pd.both.sum():
+    ndiff = int(pd.both_count.sum() - pd.eq_count.sum())
+    if ndiff < 20 or ndiff < SYSTEMATIC * pd.both_count.sum():
         return None
+    diff = pd.both & ~pd.eq
     o, t = pd.pa[diff].astype(np.int64), pd.pb[diff].astype(np.int64)
     share, n = functional_map(t, o)
     if n < 20 or share < 0.9 or len(np.unique(t)) < 5:
@@ -584,8 +651,7 @@ def vocab_pairs(pd: PairData, dec: Decoder | None) -> Finding | None:
         message=(f"ours relate to theirs by {relation} on {_pct(share)} of {int(diff.sum())} "
                  f"differing slots: a reduced-vocabulary (d2t/t2d) mapping is missing, applied "
                  f"twice or regenerated (ours ids reach {below}, theirs {int(t.max())})"),
-        evidence=ev | {"example": {"ours": _tok(dec, pd.pa[first, :pd.ka[first]]),
-                                   "theirs": _tok(dec, pd.pb[first, :pd.kb[first]])}})
+        evidence=ev | {"example": pd.example(first, dec)})
 
 
 def k_pairs(pd: PairData) -> Finding | None:
@@ -610,12 +676,12 @@ def k_pairs(pd: PairData) -> Finding | None:
 
 def depth(pd: PairData) -> Finding | None:
     """depth_divergence: slot 0 agrees, deeper slots do not (the multi-step loop is broken)."""
-    both = pd.both.sum(axis=0)
-    agree = pd.eq.sum(axis=0) / np.maximum(both, 1)
+    both = pd.both_count
+    agree = pd.eq_count / np.maximum(both, 1)
     if len(agree) < 2 or both[0] < MIN_BLOCKS or agree[0] < 0.9:
         return None
     # Conditional on slot 0 agreeing, how often does slot 1 agree?
-    s0 = pd.eq[:, 0] & pd.both[:, 1]
+    s0 = pd.eq[:, 0] & (np.minimum(pd.ka, pd.kb) > 1)
     if s0.sum() < MIN_BLOCKS:
         return None
     cond1 = float(pd.eq[s0, 1].mean())
@@ -689,19 +755,18 @@ def mismatch(pd: PairData, dec: Decoder | None) -> Finding | None:
     P = len(bad)
     rate = float(bad.mean())
     first = int(np.flatnonzero(bad)[0])
-    slot0 = float((pd.both[:, 0] & ~pd.eq[:, 0])[bad].mean())
+    slot0 = float(((np.minimum(pd.ka, pd.kb) > 0) & ~pd.eq[:, 0])[bad].mean())
     sev = "error" if rate >= MISMATCH_ERROR_RATE else "warning"
     tie = "" if sev == "error" else " (few: possibly numerical near-ties)"
-    slot = int(np.flatnonzero(~pd.eq[first] & pd.both[first])[0]) if (
-        ~pd.eq[first] & pd.both[first]).any() else None
+    differs = ~pd.eq[first] & (np.arange(pd.eq.shape[1]) < min(pd.ka[first], pd.kb[first]))
+    slot = int(np.flatnonzero(differs)[0]) if differs.any() else None
     return Finding(
         "draft_mismatch", sev, side="ours", slot=slot, **pd.at(first),
         message=(f"proposals differ at matched anchors in {int(bad.sum())} of {P} paired blocks "
                  f"({_pct(rate)}), from slot 0 in {_pct(slot0)} of them, with no shift or "
                  f"mapping pattern{tie}"),
         evidence={"blocks": int(bad.sum()), "paired": P, "rate": rate, "from_slot0": slot0,
-                  "example": {"ours": _tok(dec, pd.pa[first, :pd.ka[first]]),
-                              "theirs": _tok(dec, pd.pb[first, :pd.kb[first]])}})
+                  "example": pd.example(first, dec)})
 
 
 def content(al: Alignment, oa: TraceData, ob: TraceData, dec: Decoder | None) -> Finding | None:

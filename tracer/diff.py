@@ -16,8 +16,8 @@ import numpy as np
 from .align import NO_DIVERGENCE, Alignment
 from .detect import detect_pair, prepare
 from .findings import Finding
-from .metrics import (CONVENTIONS, acceptance, drafts_checked, leading_true,
-                      recompute_accepted)
+from .metrics import (CONVENTIONS, acceptance_from_histogram, acceptance_histogram, chunks,
+                      drafts_checked, leading_true, recompute_accepted)
 from .store import Trace
 
 SCHEMA = "spectrace.diff/1"
@@ -38,6 +38,8 @@ class DiffResult:
     diverged: bool
     reasons: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    #: bool [P]: paired block whose anchor or proposal differs (not in the JSON).
+    bad: np.ndarray | None = None
 
     def to_json(self) -> dict:
         """The ``spectrace.diff/1`` document (JSON-serialisable)."""
@@ -74,28 +76,51 @@ def _padded(mat: np.ndarray, w: int) -> np.ndarray:
     return np.pad(mat, ((0, 0), (0, w - mat.shape[1])), constant_values=-1)
 
 
-def slot_agreement(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray) -> dict:
-    """Compare paired proposals slot by slot.
+def slot_agreement(prop_a: np.ndarray, prop_b: np.ndarray, ia: np.ndarray, ib: np.ndarray,
+                   ka: np.ndarray, kb: np.ndarray) -> dict:
+    """Compare paired proposals slot by slot (chunked over the paired blocks).
 
     Args:
-        pa, pb: int32 [P, w] proposals of the paired blocks (-1 padded).
-        ka, kb: int [P] proposal lengths (tokens).
+        prop_a, prop_b: int32 [blocks, w_a] / [blocks, w_b] proposal matrices (-1 padded).
+        ia, ib: int [P] paired block indices into them.
+        ka, kb: int [P] proposal lengths of the paired blocks (tokens).
     Returns:
-        dict with ``eq`` bool [P, w] (slot j equal, both present), ``both`` bool [P, w]
-        (slot j present on both sides), ``exact`` bool [P] (same k and all slots equal),
-        ``prefix`` int64 [P] (common-prefix length), and the shift agreements
-        ``shift_plus``/``shift_minus`` [P, w-1] (ours[j] == theirs[j+1] / ours[j+1] == theirs[j]).
+        dict with ``eq`` bool [P, w] (slot j equal and present on both sides), ``exact``
+        bool [P] (same k and all slots equal), ``prefix`` int16 [P] (common-prefix length),
+        per-slot counts ``eq_count`` and ``both_count`` int64 [w] (blocks with slot j
+        present on both sides), and the shift agreements ``shift_plus``/``shift_minus``
+        int64 [w-1] (blocks with ours[j] == theirs[j+1] / ours[j+1] == theirs[j], both
+        present) over ``both_shift`` [w-1] (blocks with slots j and j+1 present on both).
+        w is the wider of the two matrices.
     """
-    w = pa.shape[1]
-    slots = np.arange(w)
-    both = (slots < np.minimum(ka, kb)[:, None])
-    eq = both & (pa == pb)
-    exact = (ka == kb) & (eq.sum(axis=1) == ka)
-    prefix = leading_true(eq)
-    both_sh = both[:, 1:]
-    return {"eq": eq, "both": both, "exact": exact, "prefix": prefix,
-            "shift_plus": both_sh & (pa[:, :-1] == pb[:, 1:]),
-            "shift_minus": both_sh & (pa[:, 1:] == pb[:, :-1])}
+    w = max(prop_a.shape[1], prop_b.shape[1])
+    P = len(ia)
+    eq_all, prefix = np.empty((P, w), bool), np.empty(P, np.int16)
+    eq_count = np.zeros(w, np.int64)
+    plus, minus = np.zeros(max(w - 1, 0), np.int64), np.zeros(max(w - 1, 0), np.int64)
+    kmin_all = np.minimum(ka, kb)
+    for c in chunks(P):
+        pa, pb = _padded(prop_a[ia[c]], w), _padded(prop_b[ib[c]], w)
+        kmin, eq = kmin_all[c], eq_all[c]
+        alive, pref = np.ones(len(kmin), bool), np.zeros(len(kmin), np.int16)
+        # Slot-major: 1-D passes count fast, where axis reductions over w=8 columns crawl.
+        for j in range(w):
+            e = pa[:, j] == pb[:, j]
+            e &= kmin > j
+            eq[:, j] = e
+            eq_count[j] += np.count_nonzero(e)
+            alive &= e
+            pref += alive
+            if j + 1 < w:
+                both_next = kmin > j + 1
+                plus[j] += np.count_nonzero(both_next & (pa[:, j] == pb[:, j + 1]))
+                minus[j] += np.count_nonzero(both_next & (pa[:, j + 1] == pb[:, j]))
+        prefix[c] = pref
+    # Slots present on both sides: blocks whose shorter proposal reaches past slot j.
+    both_count = P - np.cumsum(np.bincount(np.maximum(kmin_all, 0), minlength=w + 1))[:w]
+    return {"eq": eq_all, "exact": (ka == kb) & (prefix == ka), "prefix": prefix,
+            "eq_count": eq_count, "both_count": both_count, "shift_plus": plus,
+            "shift_minus": minus, "both_shift": both_count[1:]}
 
 
 def _share(num: np.ndarray, den: np.ndarray) -> list:
@@ -118,10 +143,8 @@ def diff_traces(al: Alignment, examples: int = 5, decoder=None) -> DiffResult:
     prepare([(a, "ours"), (b, "theirs")])  # reads and derived columns, both sides at once
     ia, ib = al.ia, al.ib
     P = len(ia)
-    w = max(a.blocks.proposed.shape[1], b.blocks.proposed.shape[1])
-    pa, pb = _padded(a.blocks.proposed[ia], w), _padded(b.blocks.proposed[ib], w)
     ka, kb = a.blocks.k[ia].astype(np.int64), b.blocks.k[ib].astype(np.int64)
-    s = slot_agreement(pa, pb, ka, kb)
+    s = slot_agreement(a.blocks.proposed, b.blocks.proposed, ia, ib, ka, kb)
     anc_a, anc_b = a.blocks.anchor[ia], b.blocks.anchor[ib]
     anchor_known = (anc_a >= 0) & (anc_b >= 0)
     anchor_eq = ~anchor_known | (anc_a == anc_b)
@@ -135,10 +158,10 @@ def diff_traces(al: Alignment, examples: int = 5, decoder=None) -> DiffResult:
         "exact_match_rate": float(s["exact"].mean()) if P else None,
         "k_mismatches": int((ka != kb).sum()),
         "mean_common_prefix": float(s["prefix"].mean()) if P else None,
-        "per_position": _share(s["eq"].sum(0), s["both"].sum(0)),
-        "per_position_blocks": s["both"].sum(0).tolist(),
-        "shift_plus_one": _share(s["shift_plus"].sum(0), s["both"][:, 1:].sum(0)),
-        "shift_minus_one": _share(s["shift_minus"].sum(0), s["both"][:, 1:].sum(0)),
+        "per_position": _share(s["eq_count"], s["both_count"]),
+        "per_position_blocks": s["both_count"].tolist(),
+        "shift_plus_one": _share(s["shift_plus"], s["both_shift"]),
+        "shift_minus_one": _share(s["shift_minus"], s["both_shift"]),
     }
     na, nb = len(a.blocks), len(b.blocks)
     ca, cb = int(al.comparable_a.sum()), int(al.comparable_b.sum())
@@ -157,9 +180,10 @@ def diff_traces(al: Alignment, examples: int = 5, decoder=None) -> DiffResult:
         reasons.append(f"{int(bad.sum())} of {P} paired blocks differ")
     if P == 0 and na and nb:
         reasons.append("no comparable blocks: nothing could be paired")
-    found = detect_pair(al, {"pa": pa, "pb": pb, "ka": ka, "kb": kb, "eq": s["eq"],
-                             "both": s["both"], "exact": s["exact"],
-                             "anchor_eq": anchor_eq}, decoder)
+    found = detect_pair(al, {"ka": ka, "kb": kb, "eq": s["eq"],
+                             "exact": s["exact"], "anchor_eq": anchor_eq,
+                             "eq_count": s["eq_count"], "both_count": s["both_count"]},
+                        decoder)
     errors = [f for f in found if f.severity == "error"]
     if errors:
         reasons.insert(0, f"{len(errors)} error finding{'s' if len(errors) > 1 else ''}, "
@@ -167,21 +191,19 @@ def diff_traces(al: Alignment, examples: int = 5, decoder=None) -> DiffResult:
     return DiffResult(
         ours=_side(a), theirs=_side(b),
         requests=_requests(al), coverage=coverage, agreement=agreement,
-        acceptance=acc, content=_content(al), examples=_examples(al, pa, pb, ka, kb, s,
-                                                                 anchor_eq, bad, examples),
-        diverged=bool(reasons), reasons=reasons, findings=found)
+        acceptance=acc, content=_content(al), examples=_examples(al, ka, kb, s, anchor_eq,
+                                                                 bad, examples),
+        diverged=bool(reasons), reasons=reasons, findings=found, bad=bad)
 
 
 def _acceptance(t: Trace, comparable: np.ndarray, kmax: int) -> dict:
     _, checked = drafts_checked(t)
-    rec, recomp = t.blocks.accepted, recompute_accepted(t)
-    return {
-        "matched_content": {"recorded": acceptance(rec[comparable], checked[comparable], kmax),
-                            "recomputed": acceptance(recomp[comparable], checked[comparable],
-                                                     kmax)},
-        "all_content": {"recorded": acceptance(rec, checked, kmax),
-                        "recomputed": acceptance(recomp, checked, kmax)},
-    }
+    out: dict = {"matched_content": {}, "all_content": {}}
+    for name, acc in (("recorded", t.blocks.accepted), ("recomputed", recompute_accepted(t))):
+        h = acceptance_histogram(acc, checked, comparable, 2)  # group 1: matched content
+        out["matched_content"][name] = acceptance_from_histogram(h[1], kmax)
+        out["all_content"][name] = acceptance_from_histogram(h.sum(axis=0), kmax)
+    return out
 
 
 def _requests(al: Alignment) -> dict:
@@ -206,8 +228,9 @@ def _content(al: Alignment) -> list[dict]:
     return out
 
 
-def _examples(al: Alignment, pa, pb, ka, kb, s, anchor_eq, bad, n: int) -> list[dict]:
+def _examples(al: Alignment, ka, kb, s, anchor_eq, bad, n: int) -> list[dict]:
     out = []
+    pa, pb = al.a.blocks.proposed, al.b.blocks.proposed
     for x in np.flatnonzero(bad)[:n]:
         i, j = int(al.ia[x]), int(al.ib[x])
         first = np.flatnonzero(~s["eq"][x, :max(ka[x], kb[x])])
@@ -217,7 +240,7 @@ def _examples(al: Alignment, pa, pb, ka, kb, s, anchor_eq, bad, n: int) -> list[
             "position": int(al.a.blocks.position[i]),
             "anchor_ours": int(al.a.blocks.anchor[i]), "anchor_theirs": int(al.b.blocks.anchor[j]),
             "anchor_equal": bool(anchor_eq[x]),
-            "ours": pa[x, :ka[x]].tolist(), "theirs": pb[x, :kb[x]].tolist(),
+            "ours": pa[i, :ka[x]].tolist(), "theirs": pb[j, :kb[x]].tolist(),
             "first_differing_slot": int(first[0]) if len(first) else None,
         })
     return out

@@ -36,13 +36,39 @@ def sequence_index(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _sequence_index(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r = trace.requests
-    seqs = [np.concatenate([p, o]) if len(o) else np.zeros(0, np.int32)
-            for p, o in zip(r.prompt_ids, r.output_ids)]
-    length = np.array([len(s) for s in seqs], dtype=np.int64)
-    start = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64) if len(seqs) else \
-        np.zeros(0, np.int64)
-    flat = np.concatenate(seqs).astype(np.int32) if seqs else np.zeros(0, np.int32)
+    # One concatenate over [prompt0, output0, prompt1, ...]; unknown outputs contribute nothing.
+    parts, length = [], np.zeros(len(r), np.int64)
+    for i, (p, o) in enumerate(zip(r.prompt_ids, r.output_ids)):
+        if len(o):
+            parts += (p, o)
+            length[i] = len(p) + len(o)
+    start = np.zeros(len(r), np.int64)
+    np.cumsum(length[:-1], out=start[1:])
+    flat = np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros(0, np.int32)
     return flat, start, length
+
+
+def block_order(trace: Trace) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Blocks sorted by (request, position), ties in record order (memoised).
+
+    Returns:
+        ``(order, keys, stride, pmin)``: order int64 [blocks] block indices; keys int64
+        [blocks] the sorted keys ``request * stride + position - pmin``, so that
+        ``np.searchsorted(keys, key)`` finds a (request, position) in O(log n).
+    """
+    return memo(trace, "block_order", lambda: _block_order(trace))
+
+
+def _block_order(trace: Trace) -> tuple[np.ndarray, np.ndarray, int, int]:
+    b = trace.blocks
+    pos = b.position
+    pmin, pmax = (int(pos.min()), int(pos.max())) if len(pos) else (0, 0)
+    stride = pmax - pmin + 1
+    key = b.request.astype(np.int64) * stride
+    key += pos
+    key -= pmin
+    order = np.argsort(key, kind="stable")
+    return order, key[order], stride, pmin
 
 
 def drafts_checked(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
@@ -96,26 +122,83 @@ def leading_true(match: np.ndarray) -> np.ndarray:
     return np.where(match[np.arange(len(match)), first_false], match.shape[1], first_false)
 
 
+#: Rows per chunk of the block-wise loops: temporaries of a few MB stay in cache and are
+#: reused by the allocator, where whole-column temporaries (tens of MB) cost page faults.
+CHUNK = 1 << 18
+
+
+def chunks(n: int, size: int = CHUNK):
+    """Slices covering ``range(n)`` in steps of ``size`` rows."""
+    return (slice(i, min(i + size, n)) for i in range(0, n, size))
+
+
 def _recompute_accepted(trace: Trace) -> np.ndarray:
     b = trace.blocks
     flat, start, length = sequence_index(trace)
     ids, n = drafts_checked(trace)
-    req = b.request.astype(np.int64)
-    if len(req) == 0:
-        return np.zeros(0, np.int16)
-    w = ids.shape[1]
-    first = b.position.astype(np.int64) + 1                           # first target position
-    room = np.minimum(n, length[req] - first)                         # checkable slots
-    # Row i of the window view is flat[i : i + w]: one contiguous copy per block.
-    padded = np.concatenate([flat, np.full(w, -2, np.int32)])
-    windows = np.lib.stride_tricks.sliding_window_view(padded, w)
-    base = np.clip(start[req] + first, 0, len(padded) - w)
-    got = windows[base]
-    got[np.arange(w) >= room[:, None]] = -2  # never equal to a draft id or the -1 pad
-    out = leading_true(got == ids).astype(np.int16)
-    out[length[req] == 0] = -1
+    out = np.zeros(len(b), np.int16)
+    req_all, pos_all = b.request, b.position
+    for c in chunks(len(out)):
+        req, first = req_all[c], pos_all[c].astype(np.int64) + 1  # first target position
+        room = np.minimum(n[c], length[req] - first)                 # checkable slots
+        base = start[req] + first
+        o = out[c]
+        # Slot by slot over the blocks still matching: the work shrinks with the acceptance
+        # survival curve instead of touching all [n, w] cells.
+        alive = np.flatnonzero((room > 0) & (first >= 0))
+        idc = ids[c]
+        for j in range(ids.shape[1]):
+            if not len(alive):
+                break
+            alive = alive[flat[base[alive] + j] == idc[alive, j]]
+            o[alive] = j + 1
+            alive = alive[room[alive] > j + 1]
+        o[length[req] == 0] = -1
     out[(b.num_verified < 0) & (b.accepted < 0)] = -1  # never verified: nothing accepted
     return out
+
+
+def acceptance_histogram(accepted: np.ndarray, verified: np.ndarray,
+                         group: np.ndarray | None = None, groups: int = 1) -> np.ndarray:
+    """Count blocks per (group, accepted, verified) in one pass, chunked.
+
+    Args:
+        accepted: int [blocks] accepted drafts (negative: unknown).
+        verified: int [blocks] drafts verified per block (tokens; negative counts as 0).
+        group: int [blocks] in ``0..groups-1`` (e.g. a bool mask), or None for one group.
+    Returns:
+        int64 [groups, A + 2, V + 1] where A, V are the largest accepted and verified
+        counts; axis 1 is ``accepted + 1`` (index 0: unknown), axis 2 is ``verified``.
+    """
+    A = max(int(accepted.max(initial=0)), 0) + 2
+    V = max(int(verified.max(initial=0)), 0) + 1
+    hist = np.zeros(groups * A * V, np.int64)
+    for c in chunks(len(accepted)):
+        key = (np.maximum(accepted[c], -1).astype(np.int32) + 1) * V + np.maximum(verified[c], 0)
+        if group is not None:
+            key += group[c].astype(np.int32) * (A * V)
+        hist += np.bincount(key, minlength=len(hist))
+    return hist.reshape(groups, A, V)
+
+
+def acceptance_from_histogram(hist: np.ndarray, kmax: int) -> dict:
+    """:func:`acceptance` figures of one group of :func:`acceptance_histogram` ([A+2, V+1])."""
+    known = hist[1:]                                   # accepted >= 0
+    by_acc = known.sum(axis=1)                         # blocks per accepted count
+    nblk = int(by_acc.sum())
+    tot_acc = int((np.arange(len(by_acc)) * by_acc).sum())
+    tot_ver = int((np.arange(known.shape[1]) * known.sum(axis=0)).sum())
+    # Survival curve: blocks with accepted > i = total - blocks with accepted <= i.
+    cum = np.cumsum(by_acc)
+    above = [nblk - int(cum[min(i, len(cum) - 1)]) for i in range(kmax)]
+    return {
+        "blocks": nblk,
+        "verified_tokens": tot_ver,
+        "accepted_tokens": tot_acc,
+        "acceptance_rate": tot_acc / tot_ver if tot_ver else None,
+        "mean_acceptance_length": 1 + tot_acc / nblk if nblk else None,
+        "per_position": [(float(x / nblk) if nblk else None) for x in above],
+    }
 
 
 def acceptance(accepted: np.ndarray, verified: np.ndarray, kmax: int | None = None) -> dict:
@@ -124,30 +207,17 @@ def acceptance(accepted: np.ndarray, verified: np.ndarray, kmax: int | None = No
     Args:
         accepted: int [blocks] accepted drafts; blocks with -1 (unknown) are left out.
         verified: int [blocks] drafts verified per block (tokens).
-        kmax: slots for the per-position curve (default: max verified).
+        kmax: slots for the per-position curve (default: max verified of known blocks).
     Returns:
         dict with ``blocks``, ``verified_tokens``, ``accepted_tokens``, ``acceptance_rate``
         (accepted/verified or None), ``mean_acceptance_length`` (1 + accepted/blocks or
         None) and ``per_position`` (list of kmax shares of blocks with accepted > i).
     """
-    known = accepted >= 0
-    acc = accepted[known].astype(np.int64)
-    ver = np.maximum(verified[known].astype(np.int64), 0)
-    nblk = int(known.sum())
-    kmax = int(kmax if kmax is not None else (ver.max() if len(ver) else 0))
-    # Survival curve in one pass: blocks with accepted > i = total - blocks with accepted <= i.
-    counts = np.bincount(acc, minlength=kmax + 1) if nblk else np.zeros(kmax + 1, np.int64)
-    above = nblk - np.cumsum(counts)[:kmax]
-    per_pos = [(float(x / nblk) if nblk else None) for x in above]
-    tot_acc, tot_ver = int(acc.sum()), int(ver.sum())
-    return {
-        "blocks": nblk,
-        "verified_tokens": tot_ver,
-        "accepted_tokens": tot_acc,
-        "acceptance_rate": tot_acc / tot_ver if tot_ver else None,
-        "mean_acceptance_length": 1 + tot_acc / nblk if nblk else None,
-        "per_position": per_pos,
-    }
+    hist = acceptance_histogram(accepted, verified)[0]
+    if kmax is None:
+        v = np.flatnonzero(hist[1:].sum(axis=0))
+        kmax = int(v[-1]) if len(v) else 0
+    return acceptance_from_histogram(hist, int(kmax))
 
 
 CONVENTIONS = ("acceptance rate = accepted/verified drafts; mean acceptance length = "

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 FORMAT = "spectrace.trace"
-FORMAT_VERSION = "1.0"
+FORMAT_VERSION = "1.1"
 MAJOR_VERSION = 1
 
 #: File status attribute values. ``recording`` stays when a writer died before ``close()``.
@@ -52,6 +52,8 @@ class Column:
     fill: int = 0
     #: Optional columns (minor-version additions) may be absent; readers fill them.
     optional: bool = False
+    #: Computed by the writer from other columns (callers never pass it).
+    derived: bool = False
 
     @property
     def np_dtype(self) -> np.dtype:
@@ -92,6 +94,9 @@ BLOCK_COLUMNS: tuple[Column, ...] = (
     Column("proposal_source", "int8", "where `proposed` comes from: 1 the drafter's output, "
            "0 a copy of `verified` (the engine printed no proposal), -1 unknown", fill=PAD,
            optional=True),
+    Column("verified_same", "int8", "1 when the stored `verified` row equals the `proposed` "
+           "row slot for slot (-1 pads included), else 0; written by the store itself so "
+           "that readers can skip reading `verified` (1.1)", optional=True, derived=True),
 )
 
 #: Values of the ``proposal_source`` block column.

@@ -264,12 +264,16 @@ class TraceWriter:
                 if len(arr) != n:
                     raise ValueError(f"blocks.{name}: {len(arr)} rows, expected {n}")
             g = self._file["blocks"]
+            arrays = {}
             for c in schema.BLOCK_COLUMNS:
                 arr = columns.get(c.name)
                 if arr is None:
                     shape = (n,) if c.width is None else (n, 1)
                     arr = np.full(shape, c.fill, dtype=c.np_dtype)
-                self._append(g[c.name], np.asarray(arr, dtype=c.np_dtype), c)
+                arrays[c.name] = np.asarray(arr, dtype=c.np_dtype)
+            arrays.update(self._derived(g, arrays))
+            for c in schema.BLOCK_COLUMNS:
+                self._append(g[c.name], arrays[c.name], c)
             self.rows_written += n
             self._file.flush()
 
@@ -321,19 +325,39 @@ class TraceWriter:
                      buf: dict[str, list]) -> None:
         g = self._file[table]
         n = len(buf[cols[0].name])
+        arrays = {}
         for c in cols:
+            if c.derived:
+                continue
             values = buf[c.name]
             if c.width is None:
-                arr = np.asarray(values, dtype=c.np_dtype)
+                arrays[c.name] = np.asarray(values, dtype=c.np_dtype)
             else:
                 w = max((len(v) for v in values), default=0)
                 arr = np.full((n, max(w, 1)), c.fill, dtype=c.np_dtype)
                 for i, v in enumerate(values):
                     arr[i, :len(v)] = v
-            self._append(g[c.name], arr, c)
+                arrays[c.name] = arr
             buf[c.name] = []
         if table == "blocks":
+            arrays.update(self._derived(g, arrays))
+        for c in cols:
+            self._append(g[c.name], arrays[c.name], c)
+        if table == "blocks":
             self.rows_written += n
+
+    @staticmethod
+    def _derived(g: h5py.Group, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The writer-computed block columns of rows about to be appended to group ``g``.
+
+        ``verified_same`` compares the rows as they will read back: both matrices padded
+        with -1 to the wider of the two stored widths.
+        """
+        p, v = arrays["proposed"], arrays["verified"]
+        w = max(p.shape[1], v.shape[1], g["proposed"].shape[1], g["verified"].shape[1])
+        pad = (lambda m: m if m.shape[1] == w else np.pad(
+            m, ((0, 0), (0, w - m.shape[1])), constant_values=schema.PAD))
+        return {"verified_same": (pad(p) == pad(v)).all(axis=1).astype(np.int8)}
 
     def _append(self, ds: h5py.Dataset, arr: np.ndarray, c: schema.Column) -> None:
         n0 = ds.shape[0]
@@ -504,7 +528,10 @@ class Blocks:
             raise AttributeError(name)
         cache = self.__dict__["_cache"]
         if name not in cache:
-            cache[name] = self._trace._read_block_column(cols[name])
+            if name == "verified" and self._trace._verified_is_proposed():
+                cache[name] = self.proposed  # the store says so row by row: skip the read
+            else:
+                cache[name] = self._trace._read_block_column(cols[name])
         return cache[name]
 
     def columns(self) -> dict[str, np.ndarray]:
@@ -701,6 +728,16 @@ class Trace:
                 p, ((0, 0), (0, w - p.shape[1])), constant_values=c.fill) for p in parts]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
+    def _verified_is_proposed(self) -> bool:
+        """Whether every block's ``verified`` row equals its ``proposed`` row, by the store's
+        own ``verified_same`` column (format 1.1), without reading either matrix. False when
+        a file predates the column or stores the two matrices at different widths."""
+        for f in self._files:
+            g = f["blocks"]
+            if "verified_same" not in g or g["verified"].shape[1] != g["proposed"].shape[1]:
+                return False
+        return bool(self.blocks.verified_same.all())
+
     def _add_unknown_requests(self, arr: np.ndarray, missing: np.ndarray) -> None:
         # Remap dangling request indices to placeholder request rows at the end (the same
         # placeholder when windowed reads see an index again), in one pass over the column.
@@ -822,7 +859,7 @@ def update_blocks(path: str | os.PathLike, column: str, rows, values) -> int:
     Raises:
         InputError: unknown column, or the file cannot be opened for writing.
     """
-    cols = {c.name: c for c in schema.BLOCK_COLUMNS if c.width is None}
+    cols = {c.name: c for c in schema.BLOCK_COLUMNS if c.width is None and not c.derived}
     if column not in cols:
         raise InputError(f"blocks.{column}: not a 1-D block column")
     rows = np.asarray(rows, dtype=np.int64)

@@ -784,17 +784,11 @@ def analyse(a: Trace, b: Trace | None = None, decoder=None) -> Analysis:
         return Analysis(doc, findings, [], {"ours": _per_request(a)}, {"ours": _along(a)},
                         time.perf_counter() - t0)
     from .align import align
-    from .diff import _padded, diff_traces, slot_agreement
+    from .diff import diff_traces
 
     al = align(a, b)
     res = diff_traces(al, decoder=decoder)
-    ia, ib = al.ia, al.ib
-    w = max(a.blocks.proposed.shape[1], b.blocks.proposed.shape[1])
-    s = slot_agreement(_padded(a.blocks.proposed[ia], w), _padded(b.blocks.proposed[ib], w),
-                       a.blocks.k[ia].astype(np.int64), b.blocks.k[ib].astype(np.int64))
-    anc_a, anc_b = a.blocks.anchor[ia], b.blocks.anchor[ib]
-    anchor_eq = ~((anc_a >= 0) & (anc_b >= 0)) | (anc_a == anc_b)
-    bad = ~s["exact"] | ~anchor_eq
+    ia, bad = al.ia, res.bad
     pair = al.pair_of_block_a[ia]
     m = al.pairs
     nbad = np.bincount(pair[bad], minlength=m)
