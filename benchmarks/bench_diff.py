@@ -28,6 +28,7 @@ from synth import make_pair  # noqa: E402
 
 from spectrace.tracer.align import align  # noqa: E402
 from spectrace.tracer.diff import diff_traces  # noqa: E402
+from spectrace.tracer.pages import prefer_small_pages  # noqa: E402
 from spectrace.tracer.store import open_trace  # noqa: E402
 
 COLUMNS = ("request", "position", "anchor", "k", "proposed", "num_verified", "verified",
@@ -95,6 +96,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=Path("/tmp/specbench"))
     ap.add_argument("--k", type=int, default=8)
     args = ap.parse_args()
+    prefer_small_pages()  # as the spectrace command does; the pandas baseline shares it
     rows = []
     for n in args.sizes:
         requests, blocks = n // 1000, 1000

@@ -15,7 +15,7 @@ import pytest
 
 from spectrace.tracer import schema
 from spectrace.tracer.errors import InputError, TraceFormatError
-from spectrace.tracer.store import TraceWarning, TraceWriter, open_trace
+from spectrace.tracer.store import TraceWarning, TraceWriter, open_trace, update_blocks
 
 SPECTRACE = os.path.join(os.path.dirname(sys.executable), "spectrace")
 
@@ -189,3 +189,62 @@ def test_known_requests_are_not_rewritten_per_block(tmp_path):
         w.add_block("r", i, i, 0, [1])
     assert w._dirty_requests == set()  # ragged rows are rewritten only when they change
     w.close()
+
+
+def _verified_trace(path, rows, **kw):
+    """Write blocks (proposed, verified-or-None) one by one; returns the path."""
+    with TraceWriter(path, {"k": 3}, flush_interval=0, **kw) as w:
+        for i, (prop, ver) in enumerate(rows):
+            w.add_block("r", i, i, 0, prop, verified=ver, accepted=0)
+    return path
+
+
+def test_verified_same_lets_the_reader_skip_verified(tmp_path):
+    # All rows equal, with a narrower block padded by -1 on both sides: one read, no copy.
+    path = _verified_trace(tmp_path / "same.h5", [([1, 2, 3], [1, 2, 3]), ([4, 5], [4, 5])])
+    with h5py.File(path, "r") as f:
+        assert f["blocks/verified_same"][:].tolist() == [1, 1]
+        assert f.attrs["format_version"] == "1.1"
+    t = open_trace(path)
+    assert t.blocks.verified is t.blocks.proposed
+    assert t.blocks.verified.tolist() == [[1, 2, 3], [4, 5, -1]]
+    with pytest.raises(InputError, match="verified_same: computed by the writer"):
+        update_blocks(path, "verified_same", [0], [0])  # derived: only the writer sets it
+
+
+def test_verified_differs_in_one_row_reads_the_column(tmp_path):
+    # Row 1 verified other ids, row 2 was never verified (all -1): both differ.
+    rows = [([1, 2, 3], [1, 2, 3]), ([4, 5, 6], [4, 9, 6]), ([7, 8, 9], None)]
+    for comp in ("gzip", "lzf", None):
+        path = _verified_trace(tmp_path / f"d-{comp}.h5", rows, compression=comp)
+        with h5py.File(path, "r") as f:
+            assert f["blocks/verified_same"][:].tolist() == [1, 0, 0]
+            assert f["blocks/proposed"].compression == comp
+        t = open_trace(path)
+        assert t.blocks.verified is not t.blocks.proposed
+        assert t.blocks.verified.tolist() == [[1, 2, 3], [4, 9, 6], [-1, -1, -1]]
+
+
+def test_verified_same_across_flushes_of_growing_width(tmp_path):
+    # The matrices widen between flushes: earlier rows compare padded, as they read back.
+    with TraceWriter(tmp_path / "w.h5", {"k": 2}, flush_interval=0) as w:
+        w.add_block("r", 0, 0, 0, [1, 2], verified=[1, 2], accepted=0)
+        w.flush()
+        w.add_block("r", 1, 1, 0, [3, 4, 5, 6], verified=[3, 4, 5, 6], accepted=0)
+        w.flush()
+        w.add_block("r", 2, 2, 0, [7], verified=[7, 8], accepted=0)
+    t = open_trace(tmp_path / "w.h5")
+    assert t.blocks.verified_same.tolist() == [1, 1, 0]
+    assert t.blocks.verified.tolist() == [[1, 2, -1, -1], [3, 4, 5, 6], [7, 8, -1, -1]]
+
+
+def test_files_without_verified_same_still_read(tmp_path):
+    # A format 1.0 file (no verified_same column) reads its verified column as before.
+    path = _verified_trace(tmp_path / "old.h5", [([1, 2, 3], [1, 2, 3])])
+    with h5py.File(path, "r+") as f:
+        del f["blocks/verified_same"]
+        f.attrs["format_version"] = "1.0"
+    t = open_trace(path)
+    assert t.blocks.verified is not t.blocks.proposed
+    assert t.blocks.verified.tolist() == [[1, 2, 3]]
+    assert t.blocks.verified_same.tolist() == [0]  # absent optional column: its fill value

@@ -313,6 +313,9 @@ def view(ours: str, theirs: str | None, tokenizer: str | None, follow: bool, sta
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs :func:`cli` and maps errors to exit codes."""
     warnings.showwarning = _show_warning
+    from .pages import prefer_small_pages
+
+    prefer_small_pages()
     try:
         cli.main(args=argv, prog_name="spectrace", standalone_mode=False)
     except click.exceptions.Abort:

@@ -273,13 +273,12 @@ def _constant_rate(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
     b = td.t.blocks
     p, k = b.proposed, b.k
     elig = k >= 2
-    const = np.zeros(len(k), bool)
-    slots = np.arange(p.shape[1])
+    const = elig.copy()
     for c in chunks(len(k)):
-        same = p[c] == p[c, :1]
-        same |= slots >= k[c, None]  # padded slots count as equal
-        const[c] = same.all(axis=1)
-    return elig & const, elig
+        pc, kc, out = p[c], k[c], const[c]
+        for j in range(1, p.shape[1]):
+            out &= (pc[:, j] == pc[:, 0]) | (kc <= j)  # padded slots count as equal
+    return const, elig
 
 
 def constant_drafts(td: TraceData, ref: TraceData | None, dec: Decoder | None) -> Finding | None:

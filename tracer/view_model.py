@@ -845,4 +845,7 @@ def _child_main(arg: str) -> None:
 
 
 if __name__ == "__main__":
+    from .pages import prefer_small_pages
+
+    prefer_small_pages()
     _child_main(sys.argv[1])
