@@ -10,10 +10,11 @@ What runs, per measured step (both modes do exactly the same work except the cap
    backbone, draft-vocabulary logits, the sequential Markov loop with argmax and d2t, drafts
    into a persistent ``draft_tokens`` buffer;
 3. mode ``capture`` only: spectrace's ``ProposeTap`` (``spectrace.hooks.vllm_v2``) wraps
-   ``propose``: it stages ``[n, 4 + k]`` int64 on the device (verdict, anchor, anchor position,
-   drafts), copies it non-blocking into a pinned ring slot, records an event, and joins the
-   slots whose events completed (by request id) into blocks. The sink is a real trace file
-   (``--sink h5``, needs h5py) or an in-memory counter (``--sink null``);
+   ``propose``: one Triton launch stages ``[n, 4 + k]`` int32 rows (verdict, anchor, anchor
+   position, drafts) into a device ring; every 32 steps one non-blocking copy to pinned memory
+   and one event; segments whose event completed are joined (numpy, many steps at once) into
+   blocks. The sink is a real trace file (``--sink h5``, needs h5py; written on a background
+   thread) or an in-memory counter (``--sink null``);
 4. the runner's per-step host wait (emulated): like vLLM with async scheduling, the host
    waits for the step before the previous one (``event.synchronize()``), so it runs at most
    two steps ahead. That wait is the same in both modes.
@@ -195,6 +196,12 @@ class NullSession:
 
     def add_block(self, *a, **kw) -> None:
         self.blocks += 1
+
+    def add_block_columns(self, columns) -> None:
+        self.blocks += len(columns["request"])
+
+    def request_row(self, req_id) -> int:
+        return 0
 
     def on_close(self, fn) -> None:
         self._close = fn
@@ -394,6 +401,69 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
     return rows
 
 
+def stage_micro(batch: int = 64, k: int = 7, n_iter: int = 2000) -> dict:
+    """Host and device microseconds per staging launch, three ways: the Triton kernel
+    (what the capture path uses on CUDA), the torch-op fallback, and a CUDA graph holding the
+    torch ops over static inputs (the alternative; its input copies not counted). Device time
+    is from a graph of 50 launches replayed (pure kernel time, no launch gaps from the host)."""
+    from spectrace.hooks import v2_stage
+
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(0)
+    ns = torch.randint(1, k + 2, (batch,), generator=g, dtype=torch.int32).to(dev)
+    nr = (k + 1 - ns).to(dev)
+    idx = torch.arange(batch, dtype=torch.int32, device=dev)
+    qsl = (torch.arange(batch + 1) * (k + 1)).to(torch.int32).to(dev)
+    pos = torch.arange(batch * (k + 1), device=dev)
+    last = torch.randint(0, 150000, (batch, 1), generator=g).to(dev)
+    nxt = torch.zeros((1, batch), dtype=torch.int32, device=dev)
+    drafts = torch.randint(0, 150000, (batch, k), generator=g).to(dev)
+    ring = torch.zeros((batch * 32, 4 + k), dtype=torch.int32, device=dev)
+    args = (ns, nr, idx, qsl, pos, last, nxt, drafts)
+    ways = {
+        "triton": lambda i: v2_stage.stage_triton(ring, (i % 32) * batch, batch, *args),
+        "torch": lambda i: v2_stage.stage_torch(ring[(i % 32) * batch:], batch, *args),
+    }
+    static = ring[:batch]
+    graph = torch.cuda.CUDAGraph()
+    for _ in range(3):
+        v2_stage.stage_torch(static, batch, *args)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        v2_stage.stage_torch(static, batch, *args)
+    ways["torch graph"] = lambda i: graph.replay()
+    out = {}
+    for name, fn in ways.items():
+        for i in range(50):
+            fn(i)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(n_iter):
+            fn(i)
+            if i % 256 == 255:  # keep the launch queue short
+                torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        host_us = (time.perf_counter() - t0) / n_iter * 1e6
+        dev_us = float("nan")
+        if name != "torch graph":
+            g50 = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g50):
+                for i in range(50):
+                    fn(i)
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            g50.replay()
+            e0.record()
+            for _ in range(10):
+                g50.replay()
+            e1.record()
+            torch.cuda.synchronize()
+            dev_us = e0.elapsed_time(e1) * 1e3 / 500
+        out[name] = {"host_us": host_us, "dev_us": dev_us}
+    print("staging launch, batch %d, k %d: %s" % (batch, k, "; ".join(
+        f"{n} host {v['host_us']:.1f} us, device {v['dev_us']:.2f} us" for n, v in out.items())))
+    return out
+
+
 def print_table(rows: list[dict]) -> None:
     head = (f"{'config':<9} {'batch':>5} {'k':>2} {'mode':<8} {'graph':<5} {'step ms':>9} "
             f"{'dev ms':>8} {'draft tok/s':>12} {'syncs/step':>10} {'waits':>5} {'overhead':>9} "
@@ -422,6 +492,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eager", action="store_true", help="no CUDA graph (for comparison)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--no-cpu-fallback", action="store_true")
+    ap.add_argument("--no-micro", action="store_true", help="skip the staging-launch micro "
+                    "benchmark (Triton vs torch ops vs a CUDA graph of them)")
     args = ap.parse_args(argv)
     if args.sink is None:
         try:
@@ -447,6 +519,7 @@ def main(argv=None) -> int:
         configs, batches = ["tiny"], [2]
         args.steps, args.warmup, args.repeats = 5, 2, 1
     rows = []
+    micro = stage_micro() if device.type == "cuda" and not args.no_micro else None
     for config in configs:
         for b in batches:
             rows += bench_one(config, b, args, device)
@@ -464,8 +537,13 @@ def main(argv=None) -> int:
         by_cfg.setdefault(r["config"], []).append(r["overhead_pct"])
     for c, v in by_cfg.items():
         print(f"  {c}: overhead per batch size {', '.join(f'{x:+.2f}%' for x in v)}")
+    if micro:  # device work the capture adds per step: one staging kernel (+ a copy / 32 steps)
+        dev_us = micro["triton"]["dev_us"]
+        offs = {(r["config"], r["batch"]): r["gpu_ms"] for r in rows if r["mode"] == "off"}
+        print(f"  staging kernel device time {dev_us:.2f} us per step (batch 64): " + ", ".join(
+            f"{c} b{b} {dev_us / (ms * 1e3) * 100:.2f}%" for (c, b), ms in offs.items()))
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        args.json.write_text(json.dumps({"rows": rows, "staging_micro": micro}, indent=2))
     ok = device.type != "cuda" or (added <= 0 and waits == 0)
     return 0 if ok else 1
 

@@ -435,6 +435,23 @@ def sampling_meta(sampling_params) -> dict:
     return out
 
 
+def _concat_columns(parts: list[dict]) -> dict:
+    """Concatenate block column dicts row-wise; matrices are padded with -1 to the widest."""
+    import numpy as np
+
+    if len(parts) == 1:
+        return parts[0]
+    out = {}
+    for name in parts[0]:
+        arrs = [p[name] for p in parts]
+        if arrs[0].ndim == 2:
+            w = max(a.shape[1] for a in arrs)
+            arrs = [a if a.shape[1] == w else
+                    np.pad(a, ((0, 0), (0, w - a.shape[1])), constant_values=-1) for a in arrs]
+        out[name] = np.concatenate(arrs)
+    return out
+
+
 _sessions: list[Session] = []
 _sessions_lock = threading.Lock()
 
@@ -460,6 +477,12 @@ class Session:
                        "blocks": 0}
         self._on_close: list[Callable[[], None]] = []
         self._writer = None
+        self._rows: dict[str, int] = {}  # request id -> its /requests row
+        self._cols: list[dict] = []      # block columns not yet handed to the writer
+        self._cols_rows = 0
+        self._cols_t0 = 0.0
+        self._writes = None  # queue of column chunks for the writer thread (made on first use)
+        self._write_error: BaseException | None = None
         self._seen: set[str] = set()
         self._finished: set[str] = set()
         self._sampling: dict | None = None
@@ -500,7 +523,15 @@ class Session:
             elif s != self._sampling and not self.meta.get("sampling_varies"):
                 self.meta["sampling_varies"] = True
                 self.writer.update_meta(sampling_varies=True)
-        self.writer.request(req_id, prompt_ids=list(prompt_ids or []), finish_reason="")
+        self._rows[req_id] = self.writer.request(req_id, prompt_ids=list(prompt_ids or []),
+                                                 finish_reason="")
+
+    def request_row(self, req_id: str) -> int:
+        """``req_id``'s row in /requests (registered on first sight, like ``add_block``)."""
+        row = self._rows.get(req_id)
+        if row is None:
+            row = self._rows[req_id] = self.writer.request(req_id)
+        return row
 
     def finish_request(self, req_id: str, output_ids: Sequence[int] | None,
                        finish_reason: str) -> None:
@@ -524,6 +555,8 @@ class Session:
         totals vLLM counts (a verified block is a draft, its verified ids draft tokens)."""
         if self.closed:
             return
+        if self._cols or self._writes is not None:  # keep the columnar path's write order
+            self.flush_columns(wait=True)
         self.writer.add_block(req_id, step, position, anchor, proposed, **kw)
         t = self.totals
         t["blocks"] += 1
@@ -536,6 +569,83 @@ class Session:
             per_pos.extend([0] * (accepted - len(per_pos)))
             for i in range(accepted):
                 per_pos[i] += 1
+
+    #: Columnar blocks are handed to the writer once this many rows or seconds are buffered
+    #: (one bulk HDF5 append instead of one per drain; the writer itself flushes each second).
+    COLUMNS_FLUSH_ROWS = 16384
+    COLUMNS_FLUSH_S = 1.0
+
+    def add_block_columns(self, columns: dict) -> None:
+        """Many blocks at once (the V2 vectorised join): totals as :meth:`add_block` keeps
+        them; the rows are buffered and appended with ``TraceWriter.add_blocks`` on a
+        background thread (:meth:`flush_columns`) once ``COLUMNS_FLUSH_ROWS`` rows or
+        ``COLUMNS_FLUSH_S`` seconds are buffered, and at close.
+
+        Args:
+            columns: block column name -> array of b rows, as ``TraceWriter.add_blocks``
+                takes them (``request``: rows from :meth:`request_row`; ``proposed``,
+                ``verified`` ``[b, w]`` and ``emitted`` ``[b, w + 1]``, ``-1`` padded);
+                ``num_verified``/``accepted`` are ``-1`` for unverified blocks.
+        """
+        import numpy as np
+
+        if self.closed:
+            return
+        n = len(columns["request"])
+        if not n:
+            return
+        t = self.totals
+        t["blocks"] += n
+        ver = (np.asarray(columns["num_verified"]) > 0) & (np.asarray(columns["accepted"]) >= 0)
+        acc = np.asarray(columns["accepted"])[ver]
+        t["num_drafts"] += int(ver.sum())
+        t["num_draft_tokens"] += int(np.asarray(columns["num_verified"])[ver].sum())
+        t["num_accepted_tokens"] += int(acc.sum())
+        if len(acc) and acc.max() > 0:  # per position i: blocks with accepted > i
+            counts = np.bincount(acc)
+            survive = (len(acc) - np.cumsum(counts))[:-1]
+            per_pos = t["num_accepted_tokens_per_pos"]
+            per_pos.extend([0] * (len(survive) - len(per_pos)))
+            for i, c in enumerate(survive.tolist()):
+                per_pos[i] += c
+        if not self._cols:
+            self._cols_t0 = time.monotonic()
+        self._cols.append(columns)
+        self._cols_rows += n
+        if (self._cols_rows >= self.COLUMNS_FLUSH_ROWS
+                or time.monotonic() - self._cols_t0 >= self.COLUMNS_FLUSH_S):
+            self.flush_columns()
+
+    def flush_columns(self, wait: bool = False) -> None:
+        """Hand the buffered columnar blocks to the background writer thread (one
+        ``TraceWriter.add_blocks`` call; HDF5 releases the GIL while it compresses and
+        writes, so the recording thread keeps running). ``wait``: until they are written."""
+        if self._cols:
+            parts, self._cols, self._cols_rows = self._cols, [], 0
+            if self._writes is None:
+                import queue
+
+                self._writes = queue.Queue()
+                threading.Thread(target=self._write_loop, args=(self.writer, self._writes),
+                                 name="spectrace-columns", daemon=True).start()
+            self._writes.put(_concat_columns(parts))
+        if wait and self._writes is not None:
+            self._writes.join()
+            if self._write_error is not None:
+                exc, self._write_error = self._write_error, None
+                raise exc
+
+    def _write_loop(self, writer, q) -> None:
+        while True:
+            cols = q.get()
+            try:
+                if cols is None:
+                    return
+                writer.add_blocks(cols)
+            except Exception as exc:  # raised on the recording thread at the next wait
+                self._write_error = exc
+            finally:
+                q.task_done()
 
     @property
     def active(self) -> bool:
@@ -563,6 +673,7 @@ class Session:
                 for fn in self._on_close:
                     fn()
                 self.joiner.drop_all()
+                self.flush_columns(wait=True)
                 vllm = self._vllm_counters()
                 if self._writer is not None:
                     checks = cross_check(self.totals, vllm)
@@ -572,6 +683,9 @@ class Session:
                             self.joiner.verified_mismatch))
             finally:
                 self.closed = True
+                if self._writes is not None:
+                    self._writes.put(None)
+                    self._writes.join()
                 if self._writer is not None:
                     self._writer.close(complete=True)
             if checks is not None:

@@ -116,7 +116,7 @@ class DSparkTap:
     Args:
         speculator: the ``DSparkSpeculator`` instance.
         tap: the :class:`~spectrace.hooks.vllm_v2.ProposeTap` already wrapping its
-            ``propose`` (its join is wrapped to run the check first).
+            ``propose`` (the check runs as its step observer, before each step's join).
         session: the tap's session.
         inner: wrap ``_sample_sequential`` (only meaningful under ``enforce_eager``: with
             CUDA graphs the method does not run on replay, and capture is skipped).
@@ -144,17 +144,7 @@ class DSparkTap:
         self._nslots = slots
         self._next = 0
         self._set_meta()
-        orig_join = tap._join
-
-        def _join(rows, req_ids, k_eff, step, t_ns):
-            if session.active:
-                try:
-                    self.check(rows, req_ids, step)
-                except Exception as exc:
-                    session.fail(exc, "DSpark agreement check")
-            return orig_join(rows, req_ids, k_eff, step, t_ns)
-
-        tap._join = _join
+        tap.step_observers.append(self._observe)
         self.inner = bool(inner)
         if self.inner:
             self._orig_sample = speculator._sample_sequential
@@ -175,6 +165,14 @@ class DSparkTap:
         self.session.meta.update(extra)
         if self.session._writer is not None:
             self.session._writer.update_meta(**extra)
+
+    def _observe(self, rows, req_ids: list[str], step: int) -> None:
+        """The tap's per-step observer: the agreement check, before the step is joined."""
+        if self.session.active:
+            try:
+                self.check(rows, req_ids, step)
+            except Exception as exc:
+                self.session.fail(exc, "DSpark agreement check")
 
     # -- inner recording -------------------------------------------------------------------
 
@@ -237,7 +235,7 @@ class DSparkTap:
     # -- the check -------------------------------------------------------------------------
 
     def check(self, rows, req_ids: list[str], step: int) -> None:
-        """Compare the propose record of ``step`` (rows: int64 [n, 4 + K]: num_sampled,
+        """Compare the propose record of ``step`` (rows: int32 [n, 4 + K]: num_sampled,
         num_rejected, anchor, anchor position, drafts) with the inner record of that step."""
         import numpy as np
 

@@ -1,0 +1,211 @@
+"""The V2 capture path's chunked join (``spectrace.hooks.v2_join`` through ``ProposeTap``) and
+its staging kernel.
+
+The scenario below is driven through the real ``ProposeTap`` with a fake speculator of the V2
+``propose`` signature; every expected block, output and total was derived by hand from the
+join rules (``hooks/v2_join.py`` module doc), not by running the code. It runs on the CPU with
+steps joined one at a time and three at a time (chunks, carries across chunks, deferred
+finishes and drops), and on CUDA through the Triton staging kernel and the device ring.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from spectrace.hooks import vllm as hook  # noqa: E402
+from spectrace.hooks.v2_join import Proposals, join_chunk, trimmed_len  # noqa: E402
+from spectrace.hooks.vllm_v2 import ProposeTap  # noqa: E402
+from spectrace.tracer.store import open_trace  # noqa: E402
+
+K = 3
+SLOTS = {"a": 0, "b": 1, "c": 2, "_warmup_z": 3}
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+class Spec:
+    """A speculator with vLLM 0.32's ``propose`` signature returning preset drafts."""
+
+    def __init__(self) -> None:
+        self.drafts = None
+
+    def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states,
+                aux_hidden_states, num_sampled, num_rejected, last_sampled,
+                next_prefill_tokens, temperature, seeds, dp_sync_state=None, dummy_run=False,
+                skip_attn_for_dummy_run=False, mm_inputs=None, is_profile=False,
+                num_speculative_tokens=None):
+        return self.drafts
+
+
+def step(spec: Spec, rows: list[tuple], device: str) -> None:
+    """One ``propose`` call; rows: (request, num_sampled, num_rejected, anchor, anchor
+    position, drafts). The anchor goes to ``last_sampled`` (num_sampled > 0) or
+    ``next_prefill_tokens``; row i's query is nr + 1 tokens at positions pos - 1 .. so that
+    ``positions[query_start_loc[i + 1] - 1 - nr] + 1 == pos``."""
+    last = torch.zeros((8, 1), dtype=torch.int64)
+    nxt = torch.zeros((1, 8), dtype=torch.int32)
+    positions, qsl = [], [0]
+    for rid, ns, nr, anchor, pos, _ in rows:
+        if ns > 0:
+            last[SLOTS[rid], 0] = anchor
+        else:
+            nxt[0, SLOTS[rid]] = anchor
+        positions += [pos - 1 + j for j in range(nr + 1)]
+        qsl.append(len(positions))
+    dev = torch.device(device)
+    batch = SimpleNamespace(
+        req_ids=[r[0] for r in rows], num_reqs=len(rows),
+        idx_mapping=torch.tensor([SLOTS[r[0]] for r in rows], dtype=torch.int32, device=dev),
+        positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev))
+    spec.drafts = torch.tensor([r[5] for r in rows], dtype=torch.int64, device=dev)
+    spec.propose(batch, None, None, None, None,
+                 torch.tensor([r[1] for r in rows], dtype=torch.int32, device=dev),
+                 torch.tensor([r[2] for r in rows], dtype=torch.int32, device=dev),
+                 last.to(dev), nxt.to(dev), None, None, num_speculative_tokens=K)
+
+
+def run_scenario(path, device: str, **tap_kw) -> ProposeTap:
+    """Six steps of requests a, b, c (see the expected blocks in the test)."""
+    session = hook.Session(path, {"k": K, "source": "vllm-hook"})
+    spec = Spec()
+    tap = ProposeTap(spec, session, max_model_len=1000, **tap_kw)
+    params = SimpleNamespace(eos_token_id=None, stop_token_ids=None, max_tokens=6)
+    for rid in "abc":
+        tap.add_request(rid, [1, 2], params)
+    step(spec, [("a", 0, 0, 100, 0, [7, 7, 7]),             # a prefill: drafts unused
+                ("b", 1, 0, 200, 5, [21, 22, 23])], device)  # b opens P_b0
+    step(spec, [("b", 3, 1, 203, 8, [31, 32, -1]),          # closes P_b0, opens P_b1 (k 2)
+                ("a", 1, 0, 101, 4, [11, -1, 13])], device)  # opens P_a1 (interior -1)
+    step(spec, [("a", 2, 2, 111, 6, [41, 42, 43]),          # closes P_a1, opens P_a2
+                ("c", 0, 0, 300, 0, [1, 2, 3]),             # c prefill
+                ("b", 1, 2, 210, 9, [-1, -1, -1])], device)  # closes P_b1, opens nothing
+    tap.drop_later("a")                                      # preempted: P_a2 unverified
+    step(spec, [("c", 1, 0, 301, 20, [51, 52, 53]),         # opens P_c3
+                ("b", 1, 0, 211, 10, [61, 62, 63])], device)  # opens P_b3
+    tap.finish_later("b")                                    # finished: P_b3 unverified
+    step(spec, [("c", 4, 0, 305, 24, [71, 72, 73]),         # closes P_c3, opens P_c4
+                ("a", 0, 0, 400, 0, [9, 9, 9]),             # a re-prefills
+                ("_warmup_z", 1, 0, 5, 5, [5, 5, 5])], device)  # warmup row: skipped
+    step(spec, [("a", 1, 0, 401, 30, [81, 82, -1])], device)  # opens P_a5
+    session.close()  # a and c still running: P_a5, P_c4 unverified
+    return tap
+
+
+# request, step, position, anchor, proposed, verified (None: unverified), accepted, emitted,
+# batch_row, batch_size -- in write order (by the row that closed each block).
+EXPECTED = [
+    ("b", 0, 5, 200, [21, 22, 23], [21, 22, 23], 2, [21, 22, 203], 1, 2),
+    ("a", 1, 4, 101, [11, -1, 13], [11, -1, 13], 1, [11, 111], 1, 2),
+    ("b", 1, 8, 203, [31, 32], [31, 32], 0, [210], 0, 2),
+    ("a", 2, 6, 111, [41, 42, 43], None, -1, None, 0, 3),
+    ("b", 3, 10, 211, [61, 62, 63], None, -1, None, 1, 2),
+    ("c", 3, 20, 301, [51, 52, 53], [51, 52, 53], 3, [51, 52, 53, 305], 0, 2),
+    ("a", 5, 30, 401, [81, 82], None, -1, None, 0, 1),
+    ("c", 4, 24, 305, [71, 72, 73], None, -1, None, 0, 3),
+]
+OUTPUTS = {"a": ([101, 11, 111, 401], "unfinished"),
+           "b": ([200, 21, 22, 203, 210, 211], "length"),
+           "c": ([301, 51, 52, 53, 305], "unfinished")}
+
+
+def pad(ids, width):
+    return list(ids) + [-1] * (width - len(ids))
+
+
+def check_trace(path, tap: ProposeTap) -> None:
+    with open_trace(path) as t:
+        b = t.blocks
+        names = list(t.requests.req_id)
+        got = []
+        for i in range(len(b)):
+            ver = None if b.num_verified[i] < 0 else b.verified[i][:b.num_verified[i]].tolist()
+            em = None if b.num_emitted[i] < 0 else b.emitted[i][:b.num_emitted[i]].tolist()
+            got.append((names[b.request[i]], int(b.step[i]), int(b.position[i]),
+                        int(b.anchor[i]), b.proposed[i][:b.k[i]].tolist(), ver,
+                        int(b.accepted[i]), em, int(b.batch_row[i]), int(b.batch_size[i])))
+        assert got == EXPECTED
+        assert b.proposed.shape[1] == K and b.emitted.shape[1] == K + 1
+        assert b.proposed[2].tolist() == [31, 32, -1]
+        assert b.verified[3].tolist() == [-1, -1, -1] and b.emitted[3].tolist() == [-1] * 4
+        assert (b.proposal_source == 1).all()
+        outs = {r: (o.tolist(), f) for r, o, f in zip(names, t.requests.output_ids,
+                                                       t.requests.finish_reason)}
+        assert outs == OUTPUTS
+        assert t.meta["checks"]["trace"] == {
+            "num_drafts": 4, "num_draft_tokens": 11, "num_accepted_tokens": 6,
+            "num_accepted_tokens_per_pos": [3, 2, 1], "blocks": 8}
+    assert tap.session.totals["blocks"] == 8 and tap.sync_waits == 0
+    assert tap.session.step == 6
+
+
+@pytest.mark.parametrize("cpu_flush_steps", [1, 3])
+def test_chunked_join_by_hand_cpu(tmp_path, cpu_flush_steps):
+    tap = run_scenario(tmp_path / "t.h5", "cpu", cpu_flush_steps=cpu_flush_steps)
+    check_trace(tmp_path / "t.h5", tap)
+
+
+@needs_cuda
+@pytest.mark.parametrize("flush_steps", [1, 3, 32])
+def test_chunked_join_by_hand_cuda(tmp_path, flush_steps):
+    tap = run_scenario(tmp_path / "t.h5", "cuda", flush_steps=flush_steps)
+    check_trace(tmp_path / "t.h5", tap)
+
+
+def test_join_chunk_carry_in_and_out():
+    """One chunk: request 7 closes a carried proposal; both rows open one that stays open."""
+    rows = np.array([[2, 1, 50, 12, 60, 61, -1],     # 7: nv 2, acc 1 on the carry [40, 41];
+                                                     #    opens [60, 61]
+                     [1, 0, 70, 3, 80, -1, 82]],     # 9: no carry; opens [80, -1, 82]
+                    dtype=np.int32)
+    carry = Proposals(np.array([4]), np.array([10]), np.array([33]), np.array([[40, 41, -1]]),
+                      np.array([2]), np.array([111]), np.array([0]), np.array([1]))
+    res = join_chunk(np.array([7, 9]), rows, np.array([5, 5]), np.array([0, 1]),
+                     np.array([2, 2]), np.array([222, 222]), np.array([7]), carry)
+    b = res.blocks
+    assert b["request"].tolist() == [7] and b["step"].tolist() == [4]
+    assert b["proposed"].tolist() == [[40, 41]] and b["verified"].tolist() == [[40, 41]]
+    assert b["accepted"].tolist() == [1] and b["emitted"].tolist() == [[40, 50]]
+    assert b["t_ns"].tolist() == [111] and b["batch_size"].tolist() == [1]
+    assert res.out_rows.tolist() == [0, 1] and res.out_len.tolist() == [2, 1]
+    assert res.out_tokens[0, :2].tolist() == [40, 50] and res.out_tokens[1, 0] == 70
+    assert res.open_rows.tolist() == [0, 1]
+    assert res.open.drafts.tolist() == [[60, 61, -1], [80, -1, 82]]
+    assert res.open.k.tolist() == [2, 3] and res.open.position.tolist() == [12, 3]
+    assert res.open.step.tolist() == [5, 5] and sorted(res.seen.tolist()) == [7, 9]
+
+
+def test_trimmed_len():
+    d = np.array([[1, 2, 3], [1, -1, 3], [1, 2, -1], [-1, -1, -1], [-1, 5, -1]])
+    assert trimmed_len(d).tolist() == [3, 3, 2, 0, 2]
+
+
+@needs_cuda
+@pytest.mark.parametrize("n,k", [(1, 4), (77, 7), (300, 16)])
+def test_triton_staging_equals_torch(n, k):
+    from spectrace.hooks.v2_stage import stage_torch, stage_triton, triton_ok
+
+    g = torch.Generator().manual_seed(n)
+    slots = n + 5
+    ns = torch.randint(0, k + 2, (slots,), generator=g, dtype=torch.int32)
+    nr = torch.randint(0, k + 1, (slots,), generator=g, dtype=torch.int32)
+    idx = torch.randperm(slots, generator=g)[:n].to(torch.int32)
+    q = torch.randint(1, k + 2, (n,), generator=g)
+    qsl = torch.cat([torch.zeros(1, dtype=torch.int64), q.cumsum(0)]).to(torch.int32)
+    positions = torch.randint(0, 10**6, (int(qsl[-1]),), generator=g)
+    last = torch.randint(0, 150000, (slots, 1), generator=g)
+    nxt = torch.randint(0, 150000, (1, slots), generator=g, dtype=torch.int32)
+    drafts = torch.randint(-1, 150000, (slots, k), generator=g)
+    inputs = [t.cuda() for t in (ns, nr, idx, qsl, positions, last, nxt, drafts)]
+    assert triton_ok(inputs[-1])
+    ring = torch.full((n + 9, 4 + k), -7, dtype=torch.int32, device="cuda")
+    assert stage_triton(ring, 9, n, *inputs)
+    ref = torch.full((n, 4 + k), -7, dtype=torch.int64)
+    stage_torch(ref, n, ns, nr, idx, qsl, positions, last, nxt, drafts)
+    got = ring.cpu()
+    assert (got[:9] == -7).all()
+    assert torch.equal(got[9:].long(), ref)
