@@ -7,7 +7,8 @@
 3. Comparable blocks pair up by (request pair, anchor position): with different acceptance the
    engines draft from different positions, so only positions both drafted from pair up.
 
-All block work is vectorised over whole columns (sort + intersect on int64 keys).
+All block work is vectorised: one stable sort of each trace's blocks by (request, position)
+(memoised, shared with the detectors), then a binary search of our keys in theirs.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .metrics import block_order, chunks
+from .metrics import block_order, chunks, in_parallel
 from .store import Trace
 
 #: Divergence position meaning "the sequences agree on their common length".
@@ -169,10 +170,13 @@ def align(a: Trace, b: Trace) -> Alignment:
         if known[p]:
             divergence[p] = first_difference(sa, sb)
 
-    pob_a = _pair_of_block(a, req_a)
-    pob_b = _pair_of_block(b, req_b)
-    comp_a = _comparable(pob_a, a.blocks.position, divergence, common_len, known)
-    comp_b = _comparable(pob_b, b.blocks.position, divergence, common_len, known)
+    def side(t: Trace, req: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        block_order(t)  # memoised for _pair_blocks and the detectors
+        pob = _pair_of_block(t, req)
+        return pob, _comparable(pob, t.blocks.position, divergence, common_len, known)
+
+    (pob_a, comp_a), (pob_b, comp_b) = in_parallel([lambda: side(a, req_a),
+                                                    lambda: side(b, req_b)])
     ia, ib = _pair_blocks(a, b, pob_a, comp_a, comp_b, req_b)
     return Alignment(
         a=a, b=b, req_a=req_a, req_b=req_b, matched_by=matched_by,

@@ -4,8 +4,10 @@ Each detector recognises one class of ``shared/reference/spec_decode_bugs.md`` b
 signature, generally (any shift size, any constant offset or id permutation, any slot), and
 returns at most one :class:`~spectrace.tracer.findings.Finding` pointing at the first block
 where it shows. Thresholds are module constants, each with the reason for its value.
-Everything is vectorised over block columns; per-request Python loops only touch request
-tables (thousands of rows, not millions).
+Everything is vectorised over block columns, in chunks of rows (:data:`metrics.CHUNK`) so
+temporaries stay small; per-request Python loops only touch request tables (thousands of
+rows, not millions). Each side's own checks run on a thread of their own (numpy releases the
+GIL), as does each side's preparation.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import numpy as np
 from .align import NO_DIVERGENCE, Alignment
 from . import schema
 from .findings import Finding, sort_findings
-from .metrics import block_order, chunks, drafts_checked, memo, recompute_accepted, sequence_index
+from .metrics import (block_order, chunks, drafts_checked, in_parallel, memo, recompute_accepted,
+                      sequence_index)
 from .store import Trace
 from .tokens import Decoder, show
 
@@ -65,12 +68,13 @@ class TraceData:
         """Build (once per trace and side; memoised in ``t.cache``)."""
         return memo(t, f"TraceData.{side}", lambda: cls._build(t, side))
 
+    #: Block columns the detectors read (:func:`prepare` reads them up front).
+    COLUMNS = ("request", "position", "anchor", "k", "proposed", "num_verified", "verified",
+               "accepted", "num_emitted", "batch_row", "batch_size")
+
     @classmethod
     def _build(cls, t: Trace, side: str) -> TraceData:
         b = t.blocks
-        for col in ("anchor", "k", "proposed", "num_verified", "verified", "accepted",
-                    "num_emitted", "batch_row", "batch_size"):
-            getattr(b, col)  # read here, so that prepare() overlaps both sides' reads
         order = block_order(t)[0]
         n = len(order)
         last, prev = np.zeros(n, bool), np.full(n, -1, np.int64)
@@ -833,15 +837,28 @@ def _loop_findings(al: Alignment, oa: TraceData, ob: TraceData, loops_a: list, l
     return out
 
 
+def _own_checks(td: TraceData, dec: Decoder | None) -> tuple[list, tuple]:
+    """One side's single-trace work for :func:`detect_pair`: its loops and the findings of
+    anchor_consistency, verified_vs_proposed, bookkeeping and vocab_range (and the memo of
+    :func:`constant_rate` that the cross-side check reads)."""
+    constant_rate(td)
+    return degenerate(td, dec), (anchor_consistency(td), verified_vs_proposed(td, dec),
+                                 bookkeeping(td), vocab_range(td))
+
+
 def prepare(traces: list[tuple[Trace, str]]) -> list[TraceData]:
-    """Build each trace's :class:`TraceData` (reads + recomputed acceptance), one thread
-    per trace: numpy releases the GIL, so two sides overlap on two cores."""
-    if len(traces) == 1:
-        return [TraceData.build(*traces[0])]
+    """Build each trace's :class:`TraceData`: the block columns are read here, one trace
+    after the other (h5py holds the GIL), and each trace's derived columns (order,
+    recomputed acceptance) are computed on a worker thread while the next trace reads."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=len(traces)) as pool:
-        return list(pool.map(lambda ts: TraceData.build(*ts), traces))
+    with ThreadPoolExecutor(max_workers=max(1, len(traces))) as pool:
+        futures = []
+        for t, side in traces:
+            for col in TraceData.COLUMNS:
+                getattr(t.blocks, col)
+            futures.append(pool.submit(TraceData.build, t, side))
+        return [f.result() for f in futures]
 
 
 def detect_pair(al: Alignment, pd_arrays: dict, decoder: Decoder | None = None) -> list[Finding]:
@@ -857,19 +874,20 @@ def detect_pair(al: Alignment, pd_arrays: dict, decoder: Decoder | None = None) 
     """
     oa, ob = prepare([(al.a, "ours"), (al.b, "theirs")])
     pd = PairData(al=al, oa=oa, ob=ob, **pd_arrays)
-    if verified_vs_proposed(oa, decoder) is not None:
+    # Each side's own checks, both sides at once (they read only their own trace).
+    (loops_a, own_a), (loops_b, own_b) = in_parallel(
+        [lambda td=td: _own_checks(td, decoder) for td in (oa, ob)])
+    if own_a[1] is not None:  # verified_differs on our side
         # Corrupted verified ids explain mismatches of blocks whose proposal is their copy.
         src = al.a.blocks.proposal_source[al.ia]
         pd.trusted = src != schema.PROPOSAL_COPIED_FROM_VERIFIED
     found: list[Finding | None] = []
-    loops_a, loops_b = degenerate(oa, decoder), degenerate(ob, decoder)
     found += _loop_findings(al, oa, ob, loops_a, loops_b, decoder)
     found.append(content(al, oa, ob, decoder))
-    for td, ref, side_a in ((oa, ob, True), (ob, oa, False)):
-        found += [anchor_consistency(td), verified_vs_proposed(td, decoder),
-                  constant_drafts(td, ref, decoder),
-                  unverified(td, skipped_anchors(td, ref, al, side_a)), bookkeeping(td),
-                  vocab_range(td)]
+    for td, ref, side_a, own in ((oa, ob, True, own_a), (ob, oa, False, own_b)):
+        anchors, verified, checks, vocab = own
+        found += [anchors, verified, constant_drafts(td, ref, decoder),
+                  unverified(td, skipped_anchors(td, ref, al, side_a)), checks, vocab]
     pair = [anchor_pairs(pd, decoder), layout_shift(pd, decoder), vocab_pairs(pd, decoder),
             k_pairs(pd), depth(pd), stale(pd), batch(pd)]
     found += pair

@@ -16,8 +16,8 @@ import numpy as np
 from .align import NO_DIVERGENCE, Alignment
 from .detect import detect_pair, prepare
 from .findings import Finding
-from .metrics import (CONVENTIONS, acceptance_from_histogram, acceptance_histogram, chunks,
-                      drafts_checked, leading_true, recompute_accepted)
+from .metrics import (CONVENTIONS, acceptance_from_histogram, acceptance_histogram,
+                      drafts_checked, each_chunk, in_parallel, recompute_accepted)
 from .store import Trace
 
 SCHEMA = "spectrace.diff/1"
@@ -96,31 +96,36 @@ def slot_agreement(prop_a: np.ndarray, prop_b: np.ndarray, ia: np.ndarray, ib: n
     w = max(prop_a.shape[1], prop_b.shape[1])
     P = len(ia)
     eq_all, prefix = np.empty((P, w), bool), np.empty(P, np.int16)
-    eq_count = np.zeros(w, np.int64)
-    plus, minus = np.zeros(max(w - 1, 0), np.int64), np.zeros(max(w - 1, 0), np.int64)
     kmin_all = np.minimum(ka, kb)
-    for c in chunks(P):
-        pa, pb = _padded(prop_a[ia[c]], w), _padded(prop_b[ib[c]], w)
-        kmin, eq = kmin_all[c], eq_all[c]
-        alive, pref = np.ones(len(kmin), bool), np.zeros(len(kmin), np.int16)
-        # Slot-major: 1-D passes count fast, where axis reductions over w=8 columns crawl.
-        for j in range(w):
-            e = pa[:, j] == pb[:, j]
-            e &= kmin > j
-            eq[:, j] = e
-            eq_count[j] += np.count_nonzero(e)
-            alive &= e
-            pref += alive
-            if j + 1 < w:
-                both_next = kmin > j + 1
-                plus[j] += np.count_nonzero(both_next & (pa[:, j] == pb[:, j + 1]))
-                minus[j] += np.count_nonzero(both_next & (pa[:, j + 1] == pb[:, j]))
-        prefix[c] = pref
+
+    def part(cs: list[slice]) -> np.ndarray:
+        """Fill eq/prefix for chunks ``cs``; returns int64 [3, w] counts (eq, +1, -1)."""
+        counts = np.zeros((3, w), np.int64)
+        for c in cs:
+            pa, pb = _padded(prop_a[ia[c]], w), _padded(prop_b[ib[c]], w)
+            kmin, eq = kmin_all[c], eq_all[c]
+            alive, pref = np.ones(len(kmin), bool), np.zeros(len(kmin), np.int16)
+            # Slot-major: 1-D passes count fast, where axis reductions over w=8 columns crawl.
+            for j in range(w):
+                e = pa[:, j] == pb[:, j]
+                e &= kmin > j
+                eq[:, j] = e
+                counts[0, j] += np.count_nonzero(e)
+                alive &= e
+                pref += alive
+                if j + 1 < w:
+                    both_next = kmin > j + 1
+                    counts[1, j] += np.count_nonzero(both_next & (pa[:, j] == pb[:, j + 1]))
+                    counts[2, j] += np.count_nonzero(both_next & (pa[:, j + 1] == pb[:, j]))
+            prefix[c] = pref
+        return counts
+
+    counts = sum(each_chunk(P, part), np.zeros((3, w), np.int64))
     # Slots present on both sides: blocks whose shorter proposal reaches past slot j.
     both_count = P - np.cumsum(np.bincount(np.maximum(kmin_all, 0), minlength=w + 1))[:w]
     return {"eq": eq_all, "exact": (ka == kb) & (prefix == ka), "prefix": prefix,
-            "eq_count": eq_count, "both_count": both_count, "shift_plus": plus,
-            "shift_minus": minus, "both_shift": both_count[1:]}
+            "eq_count": counts[0], "both_count": both_count, "shift_plus": counts[1, :-1],
+            "shift_minus": counts[2, :-1], "both_shift": both_count[1:]}
 
 
 def _share(num: np.ndarray, den: np.ndarray) -> list:
@@ -173,8 +178,9 @@ def diff_traces(al: Alignment, examples: int = 5, decoder=None) -> DiffResult:
         "theirs_coverage": P / cb if cb else None,
     }
     kmax = int(max(a.blocks.k.max(initial=0), b.blocks.k.max(initial=0)))
-    acc = {"ours": _acceptance(a, al.comparable_a, kmax),
-           "theirs": _acceptance(b, al.comparable_b, kmax)}
+    acc = dict(zip(("ours", "theirs"), in_parallel(
+        [lambda: _acceptance(a, al.comparable_a, kmax),
+         lambda: _acceptance(b, al.comparable_b, kmax)])))
     reasons = []
     if bad.any():
         reasons.append(f"{int(bad.sum())} of {P} paired blocks differ")

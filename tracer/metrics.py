@@ -12,6 +12,9 @@ Everything is vectorised over whole columns.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from .store import Trace
@@ -122,9 +125,34 @@ def leading_true(match: np.ndarray) -> np.ndarray:
     return np.where(match[np.arange(len(match)), first_false], match.shape[1], first_false)
 
 
+#: Threads for :func:`in_parallel` (the cores we may use).
+WORKERS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                     else (os.cpu_count() or 1)))
+
 #: Rows per chunk of the block-wise loops: temporaries of a few MB stay in cache and are
 #: reused by the allocator, where whole-column temporaries (tens of MB) cost page faults.
 CHUNK = 1 << 18
+
+
+def in_parallel(calls: list):
+    """Run zero-argument callables on a small thread pool; returns their results in order.
+
+    numpy releases the GIL inside its loops, so the two sides of a diff (or two halves of a
+    pass) use both cores of a 2-core machine. h5py reads hold the GIL: read first, then
+    compute here.
+    """
+    if len(calls) <= 1:
+        return [c() for c in calls]
+    with ThreadPoolExecutor(max_workers=min(len(calls), WORKERS)) as pool:
+        return list(pool.map(lambda c: c(), calls))
+
+
+def each_chunk(n: int, fn) -> list:
+    """Call ``fn(list_of_slices)`` on :data:`WORKERS` interleaved shares of ``chunks(n)``, in
+    parallel; ``fn`` writes its rows in place and may return a partial result (listed)."""
+    cs = list(chunks(n))
+    shares = [cs[i::WORKERS] for i in range(min(WORKERS, max(len(cs), 1)))]
+    return in_parallel([lambda share=share: fn(share) for share in shares])
 
 
 def chunks(n: int, size: int = CHUNK):
@@ -138,22 +166,26 @@ def _recompute_accepted(trace: Trace) -> np.ndarray:
     ids, n = drafts_checked(trace)
     out = np.zeros(len(b), np.int16)
     req_all, pos_all = b.request, b.position
-    for c in chunks(len(out)):
-        req, first = req_all[c], pos_all[c].astype(np.int64) + 1  # first target position
-        room = np.minimum(n[c], length[req] - first)                 # checkable slots
-        base = start[req] + first
-        o = out[c]
-        # Slot by slot over the blocks still matching: the work shrinks with the acceptance
-        # survival curve instead of touching all [n, w] cells.
-        alive = np.flatnonzero((room > 0) & (first >= 0))
-        idc = ids[c]
-        for j in range(ids.shape[1]):
-            if not len(alive):
-                break
-            alive = alive[flat[base[alive] + j] == idc[alive, j]]
-            o[alive] = j + 1
-            alive = alive[room[alive] > j + 1]
-        o[length[req] == 0] = -1
+
+    def part(cs: list[slice]) -> None:
+        for c in cs:
+            req, first = req_all[c], pos_all[c].astype(np.int64) + 1  # first target position
+            room = np.minimum(n[c], length[req] - first)                 # checkable slots
+            base = start[req] + first
+            o = out[c]
+            # Slot by slot over the blocks still matching: the work shrinks with the
+            # acceptance survival curve instead of touching all [n, w] cells.
+            alive = np.flatnonzero((room > 0) & (first >= 0))
+            idc = ids[c]
+            for j in range(ids.shape[1]):
+                if not len(alive):
+                    break
+                alive = alive[flat[base[alive] + j] == idc[alive, j]]
+                o[alive] = j + 1
+                alive = alive[room[alive] > j + 1]
+            o[length[req] == 0] = -1
+
+    each_chunk(len(out), part)
     out[(b.num_verified < 0) & (b.accepted < 0)] = -1  # never verified: nothing accepted
     return out
 
