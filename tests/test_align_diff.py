@@ -192,3 +192,27 @@ def test_json_output_validates_against_its_schema(tmp_path):
     doc["findings"][0]["kind"] = "not_a_kind"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(doc, schema)
+
+
+def test_text_report_lists_ten_content_divergences(tmp_path):
+    # 12 requests whose outputs differ from output token 5 on: ten lines, then a count.
+    full = oracle(lambda p: {0})
+    for side, bump in (("a", 0), ("b", 1)):
+        with TraceWriter(tmp_path / f"{side}.h5", {"k": K, "engine": side},
+                         flush_interval=0) as w:
+            for r in range(12):
+                out = OUTPUT[:5] + [t + bump for t in OUTPUT[5:]]
+                simulate(w, f"{side}-{r}", [r + 100] + PROMPT, out, full)
+    out = subprocess.run([SPECTRACE, "diff", str(tmp_path / "a.h5"), str(tmp_path / "b.h5")],
+                         capture_output=True, text=True)
+    assert out.returncode == 1, out.stderr
+    lines = out.stdout.splitlines()
+    listed = [ln for ln in lines if ln.startswith("  content diverges: ")]
+    assert len(listed) == 10
+    assert listed[0].startswith("  content diverges: request a-0 / b-0 at position 9 "
+                                "(output token 5): ours 15, theirs 16")
+    assert "  ... and 2 more requests diverge (--format json lists every one)" in lines
+    doc = json.loads(subprocess.run(
+        [SPECTRACE, "diff", "--format", "json", str(tmp_path / "a.h5"), str(tmp_path / "b.h5")],
+        capture_output=True, text=True).stdout)
+    assert len(doc["content_divergence"]) == 12

@@ -12,6 +12,9 @@ from rich.table import Table
 from .diff import DiffResult
 from .metrics import CONVENTIONS
 
+#: Content divergences listed one per line in the text report (JSON lists all).
+CONTENT_LINES = 10
+
 
 def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
@@ -104,10 +107,13 @@ def print_diff(con: Console, r: DiffResult) -> None:
               f"by id {q['matched_by']['req_id']}, by order {q['matched_by']['order']}); "
               f"unmatched ours {len(q['unmatched_ours'])}, theirs {len(q['unmatched_theirs'])}; "
               f"content diverged in {q['content_diverged']}")
-    for c in r.content:
+    for c in r.content[:CONTENT_LINES]:
         con.print(f"  content diverges: request {c['ours_req']} / {c['theirs_req']} at position "
                   f"{c['position']} (output token {c['position'] - c['prompt_len']}): ours "
                   f"{c['ours_token']}, theirs {c['theirs_token']}; later blocks are not compared")
+    if len(r.content) > CONTENT_LINES:
+        con.print(f"  ... and {len(r.content) - CONTENT_LINES} more requests diverge "
+                  f"(--format json lists every one)")
     cv, ag = r.coverage, r.agreement
     con.print(f"coverage: {cv['paired']} paired blocks = {_pct(cv['ours_coverage'])} of ours "
               f"({cv['ours_on_matched_content']}) and {_pct(cv['theirs_coverage'])} of theirs "
