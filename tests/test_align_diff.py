@@ -216,3 +216,21 @@ def test_text_report_lists_ten_content_divergences(tmp_path):
         [SPECTRACE, "diff", "--format", "json", str(tmp_path / "a.h5"), str(tmp_path / "b.h5")],
         capture_output=True, text=True).stdout)
     assert len(doc["content_divergence"]) == 12
+
+
+def test_reader_leaving_early_keeps_the_verdict(tmp_path):
+    # `spectrace diff A B | head -1`: the exit status stays the verdict (0 agree, 1 diverged),
+    # not an error about the closed pipe.
+    full = oracle(lambda p: {0})
+    make(tmp_path / "a.h5", "a-0", full)
+    make(tmp_path / "b.h5", "b-0", full)
+    make(tmp_path / "c.h5", "c-0", oracle(lambda p: set()))  # every draft differs
+    for other, verdict in (("b", 0), ("c", 1)):
+        for fmt in ("text", "json"):
+            p = subprocess.Popen([SPECTRACE, "diff", "--format", fmt, str(tmp_path / "a.h5"),
+                                  str(tmp_path / f"{other}.h5")], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE)
+            p.stdout.read(1)
+            p.stdout.close()  # the reader leaves after one byte
+            assert p.wait(timeout=60) == verdict, (other, fmt, p.stderr.read())
+            p.stderr.close()

@@ -31,12 +31,33 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     say(f"warning: {message}")
 
 
+def _stdout_to_devnull() -> None:
+    """stdout's reader left (``spectrace diff ... | head``): send the rest to /dev/null so
+    the command still exits with its own status (a verdict, not a write error)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _out(text: str) -> None:
+    """Print a data document (JSON, schema text) on stdout."""
+    try:
+        click.echo(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_to_devnull()
+
+
 def _console():
     """A rich Console on stdout: colour only on a TTY and never with NO_COLOR."""
     from rich.console import Console
 
-    return Console(no_color=bool(os.environ.get("NO_COLOR")), highlight=False,
-                   soft_wrap=True)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            _stdout_to_devnull()  # rich would exit 1, which here means "diverged"
+
+    return _Console(no_color=bool(os.environ.get("NO_COLOR")), highlight=False,
+                    soft_wrap=True)
 
 
 def _parse_meta(items: tuple[str, ...]) -> dict:
@@ -88,11 +109,11 @@ def schema(diff_json: bool) -> None:
     if diff_json:
         from .diff_schema import SCHEMA
 
-        click.echo(json.dumps(SCHEMA, indent=2))
+        _out(json.dumps(SCHEMA, indent=2))
         return
     from . import schema as _schema
 
-    click.echo(_schema.describe())
+    _out(_schema.describe())
 
 
 @cli.command()
@@ -111,7 +132,7 @@ def info(trace: tuple[str, ...], fmt: str) -> None:
     t = open_trace(list(trace))
     summary = trace_summary(t)
     if fmt == "json":
-        click.echo(json.dumps(summary, indent=2, sort_keys=False))
+        _out(json.dumps(summary, indent=2, sort_keys=False))
     else:
         report.print_info(_console(), summary)
 
@@ -143,7 +164,7 @@ def diff(ours: str, theirs: str, fmt: str, examples: int, tokenizer: str | None)
     dec = decoder_for(tokenizer, a.meta, b.meta)
     result = diff_traces(align(a, b), examples=examples, decoder=dec)
     if fmt == "json":
-        click.echo(json.dumps(result.to_json(), indent=2))
+        _out(json.dumps(result.to_json(), indent=2))
     else:
         report.print_diff(_console(), result)
     sys.exit(EXIT_DIVERGENCE if result.diverged else EXIT_OK)
@@ -168,7 +189,7 @@ def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None) -> None:
     found = check_trace(t, decoder_for(tokenizer, t.meta))
     summary = trace_summary(t)
     if fmt == "json":
-        click.echo(json.dumps({"schema": "spectrace.check/1",
+        _out(json.dumps({"schema": "spectrace.check/1",
                                "findings": [f.to_json() for f in found],
                                "summary": summary}, indent=2))
     else:
@@ -197,9 +218,9 @@ def inspect_draft_cmd(ckpt_dir: str, target_dir: str | None, k: int | None, fmt:
 
     rep = inspect_draft(ckpt_dir, target_dir, k)
     if fmt == "json":
-        click.echo(json.dumps(rep.to_json(), indent=2))
+        _out(json.dumps(rep.to_json(), indent=2))
     else:
-        click.echo(rep.text())
+        _out(rep.text())
     sys.exit(EXIT_DIVERGENCE if rep.errors else EXIT_OK)
 
 
