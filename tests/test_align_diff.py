@@ -234,3 +234,22 @@ def test_reader_leaving_early_keeps_the_verdict(tmp_path):
             p.stdout.close()  # the reader leaves after one byte
             assert p.wait(timeout=60) == verdict, (other, fmt, p.stderr.read())
             p.stderr.close()
+
+
+def test_acceptance_figures_match_a_direct_count():
+    # Random blocks with unknown (-1) and absurd (30000, a garbage record) accepted counts;
+    # the figures are recounted here by hand.
+    from spectrace.tracer.metrics import acceptance
+
+    rng = np.random.default_rng(7)
+    acc = rng.integers(-1, 5, 1000).astype(np.int16)
+    acc[17] = 30000
+    ver = rng.integers(-1, 5, 1000).astype(np.int64)
+    got = acceptance(acc, ver, kmax=4)
+    known = acc >= 0
+    assert got["blocks"] == int(known.sum())
+    assert got["accepted_tokens"] == int(acc[known].astype(np.int64).sum())
+    assert got["verified_tokens"] == int(np.maximum(ver[known], 0).sum())
+    assert got["per_position"] == [float((acc[known] > i).mean()) for i in range(4)]
+    default = acceptance(acc, ver)  # kmax = the largest verified count of known blocks
+    assert len(default["per_position"]) == int(np.maximum(ver[known], 0).max())

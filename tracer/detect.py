@@ -504,18 +504,12 @@ class PairData:
     @functools.cached_property
     def pa(self) -> np.ndarray:
         """int32 [P, w] our paired proposals."""
-        return self._paired(self.al.a.blocks.proposed, self.al.ia)
+        return schema.pad_to(self.al.a.blocks.proposed[self.al.ia], self.eq.shape[1])
 
     @functools.cached_property
     def pb(self) -> np.ndarray:
         """int32 [P, w] their paired proposals."""
-        return self._paired(self.al.b.blocks.proposed, self.al.ib)
-
-    def _paired(self, prop: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        w = self.eq.shape[1]
-        m = prop[idx]
-        return m[:, :w] if m.shape[1] >= w else np.pad(
-            m, ((0, 0), (0, w - m.shape[1])), constant_values=schema.PAD)
+        return schema.pad_to(self.al.b.blocks.proposed[self.al.ib], self.eq.shape[1])
 
     def example(self, x: int, dec: Decoder | None) -> dict:
         """Both proposals of paired block ``x`` (ids, decoded when ``dec`` is given)."""

@@ -16,8 +16,9 @@ import numpy as np
 from .align import NO_DIVERGENCE, Alignment
 from .detect import detect_pair, prepare
 from .findings import Finding
-from .metrics import (CONVENTIONS, acceptance_from_histogram, acceptance_histogram,
-                      drafts_checked, each_chunk, in_parallel, recompute_accepted)
+from .metrics import (CONVENTIONS, acceptance_counts, acceptance_from_counts, drafts_checked,
+                      each_chunk, in_parallel, recompute_accepted)
+from .schema import pad_to
 from .store import Trace
 
 SCHEMA = "spectrace.diff/1"
@@ -70,12 +71,6 @@ def _side(t: Trace) -> dict:
     }
 
 
-def _padded(mat: np.ndarray, w: int) -> np.ndarray:
-    if mat.shape[1] >= w:
-        return mat[:, :w]
-    return np.pad(mat, ((0, 0), (0, w - mat.shape[1])), constant_values=-1)
-
-
 def slot_agreement(prop_a: np.ndarray, prop_b: np.ndarray, ia: np.ndarray, ib: np.ndarray,
                    ka: np.ndarray, kb: np.ndarray) -> dict:
     """Compare paired proposals slot by slot (chunked over the paired blocks).
@@ -102,7 +97,7 @@ def slot_agreement(prop_a: np.ndarray, prop_b: np.ndarray, ia: np.ndarray, ib: n
         """Fill eq/prefix for chunks ``cs``; returns int64 [3, w] counts (eq, +1, -1)."""
         counts = np.zeros((3, w), np.int64)
         for c in cs:
-            pa, pb = _padded(prop_a[ia[c]], w), _padded(prop_b[ib[c]], w)
+            pa, pb = pad_to(prop_a[ia[c]], w), pad_to(prop_b[ib[c]], w)
             kmin, eq = kmin_all[c], eq_all[c]
             alive, pref = np.ones(len(kmin), bool), np.zeros(len(kmin), np.int16)
             # Slot-major: 1-D passes count fast, where axis reductions over w=8 columns crawl.
@@ -206,9 +201,10 @@ def _acceptance(t: Trace, comparable: np.ndarray, kmax: int) -> dict:
     _, checked = drafts_checked(t)
     out: dict = {"matched_content": {}, "all_content": {}}
     for name, acc in (("recorded", t.blocks.accepted), ("recomputed", recompute_accepted(t))):
-        h = acceptance_histogram(acc, checked, comparable, 2)  # group 1: matched content
-        out["matched_content"][name] = acceptance_from_histogram(h[1], kmax)
-        out["all_content"][name] = acceptance_from_histogram(h.sum(axis=0), kmax)
+        by_acc, ver = acceptance_counts(acc, checked, comparable, 2)  # 1: matched content
+        out["matched_content"][name] = acceptance_from_counts(by_acc[1], ver[1], kmax)
+        out["all_content"][name] = acceptance_from_counts(by_acc.sum(axis=0), ver.sum(),
+                                                          kmax)
     return out
 
 

@@ -7,7 +7,8 @@ Conventions (vLLM's, stated in every report):
 * per-position acceptance at slot i = share of blocks with accepted > i (a survival curve,
   as ``vllm:spec_decode_num_accepted_tokens_per_pos`` / ``num_drafts``), not conditional.
 
-Everything is vectorised over whole columns.
+Everything is vectorised over block columns, in chunks of :data:`CHUNK` rows (and shares of
+chunks on :data:`WORKERS` threads where a pass is long).
 """
 
 from __future__ import annotations
@@ -117,14 +118,6 @@ def recompute_accepted(trace: Trace) -> np.ndarray:
     return memo(trace, "recompute_accepted", lambda: _recompute_accepted(trace))
 
 
-def leading_true(match: np.ndarray) -> np.ndarray:
-    """Length of the leading run of True per row of a bool [n, w] matrix (int64 [n])."""
-    if match.shape[1] == 0:
-        return np.zeros(len(match), np.int64)
-    first_false = np.argmin(match, axis=1)
-    return np.where(match[np.arange(len(match)), first_false], match.shape[1], first_false)
-
-
 #: Threads for :func:`in_parallel` (the cores we may use).
 WORKERS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                      else (os.cpu_count() or 1)))
@@ -190,38 +183,38 @@ def _recompute_accepted(trace: Trace) -> np.ndarray:
     return out
 
 
-def acceptance_histogram(accepted: np.ndarray, verified: np.ndarray,
-                         group: np.ndarray | None = None, groups: int = 1) -> np.ndarray:
-    """Count blocks per (group, accepted, verified) in one pass, chunked.
+def acceptance_counts(accepted: np.ndarray, verified: np.ndarray,
+                      group: np.ndarray | None = None,
+                      groups: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Per group, blocks per accepted count and verified drafts of known blocks (chunked).
 
     Args:
-        accepted: int [blocks] accepted drafts (negative: unknown).
+        accepted: int [blocks] accepted drafts (negative: unknown, left out).
         verified: int [blocks] drafts verified per block (tokens; negative counts as 0).
         group: int [blocks] in ``0..groups-1`` (e.g. a bool mask), or None for one group.
     Returns:
-        int64 [groups, A + 2, V + 1] where A, V are the largest accepted and verified
-        counts; axis 1 is ``accepted + 1`` (index 0: unknown), axis 2 is ``verified``.
+        ``(by_accepted, verified_tokens)``: int64 [groups, A + 1] blocks with accepted = a
+        (A the largest accepted count), int64 [groups] verified drafts of those blocks.
     """
-    A = max(int(accepted.max(initial=0)), 0) + 2
-    V = max(int(verified.max(initial=0)), 0) + 1
-    hist = np.zeros(groups * A * V, np.int64)
+    A = max(int(accepted.max(initial=0)), 0) + 1
+    by_acc = np.zeros(groups * A, np.int64)
+    ver = np.zeros(groups, np.int64)
     for c in chunks(len(accepted)):
-        key = (np.maximum(accepted[c], -1).astype(np.int32) + 1) * V + np.maximum(verified[c], 0)
-        if group is not None:
-            key += group[c].astype(np.int32) * (A * V)
-        hist += np.bincount(key, minlength=len(hist))
-    return hist.reshape(groups, A, V)
+        acc, known = accepted[c], accepted[c] >= 0
+        g = np.zeros(len(acc), np.int64) if group is None else group[c].astype(np.int64)
+        by_acc += np.bincount((g * A + acc)[known], minlength=len(by_acc))
+        v = np.maximum(verified[c], 0)[known]
+        ver += np.bincount(g[known], weights=v, minlength=groups).astype(np.int64)
+    return by_acc.reshape(groups, A), ver
 
 
-def acceptance_from_histogram(hist: np.ndarray, kmax: int) -> dict:
-    """:func:`acceptance` figures of one group of :func:`acceptance_histogram` ([A+2, V+1])."""
-    known = hist[1:]                                   # accepted >= 0
-    by_acc = known.sum(axis=1)                         # blocks per accepted count
-    nblk = int(by_acc.sum())
-    tot_acc = int((np.arange(len(by_acc)) * by_acc).sum())
-    tot_ver = int((np.arange(known.shape[1]) * known.sum(axis=0)).sum())
+def acceptance_from_counts(by_accepted: np.ndarray, verified_tokens: int, kmax: int) -> dict:
+    """:func:`acceptance` figures of one group of :func:`acceptance_counts`."""
+    nblk = int(by_accepted.sum())
+    tot_acc = int((np.arange(len(by_accepted)) * by_accepted).sum())
+    tot_ver = int(verified_tokens)
     # Survival curve: blocks with accepted > i = total - blocks with accepted <= i.
-    cum = np.cumsum(by_acc)
+    cum = np.cumsum(by_accepted)
     above = [nblk - int(cum[min(i, len(cum) - 1)]) for i in range(kmax)]
     return {
         "blocks": nblk,
@@ -245,11 +238,10 @@ def acceptance(accepted: np.ndarray, verified: np.ndarray, kmax: int | None = No
         (accepted/verified or None), ``mean_acceptance_length`` (1 + accepted/blocks or
         None) and ``per_position`` (list of kmax shares of blocks with accepted > i).
     """
-    hist = acceptance_histogram(accepted, verified)[0]
     if kmax is None:
-        v = np.flatnonzero(hist[1:].sum(axis=0))
-        kmax = int(v[-1]) if len(v) else 0
-    return acceptance_from_histogram(hist, int(kmax))
+        kmax = int(np.maximum(verified[accepted >= 0], 0).max(initial=0))
+    by_acc, ver = acceptance_counts(accepted, verified)
+    return acceptance_from_counts(by_acc[0], ver[0], int(kmax))
 
 
 CONVENTIONS = ("acceptance rate = accepted/verified drafts; mean acceptance length = "

@@ -35,6 +35,13 @@ PARTIAL_SUFFIX = ".partial"
 PAD = -1
 
 
+def pad_to(mat: np.ndarray, w: int, fill: int = PAD) -> np.ndarray:
+    """``mat`` [n, m] cut or padded with ``fill`` to ``w`` columns (no copy when m >= w)."""
+    if mat.shape[1] >= w:
+        return mat[:, :w]
+    return np.pad(mat, ((0, 0), (0, w - mat.shape[1])), constant_values=fill)
+
+
 @dataclass(frozen=True)
 class Column:
     """One column of a table.

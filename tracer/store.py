@@ -359,9 +359,8 @@ class TraceWriter:
         """
         p, v = arrays["proposed"], arrays["verified"]
         w = max(p.shape[1], v.shape[1], g["proposed"].shape[1], g["verified"].shape[1])
-        pad = (lambda m: m if m.shape[1] == w else np.pad(
-            m, ((0, 0), (0, w - m.shape[1])), constant_values=schema.PAD))
-        return {"verified_same": (pad(p) == pad(v)).all(axis=1).astype(np.int8)}
+        same = schema.pad_to(p, w) == schema.pad_to(v, w)
+        return {"verified_same": same.all(axis=1).astype(np.int8)}
 
     def _append(self, ds: h5py.Dataset, arr: np.ndarray, c: schema.Column) -> None:
         n0 = ds.shape[0]
@@ -728,8 +727,7 @@ class Trace:
             return np.zeros((0,) if c.width is None else (0, 1), c.np_dtype)
         if c.width is not None:
             w = max(p.shape[1] for p in parts)
-            parts = [p if p.shape[1] == w else np.pad(
-                p, ((0, 0), (0, w - p.shape[1])), constant_values=c.fill) for p in parts]
+            parts = [schema.pad_to(p, w, c.fill) for p in parts]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _verified_is_proposed(self) -> bool:
@@ -792,7 +790,7 @@ class Trace:
             else:
                 arr = ds[lo:hi]
             if width is not None and arr.shape[1] < width:
-                arr = np.pad(arr, ((0, 0), (0, width - arr.shape[1])), constant_values=c.fill)
+                arr = schema.pad_to(arr, width, c.fill)
             if name == "request":
                 arr = arr + self._req_offsets[i]
                 missing = arr >= self._req_offsets[i] + self._nreq_per_file[i]

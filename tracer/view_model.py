@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .align import NO_DIVERGENCE, first_difference, match_requests
+from . import schema
 from .findings import Finding
 from .store import Trace, open_trace
 
@@ -274,15 +275,10 @@ class Window:
 
 
 def _side_arrays(g: dict, has: np.ndarray, w: int) -> dict:
-    def pad(m: np.ndarray, width: int) -> np.ndarray:
-        if m.shape[1] >= width:
-            return m[:, :width]
-        return np.pad(m, ((0, 0), (0, width - m.shape[1])), constant_values=-1)
-
     d = {name: g[name] for name in ("anchor", "accepted", "num_verified")}
     d["k"] = np.where(has, g["k"].astype(np.int64), 0)
-    d["proposed"] = pad(g["proposed"], w)
-    d["verified"] = pad(g["verified"], w)
+    d["proposed"] = schema.pad_to(g["proposed"], w)
+    d["verified"] = schema.pad_to(g["verified"], w)
     d["has"] = has
     slots = np.arange(w)
     nv = g["num_verified"].astype(np.int64)[:, None]
