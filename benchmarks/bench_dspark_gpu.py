@@ -10,8 +10,9 @@ What runs, per measured step (both modes do exactly the same work except the cap
    backbone, draft-vocabulary logits, the sequential Markov loop with argmax and d2t, drafts
    into a persistent ``draft_tokens`` buffer;
 3. mode ``capture`` only: spectrace's ``ProposeTap`` (``spectrace.hooks.vllm_v2``) wraps
-   ``propose``: one Triton launch stages ``[n, 4 + k]`` int32 rows (verdict, anchor, anchor
-   position, drafts) into a device ring; every 32 steps one non-blocking copy to pinned memory
+   ``propose``: one Triton launch (through the compiled launcher) stages ``[n, 4 + k]`` int32
+   rows (verdict, anchor, anchor position, drafts) into a device ring; every ``flush_steps``
+   (64) steps one non-blocking copy to pinned memory
    and one event; segments whose event completed are joined (numpy, many steps at once) into
    blocks. The sink is a real trace file (``--sink h5``, needs h5py; written on a background
    thread) or an in-memory counter (``--sink null``);
@@ -379,6 +380,9 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
         for mode, propose in (("off", runner.propose), ("capture", spec.propose)):
             runs[mode].append(measure(runner, propose, args.steps, args.warmup, cuda))
     tap.drain(wait=True)
+    from spectrace.hooks import v2_stage
+
+    launches = dict(v2_stage.launch_counts)
     rows = []
     for mode, rs in runs.items():
         r = {key: statistics.median(x[key] for x in rs) for key in rs[0]}
@@ -390,6 +394,7 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
     off, on = rows
     on["capture_host_us"] = host[0] / max(host[1], 1) * 1e6
     on["sync_waits"] = tap.sync_waits
+    on["launch_counts"] = launches  # cumulative over the process (direct vs kernel[grid])
     on["blocks"] = session.blocks if isinstance(session, NullSession) else session.totals["blocks"]
     session.close()
     on["overhead_pct"] = (on["step_ms"] - off["step_ms"]) / off["step_ms"] * 100
@@ -402,8 +407,9 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
 
 
 def stage_micro(batch: int = 64, k: int = 7, n_iter: int = 2000) -> dict:
-    """Host and device microseconds per staging launch, three ways: the Triton kernel
-    (what the capture path uses on CUDA), the torch-op fallback, and a CUDA graph holding the
+    """Host and device microseconds per staging launch, four ways: the Triton kernel
+    through its compiled launcher (what the capture path uses on CUDA), the same through
+    ``kernel[grid](...)``, the torch-op fallback, and a CUDA graph holding the
     torch ops over static inputs (the alternative; its input copies not counted). Device time
     is from a graph of 50 launches replayed (pure kernel time, no launch gaps from the host)."""
     from spectrace.hooks import v2_stage
@@ -420,8 +426,16 @@ def stage_micro(batch: int = 64, k: int = 7, n_iter: int = 2000) -> dict:
     drafts = torch.randint(0, 150000, (batch, k), generator=g).to(dev)
     ring = torch.zeros((batch * 32, 4 + k), dtype=torch.int32, device=dev)
     args = (ns, nr, idx, qsl, pos, last, nxt, drafts)
+    def jit(i):  # the plain kernel[grid](...) call, as before the direct launch path
+        v2_stage.DIRECT = False
+        try:
+            return v2_stage.stage_triton(ring, (i % 32) * batch, batch, *args)
+        finally:
+            v2_stage.DIRECT = True
+
     ways = {
         "triton": lambda i: v2_stage.stage_triton(ring, (i % 32) * batch, batch, *args),
+        "triton jit": jit,
         "torch": lambda i: v2_stage.stage_torch(ring[(i % 32) * batch:], batch, *args),
     }
     static = ring[:batch]
@@ -537,7 +551,7 @@ def main(argv=None) -> int:
         by_cfg.setdefault(r["config"], []).append(r["overhead_pct"])
     for c, v in by_cfg.items():
         print(f"  {c}: overhead per batch size {', '.join(f'{x:+.2f}%' for x in v)}")
-    if micro:  # device work the capture adds per step: one staging kernel (+ a copy / 32 steps)
+    if micro:  # device work the capture adds per step: one staging kernel (+ a copy per flush)
         dev_us = micro["triton"]["dev_us"]
         offs = {(r["config"], r["batch"]): r["gpu_ms"] for r in rows if r["mode"] == "off"}
         print(f"  staging kernel device time {dev_us:.2f} us per step (batch 64): " + ", ".join(

@@ -15,6 +15,16 @@ positions fit int32, which halves the device-to-host traffic. The Triton kernel
 (:func:`stage_triton`) does all gathers in one launch and writes straight into a row range of
 the caller's device ring; :func:`stage_torch` is the same with torch ops (CPU devices, and the
 fallback where Triton is missing or an input has a layout the kernel does not take).
+
+Launch cost. ``kernel[grid](...)`` spends ~20 us of host time in Triton's Python
+(``JITFunction.run``: argument binding, specialisation, cache key, launch metadata) before its
+compiled launcher runs. :func:`stage_triton` calls that compiled launcher directly
+(``CompiledKernel.run``, with the arguments ``JITFunction.run`` passes it in Triton 3.3 to
+3.9: grid, stream, function, packed metadata, launch metadata, the two launch hooks, then every
+kernel parameter in order, constexprs included) once the normal call has returned the
+``CompiledKernel`` for the same specialisation key (:func:`_spec_key`). Anything unexpected
+(a launch hook installed, a pre-run hook, a missing attribute, an error from the launcher, a
+Triton outside 3.x) sends the launch through ``kernel[grid](...)``.
 """
 
 from __future__ import annotations
@@ -51,6 +61,75 @@ def _row0_stride(t) -> int:
     return t.stride(1) if t.dim() == 2 else t.stride(0)
 
 
+#: Launch counts by path (tests and benchmarks read them; never reset by this module).
+launch_counts = {"direct": 0, "jit": 0}
+#: ``False`` forces every launch through ``kernel[grid](...)`` (A/B checks).
+DIRECT = True
+
+_I32 = 1 << 31
+_launchers: dict = {}  # specialisation key -> (run, function, packed metadata), or None: JIT
+_triton_rt = None      # (driver, knobs) once the kernel is imported; False: no direct path
+
+
+def _runtime():
+    """``(triton.runtime.driver.active, triton.knobs)`` for a Triton 3.x, else False."""
+    global _triton_rt
+    if _triton_rt is None:
+        try:
+            import triton
+            from triton import knobs
+            from triton.runtime import driver
+
+            major = int(triton.__version__.split(".")[0])
+            _triton_rt = (driver.active, knobs) if major == 3 else False
+        except Exception:  # an older Triton (no knobs module) or a broken install
+            _triton_rt = False
+    return _triton_rt
+
+
+def _hooks_idle(kernel, knobs) -> bool:
+    """True when no launch hook (profilers use them) and no pre-run hook is installed: the
+    direct launch then does what ``JITFunction.run`` does (Triton 3.6 keeps empty
+    ``HookChain`` objects, 3.9 ``None``)."""
+    rt = knobs.runtime
+    for hook in (rt.launch_enter_hook, rt.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return False
+    return not getattr(kernel, "pre_run_hooks", None)
+
+
+def _spec_key(dev: int, tensors: tuple, ptrs: tuple, k: int, knobs) -> tuple:
+    """A key at least as fine as Triton's specialisation of the staging kernel.
+
+    Triton specialises a launch on: each pointer's dtype and 16-byte alignment, each
+    specialised integer's value class (``== 1``, ``% 16 == 0``, 32/64-bit), the constexprs
+    (K, KP, BLOCK) and the compile options (``debug``, ``instrumentation_mode`` from knobs);
+    the kernel cache is per device. This key holds the device, every tensor's dtype and
+    strides (the integer arguments are strides), the alignment of every pointer, K and
+    those knobs, so two launches with the same key use the same ``CompiledKernel``.
+    """
+    out, ns, nr, idx, qsl, positions, last, nxt, drafts = tensors
+    aligned = not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5] | ptrs[6]
+                   | ptrs[7] | ptrs[8]) & 15
+    return (dev, k, aligned or tuple([p & 15 == 0 for p in ptrs]),
+            knobs.runtime.debug, getattr(knobs.compilation, "instrumentation_mode", None),
+            out.dtype, ns.dtype, nr.dtype, idx.dtype, qsl.dtype, positions.dtype, last.dtype,
+            nxt.dtype, drafts.dtype,
+            out.stride(), ns.stride(), nr.stride(), idx.stride(), qsl.stride(),
+            positions.stride(), last.stride(), nxt.stride(), drafts.stride())
+
+
+def _layout_ok(tensors: tuple) -> bool:
+    """The kernel's layout: 1-D unit-stride ns/nr/idx/qsl/positions, rows of ``out`` and
+    ``drafts`` with unit column stride (``last``/``nxt`` any 1-D or 2-D strides)."""
+    out, ns, nr, idx, qsl, positions, last, nxt, drafts = tensors
+    for t in (ns, nr, idx, qsl, positions):
+        if t.dim() != 1 or t.stride(0) != 1:
+            return False
+    return (drafts.dim() == 2 and drafts.stride(1) == 1 and out.dim() == 2
+            and out.stride(1) == 1 and last.dim() in (1, 2) and nxt.dim() in (1, 2))
+
+
 def stage_triton(out, row0: int, n: int, ns, nr, idx, qsl, positions, last, nxt,
                  drafts) -> bool:
     """Write rows ``row0 .. row0 + n - 1`` of ``out`` (int32 ``[R, >= 4 + K]``, contiguous
@@ -59,27 +138,75 @@ def stage_triton(out, row0: int, n: int, ns, nr, idx, qsl, positions, last, nxt,
     Args: ``ns``/``nr`` int ``[>= n]`` (num_sampled/num_rejected), ``idx`` int ``[>= n]``
     (idx_mapping), ``qsl`` int ``[>= n + 1]`` (query_start_loc), ``positions`` int
     ``[tokens]``, ``last`` int ``[slots]`` or ``[slots, W]`` (last_sampled; column 0 is
-    read), ``nxt`` int ``[slots]`` or ``[W, slots]`` (next_prefill_tokens; row 0), ``drafts`` int ``[>= n, K]``.
+    read), ``nxt`` int ``[slots]`` or ``[W, slots]`` (next_prefill_tokens; row 0),
+    ``drafts`` int ``[>= n, K]``; all on the current CUDA device.
+
+    The launch goes through Triton's compiled launcher directly when a ``CompiledKernel`` for
+    this specialisation (:func:`_spec_key`) is known and no hook is installed, else through
+    ``kernel[grid](...)`` (which compiles on first use); both launch the same binary with the
+    same arguments. ``launch_counts`` counts the two paths.
 
     Returns:
         False (nothing launched) when an input's layout is not what the kernel takes
         (a 1-D input with a stride other than 1, drafts with a column stride other than 1);
         the caller then uses :func:`stage_torch`.
     """
-    for t in (ns, nr, idx, qsl, positions):
-        if t.dim() != 1 or t.stride(0) != 1:
-            return False
-    if drafts.dim() != 2 or drafts.stride(1) != 1 or out.stride(1) != 1:
-        return False
-    last_stride, nxt_stride = _column0_stride(last), _row0_stride(nxt)
-    k = int(drafts.shape[1])
-    kp = 1 << max(k - 1, 0).bit_length()
+    tensors = (out, ns, nr, idx, qsl, positions, last, nxt, drafts)
     kernel, block = _triton_kernel()
-    grid = ((n + block - 1) // block,)
-    kernel[grid](out, out.stride(0), row0, n, ns, nr, idx, qsl, positions,
-                 last, last_stride, nxt, nxt_stride, drafts, drafts.stride(0),
-                 K=k, KP=kp, BLOCK=block)
+    k = drafts.shape[1]
+    rt = _runtime() if DIRECT else False
+    key = None
+    if rt and row0 + n < _I32:
+        drv, knobs = rt
+        if (out.is_cuda and ns.is_cuda and nr.is_cuda and idx.is_cuda and qsl.is_cuda
+                and positions.is_cuda and last.is_cuda and nxt.is_cuda and drafts.is_cuda):
+            ptrs = (out.data_ptr(), ns.data_ptr(), nr.data_ptr(), idx.data_ptr(),
+                    qsl.data_ptr(), positions.data_ptr(), last.data_ptr(), nxt.data_ptr(),
+                    drafts.data_ptr())
+            dev = drv.get_current_device()
+            key = _spec_key(dev, tensors, ptrs, k, knobs)
+            entry = _launchers.get(key)
+            if entry is not None and _hooks_idle(kernel, knobs):
+                run, function, packed, strides, kp = entry
+                try:
+                    run((n + block - 1) // block, 1, 1, drv.get_current_stream(dev), function,
+                        packed, None, None, None,
+                        ptrs[0], strides[0], row0, n, ptrs[1], ptrs[2], ptrs[3], ptrs[4],
+                        ptrs[5], ptrs[6], strides[1], ptrs[7], strides[2], ptrs[8], strides[3],
+                        k, kp, block)
+                except Exception:  # an unexpected launcher: launch normally from now on
+                    _disable_direct()
+                else:
+                    launch_counts["direct"] += 1
+                    return True
+    if not _layout_ok(tensors):
+        return False
+    strides = (out.stride(0), _column0_stride(last), _row0_stride(nxt), drafts.stride(0))
+    kp = 1 << max(k - 1, 0).bit_length()
+    compiled = kernel[((n + block - 1) // block,)](
+        out, strides[0], row0, n, ns, nr, idx, qsl, positions, last, strides[1], nxt,
+        strides[2], drafts, strides[3], K=k, KP=kp, BLOCK=block)
+    launch_counts["jit"] += 1
+    if key is not None and key not in _launchers:
+        _launchers[key] = _direct_entry(compiled, strides, kp)
     return True
+
+
+def _direct_entry(compiled, strides: tuple, kp: int):
+    """What a direct launch needs from the ``CompiledKernel`` the normal call returned, or
+    None (this key always launches normally) when it lacks any of it."""
+    try:
+        run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+    except Exception:
+        return None
+    return (run, function, packed, strides, kp) if callable(run) else None
+
+
+def _disable_direct() -> None:
+    """Every later launch goes through ``kernel[grid](...)``."""
+    global _triton_rt
+    _launchers.clear()
+    _triton_rt = False
 
 
 def stage_torch(out, n: int, ns, nr, idx, qsl, positions, last, nxt, drafts) -> None:

@@ -63,6 +63,9 @@ PROPOSE_REQUIRED = ("input_batch", "num_sampled", "num_rejected", "last_sampled"
                     "next_prefill_tokens")
 #: Read when present.
 PROPOSE_OPTIONAL = ("num_speculative_tokens", "dummy_run", "is_profile")
+#: What :meth:`ProposeTap.record` reads, in the order it unpacks them.
+_RECORD_ARGS = ("input_batch", "num_sampled", "num_rejected", "last_sampled",
+                "next_prefill_tokens", "num_speculative_tokens", "dummy_run", "is_profile")
 #: ``input_batch`` attributes the hook reads.
 BATCH_ATTRS = ("req_ids", "num_reqs", "idx_mapping", "positions", "query_start_loc")
 #: The layout this was written against, named in :class:`SpecTraceLayoutError` messages.
@@ -103,6 +106,13 @@ def propose_layout(propose, owner: str = "speculator") -> dict[str, tuple[int | 
     return layout
 
 
+def _torch():
+    """The torch module (imported on first use: this module imports without it)."""
+    import torch
+
+    return torch
+
+
 @dataclass
 class _Slot:
     dev: object          # device staging block (the host tensor itself on a CPU device)
@@ -136,28 +146,29 @@ class _Segment:
     """
 
     __slots__ = ("dev", "host", "host_np", "event", "state", "used", "steps", "pending",
-                 "ready", "t0_ns")
+                 "ready", "t0_ns", "cap", "cols")
 
     def __init__(self, dev, host, event) -> None:
         self.dev, self.host, self.event = dev, host, event
         self.host_np = host.numpy()
+        self.cap, self.cols = host.shape  # rows, columns
         self.state, self.used, self.steps, self.pending, self.ready, self.t0_ns = (
             "free", 0, 0, 0, False, 0)
 
 
-@dataclass
 class _StepRec:
-    """One staged step: ``n`` rows at ``row0`` of ``seg``."""
+    """One staged step: ``n`` rows at ``row0`` of ``seg`` (a slots class, not a dataclass:
+    one is made per step on the hot path)."""
 
-    seg: _Segment
-    row0: int
-    n: int
-    ids: object        # int64 [n] tap-local request ids
-    keep: object       # bool [n] non-warmup rows, or None for all
-    req_ids: list
-    step: int
-    k_eff: int
-    t_ns: int
+    __slots__ = ("seg", "row0", "n", "ids", "keep", "req_ids", "step", "k_eff", "t_ns")
+
+    def __init__(self, seg: _Segment, row0: int, n: int, ids, keep, req_ids: list, step: int,
+                 k_eff: int, t_ns: int) -> None:
+        self.seg, self.row0, self.n = seg, row0, n
+        self.ids = ids          # int64 [n] tap-local request ids
+        self.keep = keep        # bool [n] non-warmup rows, or None for all
+        self.req_ids = req_ids  # the tap's own copy (never the runner's list)
+        self.step, self.k_eff, self.t_ns = step, k_eff, t_ns
 
 
 class ProposeTap:
@@ -183,7 +194,8 @@ class ProposeTap:
             once; more exercises the chunked join and the deferred finishes on a CPU).
 
     Attributes:
-        outputs: request id -> emitted token ids so far (prefill token + every block).
+        outputs: request id -> emitted token ids so far (prefill token + every block), a
+            list built on access from the numpy chunks the joins append (``_out``).
         sync_waits: times the ring had to wait for a copy (should stay 0).
         step_observers: callables ``(rows, req_ids, step)`` run for each step, in order,
             before its rows are joined (``rows``: numpy int32 ``[n, 4 + K]``).
@@ -195,12 +207,15 @@ class ProposeTap:
     SEGMENT_AGE_NS = 500_000_000  # copy a segment out after this long, however few steps
 
     def __init__(self, speculator, session: Session, slots: int = 4,
-                 max_model_len: int | None = None, flush_steps: int = 32,
+                 max_model_len: int | None = None, flush_steps: int = 64,
                  cpu_flush_steps: int = 1) -> None:
         self.layout = propose_layout(speculator.propose, type(speculator).__name__)
+        # (name, position or None, default) in the order record() unpacks them.
+        self._argspec = tuple((name, *self.layout.get(name, (None, None)))
+                              for name in _RECORD_ARGS)
         self.session = session
         self.max_model_len = max_model_len
-        self.outputs: dict[str, list[int]] = {}
+        self._out: dict[int, list[np.ndarray]] = {}  # int id -> emitted id chunks, in order
         self.requests: dict[str, tuple[int, object]] = {}  # req id -> (prompt len, params)
         self.sync_waits = 0
         self.step_observers: list = []
@@ -236,21 +251,19 @@ class ProposeTap:
                 self.session.fail(exc, "V2 propose")
         return out
 
-    def _arg(self, name: str, args: tuple, kwargs: dict):
-        if name in kwargs:
-            return kwargs[name]
-        pos, default = self.layout.get(name, (None, None))
-        if pos is not None and pos < len(args):
-            return args[pos]
-        return default
+    def _args(self, args: tuple, kwargs: dict) -> list:
+        """The values of ``_RECORD_ARGS`` in this call (keyword, else position, else the
+        default), positions resolved once at construction."""
+        nargs = len(args)
+        return [kwargs[name] if name in kwargs else
+                args[pos] if pos is not None and pos < nargs else default
+                for name, pos, default in self._argspec]
 
     def record(self, args: tuple, kwargs: dict, out) -> None:
         """Stage (num_sampled, num_rejected, anchor, anchor position, drafts) of this call."""
-        import torch
-
-        if self._arg("dummy_run", args, kwargs) or self._arg("is_profile", args, kwargs):
+        batch, ns, nr, last, nxt, k_arg, dummy, profile = self._args(args, kwargs)
+        if dummy or profile:
             return
-        batch = self._arg("input_batch", args, kwargs)
         if not self._batch_checked:
             require_attrs(batch, BATCH_ATTRS, f"{type(batch).__name__} (propose's input_batch)",
                           f"; known layout: {KNOWN_LAYOUT}")
@@ -261,48 +274,45 @@ class ProposeTap:
         req_ids = batch.req_ids
         if type(req_ids) is not list or len(req_ids) != n:
             req_ids = list(req_ids[:n])
+        # Compared by value every step, never kept: the runner may reuse or mutate its list
+        # (vLLM 0.32 builds a new one per step, but nothing promises that); the tap keeps its
+        # own copy, made only when the ids change.
         if req_ids != self._prev_req_ids:
             self._new_batch(req_ids)
         ids, keep, all_warmup = self._prev_batch
         if all_warmup:
             return
-        drafts = getattr(out, "draft_tokens", out)  # a tensor, or a Speculation-like object
+        torch = _torch()
+        drafts = out if isinstance(out, torch.Tensor) else getattr(out, "draft_tokens", out)
         cuda = drafts.is_cuda
         if cuda and torch.cuda.is_current_stream_capturing():
             return
         if cuda and self._stream:
             self._poll()
-        k_all = int(drafts.shape[1])
-        k_arg = self._arg("num_speculative_tokens", args, kwargs)
+        k_all = drafts.shape[1]
         k_eff = min(int(k_arg), k_all) if k_arg else k_all
-        last = self._arg("last_sampled", args, kwargs)
         t_ns = time.time_ns()
-        seg = self._segment(n, META_COLS + k_all, max(n, int(last.shape[0])), drafts.device,
-                            cuda, t_ns)
+        seg = self._cur
+        if seg is None or seg.used + n > seg.cap or seg.cols != META_COLS + k_all:
+            seg = self._segment(n, META_COLS + k_all, max(n, int(last.shape[0])),
+                                drafts.device, cuda, t_ns)
         row0 = seg.used
-        self._stage(seg, row0, n, batch, args, kwargs, last, drafts, cuda)
+        inputs = (ns, nr, batch.idx_mapping, batch.query_start_loc, batch.positions, last, nxt,
+                  drafts)
+        if not (cuda and triton_ok(drafts) and stage_triton(seg.dev, row0, n, *inputs)):
+            stage_torch(seg.dev[row0:row0 + n], n, *inputs)
         seg.used += n
         seg.steps += 1
         seg.pending += 1
+        session = self.session
         self._stream.append(_StepRec(seg, row0, n, ids, keep, self._prev_req_ids,
-                                     self.session.step, k_eff, t_ns))
-        self.session.step += 1
+                                     session.step, k_eff, t_ns))
+        session.step += 1
         if not cuda:
             if seg.steps >= self.cpu_flush_steps:
                 self.drain(wait=True)
         elif seg.steps >= self.flush_steps or t_ns - seg.t0_ns >= self.SEGMENT_AGE_NS:
             self._flush(seg)
-
-    def _stage(self, seg: _Segment, row0: int, n: int, batch, args, kwargs, last, drafts,
-               cuda: bool) -> None:
-        ns = self._arg("num_sampled", args, kwargs)
-        nr = self._arg("num_rejected", args, kwargs)
-        nxt = self._arg("next_prefill_tokens", args, kwargs)
-        inputs = (ns, nr, batch.idx_mapping, batch.query_start_loc, batch.positions, last, nxt,
-                  drafts)
-        if cuda and triton_ok(drafts) and stage_triton(seg.dev, row0, n, *inputs):
-            return
-        stage_torch(seg.dev[row0:row0 + n], n, *inputs)
 
     def _new_batch(self, req_ids: list) -> None:
         """Request ids changed since the last step: map them to int ids, mark warmup rows."""
@@ -327,11 +337,11 @@ class ProposeTap:
         """The segment that takes this step's ``n`` rows (flushing a full one)."""
         seg = self._cur
         if seg is not None:
-            if seg.used + n <= seg.dev.shape[0] and seg.dev.shape[1] == cols:
+            if seg.used + n <= seg.cap and seg.cols == cols:
                 return seg
             self._flush(seg)
         key = (cols, device, cuda)
-        if self._ring_key != key or self._ring[0].dev.shape[0] < n:
+        if self._ring_key != key or self._ring[0].cap < n:
             self.drain(wait=True)
             steps = self.flush_steps if cuda else self.cpu_flush_steps
             self._ring = self._make_ring(self._nslots if cuda else 1,
@@ -556,19 +566,40 @@ class ProposeTap:
         return self._wrows[ids] if (rows < 0).any() else rows
 
     def _add_outputs(self, req, tokens, lens) -> None:
-        """Extend ``outputs`` per request with the emitted ids of each verdict row, in order."""
-        import numpy as np
+        """Append each verdict row's emitted ids to its request's chunks, in row order.
 
+        Args:
+            req: int64 ``[V]`` tap-local ids of the verdict rows (chunk order).
+            tokens: int64 ``[V, K + 1]`` emitted ids per row, ``lens[i]`` of them valid.
+            lens: int64 ``[V]``.
+
+        One numpy array per request and join (a view of one flat array), so the Python work
+        per join is one append per distinct request, not per token.
+        """
         if not len(req):
             return
-        order = np.argsort(req, kind="stable")
+        order = np.argsort(req, kind="stable")  # per request, rows stay in chunk order
         req, tokens, lens = req[order], tokens[order], lens[order]
-        flat = tokens[np.arange(tokens.shape[1])[None, :] < lens[:, None]].tolist()
+        flat = tokens[np.arange(tokens.shape[1])[None, :] < lens[:, None]]
         starts = np.flatnonzero(np.r_[True, req[1:] != req[:-1]])
-        ends = np.r_[starts[1:], len(req)]
         offs = np.r_[0, np.cumsum(lens)]
-        for r, a, b in zip(req[starts].tolist(), offs[starts].tolist(), offs[ends].tolist()):
-            self.outputs.setdefault(self._names[r], []).extend(flat[a:b])
+        bounds = offs[np.r_[starts, len(req)]].tolist()
+        out = self._out
+        for j, r in enumerate(req[starts].tolist()):
+            chunks = out.get(r)
+            if chunks is None:
+                chunks = out[r] = []
+            chunks.append(flat[bounds[j]:bounds[j + 1]])
+
+    def output_ids(self, req_id: str) -> list[int]:
+        """``req_id``'s emitted ids so far (joined steps only), as a list."""
+        chunks = self._out.get(self._ids.get(req_id, -1))
+        return np.concatenate(chunks).tolist() if chunks else []
+
+    @property
+    def outputs(self) -> dict[str, list[int]]:
+        """Request id -> emitted ids so far (built on each access; for inspection)."""
+        return {self._names[i]: np.concatenate(c).tolist() for i, c in self._out.items() if c}
 
     # -- requests ------------------------------------------------------------------------
 
@@ -587,8 +618,10 @@ class ProposeTap:
         if is_warmup(req_id) or req_id not in self.requests:
             return
         prompt_len, params = self.requests.pop(req_id) if final else self.requests[req_id]
-        ids, reason = trim_output(self.outputs.get(req_id, []), params, prompt_len,
+        ids, reason = trim_output(self.output_ids(req_id), params, prompt_len,
                                   self.max_model_len)
+        if final:  # its steps are all joined (finishes are queued after them): free its ids
+            self._out.pop(self._ids.get(req_id, -1), None)
         self.session.finish_request(req_id, ids,
                                     reason or ("abort" if final else "unfinished"))
 

@@ -209,3 +209,87 @@ def test_triton_staging_equals_torch(n, k):
     got = ring.cpu()
     assert (got[:9] == -7).all()
     assert torch.equal(got[9:].long(), ref)
+
+
+def _staging_inputs(n: int, k: int, seed: int):
+    """Random staging inputs on CUDA (as in test_triton_staging_equals_torch) and a torch
+    reference of the rows they give."""
+    from spectrace.hooks.v2_stage import stage_torch
+
+    g = torch.Generator().manual_seed(seed)
+    slots = n + 5
+    ns = torch.randint(0, k + 2, (slots,), generator=g, dtype=torch.int32)
+    nr = torch.randint(0, k + 1, (slots,), generator=g, dtype=torch.int32)
+    idx = torch.randperm(slots, generator=g)[:n].to(torch.int32)
+    q = torch.randint(1, k + 2, (n,), generator=g)
+    qsl = torch.cat([torch.zeros(1, dtype=torch.int64), q.cumsum(0)]).to(torch.int32)
+    positions = torch.randint(0, 10**6, (int(qsl[-1]),), generator=g)
+    last = torch.randint(0, 150000, (slots, 1), generator=g)
+    nxt = torch.randint(0, 150000, (1, slots), generator=g, dtype=torch.int32)
+    drafts = torch.randint(-1, 150000, (slots, k), generator=g)
+    host = (ns, nr, idx, qsl, positions, last, nxt, drafts)
+    ref = torch.full((n, 4 + k), -7, dtype=torch.int64)
+    stage_torch(ref, n, *host)
+    return [t.cuda() for t in host], ref
+
+
+@needs_cuda
+@pytest.mark.parametrize("offset", [0, 1])  # 1: ns/nr start 4 bytes in (unaligned pointers)
+def test_direct_launch_writes_what_the_triton_call_writes(monkeypatch, offset):
+    """The compiled-launcher path writes exactly the rows ``kernel[grid](...)`` writes (and the
+    torch reference), for aligned and unaligned inputs (different specialisations)."""
+    from spectrace.hooks import v2_stage
+
+    n, k = 77, 7
+    inputs, ref = _staging_inputs(n + offset, k, seed=5 + offset)
+    if offset:  # rows 1.. of every per-row input: the same rows the reference holds from 1
+        inputs = [inputs[0][1:], inputs[1][1:], inputs[2][1:]] + inputs[3:]
+        inputs[3] = inputs[3][1:]
+        ref = None
+    rings = [torch.full((n + 9, 4 + k), -7, dtype=torch.int32, device="cuda") for _ in range(3)]
+    monkeypatch.setattr(v2_stage, "DIRECT", False)
+    jit0 = v2_stage.launch_counts["jit"]
+    assert v2_stage.stage_triton(rings[0], 9, n, *inputs)  # the plain Triton call
+    assert v2_stage.launch_counts["jit"] == jit0 + 1
+    monkeypatch.setattr(v2_stage, "DIRECT", True)
+    v2_stage.stage_triton(rings[1], 9, n, *inputs)  # learns this key's CompiledKernel
+    direct0 = v2_stage.launch_counts["direct"]
+    assert v2_stage.stage_triton(rings[2], 9, n, *inputs)  # the direct launch
+    assert v2_stage.launch_counts["direct"] == direct0 + 1
+    got = [r.cpu() for r in rings]
+    assert torch.equal(got[2], got[0]) and torch.equal(got[1], got[0])
+    assert (got[0][:9] == -7).all()
+    if ref is not None:
+        assert torch.equal(got[0][9:].long(), ref)
+
+
+@needs_cuda
+def test_launch_hook_sends_launches_through_triton(monkeypatch):
+    """With a Triton launch hook installed (a profiler), launches take the normal path, so
+    the hook sees them; without it, the direct path resumes."""
+    from triton import knobs
+
+    from spectrace.hooks import v2_stage
+
+    inputs, ref = _staging_inputs(8, 4, seed=11)
+    ring = torch.full((8, 8), -7, dtype=torch.int32, device="cuda")
+    v2_stage.stage_triton(ring, 0, 8, *inputs)  # key known from here on
+    seen = []
+    hook = knobs.runtime.launch_enter_hook
+    if hasattr(hook, "add"):  # Triton 3.6: a HookChain
+        hook.add(seen.append)
+        undo = lambda: hook.remove(seen.append)  # noqa: E731
+    else:  # Triton 3.9: None or a callable
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", seen.append)
+        undo = lambda: None  # noqa: E731
+    try:
+        counts = dict(v2_stage.launch_counts)
+        v2_stage.stage_triton(ring, 0, 8, *inputs)
+        assert v2_stage.launch_counts["jit"] == counts["jit"] + 1
+        assert v2_stage.launch_counts["direct"] == counts["direct"] and len(seen) == 1
+    finally:
+        undo()
+    counts = dict(v2_stage.launch_counts)
+    v2_stage.stage_triton(ring, 0, 8, *inputs)
+    assert v2_stage.launch_counts["direct"] == counts["direct"] + 1
+    assert torch.equal(ring.cpu().long(), ref)
