@@ -155,12 +155,10 @@ def diff(ours: str, theirs: str, fmt: str, examples: int, tokenizer: str | None)
     """
     from . import report
     from .align import align
-    from .diff import diff_traces
-    from .store import open_trace
-
+    from .diff import diff_traces, open_pair
     from .tokens import decoder_for
 
-    a, b = open_trace(ours), open_trace(theirs)
+    a, b = open_pair(ours, theirs)
     dec = decoder_for(tokenizer, a.meta, b.meta)
     result = diff_traces(align(a, b), examples=examples, decoder=dec)
     if fmt == "json":

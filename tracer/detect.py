@@ -831,13 +831,17 @@ def _loop_findings(al: Alignment, oa: TraceData, ob: TraceData, loops_a: list, l
     return out
 
 
-def _own_checks(td: TraceData, dec: Decoder | None) -> tuple[list, tuple]:
-    """One side's single-trace work for :func:`detect_pair`: its loops and the findings of
-    anchor_consistency, verified_vs_proposed, bookkeeping and vocab_range (and the memo of
-    :func:`constant_rate` that the cross-side check reads)."""
+def _own_checks(td: TraceData, ref: TraceData, al: Alignment, side_a: bool,
+                dec: Decoder | None) -> tuple[list, tuple]:
+    """One side's work for :func:`detect_pair` (it reads ``ref`` and ``al``, writes only
+    ``td``'s memos): its loops and the findings of anchor_consistency,
+    verified_vs_proposed, unverified (with the anchors skipped against ``ref``),
+    bookkeeping and vocab_range, and the memo of :func:`constant_rate` that the cross-side
+    constant_drafts check reads."""
     constant_rate(td)
+    skipped = skipped_anchors(td, ref, al, side_a)
     return degenerate(td, dec), (anchor_consistency(td), verified_vs_proposed(td, dec),
-                                 bookkeeping(td), vocab_range(td))
+                                 unverified(td, skipped), bookkeeping(td), vocab_range(td))
 
 
 def prepare(traces: list[tuple[Trace, str]]) -> list[TraceData]:
@@ -868,9 +872,10 @@ def detect_pair(al: Alignment, pd_arrays: dict, decoder: Decoder | None = None) 
     """
     oa, ob = prepare([(al.a, "ours"), (al.b, "theirs")])
     pd = PairData(al=al, oa=oa, ob=ob, **pd_arrays)
-    # Each side's own checks, both sides at once (they read only their own trace).
+    # Each side's own checks, both sides at once (they write nothing shared).
     (loops_a, own_a), (loops_b, own_b) = in_parallel(
-        [lambda td=td: _own_checks(td, decoder) for td in (oa, ob)])
+        [lambda: _own_checks(oa, ob, al, True, decoder),
+         lambda: _own_checks(ob, oa, al, False, decoder)])
     if own_a[1] is not None:  # verified_differs on our side
         # Corrupted verified ids explain mismatches of blocks whose proposal is their copy.
         src = al.a.blocks.proposal_source[al.ia]
@@ -878,12 +883,16 @@ def detect_pair(al: Alignment, pd_arrays: dict, decoder: Decoder | None = None) 
     found: list[Finding | None] = []
     found += _loop_findings(al, oa, ob, loops_a, loops_b, decoder)
     found.append(content(al, oa, ob, decoder))
-    for td, ref, side_a, own in ((oa, ob, True, own_a), (ob, oa, False, own_b)):
-        anchors, verified, checks, vocab = own
-        found += [anchors, verified, constant_drafts(td, ref, decoder),
-                  unverified(td, skipped_anchors(td, ref, al, side_a)), checks, vocab]
-    pair = [anchor_pairs(pd, decoder), layout_shift(pd, decoder), vocab_pairs(pd, decoder),
-            k_pairs(pd), depth(pd), stale(pd), batch(pd)]
+    for td, ref, own in ((oa, ob, own_a), (ob, oa, own_b)):
+        anchors, verified, unverified_, checks, vocab = own
+        found += [anchors, verified, constant_drafts(td, ref, decoder), unverified_, checks,
+                  vocab]
+    # Two groups on two threads; only the first touches the lazily built pd.both/pa/pb.
+    slots, blocks = in_parallel([
+        lambda: [anchor_pairs(pd, decoder), layout_shift(pd, decoder),
+                 vocab_pairs(pd, decoder), k_pairs(pd), depth(pd)],
+        lambda: [stale(pd), batch(pd)]])
+    pair = slots + blocks
     found += pair
     if not any(pair):
         found.append(mismatch(pd, decoder))

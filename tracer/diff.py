@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .align import NO_DIVERGENCE, Alignment
-from .detect import detect_pair, prepare
+from .detect import TraceData, detect_pair, prepare
 from .findings import Finding
 from .metrics import (CONVENTIONS, acceptance_counts, acceptance_from_counts, drafts_checked,
                       each_chunk, in_parallel, recompute_accepted)
 from .schema import pad_to
-from .store import Trace
+from .store import Trace, open_trace, prefetch
 
 SCHEMA = "spectrace.diff/1"
 
@@ -121,6 +121,25 @@ def slot_agreement(prop_a: np.ndarray, prop_b: np.ndarray, ia: np.ndarray, ib: n
     return {"eq": eq_all, "exact": (ka == kb) & (prefix == ka), "prefix": prefix,
             "eq_count": counts[0], "both_count": both_count, "shift_plus": counts[1, :-1],
             "shift_minus": counts[2, :-1], "both_shift": both_count[1:]}
+
+
+def open_pair(ours, theirs) -> tuple[Trace, Trace]:
+    """Open two traces for :func:`diff_traces` (``spectrace diff``'s first step).
+
+    The block columns the diff reads (``TraceData.COLUMNS``; ``position`` first, ours then
+    theirs) start reading on a background thread: alignment overlaps the reads of the large
+    draft matrices, and our side's preparation starts while theirs still reads.
+
+    Args:
+        ours, theirs: trace specs as :func:`~spectrace.tracer.store.open_trace` takes them.
+    Raises:
+        InputError, TraceFormatError: as ``open_trace``.
+    """
+    a, b = open_trace(ours), open_trace(theirs)
+    first = ("position", "k", "anchor")
+    cols = first + tuple(c for c in TraceData.COLUMNS if c not in first)
+    prefetch([a.blocks, b.blocks], cols)
+    return a, b
 
 
 def _share(num: np.ndarray, den: np.ndarray) -> list:

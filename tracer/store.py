@@ -521,6 +521,8 @@ class Blocks:
         self._trace = trace
         self._cache: dict[str, np.ndarray] = {}
         self._cols = {c.name: c for c in schema.BLOCK_COLUMNS}
+        self._lock = threading.Lock()
+        self._loading: dict[str, threading.Event] = {}  # column -> set when its read ends
 
     def __len__(self) -> int:
         return sum(self._trace._nblocks)
@@ -530,16 +532,65 @@ class Blocks:
         if name not in cols:
             raise AttributeError(name)
         cache = self.__dict__["_cache"]
-        if name not in cache:
+        hit = cache.get(name)
+        return hit if hit is not None else self._load(name)
+
+    def _load(self, name: str) -> np.ndarray:
+        # One read per column even when a prefetch thread and the caller want it at once.
+        with self._lock:
+            if name in self._cache:
+                return self._cache[name]
+            ev = self._loading.get(name)
+            mine = ev is None
+            if mine:
+                ev = self._loading[name] = threading.Event()
+        if not mine:
+            ev.wait()
+            if name in self._cache:
+                return self._cache[name]
+            return self._load(name)  # that read failed: read (and raise) here
+        try:
             if name == "verified" and self._trace._verified_is_proposed():
-                cache[name] = self.proposed  # the store says so row by row: skip the read
+                value = self.proposed  # the store says so row by row: skip the read
             else:
-                cache[name] = self._trace._read_block_column(cols[name])
-        return cache[name]
+                value = self._trace._read_block_column(self._cols[name])
+            self._cache[name] = value
+            return value
+        finally:
+            with self._lock:
+                del self._loading[name]
+            ev.set()
 
     def columns(self) -> dict[str, np.ndarray]:
         """Every column, loaded (name -> array)."""
         return {name: getattr(self, name) for name in self._cols}
+
+
+def prefetch(tables: Sequence[Blocks], names: Iterable[str]) -> threading.Thread:
+    """Start reading columns ``names`` of each :class:`Blocks` in ``tables``, in that order,
+    on one background thread (h5py releases the GIL while it reads and decompresses, so the
+    caller computes meanwhile; HDF5 itself reads one dataset at a time).
+
+    Accessing a column waits for its read; a read that fails there is retried, and raises,
+    on the accessing thread. ``request`` is never prefetched: reading it may add placeholder
+    request rows, which the caller's thread does.
+
+    Returns:
+        The (daemon) thread.
+    """
+    names = [n for n in names if n != "request"]
+
+    def run() -> None:
+        for blocks in tables:
+            for n in names:
+                try:
+                    getattr(blocks, n)
+                except Exception:  # noqa: BLE001 - re-raised where the column is used
+                    pass
+
+    th = threading.Thread(target=run, name="spectrace-prefetch", daemon=True)
+    th.start()
+    return th
 
 
 class Trace:
