@@ -441,13 +441,14 @@ def _concat_columns(parts: list[dict]) -> dict:
 
     if len(parts) == 1:
         return parts[0]
+    from spectrace.tracer.schema import pad_to
+
     out = {}
     for name in parts[0]:
         arrs = [p[name] for p in parts]
         if arrs[0].ndim == 2:
             w = max(a.shape[1] for a in arrs)
-            arrs = [a if a.shape[1] == w else
-                    np.pad(a, ((0, 0), (0, w - a.shape[1])), constant_values=-1) for a in arrs]
+            arrs = [pad_to(a, w) for a in arrs]
         out[name] = np.concatenate(arrs)
     return out
 
