@@ -184,36 +184,8 @@ def test_trimmed_len():
     assert trimmed_len(d).tolist() == [3, 3, 2, 0, 2]
 
 
-@needs_cuda
-@pytest.mark.parametrize("n,k", [(1, 4), (77, 7), (300, 16)])
-def test_triton_staging_equals_torch(n, k):
-    from spectrace.hooks.v2_stage import stage_torch, stage_triton, triton_ok
-
-    g = torch.Generator().manual_seed(n)
-    slots = n + 5
-    ns = torch.randint(0, k + 2, (slots,), generator=g, dtype=torch.int32)
-    nr = torch.randint(0, k + 1, (slots,), generator=g, dtype=torch.int32)
-    idx = torch.randperm(slots, generator=g)[:n].to(torch.int32)
-    q = torch.randint(1, k + 2, (n,), generator=g)
-    qsl = torch.cat([torch.zeros(1, dtype=torch.int64), q.cumsum(0)]).to(torch.int32)
-    positions = torch.randint(0, 10**6, (int(qsl[-1]),), generator=g)
-    last = torch.randint(0, 150000, (slots, 1), generator=g)
-    nxt = torch.randint(0, 150000, (1, slots), generator=g, dtype=torch.int32)
-    drafts = torch.randint(-1, 150000, (slots, k), generator=g)
-    inputs = [t.cuda() for t in (ns, nr, idx, qsl, positions, last, nxt, drafts)]
-    assert triton_ok(inputs[-1])
-    ring = torch.full((n + 9, 4 + k), -7, dtype=torch.int32, device="cuda")
-    assert stage_triton(ring, 9, n, *inputs)
-    ref = torch.full((n, 4 + k), -7, dtype=torch.int64)
-    stage_torch(ref, n, ns, nr, idx, qsl, positions, last, nxt, drafts)
-    got = ring.cpu()
-    assert (got[:9] == -7).all()
-    assert torch.equal(got[9:].long(), ref)
-
-
 def _staging_inputs(n: int, k: int, seed: int):
-    """Random staging inputs on CUDA (as in test_triton_staging_equals_torch) and a torch
-    reference of the rows they give."""
+    """Random staging inputs on CUDA and a torch reference of the rows they give."""
     from spectrace.hooks.v2_stage import stage_torch
 
     g = torch.Generator().manual_seed(seed)
@@ -231,6 +203,20 @@ def _staging_inputs(n: int, k: int, seed: int):
     ref = torch.full((n, 4 + k), -7, dtype=torch.int64)
     stage_torch(ref, n, *host)
     return [t.cuda() for t in host], ref
+
+
+@needs_cuda
+@pytest.mark.parametrize("n,k", [(1, 4), (77, 7), (300, 16)])
+def test_triton_staging_equals_torch(n, k):
+    from spectrace.hooks.v2_stage import stage_triton, triton_ok
+
+    inputs, ref = _staging_inputs(n, k, seed=n)
+    assert triton_ok(inputs[-1])
+    ring = torch.full((n + 9, 4 + k), -7, dtype=torch.int32, device="cuda")
+    assert stage_triton(ring, 9, n, *inputs)
+    got = ring.cpu()
+    assert (got[:9] == -7).all()
+    assert torch.equal(got[9:].long(), ref)
 
 
 @needs_cuda
