@@ -86,3 +86,16 @@ def test_reference_equals_vllm_on_the_bundled_models():
     assert doc["coverage"]["ours_coverage"] == doc["coverage"]["theirs_coverage"] == 1.0
     assert [f["severity"] for f in doc["findings"]] == ["warning", "warning"]
     assert {f["kind"] for f in doc["findings"]} == {"degenerate_output"}
+
+
+def test_bad_tokenizer_fails_fast_while_columns_are_read(tmp_path):
+    # The diff reads block columns on a background thread from the start; an input error
+    # raised meanwhile must still end the process at once with exit 2 (it once hung).
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("not json")
+    for tok in (str(tmp_path / "missing"), str(bad)):
+        r = subprocess.run([SPECTRACE, "diff", str(TRACES / "reference.h5"),
+                            str(TRACES / "vllm.h5"), "--tokenizer", tok],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.startswith(f"spectrace: error: {tok}"), r.stderr

@@ -13,6 +13,7 @@ The file layout is defined in :mod:`spectrace.tracer.schema`.
 
 from __future__ import annotations
 
+import atexit
 import datetime as _dt
 import glob as _glob
 import json
@@ -566,6 +567,24 @@ class Blocks:
         return {name: getattr(self, name) for name in self._cols}
 
 
+#: Running prefetch threads and their stop flags; joined at interpreter exit (see below).
+_prefetching: set[tuple[threading.Thread, threading.Event]] = set()
+_prefetch_lock = threading.Lock()
+_prefetch_atexit = False
+
+
+def _stop_prefetching() -> None:
+    # A daemon thread frozen inside an h5py read at shutdown holds h5py's lock while the
+    # exit handlers close files: the process would hang (e.g. after an error on the main
+    # thread). Stop after the column in hand and join, before h5py's own exit handler.
+    with _prefetch_lock:
+        running = list(_prefetching)
+    for th, stop in running:
+        stop.set()
+    for th, _ in running:
+        th.join()
+
+
 def prefetch(tables: Sequence[Blocks], names: Iterable[str]) -> threading.Thread:
     """Start reading columns ``names`` of each :class:`Blocks` in ``tables``, in that order,
     on one background thread (h5py releases the GIL while it reads and decompresses, so the
@@ -573,22 +592,36 @@ def prefetch(tables: Sequence[Blocks], names: Iterable[str]) -> threading.Thread
 
     Accessing a column waits for its read; a read that fails there is retried, and raises,
     on the accessing thread. ``request`` is never prefetched: reading it may add placeholder
-    request rows, which the caller's thread does.
+    request rows, which the caller's thread does. At interpreter exit the thread stops after
+    the column it is reading.
 
     Returns:
         The (daemon) thread.
     """
     names = [n for n in names if n != "request"]
+    stop = threading.Event()
 
     def run() -> None:
-        for blocks in tables:
-            for n in names:
-                try:
-                    getattr(blocks, n)
-                except Exception:  # noqa: BLE001 - re-raised where the column is used
-                    pass
+        try:
+            for blocks in tables:
+                for n in names:
+                    if stop.is_set():
+                        return
+                    try:
+                        getattr(blocks, n)
+                    except Exception:  # noqa: BLE001 - re-raised where the column is used
+                        pass
+        finally:
+            with _prefetch_lock:
+                _prefetching.discard((th, stop))
 
+    global _prefetch_atexit
     th = threading.Thread(target=run, name="spectrace-prefetch", daemon=True)
+    with _prefetch_lock:
+        if not _prefetch_atexit:
+            atexit.register(_stop_prefetching)  # registered after h5py's: runs before it
+            _prefetch_atexit = True
+        _prefetching.add((th, stop))
     th.start()
     return th
 
