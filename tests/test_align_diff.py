@@ -253,3 +253,23 @@ def test_acceptance_figures_match_a_direct_count():
     assert got["per_position"] == [float((acc[known] > i).mean()) for i in range(4)]
     default = acceptance(acc, ver)  # kmax = the largest verified count of known blocks
     assert len(default["per_position"]) == int(np.maximum(ver[known], 0).max())
+
+
+def test_nothing_compared_is_never_a_pass(tmp_path):
+    # An empty trace (a capture that recorded nothing) or a trace of another job "agrees" with
+    # nothing: exit 1, with the reason in one line.
+    make(tmp_path / "a.h5", "a-0", oracle(lambda p: {0}))
+    with TraceWriter(tmp_path / "empty.h5", {"k": K}, flush_interval=0):
+        pass
+    make(tmp_path / "other.h5", "o-0", oracle(lambda p: {0}), prompt=[7, 7, 7])
+    cases = [("empty.h5", "a.h5", "ours has no draft blocks: nothing to compare"),
+             ("a.h5", "empty.h5", "theirs has no draft blocks: nothing to compare"),
+             ("a.h5", "other.h5", "no request of ours matches one of theirs (compare the "
+                                  "prompts): the traces are of different jobs")]
+    for ours, theirs, reason in cases:
+        r = diff_traces(align(open_trace(tmp_path / ours), open_trace(tmp_path / theirs)))
+        assert r.diverged and r.reasons == [reason], (ours, theirs, r.reasons)
+        out = subprocess.run([SPECTRACE, "diff", str(tmp_path / ours), str(tmp_path / theirs)],
+                             capture_output=True, text=True)
+        assert out.returncode == 1, out.stderr
+        assert reason in out.stdout

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -17,6 +19,7 @@ from spectrace.tracer import schema
 from spectrace.tracer.errors import InputError, TraceFormatError
 from spectrace.tracer.store import TraceWarning, TraceWriter, open_trace, update_blocks
 
+ROOT = Path(__file__).resolve().parent.parent
 SPECTRACE = os.path.join(os.path.dirname(sys.executable), "spectrace")
 
 
@@ -294,3 +297,27 @@ def test_prefetch_failure_raises_on_the_reading_thread(tmp_path):
     assert t.blocks.position.tolist()[:3] == [0, 1, 2]
     with pytest.raises(TraceFormatError, match=r"d\.h5: damaged column blocks/anchor"):
         t.blocks.anchor
+
+
+def test_unreadable_files_say_what_they_are(tmp_path):
+    # A copy cut short and an engine log given where a trace belongs: one line each.
+    ref = ROOT / "traces" / "reference.h5"
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(ref.read_bytes()[:100000])
+    with pytest.raises(TraceFormatError, match=rf"cut\.h5: truncated HDF5 file \(100000 of "
+                                               rf"{ref.stat().st_size} bytes"):
+        open_trace(cut)
+    with pytest.raises(TraceFormatError, match="a VT_SPEC_TRACE log, not a trace file: "
+                                               "convert it with `spectrace import vt"):
+        open_trace(ROOT / "traces" / "reference.vt.log")
+
+
+def test_two_files_of_one_data_parallel_rank_warn(tmp_path):
+    for name, rank in (("a.dp0.h5", 0), ("b.dp0.h5", 0), ("c.dp1.h5", 1)):
+        with TraceWriter(tmp_path / name, {"k": 2, "dp_rank": rank}, flush_interval=0) as w:
+            w.add_block("r", 0, 0, 1, [1, 2], accepted=0)
+    with pytest.warns(TraceWarning, match=r"data-parallel ranks \[0, 0\]: a rank appears"):
+        open_trace([tmp_path / "a.dp0.h5", tmp_path / "b.dp0.h5"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # ranks 0 and 1: one run, no warning
+        assert len(open_trace([tmp_path / "a.dp0.h5", tmp_path / "c.dp1.h5"]).blocks) == 2

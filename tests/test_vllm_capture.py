@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from spectrace.hooks import vllm as hook
-from spectrace.tracer.store import TraceWarning, TraceWriter, open_trace
+from spectrace.tracer.store import TraceWarning, open_trace
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED = REPO / "engine" / "models"

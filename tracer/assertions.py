@@ -11,10 +11,11 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .align import NO_DIVERGENCE, Alignment, align
-from .diff import DiffResult, diff_traces
+from .align import Alignment, align
+from .diff import diff_traces, nothing_compared
 from .store import Trace, open_trace
 from .tokens import Decoder, decoder_for, show
+
 
 def restrict(al: Alignment, positions) -> Alignment:
     """Keep only paired blocks whose anchor position is in ``positions`` (a range, slice or
@@ -73,7 +74,7 @@ def drafts_match_report(ours, theirs, *, min_agreement: float = 1.0,
     rate = r.agreement["exact_match_rate"]
     problems = []
     if P == 0:
-        problems.append(_vacuous(al, r))
+        problems.append(nothing_compared(al))
     elif rate < min_agreement:
         problems.append(f"drafts match in {r.agreement['exact_matches']} of {P} paired blocks "
                         f"({100 * rate:.1f}%), required {100 * min_agreement:.1f}%")
@@ -93,16 +94,6 @@ def drafts_match_report(ours, theirs, *, min_agreement: float = 1.0,
         lines.append(f"  first error finding: {f.kind}: {f.message}")
     lines.append(f"  inspect: {view_command(a, b)}")
     return "\n".join(lines)
-
-
-def _vacuous(al: Alignment, r: DiffResult) -> str:
-    if al.pairs == 0:
-        return "no request of ours matches one of theirs (compare the prompts)"
-    div = al.divergence[al.divergence != NO_DIVERGENCE]
-    if len(div):
-        return (f"no comparable blocks: the content diverged at position {int(div.min())} "
-                f"before any block both engines drafted from")
-    return "no comparable blocks: the engines never drafted from the same anchor position"
 
 
 def goldens_match(obtained: Trace, golden: Trace) -> str | None:

@@ -56,8 +56,11 @@ def _console():
         def on_broken_pipe(self) -> None:
             _stdout_to_devnull()  # rich would exit 1, which here means "diverged"
 
+    # Piped or redirected, rich would lay tables out for 80 columns and cut numbers short
+    # ("2092746/31…"): data on stdout is never truncated, so give it room (COLUMNS wins).
+    piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
     return _Console(no_color=bool(os.environ.get("NO_COLOR")), highlight=False,
-                    soft_wrap=True)
+                    soft_wrap=True, width=160 if piped else None)
 
 
 def _parse_meta(items: tuple[str, ...]) -> dict:
@@ -105,7 +108,7 @@ def cli() -> None:
 @click.option("--diff", "diff_json", is_flag=True,
               help="Print the JSON Schema of `spectrace diff --format json` instead.")
 def schema(diff_json: bool) -> None:
-    """Print the trace store schema (HDF5, version 1)."""
+    """Print the trace store schema (HDF5, format 1.x)."""
     if diff_json:
         from .diff_schema import SCHEMA
 
@@ -142,7 +145,7 @@ def info(trace: tuple[str, ...], fmt: str) -> None:
 @click.argument("theirs")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
               show_default=True)
-@click.option("--examples", default=5, show_default=True,
+@click.option("--examples", default=5, show_default=True, type=click.IntRange(min=0),
               help="Divergent blocks to show as examples.")
 @click.option("--tokenizer", type=click.Path(),
               help="tokenizer.json (or its directory) to decode ids; default: from the trace.")
@@ -150,8 +153,8 @@ def diff(ours: str, theirs: str, fmt: str, examples: int, tokenizer: str | None)
     """Align two traces per anchor and report where their drafts differ.
 
     OURS and THEIRS are trace files or globs (quote the glob). Exit status: 0 when every
-    comparable block agrees, 1 when a comparable block differs (or nothing is comparable),
-    2 on bad input.
+    comparable block agrees, 1 on an error finding, a differing comparable block or nothing
+    comparable, 2 on bad input.
     """
     from . import report
     from .align import align

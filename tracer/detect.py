@@ -292,14 +292,26 @@ def constant_drafts(td: TraceData, ref: TraceData | None, dec: Decoder | None) -
         return None
     rate = const.sum() / elig.sum()
     ref_rate = None
+    if rate < SYSTEMATIC:
+        return None
+    first = int(np.flatnonzero(const)[0])
     if ref is not None:
         rc, re_ = constant_rate(ref)
         ref_rate = rc.sum() / re_.sum() if re_.sum() else 0.0
-        if rate < SYSTEMATIC or rate < 3 * ref_rate:
-            return None
-    elif rate < SYSTEMATIC:
-        return None
-    first = int(np.flatnonzero(const)[0])
+        if rate < 3 * ref_rate:
+            # Both sides: no difference between the engines, but still worth a look (or the
+            # output loops on both). Reported once, from our side.
+            if td.side != "ours":
+                return None
+            return Finding(
+                "constant_drafts", "warning", side="both", slot=1, **td.at(first),
+                message=(f"both engines hold one id in every slot in most blocks (ours "
+                         f"{_pct(rate)}, theirs {_pct(ref_rate)}): not a difference between "
+                         f"them, but either both drafters copy the step-0 draft across depth "
+                         f"or the output repeats one token (see degenerate_output)"),
+                evidence={"blocks": int(const.sum()), "eligible": int(elig.sum()),
+                          "rate": float(rate), "reference_rate": float(ref_rate),
+                          "example": _tok(dec, td.t.blocks.proposed[first, :td.t.blocks.k[first]])})
     b = td.t.blocks
     ref_txt = f" (reference: {_pct(ref_rate)})" if ref_rate is not None else ""
     return Finding(
@@ -802,7 +814,8 @@ def _loop_findings(al: Alignment, oa: TraceData, ob: TraceData, loops_a: list, l
     div_b = dict(zip(al.req_b.tolist(), al.divergence.tolist()))
     start_a = {i: st for i, st, _ in loops_a}
     start_b = {i: st for i, st, _ in loops_b}
-    out = []
+    out: list[Finding | None] = []
+    said_shared = False  # a shared loop is one warning, not one per side
     for td, loops, partner, other, div in ((oa, loops_a, partner_a, start_b, div_a),
                                            (ob, loops_b, partner_b, start_a, div_b)):
         # The partner looping too (even from another start, after the content diverged)
@@ -820,10 +833,11 @@ def _loop_findings(al: Alignment, oa: TraceData, ob: TraceData, loops_a: list, l
                 td, later, dec, "warning", "it starts after the content already diverged "
                 "(see content_divergence); acceptance on the loop is inflated"))
         unmatched = [lp for lp in loops if lp[0] not in partner]
-        if not own and not later:
+        if not own and not later and not said_shared:
             out.append(degenerate_finding(
                 td, shared, dec, "warning", "both engines loop identically (the model's "
                 "doing); acceptance on the loop is inflated"))
+            said_shared = out[-1] is not None
         if not own and not later and not shared:
             out.append(degenerate_finding(
                 td, unmatched, dec, "warning", "in requests the other trace lacks; "

@@ -142,6 +142,26 @@ def open_pair(ours, theirs) -> tuple[Trace, Trace]:
     return a, b
 
 
+def nothing_compared(al: Alignment) -> str:
+    """Why an alignment paired no block (one line): no blocks, no matching request (then the
+    target models, when they differ), content diverging first, or no common anchor."""
+    a, b = al.a, al.b
+    empty = [side for side, t in (("ours", a), ("theirs", b)) if len(t.blocks) == 0]
+    if empty:
+        return (f"{' and '.join(empty)} {'has' if len(empty) == 1 else 'have'} no draft "
+                f"blocks: nothing to compare")
+    if al.pairs == 0:
+        ta, tb = a.meta.get("target_model"), b.meta.get("target_model")
+        models = f"; target models {ta} vs {tb}" if ta and tb and ta != tb else ""
+        return (f"no request of ours matches one of theirs (compare the prompts): the traces "
+                f"are of different jobs{models}")
+    div = al.divergence[al.divergence != NO_DIVERGENCE]
+    if len(div):
+        return (f"no comparable blocks: the content diverged at position {int(div.min())} "
+                f"before any block both engines drafted from")
+    return "no comparable blocks: the engines never drafted from the same anchor position"
+
+
 def _share(num: np.ndarray, den: np.ndarray) -> list:
     return [float(n / d) if d else None for n, d in zip(num, den)]
 
@@ -198,8 +218,8 @@ def diff_traces(al: Alignment, examples: int = 5, decoder=None) -> DiffResult:
     reasons = []
     if bad.any():
         reasons.append(f"{int(bad.sum())} of {P} paired blocks differ")
-    if P == 0 and na and nb:
-        reasons.append("no comparable blocks: nothing could be paired")
+    if P == 0:
+        reasons.append(nothing_compared(al))
     found = detect_pair(al, {"ka": ka, "kb": kb, "eq": s["eq"],
                              "exact": s["exact"], "anchor_eq": anchor_eq,
                              "eq_count": s["eq_count"], "both_count": s["both_count"]},

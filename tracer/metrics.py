@@ -3,7 +3,7 @@
 Conventions (vLLM's, stated in every report):
 
 * acceptance rate = accepted drafts / verified drafts;
-* mean acceptance length = 1 + accepted / blocks (the bonus token counts);
+* mean acceptance length = 1 + accepted / verified blocks (the bonus token counts);
 * per-position acceptance at slot i = share of blocks with accepted > i (a survival curve,
   as ``vllm:spec_decode_num_accepted_tokens_per_pos`` / ``num_drafts``), not conditional.
 
@@ -253,7 +253,8 @@ def trace_summary(trace: Trace) -> dict:
     """Everything ``spectrace info`` shows: metadata and acceptance figures of one trace.
 
     Returns:
-        A JSON-serialisable dict: ``files``, ``status``, ``warnings``, ``meta``, ``requests``,
+        A JSON-serialisable dict: ``files``, ``status``, ``format_version`` (the files'
+        trace format versions), ``warnings``, ``meta``, ``requests``,
         ``blocks``, ``proposed_tokens``, ``verified_tokens``, ``unverified_blocks``,
         ``recorded`` and ``recomputed`` (see :func:`acceptance`), ``phases_ms`` (median ms
         per phase name), ``conventions``.
@@ -271,6 +272,7 @@ def trace_summary(trace: Trace) -> dict:
     return {
         "files": [str(p) for p in trace.paths],
         "status": trace.status,
+        "format_version": sorted(set(trace.formats)),
         "warnings": list(trace.warnings),
         "meta": trace.meta,
         "requests": len(trace.requests),

@@ -31,8 +31,9 @@ _META_SHOWN = ("engine", "engine_version", "method", "k", "source", "target_mode
 def print_info(con: Console, s: dict) -> None:
     """Render a :func:`metrics.trace_summary` dict."""
     meta = s["meta"]
-    t = Table(title=f"trace {', '.join(s['files'])}  [{s['status']}]", show_header=False,
-              title_justify="left")
+    fmt = ", ".join(s.get("format_version", []))
+    t = Table(title=escape(f"trace {', '.join(s['files'])}  [{s['status']}, format {fmt}]"),
+              show_header=False, title_justify="left")
     t.add_column("key", style="bold")
     t.add_column("value")
     for key in _META_SHOWN:

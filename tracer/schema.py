@@ -172,7 +172,7 @@ def describe() -> str:
     lines += [
         "",
         "Conventions: acceptance rate = accepted / verified drafts; mean acceptance length =",
-        "1 + accepted / blocks (counts the bonus token, as vLLM does); per-position acceptance",
-        "at slot i = share of blocks with accepted > i (vLLM's survival-curve convention).",
+        "1 + accepted / verified blocks (counts the bonus token, as vLLM does); per-position",
+        "acceptance at slot i = share of verified blocks with accepted > i (vLLM's survival curve).",
     ]
     return "\n".join(lines)

@@ -18,6 +18,7 @@ import datetime as _dt
 import glob as _glob
 import json
 import os
+import re
 import threading
 import time
 import warnings
@@ -585,6 +586,23 @@ def _stop_prefetching() -> None:
         th.join()
 
 
+def _unreadable(path: Path, exc: OSError) -> str:
+    """Why h5py cannot open ``path``, in the user's words where we can tell."""
+    m = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", str(exc))
+    if m:
+        return (f"truncated HDF5 file ({m.group(1)} of {m.group(2)} bytes; a copy cut "
+                f"short?)")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        head = b""
+    if b"VT_SPEC_TRACE" in head or b"[SPECTRACE]" in head or b"[spec-" in head:
+        return ("a VT_SPEC_TRACE log, not a trace file: convert it with "
+                "`spectrace import vt LOG -o TRACE.h5`")
+    return f"not a readable HDF5 file ({_short(exc)})"
+
+
 def prefetch(tables: Sequence[Blocks], names: Iterable[str]) -> threading.Thread:
     """Start reading columns ``names`` of each :class:`Blocks` in ``tables``, in that order,
     on one background thread (h5py releases the GIL while it reads and decompresses, so the
@@ -647,15 +665,21 @@ class Trace:
         self.warnings: list[str] = []
         self._files: list[h5py.File] = []
         self.metas: list[dict] = []
+        #: Each file's trace format version (``schema.FORMAT_VERSION`` when it was written).
+        self.formats: list[str] = []
         self._nblocks: list[int] = []
         self.status = schema.STATUS_COMPLETE
         for p in paths:
             self._open_one(p)
         self.meta = self.metas[0] if self.metas else {}
         engines = {(m.get("engine"), m.get("method"), m.get("k")) for m in self.metas}
+        ranks = [m["dp_rank"] for m in self.metas if m.get("dp_rank") is not None]
         if len(engines) > 1:  # one trace = one run split over processes, not two engines
             self._warn(f"{self.name}: files of different runs read as one trace "
                        f"(engine, method, k: {sorted(engines, key=str)})")
+        elif len(ranks) != len(set(ranks)):  # one run writes one file per data-parallel rank
+            self._warn(f"{self.name}: files of different runs read as one trace (data-parallel "
+                       f"ranks {sorted(ranks)}: a rank appears twice)")
         if not lazy_requests:
             self._requests = self._read_requests()
         self.blocks = Blocks(self)
@@ -681,7 +705,7 @@ class Trace:
         except FileNotFoundError:
             raise InputError(f"{path}: no such file") from None
         except OSError as exc:
-            raise TraceFormatError(f"{path}: not a readable HDF5 file ({_short(exc)})") from None
+            raise TraceFormatError(f"{path}: {_unreadable(path, exc)}") from None
         try:
             self._check_and_add(path, f)
         except (KeyError, OSError, RuntimeError, ValueError, TypeError) as exc:
@@ -722,6 +746,7 @@ class Trace:
                        f"recovered {n} flushed blocks")
         self._files.append(f)
         self.metas.append(meta)
+        self.formats.append(version)
         self._nblocks.append(n)
 
     @staticmethod
