@@ -116,9 +116,15 @@ def print_diff(con: Console, r: DiffResult) -> None:
         con.print(f"  ... and {len(r.content) - CONTENT_LINES} more requests diverge "
                   f"(--format json lists every one)")
     cv, ag = r.coverage, r.agreement
+    outside = [f"{cv[side + '_blocks'] - cv[side + '_on_matched_content']} of {side}"
+               for side in ("ours", "theirs")
+               if cv[side + "_blocks"] > cv[side + "_on_matched_content"]]
+    note = (f"; not on matched content: {' and '.join(outside)} (past a divergence, in "
+            f"unmatched requests, or a request's final proposal, never verified)"
+            if outside else "")
     con.print(f"coverage: {cv['paired']} paired blocks = {_pct(cv['ours_coverage'])} of ours "
               f"({cv['ours_on_matched_content']}) and {_pct(cv['theirs_coverage'])} of theirs "
-              f"({cv['theirs_on_matched_content']}) on matched content")
+              f"({cv['theirs_on_matched_content']}) on matched content{note}")
     con.print(f"paired blocks: anchors equal {ag['paired_blocks'] - ag['anchor_mismatches']}"
               f"/{ag['paired_blocks']}, proposals identical {ag['exact_matches']}"
               f"/{ag['paired_blocks']} ({_pct(ag['exact_match_rate'])}), k differs in "
