@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-META_COLS = 4
+from spectrace.hooks.v2_stage import META_COLS
 
 
 @dataclass
@@ -128,8 +128,7 @@ def join_chunk(req: np.ndarray, rows: np.ndarray, step: np.ndarray, batch_row: n
     seen = sreq[first_s]
 
     # Proposal table: the chunk's rows, then the carry; src = the proposal a row closes.
-    src = np.where(prev >= 0, prev, -1)
-    src = np.where((src >= 0) & ~opens[np.maximum(src, 0)], -1, src)
+    src = np.where((prev >= 0) & ~opens[np.maximum(prev, 0)], -1, prev)
     firsts = order[first_s]
     c_pos = _positions_in(carry_req, req[firsts])
     has_carry = c_pos >= 0

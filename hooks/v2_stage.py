@@ -51,11 +51,6 @@ def triton_ok(t) -> bool:
     return t.is_cuda and bool(_triton_kernel())
 
 
-def _column0_stride(t) -> int:
-    """Element stride of ``t[:, 0]`` (2-D) or ``t`` (1-D): last_sampled's layout."""
-    return t.stride(0)
-
-
 def _row0_stride(t) -> int:
     """Element stride of ``t[0]`` (2-D) or ``t`` (1-D): next_prefill_tokens' layout."""
     return t.stride(1) if t.dim() == 2 else t.stride(0)
@@ -181,7 +176,8 @@ def stage_triton(out, row0: int, n: int, ns, nr, idx, qsl, positions, last, nxt,
                     return True
     if not _layout_ok(tensors):
         return False
-    strides = (out.stride(0), _column0_stride(last), _row0_stride(nxt), drafts.stride(0))
+    # last_sampled's column 0 (or the 1-D tensor) steps by stride(0) either way.
+    strides = (out.stride(0), last.stride(0), _row0_stride(nxt), drafts.stride(0))
     kp = 1 << max(k - 1, 0).bit_length()
     compiled = kernel[((n + block - 1) // block,)](
         out, strides[0], row0, n, ns, nr, idx, qsl, positions, last, strides[1], nxt,

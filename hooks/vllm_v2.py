@@ -316,8 +316,6 @@ class ProposeTap:
 
     def _new_batch(self, req_ids: list) -> None:
         """Request ids changed since the last step: map them to int ids, mark warmup rows."""
-        import numpy as np
-
         self._prev_req_ids = list(req_ids)
         keep = [not is_warmup(r) for r in req_ids]
         ids = np.fromiter((self._id(r) for r in req_ids), dtype=np.int64, count=len(req_ids))
@@ -447,8 +445,6 @@ class ProposeTap:
         of finished/preempted requests): ``(rows int32 [R, 4 + K], req, step, batch_row,
         batch_size, t_ns)``, warmup rows removed, drafts past each step's k set to -1; None
         without rows."""
-        import numpy as np
-
         cols = self._ring_key[0] if self._ring_key else META_COLS
         blocks, ids, meta, keeps = [], [], [], []
         run = None  # [segment, first row, end row]: consecutive steps share one slice
@@ -497,8 +493,6 @@ class ProposeTap:
 
     def _join_chunk(self, rows, req, step, brow, bsize, t_ns) -> None:
         """Join assembled rows against the carry; blocks to the session, outputs, new carry."""
-        import numpy as np
-
         if not len(req):
             return
         k_all = rows.shape[1] - META_COLS
@@ -518,8 +512,6 @@ class ProposeTap:
 
     def _carry_arrays(self, k_all: int) -> Proposals:
         """The carry at width ``k_all`` (empty, or re-padded after a change of K)."""
-        import numpy as np
-
         if self._carry is None:
             return Proposals.empty(k_all)
         c = self._carry
@@ -532,8 +524,6 @@ class ProposeTap:
     def _hand_over(self, req_id: str) -> None:
         """Move ``req_id``'s carried proposal (if any) to ``session.joiner.open``, where the
         session's finish/drop paths write it."""
-        import numpy as np
-
         i = self._ids.get(req_id)
         if i is None or self._carry is None or not len(self._carry_req):
             return
@@ -553,8 +543,6 @@ class ProposeTap:
 
     def _writer_rows(self, ids):
         """/requests rows of tap-local int ids (registering unknown requests)."""
-        import numpy as np
-
         if self._wrows is None or len(self._wrows) < len(self._names):
             grown = np.full(len(self._names), -1, dtype=np.int64)
             if self._wrows is not None:

@@ -157,6 +157,15 @@ CONFIGS = [("draft_model", False), ("ngram", False), ("draft_model", True), ("ng
 CONFIG_IDS = ["draft_model-mp", "ngram-mp", "draft_model-inproc", "ngram-inproc"]
 
 
+def each_config(test):
+    """A slow vLLM test run once per capture configuration (method, in-process or not)."""
+    marks = (pytest.mark.parametrize("method,inproc", CONFIGS, ids=CONFIG_IDS),
+             pytest.mark.slow, pytest.mark.vllm, needs_vllm)
+    for mark in marks:
+        test = mark(test)
+    return test
+
+
 # --------------------------------------------------------------------------------------------
 # Helpers over a trace
 # --------------------------------------------------------------------------------------------
@@ -231,10 +240,7 @@ def check_chain(trace) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-@needs_vllm
-@pytest.mark.vllm
-@pytest.mark.slow
-@pytest.mark.parametrize("method,inproc", CONFIGS, ids=CONFIG_IDS)
+@each_config
 def test_totals_equal_vllm_counters(runs, method, inproc):
     r = runs(method, inproc)
     counters = r.vllm["counters"]
@@ -247,10 +253,7 @@ def test_totals_equal_vllm_counters(runs, method, inproc):
     assert "totals match vLLM's spec-decode counters" in r.stderr
 
 
-@needs_vllm
-@pytest.mark.vllm
-@pytest.mark.slow
-@pytest.mark.parametrize("method,inproc", CONFIGS, ids=CONFIG_IDS)
+@each_config
 def test_outputs_equal_request_outputs(runs, method, inproc):
     r = runs(method, inproc)
     t = r.trace
@@ -265,10 +268,7 @@ def test_outputs_equal_request_outputs(runs, method, inproc):
         assert reason == req["finish_reason"] == "length"
 
 
-@needs_vllm
-@pytest.mark.vllm
-@pytest.mark.slow
-@pytest.mark.parametrize("method,inproc", CONFIGS, ids=CONFIG_IDS)
+@each_config
 def test_chain_invariants(runs, method, inproc):
     r = runs(method, inproc)
     t = r.trace
