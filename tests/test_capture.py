@@ -161,22 +161,31 @@ def test_strict_stops_the_command_and_keeps_partial(tmp_path):
     assert len(t.blocks) == 1 and "ParseError" in t.meta["aborted"]
 
 
-def test_sigint_is_forwarded_and_exit_is_130(tmp_path):
-    child = _child(tmp_path, """
+def _signalled(tmp_path, sig: int, on_signal: str) -> tuple[subprocess.Popen, str]:
+    """Capture a child that prints block 0, then waits; send ``sig`` to spectrace only (it
+    must forward it); the child runs ``on_signal`` (Python lines) in its handler. Returns the
+    process and the stderr that followed block 0."""
+    handler = "".join(f"\n            {line}" for line in on_signal.strip().splitlines())
+    child = _child(tmp_path, f"""
         import signal
-        def stop(*_):
-            err("child: stopping")
-            err(block(1))
-            sys.exit(1)
-        signal.signal(signal.SIGINT, stop)
+        def stop(*_):{handler}
+        signal.signal({int(sig)}, stop)
         err(block(0))
         time.sleep(30)
     """)
     proc = subprocess.Popen([SPECTRACE, "capture", "-o", str(tmp_path / "t.h5"), "--", PY,
                              str(child)], stderr=subprocess.PIPE, text=True)
     assert proc.stderr.readline().strip() == _block(0)
-    proc.send_signal(signal.SIGINT)  # to spectrace only: it must forward it
-    rest = proc.stderr.read()
+    proc.send_signal(sig)
+    return proc, proc.stderr.read()
+
+
+def test_sigint_is_forwarded_and_exit_is_130(tmp_path):
+    proc, rest = _signalled(tmp_path, signal.SIGINT, """
+        err("child: stopping")
+        err(block(1))
+        sys.exit(1)
+    """)
     assert proc.wait(timeout=20) == 130
     assert rest.splitlines()[:2] == ["child: stopping", _block(1)]
     t = open_trace(tmp_path / "t.h5")
@@ -186,20 +195,10 @@ def test_sigint_is_forwarded_and_exit_is_130(tmp_path):
 def test_sigterm_is_forwarded_and_the_trace_is_finished(tmp_path):
     """`timeout` and CI stop with SIGTERM: the child gets it, every block is kept and the
     trace is renamed as after a normal exit; the status reports the signal (143)."""
-    child = _child(tmp_path, """
-        import signal
-        def stop(*_):
-            err(block(1))
-            sys.exit(0)
-        signal.signal(signal.SIGTERM, stop)
-        err(block(0))
-        time.sleep(30)
+    proc, rest = _signalled(tmp_path, signal.SIGTERM, """
+        err(block(1))
+        sys.exit(0)
     """)
-    proc = subprocess.Popen([SPECTRACE, "capture", "-o", str(tmp_path / "t.h5"), "--", PY,
-                             str(child)], stderr=subprocess.PIPE, text=True)
-    assert proc.stderr.readline().strip() == _block(0)
-    proc.send_signal(signal.SIGTERM)
-    rest = proc.stderr.read()
     assert proc.wait(timeout=20) == 143
     assert _block(1) in rest.splitlines() and "spectrace: captured 2 blocks" in rest
     t = open_trace(tmp_path / "t.h5")  # the final name: no .partial left
