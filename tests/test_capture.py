@@ -165,7 +165,7 @@ def _signalled(tmp_path, sig: int, on_signal: str) -> tuple[subprocess.Popen, st
     """Capture a child that prints block 0, then waits; send ``sig`` to spectrace only (it
     must forward it); the child runs ``on_signal`` (Python lines) in its handler. Returns the
     process and the stderr that followed block 0."""
-    handler = "".join(f"\n            {line}" for line in on_signal.strip().splitlines())
+    handler = "".join(f"\n            {line.strip()}" for line in on_signal.strip().splitlines())
     child = _child(tmp_path, f"""
         import signal
         def stop(*_):{handler}
