@@ -24,6 +24,8 @@ import time
 import warnings
 from pathlib import Path
 
+from spectrace.tracer.cli.exit_codes import ExitCode
+from spectrace.tracer.cli.output import say as _say
 from spectrace.tracer.errors import InputError, SpectraceError
 from spectrace.tracer.store import TraceWriter, open_trace
 
@@ -32,15 +34,12 @@ from .vt_spec_trace import (DEFAULT_ENGINE, SOURCE, VtTraceParser, patch_anchors
 
 ENV_VAR = "VT_SPEC_TRACE"
 OUT_ENV_VAR = "SPECTRACE_OUT"
-EXIT_INTERRUPT = 130
 # Seconds a Ctrl-C'd child gets to stop by itself before SIGINT is forwarded (a terminal
 # Ctrl-C already reached it: the same process group), and after SIGTERM before a kill.
 _INTERRUPT_GRACE = 0.5
 _KILL_GRACE = 10.0
 
 
-def _say(msg: str) -> None:
-    print(f"spectrace: {msg}", file=sys.stderr, flush=True)
 
 
 def trace_level(value: str | None) -> int:
@@ -109,7 +108,7 @@ class _SignalForwarder:
     @property
     def status(self) -> int:
         """The exit status that reports the signal: 143 after SIGTERM, else 130."""
-        return 128 + signal.SIGTERM if self.terminated else EXIT_INTERRUPT
+        return 128 + signal.SIGTERM if self.terminated else ExitCode.INTERRUPT
 
     def __enter__(self) -> _SignalForwarder:
         if threading.current_thread() is threading.main_thread():

@@ -67,6 +67,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from spectrace.tracer.cli.output import say as _say
 from spectrace.tracer.errors import SpectraceError
 
 ENV_OUT = "SPECTRACE_OUT"
@@ -92,12 +93,6 @@ class SpecTraceLayoutError(SpectraceError):
     naming the vLLM version, the class and what is missing). Raised at attach time."""
 
 
-def _say(msg: str) -> None:
-    """One diagnostic line on stderr, prefixed ``spectrace:``."""
-    try:
-        print(f"spectrace: {msg}", file=sys.stderr, flush=True)
-    except Exception:  # stderr closed at interpreter exit
-        pass
 
 
 def _strict() -> bool:

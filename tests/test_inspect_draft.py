@@ -315,6 +315,6 @@ def test_cli_exit_codes_and_json(tmp_path, target):
 
 
 def test_inspector_imports_no_torch():
-    code = ("import sys; import spectrace.tracer.inspect_draft, spectrace.tracer.cli; "
+    code = ("import sys; import spectrace.tracer.inspect_draft, spectrace.tracer.cli.main; "
             "assert 'torch' not in sys.modules and 'safetensors' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

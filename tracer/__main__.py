@@ -1,5 +1,5 @@
 """``python -m spectrace.tracer``: the same as the ``spectrace`` command."""
 
-from .cli import main
+from .cli.main import main
 
 main()

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .metrics import block_order, chunks, in_parallel
+from .index import block_order
+from .parallel import chunks, in_parallel
 from .store import Trace
 
 #: Divergence position meaning "the sequences agree on their common length".

@@ -4,7 +4,7 @@ Each detector recognises one class of ``shared/reference/spec_decode_bugs.md`` b
 signature, generally (any shift size, any constant offset or id permutation, any slot), and
 returns at most one :class:`~spectrace.tracer.findings.Finding` pointing at the first block
 where it shows. Thresholds are module constants, each with the reason for its value.
-Everything is vectorised over block columns, in chunks of rows (:data:`metrics.CHUNK`) so
+Everything is vectorised over block columns, in chunks of rows (:data:`parallel.CHUNK`) so
 temporaries stay small; per-request Python loops only touch request tables (thousands of
 rows, not millions). Each side's own checks run on a thread of their own (numpy releases the
 GIL), as does each side's preparation.
@@ -20,8 +20,9 @@ import numpy as np
 from .align import NO_DIVERGENCE, Alignment
 from . import schema
 from .findings import Finding, sort_findings
-from .metrics import (block_order, chunks, drafts_checked, in_parallel, memo, recompute_accepted,
-                      sequence_index)
+from .index import block_order, drafts_checked, memo, sequence_index
+from .metrics import recompute_accepted
+from .parallel import chunks, in_parallel
 from .store import Trace
 from .tokens import Decoder, show
 
@@ -48,7 +49,7 @@ class TraceData:
         order: int64 [n] block indices sorted by (request, position).
         last: bool [n] block is its request's last; prev: int64 [n] previous block of the
             same request (-1 for the first).
-        flat, start, length: concatenated full sequences (see metrics.sequence_index).
+        flat, start, length: concatenated full sequences (see index.sequence_index).
     """
 
     t: Trace

@@ -16,8 +16,9 @@ import numpy as np
 from .align import NO_DIVERGENCE, Alignment
 from .detect import TraceData, detect_pair, prepare
 from .findings import Finding
-from .metrics import (CONVENTIONS, acceptance_counts, acceptance_from_counts, drafts_checked,
-                      each_chunk, in_parallel, recompute_accepted)
+from .index import drafts_checked
+from .metrics import CONVENTIONS, acceptance_counts, acceptance_from_counts, recompute_accepted
+from .parallel import each_chunk, in_parallel
 from .schema import pad_to
 from .store import Trace, open_trace, prefetch
 

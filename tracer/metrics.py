@@ -7,100 +7,16 @@ Conventions (vLLM's, stated in every report):
 * per-position acceptance at slot i = share of blocks with accepted > i (a survival curve,
   as ``vllm:spec_decode_num_accepted_tokens_per_pos`` / ``num_drafts``), not conditional.
 
-Everything is vectorised over block columns, in chunks of :data:`CHUNK` rows (and shares of
-chunks on :data:`WORKERS` threads where a pass is long).
+Everything is vectorised over block columns, in chunks (see :mod:`spectrace.tracer.parallel`).
 """
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
+from .index import drafts_checked, memo, sequence_index
+from .parallel import chunks, each_chunk
 from .store import Trace
-
-
-def memo(trace: Trace, key: str, fn):
-    """Compute a derived value of ``trace`` once: ``fn()`` is cached in ``trace.cache``."""
-    if key not in trace.cache:
-        trace.cache[key] = fn()
-    return trace.cache[key]
-
-
-def sequence_index(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Concatenate every request's prompt + output ids for vectorised gathers.
-
-    Returns:
-        ``(flat, start, length)``: flat int32 [total] ids; start, length int64 [requests]
-        (tokens). A request with unknown output ids has length 0.
-    """
-    return memo(trace, "sequence_index", lambda: _sequence_index(trace))
-
-
-def _sequence_index(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    r = trace.requests
-    # One concatenate over [prompt0, output0, prompt1, ...]; unknown outputs contribute nothing.
-    parts, length = [], np.zeros(len(r), np.int64)
-    for i, (p, o) in enumerate(zip(r.prompt_ids, r.output_ids)):
-        if len(o):
-            parts += (p, o)
-            length[i] = len(p) + len(o)
-    start = np.zeros(len(r), np.int64)
-    np.cumsum(length[:-1], out=start[1:])
-    flat = np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros(0, np.int32)
-    return flat, start, length
-
-
-def block_order(trace: Trace) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """Blocks sorted by (request, position), ties in record order (memoised).
-
-    Returns:
-        ``(order, keys, stride, pmin)``: order int64 [blocks] block indices; keys int64
-        [blocks] the sorted keys ``request * stride + position - pmin``, so that
-        ``np.searchsorted(keys, key)`` finds a (request, position) in O(log n).
-    """
-    return memo(trace, "block_order", lambda: _block_order(trace))
-
-
-def _block_order(trace: Trace) -> tuple[np.ndarray, np.ndarray, int, int]:
-    b = trace.blocks
-    pos = b.position
-    pmin, pmax = (int(pos.min()), int(pos.max())) if len(pos) else (0, 0)
-    stride = pmax - pmin + 1
-    key = b.request.astype(np.int64) * stride
-    key += pos
-    key -= pmin
-    order = np.argsort(key, kind="stable")
-    return order, key[order], stride, pmin
-
-
-def drafts_checked(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    """The drafts the target checked per block: verified ids where recorded, else proposed.
-
-    Returns:
-        ``(ids, n)``: ids int32 [blocks, kmax] (-1 padded), n int64 [blocks] (tokens).
-    """
-    return memo(trace, "drafts_checked", lambda: _drafts_checked(trace))
-
-
-def _drafts_checked(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    b = trace.blocks
-    nv = b.num_verified.astype(np.int64)
-    has_v = nv >= 0
-    prop, ver = b.proposed, b.verified
-    if has_v.all():  # the common cases need no copy
-        return ver, nv
-    if not has_v.any():
-        return prop, b.k.astype(np.int64)
-    w = max(prop.shape[1], ver.shape[1])
-    ids = np.full((len(nv), w), -1, np.int32)
-    ids[:, :prop.shape[1]] = prop
-    if has_v.any():
-        ids[has_v] = -1
-        ids[has_v, :ver.shape[1]] = ver[has_v]
-    n = np.where(has_v, nv, b.k.astype(np.int64))
-    return ids, n
 
 
 def recompute_accepted(trace: Trace) -> np.ndarray:
@@ -117,40 +33,6 @@ def recompute_accepted(trace: Trace) -> np.ndarray:
     """
     return memo(trace, "recompute_accepted", lambda: _recompute_accepted(trace))
 
-
-#: Threads for :func:`in_parallel` (the cores we may use).
-WORKERS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                     else (os.cpu_count() or 1)))
-
-#: Rows per chunk of the block-wise loops: temporaries of a few MB stay in cache and are
-#: reused by the allocator, where whole-column temporaries (tens of MB) cost page faults.
-CHUNK = 1 << 18
-
-
-def in_parallel(calls: list):
-    """Run zero-argument callables on a small thread pool; returns their results in order.
-
-    numpy releases the GIL inside its loops, so the two sides of a diff (or two halves of a
-    pass) use both cores of a 2-core machine. h5py reads hold the GIL: read first, then
-    compute here.
-    """
-    if len(calls) <= 1:
-        return [c() for c in calls]
-    with ThreadPoolExecutor(max_workers=min(len(calls), WORKERS)) as pool:
-        return list(pool.map(lambda c: c(), calls))
-
-
-def each_chunk(n: int, fn) -> list:
-    """Call ``fn(list_of_slices)`` on :data:`WORKERS` interleaved shares of ``chunks(n)``, in
-    parallel; ``fn`` writes its rows in place and may return a partial result (listed)."""
-    cs = list(chunks(n))
-    shares = [cs[i::WORKERS] for i in range(min(WORKERS, max(len(cs), 1)))]
-    return in_parallel([lambda share=share: fn(share) for share in shares])
-
-
-def chunks(n: int, size: int = CHUNK):
-    """Slices covering ``range(n)`` in steps of ``size`` rows."""
-    return (slice(i, min(i + size, n)) for i in range(0, n, size))
 
 
 def _recompute_accepted(trace: Trace) -> np.ndarray:
@@ -183,6 +65,7 @@ def _recompute_accepted(trace: Trace) -> np.ndarray:
     return out
 
 
+
 def acceptance_counts(accepted: np.ndarray, verified: np.ndarray,
                       group: np.ndarray | None = None,
                       groups: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -208,6 +91,7 @@ def acceptance_counts(accepted: np.ndarray, verified: np.ndarray,
     return by_acc.reshape(groups, A), ver
 
 
+
 def acceptance_from_counts(by_accepted: np.ndarray, verified_tokens: int, kmax: int) -> dict:
     """:func:`acceptance` figures of one group of :func:`acceptance_counts`."""
     nblk = int(by_accepted.sum())
@@ -224,6 +108,7 @@ def acceptance_from_counts(by_accepted: np.ndarray, verified_tokens: int, kmax: 
         "mean_acceptance_length": 1 + tot_acc / nblk if nblk else None,
         "per_position": [(float(x / nblk) if nblk else None) for x in above],
     }
+
 
 
 def acceptance(accepted: np.ndarray, verified: np.ndarray, kmax: int | None = None) -> dict:
@@ -247,6 +132,7 @@ def acceptance(accepted: np.ndarray, verified: np.ndarray, kmax: int | None = No
 CONVENTIONS = ("acceptance rate = accepted/verified drafts; mean acceptance length = "
                "1 + accepted/verified blocks (bonus token counted); per-position acceptance at "
                "slot i = share of verified blocks with accepted > i")
+
 
 
 def trace_summary(trace: Trace) -> dict:

@@ -730,7 +730,7 @@ class Analysis:
 
 
 def _per_request(t: Trace) -> dict:
-    from .metrics import drafts_checked
+    from .index import drafts_checked
 
     b = t.blocks
     n = len(t.requests)
@@ -746,7 +746,7 @@ def _per_request(t: Trace) -> dict:
 
 
 def _along(t: Trace, buckets: int = 96) -> dict:
-    from .metrics import drafts_checked
+    from .index import drafts_checked
 
     b = t.blocks
     pos = b.position.astype(np.int64)

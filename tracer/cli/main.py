@@ -10,58 +10,17 @@ Exit codes: 0 ok / no divergence, 1 divergence found, 2 usage or input error,
 from __future__ import annotations
 
 import json
-import os
 import sys
 import warnings
 from pathlib import Path
 
 import click
 
-from .errors import InputError, SpectraceError
-
-EXIT_OK, EXIT_DIVERGENCE, EXIT_INPUT, EXIT_FAILURE, EXIT_INTERRUPT = 0, 1, 2, 3, 130
-
-
-def say(msg: str) -> None:
-    """Print one diagnostic line to stderr, prefixed ``spectrace:``."""
-    click.echo(f"spectrace: {msg}", err=True)
-
-
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    say(f"warning: {message}")
-
-
-def _stdout_to_devnull() -> None:
-    """stdout's reader left (``spectrace diff ... | head``): send the rest to /dev/null so
-    the command still exits with its own status (a verdict, not a write error)."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
-
-
-def _out(text: str) -> None:
-    """Print a data document (JSON, schema text) on stdout."""
-    try:
-        click.echo(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        _stdout_to_devnull()
-
-
-def _console():
-    """A rich Console on stdout: colour only on a TTY and never with NO_COLOR."""
-    from rich.console import Console
-
-    class _Console(Console):
-        def on_broken_pipe(self) -> None:
-            _stdout_to_devnull()  # rich would exit 1, which here means "diverged"
-
-    # Piped or redirected, rich would lay tables out for 80 columns and cut numbers short
-    # ("2092746/31…"): data on stdout is never truncated, so give it room (COLUMNS wins).
-    piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
-    return _Console(no_color=bool(os.environ.get("NO_COLOR")), highlight=False,
-                    soft_wrap=True, width=160 if piped else None)
-
+from ..errors import InputError, SpectraceError
+from .exit_codes import ExitCode
+from .output import console as _console
+from .output import out as _out
+from .output import say, show_warning
 
 def _parse_meta(items: tuple[str, ...]) -> dict:
     """``KEY=VALUE`` options to a dict (VALUE parsed as JSON when it is JSON, else text)."""
@@ -110,11 +69,11 @@ def cli() -> None:
 def schema(diff_json: bool) -> None:
     """Print the trace store schema (HDF5, format 1.x)."""
     if diff_json:
-        from .diff_schema import SCHEMA
+        from ..diff_schema import SCHEMA
 
         _out(json.dumps(SCHEMA, indent=2))
         return
-    from . import schema as _schema
+    from .. import schema as _schema
 
     _out(_schema.describe())
 
@@ -129,8 +88,8 @@ def info(trace: tuple[str, ...], fmt: str) -> None:
     TRACE is one file, several files or a glob (one trace written by several processes).
     """
     from . import report
-    from .metrics import trace_summary
-    from .store import open_trace
+    from ..metrics import trace_summary
+    from ..store import open_trace
 
     t = open_trace(list(trace))
     summary = trace_summary(t)
@@ -157,9 +116,9 @@ def diff(ours: str, theirs: str, fmt: str, examples: int, tokenizer: str | None)
     comparable, 2 on bad input.
     """
     from . import report
-    from .align import align
-    from .diff import diff_traces, open_pair
-    from .tokens import decoder_for
+    from ..align import align
+    from ..diff import diff_traces, open_pair
+    from ..tokens import decoder_for
 
     a, b = open_pair(ours, theirs)
     dec = decoder_for(tokenizer, a.meta, b.meta)
@@ -168,7 +127,7 @@ def diff(ours: str, theirs: str, fmt: str, examples: int, tokenizer: str | None)
         _out(json.dumps(result.to_json(), indent=2))
     else:
         report.print_diff(_console(), result)
-    sys.exit(EXIT_DIVERGENCE if result.diverged else EXIT_OK)
+    sys.exit(ExitCode.DIVERGENCE if result.diverged else ExitCode.OK)
 
 
 @cli.command()
@@ -181,10 +140,10 @@ def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None) -> None:
     """Check one trace on its own: loops, constant or unverified drafts, bookkeeping,
     vocabulary range, verified vs proposed, anchors. Exit 1 on an error finding."""
     from . import report
-    from .detect import check_trace
-    from .metrics import trace_summary
-    from .store import open_trace
-    from .tokens import decoder_for
+    from ..detect import check_trace
+    from ..metrics import trace_summary
+    from ..store import open_trace
+    from ..tokens import decoder_for
 
     t = open_trace(list(trace))
     found = check_trace(t, decoder_for(tokenizer, t.meta))
@@ -197,7 +156,7 @@ def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None) -> None:
         con = _console()
         report.print_findings(con, found)
         report.print_info(con, summary)
-    sys.exit(EXIT_DIVERGENCE if any(f.severity == "error" for f in found) else EXIT_OK)
+    sys.exit(ExitCode.DIVERGENCE if any(f.severity == "error" for f in found) else ExitCode.OK)
 
 
 @cli.command("inspect-draft")
@@ -215,14 +174,14 @@ def inspect_draft_cmd(ckpt_dir: str, target_dir: str | None, k: int | None, fmt:
     (sample_from_anchor), vocabularies and d2t/t2d, Markov head, confidence head, aux layers,
     q_proj, block size against k, own embed_tokens/lm_head, mask token. Exit 1 on an error.
     """
-    from .inspect_draft import inspect_draft
+    from ..inspect_draft import inspect_draft
 
     rep = inspect_draft(ckpt_dir, target_dir, k)
     if fmt == "json":
         _out(json.dumps(rep.to_json(), indent=2))
     else:
         _out(rep.text())
-    sys.exit(EXIT_DIVERGENCE if rep.errors else EXIT_OK)
+    sys.exit(ExitCode.DIVERGENCE if rep.errors else ExitCode.OK)
 
 
 @cli.group("import")
@@ -334,34 +293,34 @@ def view(ours: str, theirs: str | None, tokenizer: str | None, follow: bool, sta
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs :func:`cli` and maps errors to exit codes."""
-    warnings.showwarning = _show_warning
-    from .pages import prefer_small_pages
+    warnings.showwarning = show_warning
+    from ..pages import prefer_small_pages
 
     prefer_small_pages()
     try:
         cli.main(args=argv, prog_name="spectrace", standalone_mode=False)
     except click.exceptions.Abort:
         say("interrupted")
-        sys.exit(EXIT_INTERRUPT)
+        sys.exit(ExitCode.INTERRUPT)
     except KeyboardInterrupt:
         say("interrupted")
-        sys.exit(EXIT_INTERRUPT)
+        sys.exit(ExitCode.INTERRUPT)
     except click.UsageError as exc:
         cmd = exc.ctx.command_path if exc.ctx else "spectrace"
         say(f"error: {exc.format_message()} (see '{cmd} --help')")
-        sys.exit(EXIT_INPUT)
+        sys.exit(ExitCode.INPUT)
     except click.ClickException as exc:
         say(f"error: {exc.format_message()}")
-        sys.exit(EXIT_INPUT)
+        sys.exit(ExitCode.INPUT)
     except InputError as exc:
         say(f"error: {exc}")
-        sys.exit(EXIT_INPUT)
+        sys.exit(ExitCode.INPUT)
     except SpectraceError as exc:
         say(f"error: {exc}")
-        sys.exit(EXIT_FAILURE)
+        sys.exit(ExitCode.FAILURE)
     except BrokenPipeError:
-        sys.exit(EXIT_OK)
-    sys.exit(EXIT_OK)
+        sys.exit(ExitCode.OK)
+    sys.exit(ExitCode.OK)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .diff import DiffResult
-from .metrics import CONVENTIONS
+from ..diff import DiffResult
+from ..metrics import CONVENTIONS
 
 #: Content divergences listed one per line in the text report (JSON lists all).
 CONTENT_LINES = 10
