@@ -29,7 +29,7 @@ from spectrace.tracer.cli.output import say as _say
 from spectrace.tracer.errors import InputError, SpectraceError
 from spectrace.tracer.store import TraceWriter, open_trace
 
-from .vt_spec_trace import (DEFAULT_ENGINE, SOURCE, VtTraceParser, patch_anchors,
+from .vt_spec_trace import (DEFAULT_ENGINE, SOURCE, VtTraceParser,
                             read_requests)
 
 ENV_VAR = "VT_SPEC_TRACE"
@@ -299,7 +299,7 @@ def _finish_capture(parser: VtTraceParser, writer: TraceWriter,
     stats = parser.finish()
     writer.update_meta(**items)
     path = writer.close(complete=True)
-    patched = patch_anchors(path, parser.late_patches)
+    patched = len(parser.late_patches)
     how = f"killed by signal {-returncode}" if returncode < 0 else f"exit status {returncode}"
     late = f", {patched} anchors resolved from the requests file" if patched else ""
     _say(f"{stats.summary('captured')} -> {path}{late}; command {how}"

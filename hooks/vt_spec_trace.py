@@ -47,7 +47,7 @@ Rules this parser decides (the format leaves them open):
   counted as an ``anchor mismatch`` violation, where the two disagree). Without that file
   it is ``-1`` and the row is remembered so :meth:`VtTraceParser.set_requests` (called later,
   e.g. when a captured command has written its requests file) can fix it; rows already written
-  are fixed with :func:`patch_anchors` after the writer closes.
+  are patched through the writer before it closes.
 * **Batch rows.** ``batch_row``/``batch_size`` of a block come from the ``[spec-update]
   req=…`` payload of its proposing step (one row per batch row, sync only); else ``-1``.
 * **Invariants.** Chain breaks (``pos < pos_prev + ns_prev``), ``acc !=
@@ -75,7 +75,7 @@ from pathlib import Path
 
 from spectrace.tracer import schema
 from spectrace.tracer.errors import InputError, ParseError
-from spectrace.tracer.store import TraceWriter, update_blocks
+from spectrace.tracer.store import TraceWriter
 
 SOURCE = "vt_spec_trace"
 DEFAULT_ENGINE = "vllm.cpp"
@@ -685,8 +685,9 @@ class VtTraceParser:
         """Register the requests' prompt/output ids and resolve anchors still unknown.
 
         May be called before feeding (import) or after (capture: the command writes its
-        requests file at exit). Anchors of rows already written are queued in
-        :attr:`late_patches` for :func:`patch_anchors`.
+        requests file at exit). Anchors of rows already written are patched through the
+        writer (:meth:`~spectrace.tracer.store.TraceWriter.patch_blocks`) and listed in
+        :attr:`late_patches`.
 
         Returns:
             The number of anchors resolved by this call.
@@ -699,15 +700,18 @@ class VtTraceParser:
             if b.anchor == schema.PAD:
                 b.anchor = self._anchor_from_requests(b.req, b.pos)
                 resolved += b.anchor != schema.PAD
-        still = []
+        still, late = [], []
         for row, req, pos in self._unresolved:
             a = self._anchor_from_requests(req, pos)
             if a == schema.PAD:
                 still.append((row, req, pos))
             else:
-                self.late_patches.append((row, a))
+                late.append((row, a))
                 resolved += 1
         self._unresolved = still
+        if late:
+            self.writer.patch_blocks("anchor", [r for r, _ in late], [a for _, a in late])
+            self.late_patches.extend(late)
         self.stats.anchors["unknown"] -= resolved
         self.stats.anchors["requests"] += resolved
         if not self.stats.anchors["unknown"]:
@@ -1056,23 +1060,6 @@ def _choose_join(p: _Proposal, blocks: list[_Block]) -> tuple[int | None, str]:
 # ------------------------------------------------------------------------------------------
 # Files
 # ------------------------------------------------------------------------------------------
-
-
-def patch_anchors(path: str | os.PathLike, patches: Iterable[tuple[int, int]]) -> int:
-    """Write anchors resolved after their rows were flushed into a closed trace file.
-
-    Args:
-        path: the trace file (closed by its writer).
-        patches: (block row, anchor id) pairs.
-    Returns:
-        The number of rows patched.
-    Raises:
-        InputError: the file cannot be opened for writing.
-    """
-    patches = sorted(patches)
-    if not patches:
-        return 0
-    return update_blocks(path, "anchor", [r for r, _ in patches], [a for _, a in patches])
 
 
 def _open_log(log: str | os.PathLike) -> tuple[Iterable[str], str, Callable[[], None]]:

@@ -17,7 +17,7 @@ import pytest
 
 from spectrace.tracer import schema
 from spectrace.tracer.errors import InputError, TraceFormatError
-from spectrace.tracer.store import TraceWarning, TraceWriter, open_trace, update_blocks
+from spectrace.tracer.store import TraceWarning, TraceWriter, open_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECTRACE = os.path.join(os.path.dirname(sys.executable), "spectrace")
@@ -211,8 +211,22 @@ def test_verified_same_lets_the_reader_skip_verified(tmp_path):
     t = open_trace(path)
     assert t.blocks.verified is t.blocks.proposed
     assert t.blocks.verified.tolist() == [[1, 2, 3], [4, 5, -1]]
+
+def test_patch_blocks_writes_flushed_rows_before_close(tmp_path):
+    w = TraceWriter(tmp_path / "p.h5", {}, flush_interval=0, flush_rows=1)
+    for i in range(3):
+        w.add_block("r", i, i, -1, [1, 2])
+    assert w.rows_written == 3  # all flushed
+    # Row 1 twice: the last patch wins; row 7 is not there yet.
+    assert w.patch_blocks("anchor", [2, 1, 1, 7], [30, 10, 11, 70]) == 2
     with pytest.raises(InputError, match="verified_same: computed by the writer"):
-        update_blocks(path, "verified_same", [0], [0])  # derived: only the writer sets it
+        w.patch_blocks("verified_same", [0], [0])  # derived: only the writer sets it
+    with pytest.raises(InputError, match="proposed: not a 1-D block column"):
+        w.patch_blocks("proposed", [0], [0])
+    path = w.close()
+    assert open_trace(path).blocks.anchor.tolist() == [-1, 11, 30]
+    with pytest.raises(InputError, match="writer closed"):
+        w.patch_blocks("anchor", [0], [5])
 
 
 def test_verified_differs_in_one_row_reads_the_column(tmp_path):

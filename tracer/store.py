@@ -390,6 +390,42 @@ class TraceWriter:
             g["finish_reason"][idx] = reason
         self._dirty_requests.clear()
 
+    def patch_blocks(self, column: str, rows: Sequence[int], values: Sequence[int]) -> int:
+        """Overwrite cells of a 1-D block column in rows already added (late patches, e.g.
+        first-block anchors resolved from a requests file after their rows were flushed).
+
+        Buffered rows are flushed first, so every row added so far can be patched; the
+        file is never reopened after :meth:`close`.
+
+        Args:
+            column: a 1-D, non-derived block column (``schema.BLOCK_COLUMNS``), e.g. ``anchor``.
+            rows: int block row indices (0-based, in add order); values: the new cells.
+        Returns:
+            The number of rows written (rows not yet added are skipped).
+        Raises:
+            InputError: unknown, 2-D or writer-computed column, or the writer is closed.
+        """
+        cols = {c.name: c for c in schema.BLOCK_COLUMNS if c.width is None}
+        if column not in cols:
+            raise InputError(f"blocks.{column}: not a 1-D block column")
+        if cols[column].derived:
+            raise InputError(f"blocks.{column}: computed by the writer, not updatable")
+        r = np.asarray(rows, dtype=np.int64)
+        v = np.asarray(values, dtype=cols[column].np_dtype)
+        # h5py fancy indexing needs unique increasing rows: the last patch of a row wins.
+        r, last = np.unique(r[::-1], return_index=True)
+        v = v[::-1][last]
+        with self._lock:
+            if self._closed:
+                raise InputError(f"{self.path}: writer closed; blocks.{column} not patched")
+            self._flush_locked()
+            ds = self._file["blocks"][column]
+            keep = (r >= 0) & (r < ds.shape[0])
+            if keep.any():
+                ds[r[keep]] = v[keep]
+                self._file.flush()
+            return int(keep.sum())
+
     # -- closing -------------------------------------------------------------------------------
 
     def close(self, complete: bool = True) -> Path:
@@ -956,38 +992,6 @@ class Trace:
         """A short label: the first file name (plus ``+N`` for more files)."""
         extra = f" +{len(self.paths) - 1}" if len(self.paths) > 1 else ""
         return f"{self.paths[0].name}{extra}" if self.paths else "?"
-
-
-def update_blocks(path: str | os.PathLike, column: str, rows, values) -> int:
-    """Overwrite cells of one block column in a closed trace file (e.g. anchors resolved
-    after their rows were flushed).
-
-    Args:
-        path: the trace file; column: a 1-D block column name (schema.BLOCK_COLUMNS).
-        rows: int row indices; values: the new values (same length).
-    Returns:
-        The number of rows written (rows past the end are skipped).
-    Raises:
-        InputError: unknown column, or the file cannot be opened for writing.
-    """
-    cols = {c.name: c for c in schema.BLOCK_COLUMNS if c.width is None}
-    if column not in cols:
-        raise InputError(f"blocks.{column}: not a 1-D block column")
-    if cols[column].derived:
-        raise InputError(f"blocks.{column}: computed by the writer, not updatable")
-    rows = np.asarray(rows, dtype=np.int64)
-    values = np.asarray(values, dtype=cols[column].np_dtype)
-    order = np.argsort(rows, kind="stable")  # h5py fancy indexing needs increasing rows
-    rows, values = rows[order], values[order]
-    try:
-        with h5py.File(path, "r+") as f:
-            ds = f["blocks"][column]
-            keep = rows < ds.shape[0]
-            if keep.any():
-                ds[rows[keep]] = values[keep]
-            return int(keep.sum())
-    except OSError as exc:
-        raise InputError(f"{path}: cannot update blocks.{column} ({_short(exc)})") from None
 
 
 def resolve_paths(spec: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
