@@ -3,7 +3,8 @@
 1. Requests are matched by identical prompt ids, then by request id, then by order.
 2. Per matched pair the *content divergence position* is the first index where the two full
    sequences (prompt + output) differ; a block is comparable only when its anchor position is
-   before it (both engines saw the same prefix up to and including the anchor).
+   before it (both engines saw the same prefix up to and including the anchor), as defined
+   once in :mod:`spectrace.tracer.compare`.
 3. Comparable blocks pair up by (request pair, anchor position): with different acceptance the
    engines draft from different positions, so only positions both drafted from pair up.
 
@@ -17,12 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .compare import NO_DIVERGENCE, comparable, comparable_limit, first_difference
 from .index import block_order
 from .parallel import chunks, in_parallel
 from .store import Trace
-
-#: Divergence position meaning "the sequences agree on their common length".
-NO_DIVERGENCE = np.iinfo(np.int64).max
 
 
 @dataclass
@@ -110,14 +109,6 @@ def match_requests(a: Trace, b: Trace) -> tuple[np.ndarray, np.ndarray, list[str
     return req_a, req_b, [p[2] for p in pairs]
 
 
-def first_difference(x: np.ndarray, y: np.ndarray) -> int:
-    """First index where int arrays x and y differ within their common length, or
-    :data:`NO_DIVERGENCE`."""
-    n = min(len(x), len(y))
-    diff = np.flatnonzero(x[:n] != y[:n])
-    return int(diff[0]) if len(diff) else NO_DIVERGENCE
-
-
 def _pair_blocks(a: Trace, b: Trace, pob_a: np.ndarray, comp_a: np.ndarray,
                  comp_b: np.ndarray, req_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Paired block indices ``(ia, ib)``, sorted by (pair, position).
@@ -198,13 +189,8 @@ def _pair_of_block(t: Trace, req: np.ndarray) -> np.ndarray:
 
 def _comparable(pob: np.ndarray, pos: np.ndarray, divergence: np.ndarray,
                 common_len: np.ndarray, known: np.ndarray) -> np.ndarray:
-    # Before the divergence, and with at least one token after the anchor on both sides: a
-    # request's final proposal (drafted after the last token, never verified) compares with
-    # nothing.
     out = np.zeros(len(pob), bool)
-    # Per pair: the first position that is no longer comparable.
-    limit = np.where(known, np.minimum(divergence, common_len - 1), divergence)
-    limit = np.append(limit, np.iinfo(np.int64).min)  # pair -1 (unmatched): nothing is
+    limit = comparable_limit(divergence, common_len, known)
     for c in chunks(len(pob)):
-        out[c] = pos[c] < limit[pob[c]]
+        out[c] = comparable(pos[c], pob[c], limit)
     return out

@@ -1,0 +1,218 @@
+"""The comparison kernel: the one definition of how two engines' draft blocks compare.
+
+``spectrace diff``, the detectors, the TUI's rows and the pytest assertions all call these
+functions, so a block that differs in one place differs in all of them.
+
+Terms (per paired block, ours = ``a``, theirs = ``b``):
+
+* **slot equality**: slot j is equal when both proposals reach slot j (``j < min(ka, kb)``)
+  and hold the same id;
+* **exact match**: same k and every slot equal;
+* **anchor equality**: the anchors are equal, or either is unknown (-1);
+* **divergent block**: not an exact match, or the anchors differ;
+* **shift by s**: ``ours[j] == theirs[j + s]`` with both slots present (s < 0 mirrors it);
+* **first differing slot**: the first j < max(ka, kb) that is not equal, -1 when none;
+* **common prefix**: the number of leading equal slots;
+* **comparable**: a block lies on matched content: its anchor position is before the first
+  position where the two full sequences (prompt + output) differ, and, when both outputs are
+  known, before the shorter sequence's last token (a request's final proposal is drafted
+  after the last token and never verified: it compares with nothing).
+
+Matrices are ``[n, w]`` with w the wider proposal width; proposals are padded with -1 (see
+:func:`spectrace.tracer.schema.pad_to`). Boolean matrices are returned in Fortran order so
+that per-slot passes (``eq[:, j]``) read contiguous memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .schema import pad_to
+
+#: Divergence position meaning "the sequences agree on their common length".
+NO_DIVERGENCE = np.iinfo(np.int64).max
+
+#: The slot shifts tested per slot (ours[j] == theirs[j + s]): the diff's shift agreement
+#: and the TUI's "shifted" cells. The layout-shift detector scans wider shifts itself.
+SHIFTS = (1, -1)
+
+
+def first_difference(x: np.ndarray, y: np.ndarray) -> int:
+    """First index where int arrays ``x`` and ``y`` differ within their common length.
+
+    Args:
+        x, y: int arrays [n] / [m] (token ids).
+    Returns:
+        The index, or :data:`NO_DIVERGENCE` when one is a prefix of the other.
+    """
+    n = min(len(x), len(y))
+    diff = np.flatnonzero(x[:n] != y[:n])
+    return int(diff[0]) if len(diff) else NO_DIVERGENCE
+
+
+def comparable_limit(divergence: np.ndarray, common_len: np.ndarray,
+                     content_known: np.ndarray) -> np.ndarray:
+    """Per request pair, the first anchor position that is no longer comparable.
+
+    Args:
+        divergence: int64 [m] content divergence position (or :data:`NO_DIVERGENCE`).
+        common_len: int64 [m] length of the shorter full sequence (tokens).
+        content_known: bool [m] both sides know their output ids.
+    Returns:
+        int64 [m]: a block at anchor position p of pair i is comparable iff ``p < limit[i]``.
+    """
+    return np.where(content_known, np.minimum(divergence, common_len - 1), divergence)
+
+
+def comparable(position: np.ndarray, pair: np.ndarray, limit: np.ndarray) -> np.ndarray:
+    """Which blocks lie on matched content.
+
+    Args:
+        position: int [n] anchor positions (tokens from the start of the prompt).
+        pair: int64 [n] request-pair index per block, -1 for an unmatched request.
+        limit: int64 [m] from :func:`comparable_limit`.
+    Returns:
+        bool [n]; False for every block of an unmatched request.
+    """
+    lim = np.append(limit, np.iinfo(np.int64).min)  # index -1: the unmatched "pair"
+    return position < lim[pair]
+
+
+def anchors_equal(anchor_a: np.ndarray, anchor_b: np.ndarray) -> np.ndarray:
+    """Anchor equality of paired blocks: equal ids, or unknown (-1) on either side.
+
+    Args:
+        anchor_a, anchor_b: int [n] anchor token ids, -1 unknown.
+    Returns:
+        bool [n].
+    """
+    known = (anchor_a >= 0) & (anchor_b >= 0)
+    return ~known | (anchor_a == anchor_b)
+
+
+def _width(pa: np.ndarray, pb: np.ndarray) -> int:
+    return max(pa.shape[1], pb.shape[1], 1)
+
+
+def slot_equal(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray) -> np.ndarray:
+    """Per-slot equality of paired proposals.
+
+    Args:
+        pa, pb: int32 [n, wa] / [n, wb] proposed ids (-1 padded), row i of each paired.
+        ka, kb: int [n] proposal lengths (tokens).
+    Returns:
+        bool [n, w] (Fortran order), w = max(wa, wb): slot j equal and present on both.
+    """
+    w = _width(pa, pb)
+    pa, pb = pad_to(pa, w), pad_to(pb, w)
+    kmin = np.minimum(ka, kb)
+    eq = np.empty((len(kmin), w), bool, order="F")
+    for j in range(w):  # slot-major: 1-D passes, where reductions over w columns crawl
+        np.equal(pa[:, j], pb[:, j], out=eq[:, j])
+        eq[:, j] &= kmin > j
+    return eq
+
+
+def common_prefix(eq: np.ndarray) -> np.ndarray:
+    """Common-prefix length per block: leading equal slots.
+
+    Args:
+        eq: bool [n, w] from :func:`slot_equal`.
+    Returns:
+        int16 [n] (tokens).
+    """
+    alive = np.ones(eq.shape[0], bool)
+    prefix = np.zeros(eq.shape[0], np.int16)
+    for j in range(eq.shape[1]):
+        alive &= eq[:, j]
+        prefix += alive
+    return prefix
+
+
+def exact_match(prefix: np.ndarray, ka: np.ndarray, kb: np.ndarray) -> np.ndarray:
+    """Exact match: same k and every slot equal.
+
+    Args:
+        prefix: int [n] from :func:`common_prefix`; ka, kb: int [n] proposal lengths.
+    Returns:
+        bool [n].
+    """
+    return (ka == kb) & (prefix == ka)
+
+
+def first_differing_slot(eq: np.ndarray, ka: np.ndarray, kb: np.ndarray) -> np.ndarray:
+    """The first slot j < max(ka, kb) that is not equal.
+
+    Args:
+        eq: bool [n, w] from :func:`slot_equal`; ka, kb: int [n] proposal lengths.
+    Returns:
+        int64 [n]; -1 where every slot up to the longer proposal is equal.
+    """
+    span = np.arange(eq.shape[1]) < np.maximum(ka, kb)[:, None]
+    neq = span & ~eq
+    return np.where(neq.any(axis=1), neq.argmax(axis=1), -1).astype(np.int64)
+
+
+def shift_equal(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray,
+                s: int) -> np.ndarray:
+    """Shifted slot equality: ``ours[j] == theirs[j + s]`` with both slots present.
+
+    Args:
+        pa, pb: int32 [n, wa] / [n, wb] proposed ids (-1 padded); ka, kb: int [n] lengths.
+        s: the shift, nonzero; for s < 0 the test is ``ours[j - s] == theirs[j]``.
+    Returns:
+        bool [n, w - |s|] (Fortran order); column j is ours' slot j (s > 0) or theirs'
+        slot j (s < 0). Empty columns when |s| >= w.
+    """
+    w = _width(pa, pb)
+    pa, pb = pad_to(pa, w), pad_to(pb, w)
+    d = abs(s)
+    x, y, kx, ky = (pa, pb, ka, kb) if s > 0 else (pb, pa, kb, ka)
+    out = np.empty((len(ka), max(w - d, 0)), bool, order="F")
+    for j in range(w - d):
+        np.equal(x[:, j], y[:, j + d], out=out[:, j])
+        out[:, j] &= (kx > j) & (ky > j + d)
+    return out
+
+
+@dataclass
+class BlockComparison:
+    """Paired blocks compared (see the module docstring for each term).
+
+    Attributes:
+        eq: bool [n, w] slot equality (Fortran order).
+        prefix: int16 [n] common-prefix length (tokens).
+        exact: bool [n] exact match.
+        anchor_eq: bool [n] anchor equality.
+        divergent: bool [n] not exact, or the anchors differ.
+        first_slot: int64 [n] first differing slot, -1 none.
+    """
+
+    eq: np.ndarray
+    prefix: np.ndarray
+    exact: np.ndarray
+    anchor_eq: np.ndarray
+    divergent: np.ndarray
+    first_slot: np.ndarray
+
+
+def compare_blocks(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray,
+                   anchor_a: np.ndarray, anchor_b: np.ndarray) -> BlockComparison:
+    """Compare n paired blocks (row i of ours with row i of theirs).
+
+    Args:
+        pa, pb: int32 [n, wa] / [n, wb] proposed ids (-1 padded).
+        ka, kb: int [n] proposal lengths (tokens).
+        anchor_a, anchor_b: int [n] anchor ids, -1 unknown.
+    Returns:
+        A :class:`BlockComparison`. Callers chunk long columns themselves.
+    """
+    eq = slot_equal(pa, pb, ka, kb)
+    prefix = common_prefix(eq)
+    exact = exact_match(prefix, ka, kb)
+    anchor_eq = anchors_equal(anchor_a, anchor_b)
+    return BlockComparison(eq=eq, prefix=prefix, exact=exact, anchor_eq=anchor_eq,
+                           divergent=~exact | ~anchor_eq,
+                           first_slot=first_differing_slot(eq, ka, kb))
