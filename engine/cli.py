@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def read_prompts(path: Path, tokenizer) -> list[list[int]]:
     """Prompt token ids, one list per JSONL line (`prompt_ids` used as is, `text` tokenized)."""
-    from .models import encode_prompt
+    from .loader import encode_prompt
 
     prompts = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -97,13 +97,14 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """Run the engine for parsed arguments: decoded outputs on stdout, VT_SPEC_TRACE lines on stderr, the requests JSONL if asked."""
     from .core import Engine
-    from .drafters import DraftModelDrafter, NgramDrafter
-    from .models import bundled_model_dir, bundled_prompts_path, configure_torch, load_model, load_tokenizer
+    from .drafters import Drafter, DraftModelDrafter, NgramDrafter
+    from .loader import bundled_model_dir, bundled_prompts_path, configure_torch, load_model, load_tokenizer
 
     configure_torch(args.threads)
     target_dir = args.target or bundled_model_dir("target")
     target = load_model(target_dir)
     tokenizer = load_tokenizer(target_dir)
+    drafter: Drafter
     if args.method == "draft_model":
         drafter = DraftModelDrafter(load_model(args.draft or bundled_model_dir("draft")), args.k, args.draft_vocab)
     elif args.method == "dspark":

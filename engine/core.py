@@ -29,7 +29,7 @@ import torch
 
 from . import faults
 from .drafters import Drafter, Proposal
-from .models import LoadedModel
+from .loader import LoadedModel
 from .vt_trace import VtTrace
 
 

@@ -25,7 +25,7 @@ from typing import Protocol, Sequence
 import torch
 
 from . import faults
-from .models import LoadedModel
+from .loader import LoadedModel
 
 @dataclass
 class ProposeTimings:
@@ -49,7 +49,10 @@ class Drafter(Protocol):
     """What the engine needs from a drafter: ``propose(sequences) -> Proposal`` with up to k int ids per sequence (tokens), plus the method name and the scheduler lookahead. Mirrors vLLM V1's proposer interface (`propose_draft_token_ids`)."""
     method: str
     k: int
-    lookahead: int  # the scheduler's num_lookahead_tokens for this method (vLLM: k / 0)
+    @property
+    def lookahead(self) -> int:
+        """The scheduler's num_lookahead_tokens for this method (vLLM: k / 0)."""
+        ...
 
     def propose(self, sequences: Sequence[Sequence[int]]) -> Proposal: ...
 
@@ -90,6 +93,9 @@ class DraftModelDrafter:
     k: int
     draft_vocab: int | None = None  # reduced draft vocabulary size (None: the full vocab)
     method: str = field(default="draft_model", init=False)
+    # Reduced vocabulary: the draft ids' target ids and their offsets (None: the full vocab).
+    vocab_ids: torch.Tensor | None = field(default=None, init=False)
+    d2t: torch.Tensor | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.vocab_ids, self.d2t = (None, None) if self.draft_vocab is None else reduced_vocab(
@@ -109,6 +115,7 @@ class DraftModelDrafter:
         if self.vocab_ids is None:
             tok = greedy_select(logits)
             return tok, tok
+        assert self.d2t is not None  # set together with vocab_ids
         idx = greedy_select(logits[self.vocab_ids])  # argmax over the draft vocabulary
         return idx + self.d2t[idx], faults.map_draft_index(idx, self.d2t, self.draft.vocab_size)
 

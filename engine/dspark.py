@@ -44,7 +44,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .drafters import Proposal, ProposeTimings, reduced_vocab
-from .models import LoadedModel
+from .loader import LoadedModel
 
 
 @dataclass
@@ -302,6 +302,7 @@ class DSparkDraftModel(nn.Module):
 
     def set_vocab_mapping(self, draft_ids: torch.Tensor) -> None:
         """Fill ``d2t``/``t2d`` for a reduced vocabulary of target ids ``draft_ids`` (ascending)."""
+        assert self.d2t is not None and self.t2d is not None, "full vocabulary: no mapping"
         ids = draft_ids.to(torch.int64)
         self.d2t.copy_(ids - torch.arange(len(ids)))
         self.t2d.zero_()
@@ -424,7 +425,13 @@ class DSparkDrafter:
     @property
     def num_query_per_req(self) -> int:
         """Query slots per request: k (`sample_from_anchor`) or 1+k."""
-        return num_query_slots(self.k, self.sample_from_anchor)
+        return num_query_slots(self.k, self.from_anchor)
+
+    @property
+    def from_anchor(self) -> bool:
+        """The resolved `sample_from_anchor` layout (the checkpoint's when not given)."""
+        assert self.sample_from_anchor is not None  # resolved in __post_init__
+        return self.sample_from_anchor
 
     def step(self, sequence: Sequence[int], timings: ProposeTimings | None = None) -> DSparkStep:
         """One request's draft step: anchor = ``sequence[-1]`` at position ``len - 1``."""
@@ -433,13 +440,13 @@ class DSparkDrafter:
         cfg = self.model.cfg
         anchor, p = seq[-1], len(seq) - 1
         ctx = target_aux_hidden(self.target.model, seq[:-1], cfg.aux_hidden_state_layer_ids)
-        q_ids, q_pos = block_inputs(anchor, p, self.k, self.sample_from_anchor, cfg.mask_token_id)
+        q_ids, q_pos = block_inputs(anchor, p, self.k, self.from_anchor, cfg.mask_token_id)
         t1 = time.perf_counter()
         with torch.no_grad():
             kv = self.model.context_kv(ctx, torch.arange(p).unsqueeze(0))
             hidden = self.model.query_forward(kv, torch.tensor([q_ids]), torch.tensor([q_pos]),
                                               block_mask(p, len(q_ids)))[0]
-            off = sample_slot_offset(self.sample_from_anchor)
+            off = sample_slot_offset(self.from_anchor)
             sample_hidden = hidden[off:off + self.k]
             base = self.model.compute_draft_logits(sample_hidden)
             t2 = time.perf_counter()

@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Sequence, TextIO
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
 
 ENV_VAR = "VT_SPEC_TRACE"
 
@@ -30,7 +31,7 @@ def _atoi(value: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def _latch(name: str, compute) -> object:
+def _latch(name: str, compute: Callable[[str | None], Any]) -> Any:
     # First use wins for the rest of the process, like the engine's function-local statics.
     if name not in _latches:
         _latches[name] = compute(os.environ.get(ENV_VAR))
@@ -39,7 +40,7 @@ def _latch(name: str, compute) -> object:
 
 def verify_enabled() -> bool:
     """Verify-side latch: set, non-empty, and not starting with '0'."""
-    return bool(_latch("verify", lambda v: bool(v) and v[0] != "0"))
+    return bool(_latch("verify", lambda v: v is not None and v[:1] not in ("", "0")))
 
 
 def propose_level() -> int:
@@ -51,7 +52,7 @@ def propose_level() -> int:
         n = _atoi(v)
         return n if n > 0 else 1
 
-    return int(_latch("propose", level))  # type: ignore[arg-type]
+    return int(_latch("propose", level))
 
 
 def probes_enabled() -> bool:

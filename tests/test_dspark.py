@@ -21,7 +21,7 @@ pytest.importorskip("safetensors")
 
 from spectrace.engine import dspark  # noqa: E402
 from spectrace.engine.dspark_ckpt import config_dict, load_dspark, save_dspark  # noqa: E402
-from spectrace.engine.models import bundled_model_dir, configure_torch, load_model  # noqa: E402
+from spectrace.engine.loader import bundled_model_dir, configure_torch, load_model  # noqa: E402
 from spectrace.hooks import vllm as hook  # noqa: E402
 from spectrace.hooks.vllm_dspark import (  # noqa: E402
     DSparkTap,

@@ -60,7 +60,7 @@ from spectrace.engine.dspark import (  # noqa: E402
     target_aux_hidden,
 )
 from spectrace.engine.dspark_ckpt import load_dspark, save_dspark  # noqa: E402
-from spectrace.engine.models import (  # noqa: E402
+from spectrace.engine.loader import (  # noqa: E402
     bundled_model_dir,
     bundled_prompts_path,
     configure_torch,

@@ -22,7 +22,7 @@ transformers = pytest.importorskip("transformers")
 
 from spectrace.engine import vt_trace  # noqa: E402
 from spectrace.engine.drafters import ngram_lookup  # noqa: E402
-from spectrace.engine.models import bundled_model_dir, bundled_prompts_path  # noqa: E402
+from spectrace.engine.loader import bundled_model_dir, bundled_prompts_path  # noqa: E402
 
 MAX_TOKENS = 16
 K = 4

@@ -28,7 +28,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from spectrace.engine.faults import CONTENT_AT, FAULTS  # noqa: E402
-from spectrace.engine.models import bundled_model_dir  # noqa: E402
+from spectrace.engine.loader import bundled_model_dir  # noqa: E402
 from spectrace.tracer.findings import KINDS  # noqa: E402
 
 SPECTRACE = str(Path(sys.executable).parent / "spectrace")

@@ -491,7 +491,7 @@ def _engine_ready() -> str | None:
     try:
         import torch  # noqa: F401
 
-        from spectrace.engine.models import bundled_model_dir, bundled_prompts_path
+        from spectrace.engine.loader import bundled_model_dir, bundled_prompts_path
         for name in ("target", "draft"):
             d = Path(bundled_model_dir(name))
             if not any(d.glob("*.safetensors")):
@@ -508,7 +508,7 @@ def test_capture_of_the_live_reference_engine(tmp_path):
     why = _engine_ready()
     if why:
         pytest.skip(why)
-    from spectrace.engine.models import bundled_prompts_path
+    from spectrace.engine.loader import bundled_prompts_path
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(bundled_prompts_path().read_text().splitlines(True)[:3]))
