@@ -85,9 +85,9 @@ def info(trace: tuple[str, ...], fmt: str) -> None:
 
     TRACE is one file, several files or a glob (one trace written by several processes).
     """
-    from . import report
     from ..metrics import trace_summary
     from ..store import open_trace
+    from . import report
 
     t = open_trace(list(trace))
     summary = trace_summary(t)
@@ -111,10 +111,10 @@ def diff(ours: str, theirs: str, fmt: str, examples: int, tokenizer: str | None)
     comparable block agrees, 1 on an error finding, a differing comparable block or nothing
     comparable, 2 on bad input.
     """
-    from . import report
     from ..align import align
     from ..diff import diff_traces, open_pair
     from ..tokens import decoder_for
+    from . import report
 
     a, b = open_pair(ours, theirs)
     dec = decoder_for(tokenizer, a.meta, b.meta)
@@ -133,11 +133,11 @@ def diff(ours: str, theirs: str, fmt: str, examples: int, tokenizer: str | None)
 def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None) -> None:
     """Check one trace on its own: loops, constant or unverified drafts, bookkeeping,
     vocabulary range, verified vs proposed, anchors. Exit 1 on an error finding."""
-    from . import report
     from ..detect import check_trace
     from ..metrics import trace_summary
     from ..store import open_trace
     from ..tokens import decoder_for
+    from . import report
 
     t = open_trace(list(trace))
     found = check_trace(t, decoder_for(tokenizer, t.meta))

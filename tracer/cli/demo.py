@@ -95,7 +95,7 @@ def run_demo(out: Path, max_tokens: int = 64, k: int = 4) -> int:
     cmds = demo_commands(out, max_tokens, k)
     t_ref = _run("reference engine (spectrace capture)", cmds["reference"],
                  out / "reference.capture.log")
-    t_vllm = _run("vLLM draft_model k=%d (spectrace capture vllm)" % k, cmds["vllm"],
+    t_vllm = _run(f"vLLM draft_model k={k} (spectrace capture vllm)", cmds["vllm"],
                   out / "vllm.capture.log")
     ours, theirs = open_trace(out / "reference.h5"), open_trace(out / "vllm.h5")
     result = diff_traces(align(ours, theirs), decoder=decoder_for(None, ours.meta, theirs.meta))
