@@ -34,9 +34,9 @@ def _exit_verdict(failed: bool) -> NoReturn:
     sys.exit(ExitCode.DIVERGENCE if failed else ExitCode.OK)
 
 
-def _parse_meta(items: tuple[str, ...]) -> dict:
+def _parse_meta(items: tuple[str, ...]) -> dict[str, object]:
     """``KEY=VALUE`` options to a dict (VALUE parsed as JSON when it is JSON, else text)."""
-    out = {}
+    out: dict[str, object] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -55,7 +55,7 @@ _META_HELP = ("Extra trace metadata KEY=VALUE (repeatable), e.g. engine=vllm.cpp
 class _CaptureGroup(click.Group):
     """``spectrace capture [vllm] -o OUT -- CMD``: ``vt`` is the default subcommand."""
 
-    def parse_args(self, ctx, args):
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if not args or args[0] not in self.commands:
             if not (args and args[0] in ("--help", "-h")):
                 args = ["vt", *args]
