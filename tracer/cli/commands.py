@@ -27,6 +27,12 @@ _format_option = click.option("--format", "fmt", type=click.Choice(["text", "jso
 _tokenizer_option = click.option(
     "--tokenizer", type=click.Path(),
     help="tokenizer.json (or its directory) to decode ids; default: from the trace.")
+#: ``--meta KEY=VALUE`` (repeatable) and ``--strict``, shared by ``import vt`` and ``capture vt``.
+_meta_option = click.option(
+    "--meta", "meta", multiple=True, metavar="KEY=VALUE",
+    help="Extra trace metadata KEY=VALUE (repeatable), e.g. engine=vllm.cpp method=dspark k=8 "
+         "tokenizer=PATH.")
+_strict_option = click.option("--strict", is_flag=True, help="Fail on the first malformed line.")
 
 
 def _exit_verdict(failed: bool) -> NoReturn:
@@ -46,10 +52,6 @@ def _parse_meta(items: tuple[str, ...]) -> dict[str, object]:
         except ValueError:
             out[key] = value
     return out
-
-
-_META_HELP = ("Extra trace metadata KEY=VALUE (repeatable), e.g. engine=vllm.cpp "
-              "method=dspark k=8 tokenizer=PATH.")
 
 
 class _CaptureGroup(click.Group):
@@ -188,8 +190,8 @@ def import_() -> None:
               help="Output trace file (.h5).")
 @click.option("--requests", "requests_path", type=click.Path(dir_okay=False),
               help="JSONL with req_id, prompt_ids, output_ids per request.")
-@click.option("--strict", is_flag=True, help="Fail on the first malformed line.")
-@click.option("--meta", "meta", multiple=True, metavar="KEY=VALUE", help=_META_HELP)
+@_strict_option
+@_meta_option
 def import_vt(log: str, out: str, requests_path: str | None, strict: bool,
               meta: tuple[str, ...]) -> None:
     """Import our engine's VT_SPEC_TRACE stderr log (LOG, '-' for stdin)."""
@@ -218,10 +220,10 @@ def capture() -> None:
 @click.option("--requests", "requests_path", type=click.Path(dir_okay=False),
               help="JSONL the command writes with req_id, prompt_ids, output_ids; "
                    "read after the command exits.")
-@click.option("--strict", is_flag=True, help="Fail on the first malformed line.")
+@_strict_option
 @click.option("--log", "log_path", type=click.Path(dir_okay=False),
               help="Also keep CMD's raw stderr in this file (for `spectrace import vt`).")
-@click.option("--meta", "meta", multiple=True, metavar="KEY=VALUE", help=_META_HELP)
+@_meta_option
 @click.argument("cmd", nargs=-1, required=True)
 def capture_vt(out: str, requests_path: str | None, strict: bool, log_path: str | None,
                meta: tuple[str, ...], cmd: tuple[str, ...]) -> None:
