@@ -131,13 +131,14 @@ def test_golden_cycle(tester, monkeypatch):
     ''')
     golden = tester.path / "test_engine" / "test_drafts.h5"
     obtained = tester.path / "test_engine" / "test_drafts.obtained.h5"
-    r = tester.runpytest_subprocess("-q")                      # 1. missing golden: written, fails
+    r = tester.runpytest_subprocess("-q")  # 1. missing golden: written, fails
     r.assert_outcomes(failed=1)
     r.stdout.fnmatch_lines(["*golden trace written: *test_engine/test_drafts.h5; re-run*"])
     assert golden.exists()
-    tester.runpytest_subprocess("-q").assert_outcomes(passed=1)  # 2. same drafts, new request id: pass
+    # 2. same drafts, new request id: pass
+    tester.runpytest_subprocess("-q").assert_outcomes(passed=1)
     monkeypatch.setenv("BROKEN", "1")
-    r = tester.runpytest_subprocess("-q")                      # 3. drafts moved: obtained written, fails
+    r = tester.runpytest_subprocess("-q")  # 3. drafts moved: obtained written, fails
     r.assert_outcomes(failed=1)
     r.stdout.fnmatch_lines(["*drafts do not match*", "*obtained trace: *test_drafts.obtained.h5",
                             "*accept it with --spectrace-regen"])
@@ -156,6 +157,18 @@ def test_loading_the_plugin_is_light():
             "if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]"
+
+
+def test_entry_point_module_exposes_the_whole_plugin():
+    """pytest registers ``spectrace.tracer.pytest_plugin`` (the pytest11 entry point) and finds
+    hooks and fixtures by attribute: it must carry every one of ``testing.plugin``'s."""
+    from spectrace.tracer import pytest_plugin
+    from spectrace.tracer.testing import plugin
+
+    names = {n for n in vars(plugin) if n.startswith(("spectrace_", "pytest_"))}
+    assert names == {"pytest_addoption", "spectrace_load", "spectrace_assert_drafts_match",
+                     "spectrace_regression", "spectrace_capture_cmd", "spectrace_capture_vllm"}
+    assert all(getattr(pytest_plugin, n) is getattr(plugin, n) for n in names)
 
 
 def test_log_loads_through_the_parser(tester):

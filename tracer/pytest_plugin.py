@@ -1,165 +1,24 @@
-"""pytest plugin (entry point ``pytest11``): draft-trace fixtures for engine teams' CI.
+"""The ``pytest11`` entry point of spectrace's pytest plugin (``spectrace.tracer.pytest_plugin``).
 
-Fixtures (all prefixed ``spectrace_``):
-
-* ``spectrace_load(path, requests=None)`` -> Trace: an HDF5 trace, or a ``VT_SPEC_TRACE`` log
-  (imported next to the test's tmp dir) with its requests JSONL.
-* ``spectrace_assert_drafts_match(ours, theirs, *, min_agreement=1.0, max_error_findings=0,
-  positions=None, ignore=())``: fails with a short text naming the first divergent block.
-* ``spectrace_regression.check(trace)``: golden-trace workflow (``--spectrace-regen``).
-* ``spectrace_capture_cmd(cmd, requests=None)`` / ``spectrace_capture_vllm(cmd)`` -> Trace:
-  run an engine command or a vLLM script under capture.
-
-Import-light by design: loading the plugin imports only pytest; each fixture imports what it
-needs when used (no h5py, numpy, torch, vllm or textual at collection time). Like the CLI,
-this module is a composition root and may reach ``spectrace.hooks`` inside fixtures.
+Why this module exists: installed packages name this path in their entry-point metadata, and
+engine teams may list it in ``-p``/``pytest_plugins``, so it keeps working after the plugin
+moved to :mod:`spectrace.tracer.testing.plugin`. pytest finds hooks and fixtures by attribute
+on the registered module, so the hook and every fixture are re-exported here; nothing else
+lives here.
 """
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
+from .testing.plugin import (
+    Regression,
+    pytest_addoption,
+    spectrace_assert_drafts_match,
+    spectrace_capture_cmd,
+    spectrace_capture_vllm,
+    spectrace_load,
+    spectrace_regression,
+)
 
-import pytest
-
-_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-
-
-def pytest_addoption(parser) -> None:
-    """Adds ``--spectrace-regen`` (rewrite golden traces)."""
-    group = parser.getgroup("spectrace")
-    group.addoption("--spectrace-regen", action="store_true", default=False,
-                    help="rewrite spectrace golden traces (the tests still fail once)")
-
-
-def _load(path, requests=None, workdir=None):
-    from .store import Trace, open_trace
-
-    if isinstance(path, Trace):
-        return path
-    p = Path(path)
-    if p.is_file():
-        with open(p, "rb") as fh:
-            is_hdf5 = fh.read(8) == _HDF5_SIGNATURE
-        if not is_hdf5:
-            from spectrace.hooks.vt_spec_trace import import_log
-
-            out = Path(workdir or p.parent) / (p.name + ".h5")
-            import_log(str(p), str(out), requests_path=str(requests) if requests else None)
-            return open_trace(out)
-    return open_trace(path)
-
-
-@pytest.fixture
-def spectrace_load(tmp_path):
-    """``load(path, requests=None) -> Trace``: open an HDF5 trace (file or glob), or import a
-    ``VT_SPEC_TRACE`` log (with its requests JSONL) into the test's tmp dir and open that.
-
-    Raises:
-        InputError: a missing file or a malformed requests file (one line naming it).
-    """
-    return lambda path, requests=None: _load(path, requests, tmp_path)
-
-
-@pytest.fixture
-def spectrace_assert_drafts_match():
-    """``check(ours, theirs, *, min_agreement=1.0, max_error_findings=0, positions=None,
-    ignore=(), tokenizer=None)``: fail the test unless our drafts match theirs.
-
-    Passing needs comparable content: content that diverged before any comparable block
-    fails (never a vacuous pass). The failure text names the first divergent block (request,
-    position, slot) with both sides' ids and decoded tokens, the first error finding and the
-    ``spectrace view`` command for the pair. See :func:`assertions.drafts_match_report`.
-    """
-    def check(ours, theirs, **kw) -> None:
-        from .assertions import drafts_match_report
-
-        msg = drafts_match_report(_load(ours), _load(theirs), **kw)
-        if msg:
-            pytest.fail(msg, pytrace=False)
-    return check
-
-
-class Regression:
-    """Golden traces beside the test: ``<test_module_dir>/<test_module>/<test_name>.h5``.
-
-    ``check(trace)``: a missing golden is written and the test fails; a mismatch writes
-    ``<test_name>.obtained.h5`` beside the golden and fails with the diff summary;
-    ``--spectrace-regen`` rewrites the golden and fails. Goldens are compared through the
-    alignment (prompt ids, anchor positions, proposals), so request ids and timestamps never
-    matter.
-    """
-
-    def __init__(self, golden: Path, regen: bool) -> None:
-        self.golden = golden
-        self.obtained = golden.with_name(golden.stem + ".obtained.h5")
-        self.regen = regen
-
-    def check(self, trace) -> None:
-        """Compare ``trace`` (a path or Trace) with the golden; see the class docstring."""
-        from .assertions import goldens_match
-
-        t = _load(trace)
-        src = Path(t.paths[0])
-        self.golden.parent.mkdir(parents=True, exist_ok=True)
-        if self.regen or not self.golden.exists():
-            what = "rewritten (--spectrace-regen)" if self.golden.exists() else "written"
-            shutil.copyfile(src, self.golden)
-            pytest.fail(f"spectrace: golden trace {what}: {self.golden}; re-run the test",
-                        pytrace=False)
-        msg = goldens_match(t, _load(self.golden))
-        if msg:
-            shutil.copyfile(src, self.obtained)
-            pytest.fail(f"{msg}\n  obtained trace: {self.obtained}\n  golden trace:   "
-                        f"{self.golden}\n  accept it with --spectrace-regen", pytrace=False)
-        if self.obtained.exists():
-            self.obtained.unlink()
-
-
-@pytest.fixture
-def spectrace_regression(request) -> Regression:
-    """The golden-trace checker of this test (see :class:`Regression`)."""
-    path = Path(request.node.path)
-    name = request.node.name.replace("/", "_").replace("[", "_").replace("]", "")
-    return Regression(path.parent / path.stem / f"{name}.h5",
-                      request.config.getoption("spectrace_regen"))
-
-
-@pytest.fixture
-def spectrace_capture_cmd(tmp_path):
-    """``capture(cmd, requests=None, name="ours") -> Trace``: run our engine's command under
-    ``spectrace capture`` (VT_SPEC_TRACE=1) and open the trace. ``requests`` is the JSONL the
-    command writes with prompt/output ids. Fails the test if the command fails."""
-    def capture(cmd, requests=None, name: str = "ours"):
-        from spectrace.hooks.capture import capture_command
-
-        from .store import open_trace
-
-        out = tmp_path / f"{name}.h5"
-        rc = capture_command([str(c) for c in cmd], str(out),
-                             requests_path=str(requests) if requests else None,
-                             forward_trace_lines=False)  # failures stay readable
-        if rc != 0:
-            pytest.fail(f"spectrace: captured command exited with {rc}: {cmd}", pytrace=False)
-        return open_trace(out)
-    return capture
-
-
-@pytest.fixture
-def spectrace_capture_vllm(tmp_path):
-    """``capture(cmd, name="theirs") -> Trace``: run a vLLM script under spectrace's vLLM
-    plugin (``SPECTRACE_OUT``) and open the trace. Fails the test if the script fails."""
-    def capture(cmd, name: str = "theirs"):
-        from spectrace.hooks.capture import capture_vllm
-
-        from .store import open_trace
-
-        out = tmp_path / f"{name}.h5"
-        rc = capture_vllm([str(c) for c in cmd], str(out))
-        if rc != 0:
-            pytest.fail(f"spectrace: vLLM script exited with {rc}: {cmd}", pytrace=False)
-        return open_trace(out)
-    return capture
-
-
-__all__ = ["Regression", "pytest_addoption"]
+__all__ = ["Regression", "pytest_addoption", "spectrace_assert_drafts_match",
+           "spectrace_capture_cmd", "spectrace_capture_vllm", "spectrace_load",
+           "spectrace_regression"]

@@ -21,8 +21,13 @@ import sys
 import time
 from pathlib import Path
 
+from ..align import align
+from ..diff import diff_traces
 from ..errors import SpectraceError
-from ..store import spectrace_version
+from ..store import open_trace, spectrace_version
+from ..tokens import decoder_for
+from .output import console, say
+from .report import print_diff
 
 
 def bundled_dir() -> Path:
@@ -64,8 +69,6 @@ def demo_commands(out: Path, max_tokens: int, k: int) -> dict[str, list[str]]:
 
 def _run(label: str, argv: list[str], log: Path) -> float:
     """Run one step with its output in ``log``; raise with the log's tail on failure."""
-    from .output import say
-
     say(f"{label} ...")
     t0 = time.perf_counter()
     with open(log, "w") as fh:
@@ -86,26 +89,17 @@ def run_demo(out: Path, max_tokens: int = 64, k: int = 4) -> int:
         0 when both engines ran and the diff was printed (whatever it found: the demo shows
         a result, it is not a gate); raises SpectraceError if a step failed.
     """
-    from ..align import align
-    from .output import console as _console
-    from .output import say
-    from ..diff import diff_traces
-    from .report import print_diff
-    from ..store import open_trace
-
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     t0 = time.perf_counter()
     cmds = demo_commands(out, max_tokens, k)
     t_ref = _run("reference engine (spectrace capture)", cmds["reference"],
                  out / "reference.capture.log")
-    t_vllm = _run("vLLM draft_model k=%d (spectrace capture vllm)" % k, cmds["vllm"],
+    t_vllm = _run(f"vLLM draft_model k={k} (spectrace capture vllm)", cmds["vllm"],
                   out / "vllm.capture.log")
-    from ..tokens import decoder_for
-
     ours, theirs = open_trace(out / "reference.h5"), open_trace(out / "vllm.h5")
     result = diff_traces(align(ours, theirs), decoder=decoder_for(None, ours.meta, theirs.meta))
-    print_diff(_console(), result)
+    print_diff(console(), result)
     say(f"demo wall time {time.perf_counter() - t0:.1f} s (reference {t_ref:.1f} s, "
         f"vLLM {t_vllm:.1f} s); traces in {out}/")
     say(f"next: spectrace info {out / 'vllm.h5'}   |   "

@@ -1,53 +1,23 @@
-"""The ``spectrace`` command line: the composition root.
+"""The ``spectrace`` entry point: the click group :func:`cli` and :func:`main`.
 
-Only this module reaches ``hooks``, ``tui`` and ``engine``, and only through imports inside the
-command that needs them, so ``spectrace diff`` never loads textual, torch or vllm.
-stdout carries data only; diagnostics go to stderr as one line prefixed ``spectrace:``.
-Exit codes: 0 ok / no divergence, 1 divergence found, 2 usage or input error,
-3 other spectrace failure, 130 interrupted.
+The group gathers the subcommands of :mod:`commands` (the composition root: only they reach
+``hooks``, ``tui`` and ``engine``, through imports inside the command that needs them, so
+``spectrace diff`` never loads textual, torch or vllm). :func:`main` maps every failure to one
+``spectrace: error: ...`` line on stderr and an :class:`ExitCode`.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import warnings
-from pathlib import Path
 
 import click
 
 from ..errors import InputError, SpectraceError
+from ..pages import prefer_small_pages
+from .commands import COMMANDS
 from .exit_codes import ExitCode
-from .output import console as _console
-from .output import out as _out
 from .output import say, show_warning
-
-def _parse_meta(items: tuple[str, ...]) -> dict:
-    """``KEY=VALUE`` options to a dict (VALUE parsed as JSON when it is JSON, else text)."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--meta")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
-
-
-_META_HELP = ("Extra trace metadata KEY=VALUE (repeatable), e.g. engine=vllm.cpp "
-              "method=dspark k=8 tokenizer=PATH.")
-
-
-class _CaptureGroup(click.Group):
-    """``spectrace capture [vllm] -o OUT -- CMD``: ``vt`` is the default subcommand."""
-
-    def parse_args(self, ctx, args):
-        if not args or args[0] not in self.commands:
-            if not (args and args[0] in ("--help", "-h")):
-                args = ["vt", *args]
-        return super().parse_args(ctx, args)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -63,263 +33,43 @@ def cli() -> None:
     """
 
 
-@cli.command()
-@click.option("--diff", "diff_json", is_flag=True,
-              help="Print the JSON Schema of `spectrace diff --format json` instead.")
-def schema(diff_json: bool) -> None:
-    """Print the trace store schema (HDF5, format 1.x)."""
-    if diff_json:
-        from ..diff_schema import SCHEMA
-
-        _out(json.dumps(SCHEMA, indent=2))
-        return
-    from .. import schema as _schema
-
-    _out(_schema.describe())
+for _command in COMMANDS:
+    cli.add_command(_command)
 
 
-@cli.command()
-@click.argument("trace", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True)
-def info(trace: tuple[str, ...], fmt: str) -> None:
-    """Show a trace's metadata and acceptance figures.
-
-    TRACE is one file, several files or a glob (one trace written by several processes).
-    """
-    from . import report
-    from ..metrics import trace_summary
-    from ..store import open_trace
-
-    t = open_trace(list(trace))
-    summary = trace_summary(t)
-    if fmt == "json":
-        _out(json.dumps(summary, indent=2, sort_keys=False))
-    else:
-        report.print_info(_console(), summary)
+#: The failures :func:`main` turns into an exit code; anything else is a bug (its traceback).
+_HANDLED = (click.exceptions.Abort, KeyboardInterrupt, click.ClickException, SpectraceError,
+            BrokenPipeError)
 
 
-@cli.command()
-@click.argument("ours")
-@click.argument("theirs")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True)
-@click.option("--examples", default=5, show_default=True, type=click.IntRange(min=0),
-              help="Divergent blocks to show as examples.")
-@click.option("--tokenizer", type=click.Path(),
-              help="tokenizer.json (or its directory) to decode ids; default: from the trace.")
-def diff(ours: str, theirs: str, fmt: str, examples: int, tokenizer: str | None) -> None:
-    """Align two traces per anchor and report where their drafts differ.
-
-    OURS and THEIRS are trace files or globs (quote the glob). Exit status: 0 when every
-    comparable block agrees, 1 on an error finding, a differing comparable block or nothing
-    comparable, 2 on bad input.
-    """
-    from . import report
-    from ..align import align
-    from ..diff import diff_traces, open_pair
-    from ..tokens import decoder_for
-
-    a, b = open_pair(ours, theirs)
-    dec = decoder_for(tokenizer, a.meta, b.meta)
-    result = diff_traces(align(a, b), examples=examples, decoder=dec)
-    if fmt == "json":
-        _out(json.dumps(result.to_json(), indent=2))
-    else:
-        report.print_diff(_console(), result)
-    sys.exit(ExitCode.DIVERGENCE if result.diverged else ExitCode.OK)
-
-
-@cli.command()
-@click.argument("trace", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True)
-@click.option("--tokenizer", type=click.Path(),
-              help="tokenizer.json (or its directory) to decode ids; default: from the trace.")
-def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None) -> None:
-    """Check one trace on its own: loops, constant or unverified drafts, bookkeeping,
-    vocabulary range, verified vs proposed, anchors. Exit 1 on an error finding."""
-    from . import report
-    from ..detect import check_trace
-    from ..metrics import trace_summary
-    from ..store import open_trace
-    from ..tokens import decoder_for
-
-    t = open_trace(list(trace))
-    found = check_trace(t, decoder_for(tokenizer, t.meta))
-    summary = trace_summary(t)
-    if fmt == "json":
-        _out(json.dumps({"schema": "spectrace.check/1",
-                               "findings": [f.to_json() for f in found],
-                               "summary": summary}, indent=2))
-    else:
-        con = _console()
-        report.print_findings(con, found)
-        report.print_info(con, summary)
-    sys.exit(ExitCode.DIVERGENCE if any(f.severity == "error" for f in found) else ExitCode.OK)
-
-
-@cli.command("inspect-draft")
-@click.argument("ckpt_dir", type=click.Path())
-@click.option("--target", "target_dir", type=click.Path(),
-              help="Target model folder (its config.json): vocabulary, layers, hidden size.")
-@click.option("--k", "k", type=int, default=None,
-              help="Drafts per step to check against block_size (default: the config's).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True)
-def inspect_draft_cmd(ckpt_dir: str, target_dir: str | None, k: int | None, fmt: str) -> None:
-    """Check a DSpark draft checkpoint (config.json + safetensors headers, no weights).
-
-    One verdict per line (ok, info, warn, ERROR): method and architecture, layout
-    (sample_from_anchor), vocabularies and d2t/t2d, Markov head, confidence head, aux layers,
-    q_proj, block size against k, own embed_tokens/lm_head, mask token. Exit 1 on an error.
-    """
-    from ..inspect_draft import inspect_draft
-
-    rep = inspect_draft(ckpt_dir, target_dir, k)
-    if fmt == "json":
-        _out(json.dumps(rep.to_json(), indent=2))
-    else:
-        _out(rep.text())
-    sys.exit(ExitCode.DIVERGENCE if rep.errors else ExitCode.OK)
-
-
-@cli.group("import")
-def import_() -> None:
-    """Convert an engine's trace output into a spectrace trace file."""
-
-
-@import_.command("vt")
-@click.argument("log", type=click.Path(dir_okay=False))
-@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False),
-              help="Output trace file (.h5).")
-@click.option("--requests", "requests_path", type=click.Path(dir_okay=False),
-              help="JSONL with req_id, prompt_ids, output_ids per request.")
-@click.option("--strict", is_flag=True, help="Fail on the first malformed line.")
-@click.option("--meta", "meta", multiple=True, metavar="KEY=VALUE", help=_META_HELP)
-def import_vt(log: str, out: str, requests_path: str | None, strict: bool,
-              meta: tuple[str, ...]) -> None:
-    """Import our engine's VT_SPEC_TRACE stderr log (LOG, '-' for stdin)."""
-    from spectrace.hooks.vt_spec_trace import import_log
-
-    stats = import_log(log, out, requests_path=requests_path, strict=strict,
-                       meta=_parse_meta(meta) or None)
-    say(stats.summary())
-    if not stats.blocks:
-        say(f"warning: {log}: no [SPECTRACE] verify lines, so the trace has no blocks "
-            f"(was VT_SPEC_TRACE set, and is this our engine's stderr?)")
-
-
-@cli.group(cls=_CaptureGroup)
-def capture() -> None:
-    """Run an engine command and record its drafts.
-
-    \b
-      spectrace capture -o OUT.h5 -- CMD ...        our engine (VT_SPEC_TRACE on stderr)
-      spectrace capture vllm -o OUT.h5 -- python SCRIPT ...   upstream vLLM (plugin)
-    """
-
-
-@capture.command("vt")
-@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False))
-@click.option("--requests", "requests_path", type=click.Path(dir_okay=False),
-              help="JSONL the command writes with req_id, prompt_ids, output_ids; "
-                   "read after the command exits.")
-@click.option("--strict", is_flag=True, help="Fail on the first malformed line.")
-@click.option("--log", "log_path", type=click.Path(dir_okay=False),
-              help="Also keep CMD's raw stderr in this file (for `spectrace import vt`).")
-@click.option("--meta", "meta", multiple=True, metavar="KEY=VALUE", help=_META_HELP)
-@click.argument("cmd", nargs=-1, required=True)
-def capture_vt(out: str, requests_path: str | None, strict: bool, log_path: str | None,
-               meta: tuple[str, ...], cmd: tuple[str, ...]) -> None:
-    """Run CMD with VT_SPEC_TRACE=1 (unless set), parse its stderr live, forward it."""
-    from spectrace.hooks.capture import capture_command
-
-    sys.exit(capture_command(list(cmd), out, requests_path=requests_path, strict=strict,
-                             log_path=log_path, meta=_parse_meta(meta) or None))
-
-
-@capture.command("vllm")
-@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False))
-@click.argument("cmd", nargs=-1, required=True)
-def capture_vllm_cmd(out: str, cmd: tuple[str, ...]) -> None:
-    """Run CMD (a vLLM script) with spectrace's vLLM plugin recording to OUT."""
-    from spectrace.hooks.capture import capture_vllm
-
-    sys.exit(capture_vllm(list(cmd), out))
-
-
-@cli.command()
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="spectrace-demo",
-              show_default=True, help="Directory for the traces and logs.")
-@click.option("--max-tokens", default=64, show_default=True)
-@click.option("--k", "k", default=4, show_default=True, help="num_speculative_tokens")
-def demo(out_dir: str, max_tokens: int, k: int) -> None:
-    """Run real vLLM and the reference engine on the bundled models, then diff them."""
-    from .demo import run_demo
-
-    sys.exit(run_demo(Path(out_dir), max_tokens=max_tokens, k=k))
-
-
-@cli.command()
-@click.argument("ours")
-@click.argument("theirs", required=False)
-@click.option("--tokenizer", type=click.Path(),
-              help="tokenizer.json (or its directory) to decode ids; default: from the trace.")
-@click.option("--follow", is_flag=True,
-              help="Re-read the trace(s) as they grow (a .partial file still being written).")
-@click.option("--tab", "start_tab", type=click.Choice(["overview", "blocks", "charts"]),
-              default="overview", show_default=True, help="Tab shown first.")
-@click.option("--analysis", type=click.Choice(["auto", "thread", "process", "off"]),
-              default="auto", show_default=True,
-              help="Where the whole-trace diff runs (auto: a child process for big traces).")
-def view(ours: str, theirs: str | None, tokenizer: str | None, follow: bool, start_tab: str,
-         analysis: str) -> None:
-    """Browse a trace, or two aligned traces, in the terminal (press ? for every key).
-
-    OURS and THEIRS are trace files or quoted globs; with only OURS the same views show one
-    engine. Needs a terminal.
-    """
-    from spectrace.tui import make_app
-
-    app = make_app(ours, theirs, tokenizer=tokenizer, follow=follow, analysis=analysis,
-                   start_tab=start_tab)
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise InputError("view needs a terminal (stdin and stdout must be a TTY)")
-    app.run()
-    if app.return_code:
-        sys.exit(app.return_code)
+def _exit_code(exc: BaseException) -> ExitCode:
+    """Say what went wrong in one line and return the exit code for ``exc`` (one of
+    :data:`_HANDLED`)."""
+    if isinstance(exc, (click.exceptions.Abort, KeyboardInterrupt)):
+        say("interrupted")
+        return ExitCode.INTERRUPT
+    if isinstance(exc, click.UsageError):
+        cmd = exc.ctx.command_path if exc.ctx else "spectrace"
+        say(f"error: {exc.format_message()} (see '{cmd} --help')")
+        return ExitCode.INPUT
+    if isinstance(exc, click.ClickException):
+        say(f"error: {exc.format_message()}")
+        return ExitCode.INPUT
+    if isinstance(exc, SpectraceError):
+        say(f"error: {exc}")
+        return ExitCode.INPUT if isinstance(exc, InputError) else ExitCode.FAILURE
+    return ExitCode.OK  # BrokenPipeError: stdout's reader left, not spectrace's failure
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: runs :func:`cli` and maps errors to exit codes."""
+    """Console-script entry point (``spectrace``): runs :func:`cli` with ``argv`` (default
+    ``sys.argv[1:]``) and exits with an :class:`ExitCode` (commands exit with their verdict)."""
     warnings.showwarning = show_warning
-    from ..pages import prefer_small_pages
-
     prefer_small_pages()
     try:
         cli.main(args=argv, prog_name="spectrace", standalone_mode=False)
-    except click.exceptions.Abort:
-        say("interrupted")
-        sys.exit(ExitCode.INTERRUPT)
-    except KeyboardInterrupt:
-        say("interrupted")
-        sys.exit(ExitCode.INTERRUPT)
-    except click.UsageError as exc:
-        cmd = exc.ctx.command_path if exc.ctx else "spectrace"
-        say(f"error: {exc.format_message()} (see '{cmd} --help')")
-        sys.exit(ExitCode.INPUT)
-    except click.ClickException as exc:
-        say(f"error: {exc.format_message()}")
-        sys.exit(ExitCode.INPUT)
-    except InputError as exc:
-        say(f"error: {exc}")
-        sys.exit(ExitCode.INPUT)
-    except SpectraceError as exc:
-        say(f"error: {exc}")
-        sys.exit(ExitCode.FAILURE)
-    except BrokenPipeError:
-        sys.exit(ExitCode.OK)
+    except _HANDLED as exc:
+        sys.exit(_exit_code(exc))
     sys.exit(ExitCode.OK)
 
 

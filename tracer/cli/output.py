@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def say(msg: str) -> None:
@@ -19,7 +23,8 @@ def say(msg: str) -> None:
         pass
 
 
-def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: TextIO | None = None, line: str | None = None) -> None:
     """A :data:`warnings.showwarning` replacement: one ``spectrace: warning: ...`` line."""
     say(f"warning: {message}")
 
@@ -41,7 +46,7 @@ def out(text: str) -> None:
         stdout_to_devnull()
 
 
-def console():
+def console() -> Console:
     """A rich Console on stdout: colour only on a TTY and never with NO_COLOR."""
     from rich.console import Console
 

@@ -10,18 +10,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..diff import DiffResult
+from ..fmt import SEVERITY_STYLE, num, pct
 from ..metrics import CONVENTIONS
 
 #: Content divergences listed one per line in the text report (JSON lists all).
 CONTENT_LINES = 10
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def _num(x, fmt: str = "{:.3f}") -> str:
-    return "-" if x is None else fmt.format(x)
 
 
 _META_SHOWN = ("engine", "engine_version", "method", "k", "source", "target_model",
@@ -59,19 +52,16 @@ def print_info(con: Console, s: dict) -> None:
     f.add_row("verified tokens", str(s["verified_tokens"]), str(rc["verified_tokens"]))
     f.add_row("unverified blocks", str(s["unverified_blocks"]), "")
     f.add_row("accepted tokens", str(rec["accepted_tokens"]), str(rc["accepted_tokens"]))
-    f.add_row("acceptance rate", _pct(rec["acceptance_rate"]), _pct(rc["acceptance_rate"]))
-    f.add_row("mean acceptance length", _num(rec["mean_acceptance_length"]),
-              _num(rc["mean_acceptance_length"]))
+    f.add_row("acceptance rate", pct(rec["acceptance_rate"]), pct(rc["acceptance_rate"]))
+    f.add_row("mean acceptance length", num(rec["mean_acceptance_length"]),
+              num(rc["mean_acceptance_length"]))
     for i, (x, y) in enumerate(zip(rec["per_position"], rc["per_position"])):
-        f.add_row(f"acceptance at slot {i}", _pct(x), _pct(y))
+        f.add_row(f"acceptance at slot {i}", pct(x), pct(y))
     con.print(f)
     if s["phases_ms"]:
         ph = ", ".join(f"{k}={v:.2f}ms" for k, v in s["phases_ms"].items())
         con.print(f"phase medians: {ph}")
     con.print(f"[dim]conventions: {CONVENTIONS}[/dim]")
-
-
-_SEV_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def print_findings(con: Console, findings: list) -> None:
@@ -85,7 +75,7 @@ def print_findings(con: Console, findings: list) -> None:
             f"request {f.request}" if f.request is not None else "",
             f"position {f.position}" if f.position is not None else "",
             f"slot {f.slot}" if f.slot is not None else "") if x)
-        style = _SEV_STYLE[f.severity]
+        style = SEVERITY_STYLE[f.severity]
         con.print(f"  [{style}]{f.severity:<7}[/{style}] [bold]{f.kind}[/bold] ({f.side}"
                   f"{'; ' + where if where else ''})")
         con.print(f"          {escape(f.message)}")
@@ -93,8 +83,18 @@ def print_findings(con: Console, findings: list) -> None:
 
 def print_diff(con: Console, r: DiffResult) -> None:
     """Render a :class:`DiffResult`: verdict, content, agreement, acceptance, examples."""
-    o, t = r.ours, r.theirs
-    for label, side in (("ours:  ", o), ("theirs:", t)):
+    _print_sides(con, r)
+    print_findings(con, r.findings)
+    _print_requests(con, r)
+    _print_agreement(con, r)
+    _print_acceptance(con, r.acceptance)
+    _print_examples(con, r.examples)
+    con.print(f"[dim]conventions: {CONVENTIONS}[/dim]")
+
+
+def _print_sides(con: Console, r: DiffResult) -> None:
+    """One line per trace (files, engine, method, k, blocks), then the verdict."""
+    for label, side in (("ours:  ", r.ours), ("theirs:", r.theirs)):
         engine = " ".join(str(x) for x in (side["engine"], side["engine_version"]) if x)
         con.print(escape(f"{label} {', '.join(side['files'])}  ({engine or '?'}, "
                          f"{side['method'] or 'method ?'}, k={side['k'] or '?'}, "
@@ -102,7 +102,10 @@ def print_diff(con: Console, r: DiffResult) -> None:
     verdict = ("[bold red]DIVERGED[/bold red]: " + "; ".join(r.reasons)) if r.diverged else \
         "[bold green]no divergence[/bold green] on comparable blocks"
     con.print(verdict)
-    print_findings(con, r.findings)
+
+
+def _print_requests(con: Console, r: DiffResult) -> None:
+    """Request matching and the first :data:`CONTENT_LINES` content divergences."""
     q = r.requests
     con.print(f"requests: {q['matched']} matched (by prompt {q['matched_by']['prompt']}, "
               f"by id {q['matched_by']['req_id']}, by order {q['matched_by']['order']}); "
@@ -115,6 +118,10 @@ def print_diff(con: Console, r: DiffResult) -> None:
     if len(r.content) > CONTENT_LINES:
         con.print(f"  ... and {len(r.content) - CONTENT_LINES} more requests diverge "
                   f"(--format json lists every one)")
+
+
+def _print_agreement(con: Console, r: DiffResult) -> None:
+    """Coverage, the paired blocks' agreement and the per-position agreement table."""
     cv, ag = r.coverage, r.agreement
     outside = [f"{cv[side + '_blocks'] - cv[side + '_on_matched_content']} of {side}"
                for side in ("ours", "theirs")
@@ -122,13 +129,13 @@ def print_diff(con: Console, r: DiffResult) -> None:
     note = (f"; not on matched content: {' and '.join(outside)} (past a divergence, in "
             f"unmatched requests, or a request's final proposal, never verified)"
             if outside else "")
-    con.print(f"coverage: {cv['paired']} paired blocks = {_pct(cv['ours_coverage'])} of ours "
-              f"({cv['ours_on_matched_content']}) and {_pct(cv['theirs_coverage'])} of theirs "
+    con.print(f"coverage: {cv['paired']} paired blocks = {pct(cv['ours_coverage'])} of ours "
+              f"({cv['ours_on_matched_content']}) and {pct(cv['theirs_coverage'])} of theirs "
               f"({cv['theirs_on_matched_content']}) on matched content{note}")
     con.print(f"paired blocks: anchors equal {ag['paired_blocks'] - ag['anchor_mismatches']}"
               f"/{ag['paired_blocks']}, proposals identical {ag['exact_matches']}"
-              f"/{ag['paired_blocks']} ({_pct(ag['exact_match_rate'])}), k differs in "
-              f"{ag['k_mismatches']}, mean common prefix {_num(ag['mean_common_prefix'], '{:.2f}')}")
+              f"/{ag['paired_blocks']} ({pct(ag['exact_match_rate'])}), k differs in "
+              f"{ag['k_mismatches']}, mean common prefix {num(ag['mean_common_prefix'], 2)}")
     pp = Table(title="per-position agreement (paired blocks)", title_justify="left")
     pp.add_column("slot", justify="right")
     pp.add_column("blocks", justify="right")
@@ -138,24 +145,28 @@ def print_diff(con: Console, r: DiffResult) -> None:
     for i, (x, n) in enumerate(zip(ag["per_position"], ag["per_position_blocks"])):
         sp = ag["shift_plus_one"][i] if i < len(ag["shift_plus_one"]) else None
         sm = ag["shift_minus_one"][i] if i < len(ag["shift_minus_one"]) else None
-        pp.add_row(str(i), str(n), _pct(x), _pct(sp), _pct(sm))
+        pp.add_row(str(i), str(n), pct(x), pct(sp), pct(sm))
     con.print(pp)
-    _print_acceptance(con, r.acceptance)
-    if r.examples:
-        ex = Table(title="first divergent blocks", title_justify="left")
-        for col in ("request", "position", "anchor", "ours", "theirs", "slot"):
-            ex.add_column(col)
-        for e in r.examples:
-            anchor = str(e["anchor_ours"]) if e["anchor_equal"] else \
-                f"{e['anchor_ours']} vs {e['anchor_theirs']}"
-            ex.add_row(escape(e["ours_req"]), str(e["position"]), anchor,
-                       escape(str(e["ours"])), escape(str(e["theirs"])),
-                       str(e["first_differing_slot"]))
-        con.print(ex)
-    con.print(f"[dim]conventions: {CONVENTIONS}[/dim]")
+
+
+def _print_examples(con: Console, examples: list) -> None:
+    """The first divergent blocks as a table (nothing when there are none)."""
+    if not examples:
+        return
+    ex = Table(title="first divergent blocks", title_justify="left")
+    for col in ("request", "position", "anchor", "ours", "theirs", "slot"):
+        ex.add_column(col)
+    for e in examples:
+        anchor = str(e["anchor_ours"]) if e["anchor_equal"] else \
+            f"{e['anchor_ours']} vs {e['anchor_theirs']}"
+        ex.add_row(escape(e["ours_req"]), str(e["position"]), anchor,
+                   escape(str(e["ours"])), escape(str(e["theirs"])),
+                   str(e["first_differing_slot"]))
+    con.print(ex)
 
 
 def _print_acceptance(con: Console, acc: dict) -> None:
+    """Acceptance per engine (matched/all content, recorded/recomputed) and per position."""
     t = Table(title="acceptance per engine", title_justify="left")
     for col, just in (("engine", "left"), ("content", "left"), ("counted", "left"),
                       ("blocks", "right"), ("acc/verified", "right"),
@@ -167,8 +178,8 @@ def _print_acceptance(con: Console, acc: dict) -> None:
                 x = acc[side][scope][how]
                 t.add_row(side, label, name, str(x["blocks"]),
                           f"{x['accepted_tokens']}/{x['verified_tokens']}",
-                          _pct(x["acceptance_rate"]),
-                          _num(x["mean_acceptance_length"], "{:.2f}"))
+                          pct(x["acceptance_rate"]),
+                          num(x["mean_acceptance_length"], 2))
     con.print(t)
     pp = Table(title="per-position acceptance (recorded)", title_justify="left")
     pp.add_column("slot", justify="right")
@@ -178,5 +189,5 @@ def _print_acceptance(con: Console, acc: dict) -> None:
         pp.add_column(f"{side}, {scope.split('_')[0]}", justify="right")
     curves = [acc[side][scope]["recorded"]["per_position"] for side, scope in cols]
     for i in range(max(len(c) for c in curves)):
-        pp.add_row(str(i), *(_pct(c[i]) if i < len(c) else "-" for c in curves))
+        pp.add_row(str(i), *(pct(c[i]) if i < len(c) else "-" for c in curves))
     con.print(pp)

@@ -1,6 +1,6 @@
 """Draft-trace assertions for tests: compare two traces and explain a failure in a few lines.
 
-Used by the pytest plugin (:mod:`spectrace.tracer.pytest_plugin`) and usable from any test
+Used by the pytest plugin (:mod:`spectrace.tracer.testing.plugin`) and usable from any test
 runner: :func:`drafts_match_report` returns None on success or the failure text.
 """
 
@@ -11,15 +11,16 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .align import Alignment, align
-from .diff import diff_traces, nothing_compared
-from .store import Trace, open_trace
-from .tokens import Decoder, decoder_for, show
+from ..align import Alignment, align
+from ..diff import DiffResult, diff_traces, nothing_compared
+from ..fmt import pct
+from ..store import Trace, open_trace
+from ..tokens import Decoder, decoder_for, show
 
 
 def restrict(al: Alignment, positions) -> Alignment:
     """Keep only paired blocks whose anchor position is in ``positions`` (a range, slice or
-    iterable of ints)."""
+    iterable of ints; None keeps all). Narrows ``al.ia``/``al.ib`` in place and returns ``al``."""
     if positions is None:
         return al
     pos = al.a.blocks.position[al.ia].astype(np.int64)
@@ -34,6 +35,7 @@ def restrict(al: Alignment, positions) -> Alignment:
 
 
 def _ids(dec: Decoder | None, ids) -> str:
+    """``[id 'text', ...]`` (ids alone without a decoder)."""
     ids = [int(x) for x in ids]
     if dec is None:
         return str(ids)
@@ -68,18 +70,9 @@ def drafts_match_report(ours, theirs, *, min_agreement: float = 1.0,
     dec = decoder_for(tokenizer, a.meta, b.meta)
     al = restrict(align(a, b), positions)
     r = diff_traces(al, examples=1, decoder=dec)
-    ignore = set(ignore)
-    errors = [f for f in r.findings if f.severity == "error" and f.kind not in ignore]
-    P = r.agreement["paired_blocks"]
-    rate = r.agreement["exact_match_rate"]
-    problems = []
-    if P == 0:
-        problems.append(nothing_compared(al))
-    elif rate < min_agreement:
-        problems.append(f"drafts match in {r.agreement['exact_matches']} of {P} paired blocks "
-                        f"({100 * rate:.1f}%), required {100 * min_agreement:.1f}%")
-    if len(errors) > max_error_findings:
-        problems.append(f"{len(errors)} error finding(s), at most {max_error_findings} allowed")
+    ignored = set(ignore)
+    errors = [f for f in r.findings if f.severity == "error" and f.kind not in ignored]
+    problems = _problems(al, r, len(errors), min_agreement, max_error_findings)
     if not problems:
         return None
     lines = ["spectrace: drafts do not match: " + "; ".join(problems)]
@@ -90,10 +83,26 @@ def drafts_match_report(ours, theirs, *, min_agreement: float = 1.0,
         lines.append(f"    ours:   {_ids(dec, e['ours'])}")
         lines.append(f"    theirs: {_ids(dec, e['theirs'])}")
     if errors:
-        f = errors[0]
-        lines.append(f"  first error finding: {f.kind}: {f.message}")
+        lines.append(f"  first error finding: {errors[0].kind}: {errors[0].message}")
     lines.append(f"  inspect: {view_command(a, b)}")
     return "\n".join(lines)
+
+
+def _problems(al: Alignment, r: DiffResult, n_errors: int, min_agreement: float,
+              max_error_findings: int) -> list[str]:
+    """Why the drafts do not match (empty when they do): nothing compared, too little
+    agreement, too many error findings."""
+    paired = r.agreement["paired_blocks"]
+    rate = r.agreement["exact_match_rate"]
+    problems = []
+    if paired == 0:
+        problems.append(nothing_compared(al))
+    elif rate < min_agreement:
+        problems.append(f"drafts match in {r.agreement['exact_matches']} of {paired} paired "
+                        f"blocks ({pct(rate)}), required {pct(min_agreement)}")
+    if n_errors > max_error_findings:
+        problems.append(f"{n_errors} error finding(s), at most {max_error_findings} allowed")
+    return problems
 
 
 def goldens_match(obtained: Trace, golden: Trace) -> str | None:

@@ -1,0 +1,290 @@
+"""The ``spectrace`` subcommands, each a small click command (the composition root's leaves).
+
+Every command imports what it needs inside its body, so ``spectrace --help`` and ``spectrace
+diff`` load neither textual, torch nor vllm (nor numpy until a trace is opened); only
+:mod:`main` attaches them to the group (:data:`COMMANDS`), so nothing here imports it back.
+Data goes to stdout through :func:`output.out` / :func:`output.console`, diagnostics through
+:func:`output.say`; verdicts exit with :class:`ExitCode`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import click
+
+from ..errors import InputError
+from . import output
+from .exit_codes import ExitCode
+
+#: ``--format text|json``, shared by the commands that print a result.
+_format_option = click.option("--format", "fmt", type=click.Choice(["text", "json"]),
+                              default="text", show_default=True)
+#: ``--tokenizer PATH``, shared by the commands that decode ids.
+_tokenizer_option = click.option(
+    "--tokenizer", type=click.Path(),
+    help="tokenizer.json (or its directory) to decode ids; default: from the trace.")
+#: ``--meta KEY=VALUE`` (repeatable) and ``--strict``, shared by ``import vt`` and ``capture vt``.
+_meta_option = click.option(
+    "--meta", "meta", multiple=True, metavar="KEY=VALUE",
+    help="Extra trace metadata KEY=VALUE (repeatable), e.g. engine=vllm.cpp method=dspark k=8 "
+         "tokenizer=PATH.")
+_strict_option = click.option("--strict", is_flag=True, help="Fail on the first malformed line.")
+
+
+def _exit_verdict(failed: bool) -> NoReturn:
+    """Exit 1 (:attr:`ExitCode.DIVERGENCE`) when ``failed``, else 0: the status CI reads."""
+    sys.exit(ExitCode.DIVERGENCE if failed else ExitCode.OK)
+
+
+def _parse_meta(items: tuple[str, ...]) -> dict[str, object]:
+    """``KEY=VALUE`` options to a dict (VALUE parsed as JSON when it is JSON, else text)."""
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--meta")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+class _CaptureGroup(click.Group):
+    """``spectrace capture [vllm] -o OUT -- CMD``: ``vt`` is the default subcommand."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or args[0] not in self.commands:
+            if not (args and args[0] in ("--help", "-h")):
+                args = ["vt", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.command()
+@click.option("--diff", "diff_json", is_flag=True,
+              help="Print the JSON Schema of `spectrace diff --format json` instead.")
+def schema(diff_json: bool) -> None:
+    """Print the trace store schema (HDF5, format 1.x)."""
+    if diff_json:
+        from ..diff_schema import SCHEMA
+
+        output.out(json.dumps(SCHEMA, indent=2))
+        return
+    from .. import schema as _schema
+
+    output.out(_schema.describe())
+
+
+@click.command()
+@click.argument("trace", nargs=-1, required=True)
+@_format_option
+def info(trace: tuple[str, ...], fmt: str) -> None:
+    """Show a trace's metadata and acceptance figures.
+
+    TRACE is one file, several files or a glob (one trace written by several processes).
+    """
+    from ..metrics import trace_summary
+    from ..store import open_trace
+    from . import report
+
+    t = open_trace(list(trace))
+    summary = trace_summary(t)
+    if fmt == "json":
+        output.out(json.dumps(summary, indent=2, sort_keys=False))
+    else:
+        report.print_info(output.console(), summary)
+
+
+@click.command()
+@click.argument("ours")
+@click.argument("theirs")
+@_format_option
+@click.option("--examples", default=5, show_default=True, type=click.IntRange(min=0),
+              help="Divergent blocks to show as examples.")
+@_tokenizer_option
+def diff(ours: str, theirs: str, fmt: str, examples: int, tokenizer: str | None) -> None:
+    """Align two traces per anchor and report where their drafts differ.
+
+    OURS and THEIRS are trace files or globs (quote the glob). Exit status: 0 when every
+    comparable block agrees, 1 on an error finding, a differing comparable block or nothing
+    comparable, 2 on bad input.
+    """
+    from ..align import align
+    from ..diff import diff_traces, open_pair
+    from ..tokens import decoder_for
+    from . import report
+
+    a, b = open_pair(ours, theirs)
+    dec = decoder_for(tokenizer, a.meta, b.meta)
+    result = diff_traces(align(a, b), examples=examples, decoder=dec)
+    if fmt == "json":
+        output.out(json.dumps(result.to_json(), indent=2))
+    else:
+        report.print_diff(output.console(), result)
+    _exit_verdict(result.diverged)
+
+
+@click.command()
+@click.argument("trace", nargs=-1, required=True)
+@_format_option
+@_tokenizer_option
+def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None) -> None:
+    """Check one trace on its own: loops, constant or unverified drafts, bookkeeping,
+    vocabulary range, verified vs proposed, anchors. Exit 1 on an error finding."""
+    from ..detect import check_trace
+    from ..metrics import trace_summary
+    from ..store import open_trace
+    from ..tokens import decoder_for
+    from . import report
+
+    t = open_trace(list(trace))
+    found = check_trace(t, decoder_for(tokenizer, t.meta))
+    summary = trace_summary(t)
+    if fmt == "json":
+        output.out(json.dumps({"schema": "spectrace.check/1",
+                               "findings": [f.to_json() for f in found],
+                               "summary": summary}, indent=2))
+    else:
+        con = output.console()
+        report.print_findings(con, found)
+        report.print_info(con, summary)
+    _exit_verdict(any(f.severity == "error" for f in found))
+
+
+@click.command("inspect-draft")
+@click.argument("ckpt_dir", type=click.Path())
+@click.option("--target", "target_dir", type=click.Path(),
+              help="Target model folder (its config.json): vocabulary, layers, hidden size.")
+@click.option("--k", "k", type=int, default=None,
+              help="Drafts per step to check against block_size (default: the config's).")
+@_format_option
+def inspect_draft_cmd(ckpt_dir: str, target_dir: str | None, k: int | None, fmt: str) -> None:
+    """Check a DSpark draft checkpoint (config.json + safetensors headers, no weights).
+
+    One verdict per line (ok, info, warn, ERROR): method and architecture, layout
+    (sample_from_anchor), vocabularies and d2t/t2d, Markov head, confidence head, aux layers,
+    q_proj, block size against k, own embed_tokens/lm_head, mask token. Exit 1 on an error.
+    """
+    from ..inspect_draft import inspect_draft
+
+    rep = inspect_draft(ckpt_dir, target_dir, k)
+    if fmt == "json":
+        output.out(json.dumps(rep.to_json(), indent=2))
+    else:
+        output.out(rep.text())
+    _exit_verdict(bool(rep.errors))
+
+
+@click.group("import")
+def import_() -> None:
+    """Convert an engine's trace output into a spectrace trace file."""
+
+
+@import_.command("vt")
+@click.argument("log", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False),
+              help="Output trace file (.h5).")
+@click.option("--requests", "requests_path", type=click.Path(dir_okay=False),
+              help="JSONL with req_id, prompt_ids, output_ids per request.")
+@_strict_option
+@_meta_option
+def import_vt(log: str, out: str, requests_path: str | None, strict: bool,
+              meta: tuple[str, ...]) -> None:
+    """Import our engine's VT_SPEC_TRACE stderr log (LOG, '-' for stdin)."""
+    from spectrace.hooks.vt_spec_trace import import_log
+
+    stats = import_log(log, out, requests_path=requests_path, strict=strict,
+                       meta=_parse_meta(meta) or None)
+    output.say(stats.summary())
+    if not stats.blocks:
+        output.say(f"warning: {log}: no [SPECTRACE] verify lines, so the trace has no blocks "
+            f"(was VT_SPEC_TRACE set, and is this our engine's stderr?)")
+
+
+@click.group(cls=_CaptureGroup)
+def capture() -> None:
+    """Run an engine command and record its drafts.
+
+    \b
+      spectrace capture -o OUT.h5 -- CMD ...        our engine (VT_SPEC_TRACE on stderr)
+      spectrace capture vllm -o OUT.h5 -- python SCRIPT ...   upstream vLLM (plugin)
+    """
+
+
+@capture.command("vt")
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False))
+@click.option("--requests", "requests_path", type=click.Path(dir_okay=False),
+              help="JSONL the command writes with req_id, prompt_ids, output_ids; "
+                   "read after the command exits.")
+@_strict_option
+@click.option("--log", "log_path", type=click.Path(dir_okay=False),
+              help="Also keep CMD's raw stderr in this file (for `spectrace import vt`).")
+@_meta_option
+@click.argument("cmd", nargs=-1, required=True)
+def capture_vt(out: str, requests_path: str | None, strict: bool, log_path: str | None,
+               meta: tuple[str, ...], cmd: tuple[str, ...]) -> None:
+    """Run CMD with VT_SPEC_TRACE=1 (unless set), parse its stderr live, forward it."""
+    from spectrace.hooks.capture import capture_command
+
+    sys.exit(capture_command(list(cmd), out, requests_path=requests_path, strict=strict,
+                             log_path=log_path, meta=_parse_meta(meta) or None))
+
+
+@capture.command("vllm")
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False))
+@click.argument("cmd", nargs=-1, required=True)
+def capture_vllm_cmd(out: str, cmd: tuple[str, ...]) -> None:
+    """Run CMD (a vLLM script) with spectrace's vLLM plugin recording to OUT."""
+    from spectrace.hooks.capture import capture_vllm
+
+    sys.exit(capture_vllm(list(cmd), out))
+
+
+@click.command()
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="spectrace-demo",
+              show_default=True, help="Directory for the traces and logs.")
+@click.option("--max-tokens", default=64, show_default=True)
+@click.option("--k", "k", default=4, show_default=True, help="num_speculative_tokens")
+def demo(out_dir: str, max_tokens: int, k: int) -> None:
+    """Run real vLLM and the reference engine on the bundled models, then diff them."""
+    from .demo import run_demo
+
+    sys.exit(run_demo(Path(out_dir), max_tokens=max_tokens, k=k))
+
+
+@click.command()
+@click.argument("ours")
+@click.argument("theirs", required=False)
+@_tokenizer_option
+@click.option("--follow", is_flag=True,
+              help="Re-read the trace(s) as they grow (a .partial file still being written).")
+@click.option("--tab", "start_tab", type=click.Choice(["overview", "blocks", "charts"]),
+              default="overview", show_default=True, help="Tab shown first.")
+@click.option("--analysis", type=click.Choice(["auto", "thread", "process", "off"]),
+              default="auto", show_default=True,
+              help="Where the whole-trace diff runs (auto: a child process for big traces).")
+def view(ours: str, theirs: str | None, tokenizer: str | None, follow: bool, start_tab: str,
+         analysis: str) -> None:
+    """Browse a trace, or two aligned traces, in the terminal (press ? for every key).
+
+    OURS and THEIRS are trace files or quoted globs; with only OURS the same views show one
+    engine. Needs a terminal.
+    """
+    from spectrace.tui import make_app
+
+    app = make_app(ours, theirs, tokenizer=tokenizer, follow=follow, analysis=analysis,
+                   start_tab=start_tab)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise InputError("view needs a terminal (stdin and stdout must be a TTY)")
+    app.run()
+    if app.return_code:
+        sys.exit(app.return_code)
+
+
+#: Every top-level command; :mod:`main` adds them to the group (help lists them sorted).
+COMMANDS: tuple[click.Command, ...] = (demo, info, diff, check, view, capture, import_,
+                                       inspect_draft_cmd, schema)
