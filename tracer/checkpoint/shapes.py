@@ -183,11 +183,11 @@ def check_attention(rep: Report, dr: Draft) -> None:
     ``v_proj`` / ``o_proj``."""
     lc, hidden = dr.layer, dr.hidden
     heads = lc.get("num_attention_heads")
-    kv_heads = lc.get("num_key_value_heads") or lc.get("num_attention_heads")
     hd = lc.get("head_dim") or ((hidden // heads) if hidden and heads else None)
     gate = bool(lc.get("attn_output_gate", False))
     if not (heads and hd and hidden):
         return
+    kv_heads = lc.get("num_key_value_heads") or heads
     q_rows = heads * hd * (2 if gate else 1)
     problems: list[str] = []
     found = 0

@@ -24,10 +24,10 @@ def check_vocab(rep: Report, dr: Draft) -> Vocab:
     """
     v_in = dr.layer.get("vocab_size")
     v_draft = dr.config.get("draft_vocab_size") or v_in
-    v_target = (dr.target or {}).get("vocab_size") or v_in
     if not isinstance(v_in, int) or not isinstance(v_draft, int):
         rep.add("vocab", "error", "no vocab_size in the layer config: vocabularies unknown")
         return Vocab(None, None, None)
+    v_target = (dr.target or {}).get("vocab_size") or v_in
     src = "target config" if dr.target else "draft config (no target given)"
     if v_in < v_target:
         rep.add("vocab", "error", f"input vocabulary {v_in} < target vocabulary {v_target}: "
@@ -72,6 +72,7 @@ def check_d2t(rep: Report, dr: Draft, vocab: Vocab) -> np.ndarray | None:
 def _check_d2t_targets(rep: Report, d2t_ti: TensorInfo, vocab: Vocab) -> np.ndarray | None:
     """The offsets of a well-shaped d2t: every target in range, no target twice."""
     v_target = vocab.v_target
+    assert v_target is not None  # a reduced vocabulary has a known target vocabulary
     off = read_small(d2t_ti).astype(np.int64)
     targets = np.arange(len(off)) + off
     bad = np.flatnonzero((targets < 0) | (targets >= v_target))
@@ -152,8 +153,7 @@ def check_lm_head(rep: Report, dr: Draft, vocab: Vocab) -> None:
 def _shared_from_target(rep: Report, dr: Draft, check: str) -> None:
     """A weight the checkpoint lacks, shared from the target: fine unless the hidden sizes
     differ."""
-    tcfg, hidden = dr.target, dr.hidden
-    ok_share = tcfg is None or tcfg.get("hidden_size") in (None, hidden)
+    t_hidden = None if dr.target is None else dr.target.get("hidden_size")
+    ok_share = t_hidden in (None, dr.hidden)
     rep.add(check, "info" if ok_share else "error", "not in the checkpoint: shared from the "
-            "target" + ("" if ok_share else f", whose hidden size {tcfg.get('hidden_size')} "
-                                            f"!= {hidden}"))
+            "target" + ("" if ok_share else f", whose hidden size {t_hidden} != {dr.hidden}"))

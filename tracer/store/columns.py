@@ -144,10 +144,9 @@ class Blocks:
         with self._lock:
             if name in self._cache:
                 return self._cache[name]
-            ev = self._loading.get(name)
-            mine = ev is None
-            if mine:
-                ev = self._loading[name] = threading.Event()
+            pending = self._loading.get(name)
+            mine = pending is None
+            ev = self._loading[name] = threading.Event() if pending is None else pending
         if not mine:
             ev.wait()
             if name in self._cache:

@@ -114,7 +114,10 @@ class TraceWriter:
             dtype = _STR
         else:
             dtype = c.np_dtype
-        kw = {}
+        kw: dict[str, object] = {}
+        shape: tuple[int, ...]
+        maxshape: tuple[int | None, ...]
+        chunks: tuple[int, ...]
         if c.width is None:
             shape, maxshape, chunks = (0,), (None,), (16384,)
         else:
@@ -248,11 +251,11 @@ class TraceWriter:
             g = self._file["blocks"]
             arrays = {}
             for c in schema.BLOCK_COLUMNS:
-                arr = columns.get(c.name)
-                if arr is None:
+                given = columns.get(c.name)
+                if given is None:
                     shape = (n,) if c.width is None else (n, 1)
-                    arr = np.full(shape, c.fill, dtype=c.np_dtype)
-                arrays[c.name] = np.asarray(arr, dtype=c.np_dtype)
+                    given = np.full(shape, c.fill, dtype=c.np_dtype)
+                arrays[c.name] = np.asarray(given, dtype=c.np_dtype)
             arrays.update(self._derived(g, arrays))
             for c in schema.BLOCK_COLUMNS:
                 self._append(g[c.name], arrays[c.name], c)
