@@ -96,6 +96,7 @@ class Vocab:
 
     @property
     def reduced(self) -> bool:
+        """A draft vocabulary smaller than the target's (False when either is unknown)."""
         v_draft, v_target = self.v_draft, self.v_target
         return v_draft is not None and v_target is not None and v_draft < v_target
 
