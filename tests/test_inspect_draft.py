@@ -8,7 +8,9 @@ reports it (and that a clean checkpoint has no warning at all).
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +22,7 @@ pytest.importorskip("safetensors")
 
 from spectrace.engine.dspark import DSparkConfig, DSparkDraftModel, reduce_vocab  # noqa: E402
 from spectrace.engine.dspark_ckpt import save_dspark  # noqa: E402
-from spectrace.tracer import inspect_draft as insp  # noqa: E402
+from spectrace.tracer import checkpoint as insp  # noqa: E402
 
 SPECTRACE = str(Path(sys.executable).parent / "spectrace")
 REPO = Path(__file__).resolve().parents[1]
@@ -79,7 +81,8 @@ def reduced_model() -> DSparkDraftModel:
     return reduce_vocab(DSparkDraftModel(tiny_cfg()), 100)
 
 
-def verdicts(ckpt: Path, target: Path | None = None, k: int | None = None) -> dict[str, list[tuple[str, str]]]:
+def verdicts(ckpt: Path, target: Path | None = None,
+             k: int | None = None) -> dict[str, list[tuple[str, str]]]:
     rep = insp.inspect_draft(ckpt, target, k)
     out: dict[str, list[tuple[str, str]]] = {}
     for v in rep.verdicts:
@@ -139,7 +142,10 @@ def test_reads_only_headers_and_index_tables(tmp_path, target, monkeypatch):
     """No weight data is read: only d2t and t2d go through ``read_small``."""
     seen = []
     real = insp.read_small
-    monkeypatch.setattr(insp, "read_small", lambda t: seen.append(t.shape) or real(t))
+    for m in pkgutil.iter_modules(insp.__path__):  # every module that could call it
+        mod = importlib.import_module(f"{insp.__name__}.{m.name}")
+        if hasattr(mod, "read_small"):
+            monkeypatch.setattr(mod, "read_small", lambda t: seen.append(t.shape) or real(t))
     ckpt = build(tmp_path, model=reduced_model())
     insp.inspect_draft(ckpt, target)
     assert sorted(seen) == [(100,), (V,)]
@@ -310,11 +316,12 @@ def test_cli_exit_codes_and_json(tmp_path, target):
     assert p.returncode == 1
     doc = json.loads(p.stdout)
     assert doc["schema"] == "spectrace.inspect-draft/1" and doc["errors"] == 1
-    p = subprocess.run([SPECTRACE, "inspect-draft", str(tmp_path / "nope")], capture_output=True, text=True)
+    p = subprocess.run([SPECTRACE, "inspect-draft", str(tmp_path / "nope")],
+                       capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr.startswith("spectrace: error:")
 
 
 def test_inspector_imports_no_torch():
-    code = ("import sys; import spectrace.tracer.inspect_draft, spectrace.tracer.cli.main; "
+    code = ("import sys; import spectrace.tracer.checkpoint, spectrace.tracer.cli.main; "
             "assert 'torch' not in sys.modules and 'safetensors' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -310,7 +310,7 @@ def test_prefetch_failure_raises_on_the_reading_thread(tmp_path):
     prefetch([t.blocks], ["anchor", "position"]).join()
     assert t.blocks.position.tolist()[:3] == [0, 1, 2]
     with pytest.raises(TraceFormatError, match=r"d\.h5: damaged column blocks/anchor"):
-        t.blocks.anchor
+        _ = t.blocks.anchor
 
 
 def test_unreadable_files_say_what_they_are(tmp_path):
@@ -335,3 +335,37 @@ def test_two_files_of_one_data_parallel_rank_warn(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # ranks 0 and 1: one run, no warning
         assert len(open_trace([tmp_path / "a.dp0.h5", tmp_path / "c.dp1.h5"]).blocks) == 2
+
+
+_PREFETCH_THEN_RAISE = """
+import sys
+from spectrace.tracer.store import open_trace, prefetch
+traces = [open_trace(sys.argv[1]) for _ in range(4)]
+prefetch([t.blocks for t in traces], ["proposed", "verified", "emitted", "anchor", "position"])
+raise SystemExit("input error while the columns are read")
+"""
+
+
+def test_prefetch_threads_stop_at_exit(tmp_path):
+    # An error on the main thread while a prefetch thread is inside an h5py read: the exit
+    # handler stops and joins the thread before h5py's own handler runs (it once hung).
+    path = _big_trace(tmp_path / "x.h5", n=200000)
+    r = subprocess.run([sys.executable, "-c", _PREFETCH_THEN_RAISE, str(path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr == "input error while the columns are read\n"
+
+
+def test_trace_file_names(tmp_path):
+    from spectrace.tracer.store import final_path, partial_path, resolve_paths
+
+    assert final_path("runs/a.h5.partial") == Path("runs/a.h5")
+    assert final_path("runs/a.h5") == Path("runs/a.h5")
+    assert partial_path("runs/a.h5") == Path("runs/a.h5.partial")
+    (tmp_path / "b.h5.partial").write_bytes(b"")  # a dead writer's file stands in for b.h5
+    (tmp_path / "c.h5").write_bytes(b"")
+    assert resolve_paths(tmp_path / "b.h5") == [tmp_path / "b.h5.partial"]
+    assert resolve_paths([str(tmp_path / "c.h5"), tmp_path / "*.partial"]) == [
+        tmp_path / "c.h5", tmp_path / "b.h5.partial"]
+    with pytest.raises(InputError, match=r"d\.h5: no such file"):
+        resolve_paths(tmp_path / "d.h5")

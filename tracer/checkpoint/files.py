@@ -1,0 +1,138 @@
+"""What the inspector reads from disk: ``config.json`` files and safetensors headers.
+
+Only the 8-byte length + JSON header of each ``*.safetensors`` file is read (or of the shards
+named by ``model.safetensors.index.json``); the only tensor data read are small index tables
+(:func:`read_small`). No torch, no weights.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+
+_NP_DTYPES = {"I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?",
+              "F64": "<f8", "F32": "<f4", "F16": "<f2"}
+
+
+@dataclass
+class TensorInfo:
+    """One tensor of a safetensors header: its dtype name (``F32``, ``I64``, ...), shape, file
+    and the absolute byte range ``[begin, end)`` of its data in that file."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    file: Path
+    begin: int
+    end: int
+
+
+def read_header(path: Path) -> dict[str, TensorInfo]:
+    """The tensors of one ``.safetensors`` file, from its header only.
+
+    Raises:
+        InputError: not a safetensors file.
+    """
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                raise InputError(f"{path}: not a safetensors file (too short)")
+            (n,) = struct.unpack("<Q", raw)
+            if n > 100_000_000:
+                raise InputError(f"{path}: not a safetensors file (header length {n})")
+            header = json.loads(f.read(n))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot read the safetensors header ({exc})") from None
+    out = {}
+    for name, v in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = v["data_offsets"]
+        shape = tuple(int(x) for x in v["shape"])
+        out[name] = TensorInfo(v["dtype"], shape, path, 8 + n + b, 8 + n + e)
+    return out
+
+
+def read_small(t: TensorInfo) -> np.ndarray:
+    """The data of one small tensor (d2t, t2d): reads only its byte range.
+
+    Raises:
+        InputError: a dtype numpy cannot hold (e.g. BF16).
+    """
+    dt = _NP_DTYPES.get(t.dtype)
+    if dt is None:
+        raise InputError(f"{t.file}: cannot read a {t.dtype} tensor")
+    with open(t.file, "rb") as f:
+        f.seek(t.begin)
+        buf = f.read(t.end - t.begin)
+    return np.frombuffer(buf, dtype=dt).reshape(t.shape)
+
+
+def read_tensors(ckpt: Path) -> tuple[dict[str, TensorInfo], list[str]]:
+    """All tensors of a checkpoint folder (single file, shards, or every ``*.safetensors``).
+
+    Returns:
+        (name -> info with a leading ``model.`` stripped, the weight file names).
+    Raises:
+        InputError: an unreadable shard index or safetensors header.
+    """
+    index = ckpt / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError) as exc:
+            raise InputError(f"{index}: unreadable index ({exc})") from None
+    else:
+        files = sorted(p.name for p in ckpt.glob("*.safetensors"))
+    tensors: dict[str, TensorInfo] = {}
+    for name in files:
+        for k, v in read_header(ckpt / name).items():
+            tensors[k[len("model."):] if k.startswith("model.") else k] = v
+    return tensors, files
+
+
+def load_config(path: Path) -> dict:
+    """A ``config.json`` as a dict.
+
+    Raises:
+        InputError: unreadable, not JSON, or not a JSON object.
+    """
+    try:
+        d = json.loads(path.read_text())
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise InputError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(d, dict):
+        raise InputError(f"{path}: not a JSON object")
+    return d
+
+
+def text_config(d: dict) -> dict:
+    """The language-model part of an HF config (``text_config`` of multimodal models)."""
+    for key in ("text_config", "thinker_config"):
+        sub = d.get(key)
+        if isinstance(sub, dict):
+            return text_config(sub) if "text_config" in sub else sub
+    return d
+
+
+def target_layer_types(t: dict) -> list[str] | None:
+    """Per-layer type names of a target config (``layer_types``, ``layers_block_type`` or a
+    ``full_attention_interval``), or None when the config names none (all attention)."""
+    n = t.get("num_hidden_layers")
+    for key in ("layer_types", "layers_block_type"):
+        v = t.get(key)
+        if isinstance(v, list) and v:
+            return [str(x) for x in v]
+    interval = t.get("full_attention_interval")
+    if isinstance(interval, int) and interval > 0 and isinstance(n, int):
+        return ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                for i in range(n)]
+    return None

@@ -1,0 +1,396 @@
+"""The lazy reader of schema-v1 trace files.
+
+A :class:`Trace` opens one or several files (a glob or a list: one per process/DP rank) as one
+trace, reads block columns lazily on first access and caches them as numpy arrays
+(:class:`~spectrace.tracer.store.columns.Blocks`). A ``.partial`` file opens with a
+:class:`TraceWarning`; rows are recovered up to the shortest flushed column that reads back.
+Every open or read failure is one :class:`TraceFormatError` line naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import warnings
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from .. import schema
+from ..errors import InputError, TraceFormatError
+from .columns import Blocks, RaggedColumn, Requests
+from .paths import TraceSpec, TraceWarning, resolve_paths
+
+
+class Trace:
+    """A trace opened for reading: one or several files treated as one run.
+
+    Attributes:
+        paths: the files, in the order given (globs sorted).
+        meta: /meta of the first file; ``metas`` holds every file's.
+        requests: :class:`Requests`, read eagerly (small).
+        blocks: :class:`Blocks`, read lazily per column.
+        status: ``complete`` if every file closed cleanly, else ``recording``.
+        warnings: one-line warnings raised while opening (also issued as TraceWarning).
+    """
+
+    def __init__(self, paths: list[Path], *, lazy_requests: bool = False) -> None:
+        self.paths = paths
+        self._lazy_requests = lazy_requests
+        self._requests: Requests | None = None
+        self._requests_lock = threading.Lock()
+        self._unknown: dict[int, int] = {}
+        self.warnings: list[str] = []
+        self._files: list[h5py.File] = []
+        self.metas: list[dict] = []
+        #: Each file's trace format version (``schema.FORMAT_VERSION`` when it was written).
+        self.formats: list[str] = []
+        self._nblocks: list[int] = []
+        self._req_offsets: list[int] = []  # per file: its first row in the joined /requests
+        self._nreq_per_file: list[int] = []
+        self._datasets: dict[tuple[int, str], h5py.Dataset | None] = {}
+        self.status = schema.STATUS_COMPLETE
+        for p in paths:
+            self._open_one(p)
+        self.meta = self.metas[0] if self.metas else {}
+        engines = {(m.get("engine"), m.get("method"), m.get("k")) for m in self.metas}
+        ranks = [m["dp_rank"] for m in self.metas if m.get("dp_rank") is not None]
+        if len(engines) > 1:  # one trace = one run split over processes, not two engines
+            self._warn(f"{self.name}: files of different runs read as one trace "
+                       f"(engine, method, k: {sorted(engines, key=str)})")
+        elif len(ranks) != len(set(ranks)):  # one run writes one file per data-parallel rank
+            self._warn(f"{self.name}: files of different runs read as one trace (data-parallel "
+                       f"ranks {sorted(ranks)}: a rank appears twice)")
+        if not lazy_requests:
+            self._requests = self._read_requests()
+        self.blocks = Blocks(self)
+        #: Memo of derived columns (see :func:`spectrace.tracer.metrics.memo`).
+        self.cache: dict = {}
+
+    @property
+    def requests(self) -> Requests:
+        """The /requests table (read on first access when opened with ``lazy_requests``)."""
+        if self._requests is None:
+            with self._requests_lock:
+                if self._requests is None:
+                    self._requests = self._read_requests()
+        return self._requests
+
+    # -- opening -------------------------------------------------------------------------------
+
+    def _open_one(self, path: Path) -> None:
+        if path.is_dir():
+            raise InputError(f"{path}: is a directory, not a trace file")
+        try:
+            f = h5py.File(path, "r", locking=False)
+        except FileNotFoundError:
+            raise InputError(f"{path}: no such file") from None
+        except OSError as exc:
+            raise TraceFormatError(f"{path}: {_unreadable(path, exc)}") from None
+        try:
+            self._check_and_add(path, f)
+        except TraceFormatError:
+            f.close()
+            raise
+        except (KeyError, OSError, RuntimeError, ValueError, TypeError) as exc:
+            # HDF5 reports damaged object headers as KeyError/OSError deep inside h5py.
+            f.close()
+            raise TraceFormatError(f"{path}: damaged trace file ({_short(exc)})") from None
+
+    def _check_and_add(self, path: Path, f: h5py.File) -> None:
+        version = _format_version(path, f)
+        try:
+            meta = json.loads(_decode(f["meta"][()]))
+        except (KeyError, ValueError) as exc:
+            raise TraceFormatError(f"{path}: /meta is missing or not JSON ({exc})") from None
+        status = _attr(f, "status")
+        for table, cols in schema.TABLES.items():  # touch every column: damage shows here
+            for c in cols:
+                if c.name in f[table] or not c.optional:
+                    _ = f[table][c.name].shape
+        n = self._flushed_rows(f)
+        if status != schema.STATUS_COMPLETE or path.name.endswith(schema.PARTIAL_SUFFIX):
+            n = self._readable_rows(f, n)
+            self.status = schema.STATUS_RECORDING
+            self._warn(f"{path}: trace was not closed cleanly (status {status!r}); "
+                       f"recovered {n} flushed blocks")
+        self._files.append(f)
+        self.metas.append(meta)
+        self.formats.append(version)
+        self._nblocks.append(n)
+
+    @staticmethod
+    def _flushed_rows(f: h5py.File) -> int:
+        # A writer killed mid-flush may leave columns of different lengths: the shortest one
+        # bounds the rows that were completely written.
+        g = f["blocks"]
+        return min((g[c.name].shape[0] for c in schema.BLOCK_COLUMNS if c.name in g),
+                   default=0)
+
+    @staticmethod
+    def _readable_rows(f: h5py.File, n: int) -> int:
+        """Rows of a dead writer's file that read back: a kill during a flush can tear the
+        last compressed chunks, so step back a chunk at a time until every column reads."""
+        g = f["blocks"]
+        cols = [g[c.name] for c in schema.BLOCK_COLUMNS if c.name in g]
+        while n > 0:
+            try:
+                for ds in cols:
+                    ds[max(0, n - ds.chunks[0]):n]
+                return n
+            except (OSError, RuntimeError, ValueError):
+                step = min(ds.chunks[0] for ds in cols)
+                n = (n - 1) // step * step
+        return 0
+
+    def _warn(self, msg: str) -> None:
+        self.warnings.append(msg)
+        warnings.warn(msg, TraceWarning, stacklevel=3)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _read_requests(self) -> Requests:
+        try:
+            return self._read_requests_unchecked()
+        except (KeyError, OSError, RuntimeError) as exc:
+            raise TraceFormatError(f"{self.name}: damaged /requests table ({_short(exc)})") \
+                from None
+
+    def _read_requests_unchecked(self) -> Requests:
+        r = Requests()
+        files = []
+        lazy_parts: list[tuple[h5py.Dataset, int]] = []
+        self._req_offsets = []
+        for i, f in enumerate(self._files):
+            g = f["requests"]
+            n = min(g[c.name].shape[0] for c in schema.REQUEST_COLUMNS)
+            self._req_offsets.append(len(r.req_id))
+            r.req_id += [_decode(x) for x in g["req_id"][:n]]
+            r.prompt_ids += [np.asarray(x, np.int32) for x in g["prompt_ids"][:n]]
+            if self._lazy_requests:
+                lazy_parts.append((g["output_ids"], n))
+            else:
+                r.output_ids += [np.asarray(x, np.int32) for x in g["output_ids"][:n]]
+            r.finish_reason += [_decode(x) for x in g["finish_reason"][:n]]
+            files.append(np.full(n, i, np.int32))
+        if self._lazy_requests:
+            r.output_ids = RaggedColumn(lazy_parts)  # type: ignore[assignment]
+        r.file = np.concatenate(files) if files else np.zeros(0, np.int32)
+        self._nreq_per_file = [int((r.file == i).sum()) for i in range(len(self._files))]
+        return r
+
+    def _read_block_column(self, c: schema.Column) -> np.ndarray:
+        try:
+            return self._read_block_column_unchecked(c)
+        except (KeyError, OSError, RuntimeError) as exc:
+            raise TraceFormatError(f"{self.name}: damaged column blocks/{c.name} "
+                                   f"({_short(exc)})") from None
+
+    def _read_block_column_unchecked(self, c: schema.Column) -> np.ndarray:
+        self.requests  # noqa: B018 - request offsets are known once requests are read
+        parts = []
+        for i, (f, n) in enumerate(zip(self._files, self._nblocks)):
+            ds = f["blocks"].get(c.name)
+            if ds is None:
+                arr = _filled(c, n, None if c.width is None else 1)
+            else:
+                arr = ds[()] if ds.shape[0] == n else ds[:n]  # [()] skips hyperslab work
+            parts.append(self._rebase_requests(i, arr) if c.name == "request" else arr)
+        if not parts:
+            return _filled(c, 0, None if c.width is None else 1)
+        if c.width is not None:
+            w = max(p.shape[1] for p in parts)
+            parts = [schema.pad_to(p, w, c.fill) for p in parts]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _rebase_requests(self, i: int, arr: np.ndarray) -> np.ndarray:
+        """File ``i``'s ``request`` cells as rows of the concatenated /requests table; rows
+        flushed before their request row was point at placeholder requests (kept, not lost)."""
+        arr = arr + self._req_offsets[i]
+        missing = arr >= self._req_offsets[i] + self._nreq_per_file[i]
+        if missing.any():
+            self._add_unknown_requests(arr, missing)
+        return arr
+
+    def _verified_is_proposed(self) -> bool:
+        """Whether every block's ``verified`` row equals its ``proposed`` row, by the store's
+        own ``verified_same`` column (format 1.1), without reading either matrix. False when
+        a file predates the column or stores the two matrices at different widths."""
+        for f in self._files:
+            g = f["blocks"]
+            if "verified_same" not in g or g["verified"].shape[1] != g["proposed"].shape[1]:
+                return False
+        return bool(self.blocks.verified_same.all())
+
+    def _add_unknown_requests(self, arr: np.ndarray, missing: np.ndarray) -> None:
+        # Remap dangling request indices to placeholder request rows at the end (the same
+        # placeholder when windowed reads see an index again), in one pass over the column.
+        dangling, inverse = np.unique(arr[missing], return_inverse=True)
+        target = np.empty(len(dangling), arr.dtype)
+        for j, idx in enumerate(dangling.tolist()):
+            if idx not in self._unknown:
+                self._unknown[idx] = len(self.requests.req_id)
+                self.requests.req_id.append(f"?{idx}")
+                self.requests.prompt_ids.append(np.zeros(0, np.int32))
+                self.requests.output_ids.append(np.zeros(0, np.int32))
+                self.requests.finish_reason.append("unfinished")
+                self.requests.file = np.append(self.requests.file, -1)
+            target[j] = self._unknown[idx]
+        arr[missing] = target[inverse]
+
+    def read_rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` of block column ``name`` without loading the whole column.
+
+        Same values, dtype and padding as ``blocks.<name>[start:stop]`` (served from that
+        array when it is already loaded). For viewers of traces too big to hold in memory.
+
+        Raises:
+            KeyError: unknown column name.
+        """
+        c = {c.name: c for c in schema.BLOCK_COLUMNS}[name]
+        cached = self.blocks.loaded(name)
+        if cached is not None:
+            return cached[start:stop]
+        self.requests  # noqa: B018 - request offsets
+        total = sum(self._nblocks)
+        start, stop = max(0, min(start, total)), max(0, min(stop, total))
+        width = None
+        if c.width is not None:
+            width = max([ds.shape[1] for ds in (self._dataset(i, name)
+                                                for i in range(len(self._files)))
+                         if ds is not None] or [1])
+        parts, base = [], 0
+        for i, n in enumerate(self._nblocks):
+            lo, hi = max(start, base) - base, min(stop, base + n) - base
+            base += n
+            if lo >= hi:
+                continue
+            ds = self._dataset(i, name)
+            arr = _filled(c, hi - lo, width) if ds is None else ds[lo:hi]
+            if width is not None and arr.shape[1] < width:
+                arr = schema.pad_to(arr, width, c.fill)
+            parts.append(self._rebase_requests(i, arr) if name == "request" else arr)
+        if not parts:
+            return _filled(c, 0, width)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _dataset(self, i: int, name: str) -> h5py.Dataset | None:
+        # h5py's group lookup costs as much as a small read: keep the handles.
+        if (i, name) not in self._datasets:
+            self._datasets[(i, name)] = self._files[i]["blocks"].get(name)
+        return self._datasets[(i, name)]
+
+    @property
+    def nblocks_per_file(self) -> list[int]:
+        """Flushed block rows of each file (as read at open)."""
+        return list(self._nblocks)
+
+    def phases(self) -> dict[str, np.ndarray]:
+        """The /phases table: ``step`` int32, ``name`` (str object array), ``ms`` float32,
+        ``level`` int8, ``file`` int32, all [n]."""
+        out: dict[str, list] = {"step": [], "name": [], "ms": [], "level": [], "file": []}
+        for i, f in enumerate(self._files):
+            g = f["phases"]
+            n = min(g[c.name].shape[0] for c in schema.PHASE_COLUMNS)
+            names = [_decode(x) for x in g.attrs.get("names", [])]
+            codes = g["name"][:n]
+            out["step"].append(g["step"][:n])
+            out["name"].append(np.array([names[c] if 0 <= c < len(names) else "?"
+                                         for c in codes], dtype=object))
+            out["ms"].append(g["ms"][:n])
+            out["level"].append(g["level"][:n])
+            out["file"].append(np.full(n, i, np.int32))
+        return {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in out.items()}
+
+    def close(self) -> None:
+        """Close the underlying files (columns already read stay usable)."""
+        for f in self._files:
+            f.close()
+        self._files = []
+
+    def __enter__(self) -> Trace:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def name(self) -> str:
+        """A short label: the first file name (plus ``+N`` for more files)."""
+        extra = f" +{len(self.paths) - 1}" if len(self.paths) > 1 else ""
+        return f"{self.paths[0].name}{extra}" if self.paths else "?"
+
+
+def open_trace(spec: TraceSpec, *,
+               lazy_requests: bool = False) -> Trace:
+    """Open a trace for reading (see :func:`resolve_paths` for the accepted specs).
+
+    Args:
+        lazy_requests: read /requests on first use and output ids row by row on demand
+            (for viewers of very large traces; see :class:`RaggedColumn`).
+    Returns:
+        A :class:`Trace`; its columns are read lazily.
+    Raises:
+        InputError: missing file; TraceFormatError: not a spectrace trace or an unknown
+        major version. Each message is one line naming the file.
+    """
+    return Trace(resolve_paths(spec), lazy_requests=lazy_requests)
+
+
+def _format_version(path: Path, f: h5py.File) -> str:
+    """The file's format version, after checking that it is a trace this reader reads.
+
+    Raises:
+        TraceFormatError: a foreign file, no version, or an unsupported major version.
+    """
+    fmt = _attr(f, "format")
+    if fmt != schema.FORMAT:
+        raise TraceFormatError(f"{path}: not a spectrace trace (format attribute is "
+                               f"{fmt!r}, expected {schema.FORMAT!r})")
+    version = str(_attr(f, "format_version") or "")
+    if not version:
+        raise TraceFormatError(f"{path}: damaged trace file (no format_version attribute)")
+    if version.split(".")[0] != str(schema.MAJOR_VERSION):
+        raise TraceFormatError(
+            f"{path}: trace format version {version or '?'} is not supported; this "
+            f"spectrace reads {schema.MAJOR_VERSION}.x (upgrade spectrace)")
+    return version
+
+
+def _filled(c: schema.Column, n: int, width: int | None) -> np.ndarray:
+    """``n`` rows of column ``c``'s fill value (``width`` columns, or 1-D when None): a
+    column that an older file lacks reads as its fill."""
+    shape = (n,) if width is None else (n, width)
+    return np.full(shape, c.fill, c.np_dtype)
+
+
+def _attr(f: h5py.File, name: str) -> str | None:
+    v = f.attrs.get(name)
+    return _decode(v) if v is not None else None
+
+
+def _decode(v) -> str:
+    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+
+
+def _unreadable(path: Path, exc: OSError) -> str:
+    """Why h5py cannot open ``path``, in the user's words where we can tell."""
+    m = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", str(exc))
+    if m:
+        return (f"truncated HDF5 file ({m.group(1)} of {m.group(2)} bytes; a copy cut "
+                f"short?)")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        head = b""
+    if b"VT_SPEC_TRACE" in head or b"[SPECTRACE]" in head or b"[spec-" in head:
+        return ("a VT_SPEC_TRACE log, not a trace file: convert it with "
+                "`spectrace import vt LOG -o TRACE.h5`")
+    return f"not a readable HDF5 file ({_short(exc)})"
+
+
+def _short(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:120]

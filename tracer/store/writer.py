@@ -1,0 +1,439 @@
+"""The crash-safe buffered writer of one trace file (schema v1).
+
+The writer buffers rows in Python lists, appends them in chunks to resizable HDF5 datasets,
+and flushes at least every ``flush_interval`` seconds from a background thread, so a
+``kill -9`` of the writing process loses only the rows recorded after the last flush. It
+writes ``NAME.h5.partial`` and renames it to ``NAME.h5`` on a clean :meth:`TraceWriter.close`.
+Rows already added can still be patched (:meth:`TraceWriter.patch_blocks`) before the close,
+so no importer reopens a closed file. The file layout is :mod:`spectrace.tracer.schema`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import threading
+import time
+from collections.abc import Sequence
+from importlib.metadata import version
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from .. import schema
+from ..errors import InputError
+from .paths import final_path, partial_path
+
+_STR = h5py.string_dtype("utf-8")
+_VLEN_I32 = h5py.vlen_dtype(np.int32)
+
+
+def spectrace_version() -> str:
+    """The installed spectrace version ("unknown" in a source checkout on sys.path)."""
+    try:
+        return version("spectrace")
+    except Exception:  # not installed (a source checkout on sys.path), or bad metadata
+        return "unknown"
+
+
+class TraceWriter:
+    """Append-only writer of one trace file (schema v1).
+
+    Args:
+        path: final file name (``NAME.h5``); the file is written as ``NAME.h5.partial``.
+        meta: the /meta JSON document (see :data:`schema.META_KEYS`); must be JSON-serialisable.
+        flush_interval: seconds between background flushes (default 1.0). ``0`` disables the
+            thread; rows are then flushed every ``flush_rows`` rows and on close.
+        flush_rows: flush as soon as this many block rows are buffered.
+        compression: HDF5 filter for the tables: ``"gzip"`` (deflate level 1 after byte
+            shuffle: every HDF5 reader has it, and it reads faster than ``"lzf"`` on id
+            matrices), ``"lzf"`` (h5py only) or ``None``.
+
+    Thread-safe: a lock guards the buffers and the file. Use as a context manager: an
+    exception inside the ``with`` block flushes what was recorded and leaves the
+    ``.partial`` file (status ``recording``) for inspection instead of losing it.
+
+    Raises:
+        InputError: the output directory does not exist or the file cannot be created.
+    """
+
+    def __init__(self, path: str | os.PathLike, meta: dict | None = None, *,
+                 flush_interval: float = 1.0, flush_rows: int = 65536,
+                 compression: str | None = "gzip") -> None:
+        self.path = final_path(path)
+        self.partial_path = partial_path(self.path)
+        self._meta = dict(meta or {})
+        self._lock = threading.RLock()
+        self._flush_rows = flush_rows
+        self._compression = compression
+        self._kmax = max(int(self._meta.get("k") or 0), 1)
+        try:
+            self._file = h5py.File(self.partial_path, "w")
+        except OSError as exc:
+            raise InputError(f"{self.partial_path}: cannot create trace file ({exc})") from None
+        self._init_file()
+        self._blocks: dict[str, list] = {c.name: [] for c in schema.BLOCK_COLUMNS}
+        self._phases: dict[str, list] = {c.name: [] for c in schema.PHASE_COLUMNS}
+        self._phase_names: dict[str, int] = {}
+        self._req_index: dict[str, int] = {}
+        self._requests: list[list] = []  # [req_id, prompt, output, finish_reason]
+        self._dirty_requests: set[int] = set()
+        self._meta_dirty = False
+        self._closed = False
+        self.rows_written = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if flush_interval and flush_interval > 0:
+            self._thread = threading.Thread(target=self._flush_loop, args=(flush_interval,),
+                                            name="spectrace-flush", daemon=True)
+            self._thread.start()
+
+    # -- file layout ---------------------------------------------------------------------------
+
+    def _init_file(self) -> None:
+        f = self._file
+        f.attrs["format"] = schema.FORMAT
+        f.attrs["format_version"] = schema.FORMAT_VERSION
+        f.attrs["status"] = schema.STATUS_RECORDING
+        f.attrs["writer"] = f"spectrace {spectrace_version()}"
+        f.attrs["created_utc"] = _dt.datetime.now(_dt.timezone.utc).isoformat(
+            timespec="seconds")
+        self._write_meta()
+        for table, cols in schema.TABLES.items():
+            g = f.create_group(table)
+            for c in cols:
+                self._create_column(g, c)
+        f.flush()
+
+    def _create_column(self, group: h5py.Group, c: schema.Column) -> None:
+        if c.vlen:
+            dtype = _VLEN_I32
+        elif c.dtype == "str":
+            dtype = _STR
+        else:
+            dtype = c.np_dtype
+        kw: dict[str, object] = {}
+        shape: tuple[int, ...]
+        maxshape: tuple[int | None, ...]
+        chunks: tuple[int, ...]
+        if c.width is None:
+            shape, maxshape, chunks = (0,), (None,), (16384,)
+        else:
+            w = self._kmax + (1 if c.width == "k+1" else 0)
+            shape, maxshape, chunks = (0, w), (None, None), (4096, w)
+        if not c.vlen and c.dtype != "str":
+            kw["fillvalue"] = c.fill
+            if self._compression:
+                kw.update(compression=self._compression, shuffle=True)
+                if self._compression == "gzip":
+                    kw["compression_opts"] = 1  # level 1: most of the size, a third the time
+            kw["fletcher32"] = True  # a damaged chunk fails to read instead of lying
+        else:
+            chunks = (256,)
+        group.create_dataset(c.name, shape=shape, maxshape=maxshape, chunks=chunks,
+                             dtype=dtype, **kw)
+
+    def _write_meta(self) -> None:
+        if "meta" in self._file:
+            del self._file["meta"]
+        self._file.create_dataset("meta", data=json.dumps(self._meta, sort_keys=True,
+                                                          default=str), dtype=_STR)
+
+    # -- recording -----------------------------------------------------------------------------
+
+    def update_meta(self, **items) -> None:
+        """Merge ``items`` into /meta (rewritten on the next flush)."""
+        with self._lock:
+            self._meta.update(items)
+            self._meta_dirty = True
+
+    @property
+    def meta(self) -> dict:
+        """A copy of the /meta document as it will be written."""
+        with self._lock:
+            return dict(self._meta)
+
+    def request(self, req_id: str, prompt_ids: Sequence[int] | None = None,
+                output_ids: Sequence[int] | None = None,
+                finish_reason: str | None = None) -> int:
+        """Register request ``req_id`` (or update its ids) and return its row index.
+
+        Args:
+            req_id: engine request id.
+            prompt_ids, output_ids: token ids (int); ``None`` keeps what is stored.
+            finish_reason: ``length``, ``stop``, ...; ``None`` keeps what is stored.
+        Returns:
+            The request's row index in /requests (stable for the writer's lifetime).
+        """
+        with self._lock:
+            req_id = str(req_id)
+            idx = self._req_index.get(req_id)
+            if idx is None:
+                idx = len(self._requests)
+                self._req_index[req_id] = idx
+                self._requests.append([req_id, [], [], ""])
+            row = self._requests[idx]
+            if prompt_ids is not None:
+                row[1] = [int(t) for t in prompt_ids]
+            if output_ids is not None:
+                row[2] = [int(t) for t in output_ids]
+            if finish_reason is not None:
+                row[3] = str(finish_reason)
+            self._dirty_requests.add(idx)
+            return idx
+
+    def add_block(self, req_id: str, step: int, position: int, anchor: int,
+                  proposed: Sequence[int], *, verified: Sequence[int] | None = None,
+                  accepted: int = schema.PAD, emitted: Sequence[int] | None = None,
+                  t_ns: int | None = None, batch_row: int = schema.PAD,
+                  batch_size: int = schema.PAD, proposal_source: int = schema.PAD) -> None:
+        """Record one draft block.
+
+        Args:
+            req_id: engine request id (registered on first sight).
+            step: engine step that proposed the block.
+            position: absolute index of the anchor in prompt + output (tokens).
+            anchor: anchor token id.
+            proposed: the k ids the drafter proposed (int).
+            verified: ids the target consumed, or ``None`` when not recorded.
+            accepted: accepted drafts as the engine counted them (``-1``: unknown).
+            emitted: tokens the target emitted (accepted drafts + bonus), or ``None``.
+            t_ns: wall-clock ns; defaults to now.
+            batch_row, batch_size: the request's row in the proposing step's batch and the
+                number of rows (-1: unknown); they expose batch-dependent drafts.
+            proposal_source: 1 when ``proposed`` is the drafter's output, 0 when it only
+                copies ``verified`` (-1 unknown); see ``schema.PROPOSAL_*``.
+        """
+        with self._lock:
+            b = self._blocks
+            # Register only new requests: re-marking rows would rewrite their ragged ids on
+            # every flush (heap churn that a kill mid-flush can leave unreadable).
+            idx = self._req_index.get(str(req_id))
+            b["request"].append(self.request(req_id) if idx is None else idx)
+            b["step"].append(step)
+            b["position"].append(position)
+            b["anchor"].append(anchor)
+            b["k"].append(len(proposed))
+            b["proposed"].append(list(proposed))
+            b["num_verified"].append(schema.PAD if verified is None else len(verified))
+            b["verified"].append([] if verified is None else list(verified))
+            b["accepted"].append(accepted)
+            b["num_emitted"].append(schema.PAD if emitted is None else len(emitted))
+            b["emitted"].append([] if emitted is None else list(emitted))
+            b["t_ns"].append(time.time_ns() if t_ns is None else t_ns)
+            b["batch_row"].append(batch_row)
+            b["batch_size"].append(batch_size)
+            b["proposal_source"].append(proposal_source)
+            if len(b["request"]) >= self._flush_rows:
+                self._flush_locked()
+
+    def add_blocks(self, columns: dict[str, np.ndarray]) -> None:
+        """Append many blocks at once (vectorised; used by importers and benchmarks).
+
+        Args:
+            columns: block column name -> array of n rows; ``request`` holds row indices
+                of requests already registered with :meth:`request`. Matrices are
+                ``[n, w]`` int32 with ``-1`` padding. Missing columns get their fill value.
+        Raises:
+            ValueError: columns of different lengths or an unknown column name.
+        """
+        with self._lock:
+            self._flush_locked()
+            n = len(next(iter(columns.values())))
+            known = {c.name: c for c in schema.BLOCK_COLUMNS}
+            for name, arr in columns.items():
+                if name not in known:
+                    raise ValueError(f"blocks: unknown column {name!r}")
+                if len(arr) != n:
+                    raise ValueError(f"blocks.{name}: {len(arr)} rows, expected {n}")
+            g = self._file["blocks"]
+            arrays = {}
+            for c in schema.BLOCK_COLUMNS:
+                given = columns.get(c.name)
+                if given is None:
+                    shape = (n,) if c.width is None else (n, 1)
+                    given = np.full(shape, c.fill, dtype=c.np_dtype)
+                arrays[c.name] = np.asarray(given, dtype=c.np_dtype)
+            arrays.update(self._derived(g, arrays))
+            for c in schema.BLOCK_COLUMNS:
+                self._append(g[c.name], arrays[c.name], c)
+            self.rows_written += n
+            self._file.flush()
+
+    def add_phase(self, step: int, name: str, ms: float, level: int = 1) -> None:
+        """Record one per-step timing (``name`` such as ``backbone``; ``ms`` milliseconds)."""
+        with self._lock:
+            code = self._phase_names.setdefault(name, len(self._phase_names))
+            p = self._phases
+            p["step"].append(step)
+            p["name"].append(code)
+            p["ms"].append(ms)
+            p["level"].append(level)
+
+    # -- flushing ------------------------------------------------------------------------------
+
+    def _flush_loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.flush()
+            except Exception:  # the file was closed under us; close() flushes anyway
+                return
+
+    def flush(self) -> None:
+        """Write buffered rows to the file and flush HDF5's buffers to disk."""
+        with self._lock:
+            if not self._closed:
+                self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        wrote = False
+        if self._blocks["request"]:
+            self._flush_table("blocks", schema.BLOCK_COLUMNS, self._blocks)
+            wrote = True
+        if self._phases["step"]:
+            self._flush_table("phases", schema.PHASE_COLUMNS, self._phases)
+            self._file["phases"].attrs["names"] = list(self._phase_names)
+            wrote = True
+        if self._dirty_requests:
+            self._flush_requests()
+            wrote = True
+        if self._meta_dirty:
+            self._write_meta()
+            self._meta_dirty = False
+            wrote = True
+        if wrote:
+            self._file.flush()
+
+    def _flush_table(self, table: str, cols: tuple[schema.Column, ...],
+                     buf: dict[str, list]) -> None:
+        g = self._file[table]
+        n = len(buf[cols[0].name])
+        arrays = {}
+        for c in cols:
+            if c.derived:
+                continue
+            values = buf[c.name]
+            if c.width is None:
+                arrays[c.name] = np.asarray(values, dtype=c.np_dtype)
+            else:
+                w = max((len(v) for v in values), default=0)
+                arr = np.full((n, max(w, 1)), c.fill, dtype=c.np_dtype)
+                for i, v in enumerate(values):
+                    arr[i, :len(v)] = v
+                arrays[c.name] = arr
+            buf[c.name] = []
+        if table == "blocks":
+            arrays.update(self._derived(g, arrays))
+        for c in cols:
+            self._append(g[c.name], arrays[c.name], c)
+        if table == "blocks":
+            self.rows_written += n
+
+    @staticmethod
+    def _derived(g: h5py.Group, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The writer-computed block columns of rows about to be appended to group ``g``.
+
+        ``verified_same`` compares the rows as they will read back: both matrices padded
+        with -1 to the wider of the two stored widths.
+        """
+        p, v = arrays["proposed"], arrays["verified"]
+        w = max(p.shape[1], v.shape[1], g["proposed"].shape[1], g["verified"].shape[1])
+        same = schema.pad_to(p, w) == schema.pad_to(v, w)
+        return {"verified_same": same.all(axis=1).astype(np.int8)}
+
+    def _append(self, ds: h5py.Dataset, arr: np.ndarray, c: schema.Column) -> None:
+        n0 = ds.shape[0]
+        if c.width is None:
+            ds.resize((n0 + len(arr),))
+            ds[n0:] = arr
+            return
+        w = ds.shape[1]
+        if arr.shape[1] > w:  # a wider block than seen so far: widen, new cells read as -1
+            ds.resize((n0, arr.shape[1]))
+            w = arr.shape[1]
+        ds.resize((n0 + len(arr), w))
+        ds[n0:, :arr.shape[1]] = arr
+
+    def _flush_requests(self) -> None:
+        g = self._file["requests"]
+        n = len(self._requests)
+        for c in schema.REQUEST_COLUMNS:
+            g[c.name].resize((n,))
+        for idx in sorted(self._dirty_requests):
+            req_id, prompt, output, reason = self._requests[idx]
+            g["req_id"][idx] = req_id
+            g["prompt_ids"][idx] = np.asarray(prompt, dtype=np.int32)
+            g["output_ids"][idx] = np.asarray(output, dtype=np.int32)
+            g["finish_reason"][idx] = reason
+        self._dirty_requests.clear()
+
+    def patch_blocks(self, column: str, rows: Sequence[int], values: Sequence[int]) -> int:
+        """Overwrite cells of a 1-D block column in rows already added (late patches, e.g.
+        first-block anchors resolved from a requests file after their rows were flushed).
+
+        Buffered rows are flushed first, so every row added so far can be patched; the
+        file is never reopened after :meth:`close`.
+
+        Args:
+            column: a 1-D, non-derived block column (``schema.BLOCK_COLUMNS``), e.g. ``anchor``.
+            rows: int block row indices (0-based, in add order); values: the new cells.
+        Returns:
+            The number of rows written (rows not yet added are skipped).
+        Raises:
+            InputError: unknown, 2-D or writer-computed column, or the writer is closed.
+        """
+        cols = {c.name: c for c in schema.BLOCK_COLUMNS if c.width is None}
+        if column not in cols:
+            raise InputError(f"blocks.{column}: not a 1-D block column")
+        if cols[column].derived:
+            raise InputError(f"blocks.{column}: computed by the writer, not updatable")
+        r = np.asarray(rows, dtype=np.int64)
+        v = np.asarray(values, dtype=cols[column].np_dtype)
+        # h5py fancy indexing needs unique increasing rows: the last patch of a row wins.
+        r, last = np.unique(r[::-1], return_index=True)
+        v = v[::-1][last]
+        with self._lock:
+            if self._closed:
+                raise InputError(f"{self.path}: writer closed; blocks.{column} not patched")
+            self._flush_locked()
+            ds = self._file["blocks"][column]
+            keep = (r >= 0) & (r < ds.shape[0])
+            if keep.any():
+                ds[r[keep]] = v[keep]
+                self._file.flush()
+            return int(keep.sum())
+
+    # -- closing -------------------------------------------------------------------------------
+
+    def close(self, complete: bool = True) -> Path:
+        """Flush, mark the file and (if ``complete``) rename ``.partial`` to the final name.
+
+        Idempotent. With ``complete=False`` the rows are flushed but the file stays
+        ``NAME.h5.partial`` with status ``recording`` (what a crashed engine leaves).
+
+        Returns:
+            The path of the file on disk.
+        """
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        with self._lock:
+            if self._closed:
+                return self.path if complete else self.partial_path
+            self._flush_locked()
+            if complete:
+                self._file.attrs["status"] = schema.STATUS_COMPLETE
+            self._file.close()
+            self._closed = True
+        if complete:
+            os.replace(self.partial_path, self.path)
+            return self.path
+        return self.partial_path
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(complete=exc_type is None)
