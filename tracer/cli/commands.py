@@ -169,7 +169,7 @@ def inspect_draft_cmd(ckpt_dir: str, target_dir: str | None, k: int | None, fmt:
     (sample_from_anchor), vocabularies and d2t/t2d, Markov head, confidence head, aux layers,
     q_proj, block size against k, own embed_tokens/lm_head, mask token. Exit 1 on an error.
     """
-    from ..inspect_draft import inspect_draft
+    from ..checkpoint import inspect_draft
 
     rep = inspect_draft(ckpt_dir, target_dir, k)
     if fmt == "json":
