@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from spectrace.tracer.cli.exit_codes import ExitCode
 from spectrace.tracer.cli.main import _exit_code, cli, main
 from spectrace.tracer.errors import InputError, SpectraceError, TraceFormatError
 from spectrace.tracer.findings import SEVERITIES
 from spectrace.tracer.fmt import SEVERITY_STYLE, num, pct
+
+BUNDLED = Path(__file__).resolve().parents[1] / "traces" / "reference.h5"
 
 
 def test_pct_and_num_by_hand():
@@ -58,3 +62,21 @@ def test_main_exits_with_the_code_and_one_line(capsys, tmp_path):
         main(["schema"])
     assert ex.value.code == 0
     assert capsys.readouterr().out.startswith("spectrace trace")
+
+
+def test_an_internal_error_is_exit_3_with_one_line(capsys, monkeypatch):
+    # A bug inside a command must not exit 1 (the code for "diverged") with a traceback.
+    def boom(*args, **kwargs):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr("spectrace.tracer.metrics.trace_summary", boom)
+    monkeypatch.delenv("SPECTRACE_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as e:
+        main(["info", str(BUNDLED)])
+    assert e.value.code == 3
+    assert capsys.readouterr().err == (
+        "spectrace: internal error: ZeroDivisionError: division by zero (a spectrace bug; "
+        "rerun with SPECTRACE_DEBUG=1 for the traceback and report it)\n")
+    monkeypatch.setenv("SPECTRACE_DEBUG", "1")
+    with pytest.raises(ZeroDivisionError):
+        main(["info", str(BUNDLED)])

@@ -8,6 +8,7 @@ The group gathers the subcommands of :mod:`commands` (the composition root: only
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 
@@ -37,7 +38,8 @@ for _command in COMMANDS:
     cli.add_command(_command)
 
 
-#: The failures :func:`main` turns into an exit code; anything else is a bug (its traceback).
+#: The failures :func:`main` turns into an exit code; anything else is a bug, reported by
+#: :func:`_internal_error` (exit 3; the traceback only with ``SPECTRACE_DEBUG=1``).
 _HANDLED = (click.exceptions.Abort, KeyboardInterrupt, click.ClickException, SpectraceError,
             BrokenPipeError)
 
@@ -61,6 +63,13 @@ def _exit_code(exc: BaseException) -> ExitCode:
     return ExitCode.OK  # BrokenPipeError: stdout's reader left, not spectrace's failure
 
 
+def _internal_error(exc: Exception) -> ExitCode:
+    """A bug, not a verdict: one line and exit 3, never 1 (which CI reads as "diverged")."""
+    say(f"internal error: {type(exc).__name__}: {exc} (a spectrace bug; rerun with "
+        f"SPECTRACE_DEBUG=1 for the traceback and report it)")
+    return ExitCode.FAILURE
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (``spectrace``): runs :func:`cli` with ``argv`` (default
     ``sys.argv[1:]``) and exits with an :class:`ExitCode` (commands exit with their verdict)."""
@@ -70,6 +79,10 @@ def main(argv: list[str] | None = None) -> None:
         cli.main(args=argv, prog_name="spectrace", standalone_mode=False)
     except _HANDLED as exc:
         sys.exit(_exit_code(exc))
+    except Exception as exc:
+        if os.environ.get("SPECTRACE_DEBUG", "") not in ("", "0"):
+            raise
+        sys.exit(_internal_error(exc))
     sys.exit(ExitCode.OK)
 
 
