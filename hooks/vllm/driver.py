@@ -28,6 +28,9 @@ import json
 import os
 import sys
 
+from spectrace.tracer.cli.exit_codes import ExitCode
+from spectrace.tracer.cli.output import say
+
 #: vLLM metric name -> key in the ``counters`` object of ``--counters-out``.
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": "num_drafts",
@@ -70,8 +73,9 @@ def read_prompts(path: str, limit: int = 0) -> list[dict]:
     ``#n`` suffix on repeats) when it has fewer.
 
     Raises:
-        SystemExit: a line that is not a JSON object with a string ``text``
-            (the message names the file and line).
+        SystemExit: ``ExitCode.INPUT`` after one ``spectrace:`` line naming the file and line,
+            for a line that is not a JSON object with a string ``text`` or a file without
+            prompts.
     """
     prompts = []
     with open(path, encoding="utf-8") as f:
@@ -84,10 +88,12 @@ def read_prompts(path: str, limit: int = 0) -> list[dict]:
                 if not isinstance(text, str):
                     raise TypeError("text is not a string")
             except (ValueError, KeyError, TypeError) as exc:
-                raise SystemExit(f"spectrace: {path}:{n}: not a prompt object ({exc})") from None
+                say(f"{path}:{n}: not a prompt object ({exc})")
+                raise SystemExit(ExitCode.INPUT) from None
             prompts.append({"id": str(obj.get("id", len(prompts))), "text": text})
     if not prompts:
-        raise SystemExit(f"spectrace: {path}: no prompts")
+        say(f"{path}: no prompts")
+        raise SystemExit(ExitCode.INPUT)
     if limit > 0:
         n = len(prompts)
         prompts = [dict(prompts[i % n], id=prompts[i % n]["id"] + (f"#{i // n}" if i >= n

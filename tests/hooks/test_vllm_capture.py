@@ -25,12 +25,13 @@ import numpy as np
 import pytest
 from spectrace.hooks.vllm import plugin
 from spectrace.hooks.vllm.common import SpecTraceLayoutError
-from spectrace.hooks.vllm.counters import VllmCounters
+from spectrace.hooks.vllm.counters import COUNTER_NAMES, VllmCounters
+from spectrace.hooks.vllm.crosscheck import file_totals
 from spectrace.hooks.vllm.paths import counters_handoff_path, trace_path
 from spectrace.hooks.vllm.sampling import trim_output
 from spectrace.hooks.vllm.session import Session
 from spectrace.hooks.vllm.v2.tap import ProposeTap
-from spectrace.tracer.store import TraceWarning, open_trace
+from spectrace.tracer.store import TraceWarning, TraceWriter, open_trace
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = REPO / "engine" / "models"
@@ -460,6 +461,54 @@ def test_cross_check_ignores_a_stale_handoff(tmp_path, capsys):
     with open_trace(out) as t:
         assert t.meta["checks"]["status"] == "unavailable"
     assert capsys.readouterr().err.startswith("spectrace: WARNING")
+
+
+def test_cross_check_counts_what_the_file_holds(tmp_path, capsys, monkeypatch):
+    """The trace side of the check is read back from the file: a verified block the writer
+    never stored makes the totals differ from vLLM's, although the hook saw it."""
+    real_add = TraceWriter.add_block
+
+    def add_block(self, req_id, step, position, anchor, proposed, **kw):
+        if kw.get("accepted", -1) >= 0:
+            return  # lost on the way to the file
+        real_add(self, req_id, step, position, anchor, proposed, **kw)
+
+    monkeypatch.setattr(TraceWriter, "add_block", add_block)
+    s = _session_with_blocks(tmp_path / "t.h5")
+    s.counters = VllmCounters(k=K, dp_rank=0, stats=SimpleNamespace(**VLLM_OK))
+    s.close()
+    with open_trace(tmp_path / "t.h5") as t:
+        checks = t.meta["checks"]
+    assert checks["status"] == "mismatch"
+    assert checks["trace"] == {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+                               "num_accepted_tokens_per_pos": [0, 0, 0, 0], "blocks": 1}
+    assert checks["mismatch"] == list(COUNTER_NAMES)
+    assert capsys.readouterr().err.startswith("spectrace: WARNING")
+    assert not list(tmp_path.glob(".spectrace-check-*"))  # the read-back copy is removed
+
+
+def test_file_totals_by_hand(tmp_path):
+    """accepted 0, 2, 3 on 3 verified drafts each, plus one unverified block; k = 2."""
+    w = TraceWriter(tmp_path / "t.h5", {"k": 2})
+    w.add_block("r", 0, 3, 9, [1, 2, 3], verified=[1, 2, 3], accepted=0, emitted=[5])
+    w.add_block("r", 1, 4, 5, [1, 2, 3], verified=[1, 2, 3], accepted=2, emitted=[1, 2, 6])
+    w.add_block("r", 2, 7, 6, [1, 2, 3], verified=[1, 2, 3], accepted=3, emitted=[1, 2, 3, 4])
+    w.add_block("r", 3, 11, 4, [1, 2])
+    w.close()
+    # per position i: verified blocks with more than i accepted (the list grows past k = 2)
+    assert file_totals(tmp_path / "t.h5", k=2) == {
+        "num_drafts": 3, "num_draft_tokens": 9, "num_accepted_tokens": 5,
+        "num_accepted_tokens_per_pos": [2, 2, 1], "blocks": 4}
+
+
+def test_importing_the_plugin_loads_the_standard_library_only():
+    """vLLM imports the entry point in every process it starts: it must stay cheap."""
+    code = ("import sys; from spectrace.hooks.vllm import register; "
+            "print(sorted(m for m in ('numpy', 'h5py', 'torch', 'vllm', 'rich', 'click') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.strip() == "[]"
 
 
 # -- V2: a fake speculator with the real BaseSpeculator.propose signature ---------------------
