@@ -45,6 +45,9 @@ class Proposal:
 
 @dataclass
 class Chain:
+    """A request's last ``[SPECTRACE]`` block: where the next one must start
+    (``pos + ns``) and the anchor it inherits (``last``)."""
+
     pos: int
     ns: int
     last: int  # emit[-1], -1 when unknown
@@ -73,7 +76,8 @@ def block_problems(b: Block) -> list[tuple[str, str]]:
     return out
 
 def ids_match(first: Ids, draft: Ids) -> bool:
-    # Equal lists; with "..." lists (doc excerpts): every id known on both sides agrees.
+    """Equal lists; with ``...`` lists (doc excerpts): every id known on both sides agrees
+    (and at least one is)."""
     if first.complete and draft.complete:
         return first.ids == draft.ids
     n = min(len(first.ids), len(draft.ids))
