@@ -9,7 +9,7 @@ What runs, per measured step (both modes do exactly the same work except the cap
    written into a static KV cache (vLLM's context-KV precompute), the query block through the
    backbone, draft-vocabulary logits, the sequential Markov loop with argmax and d2t, drafts
    into a persistent ``draft_tokens`` buffer;
-3. mode ``capture`` only: spectrace's ``ProposeTap`` (``spectrace.hooks.vllm_v2``) wraps
+3. mode ``capture`` only: spectrace's ``ProposeTap`` (``spectrace.hooks.vllm.v2.tap``) wraps
    ``propose``: one Triton launch (through the compiled launcher) stages ``[n, 4 + k]`` int32
    rows (verdict, anchor, anchor position, drafts) into a device ring; every ``flush_steps``
    (64) steps one non-blocking copy to pinned memory
@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def import_spectrace():
-    """``spectrace.engine.dspark``, ``.dspark_ckpt``, ``spectrace.hooks.vllm[_v2]``: installed,
+    """``spectrace.engine.dspark``, ``.dspark_ckpt``, ``spectrace.hooks.vllm.session``, ``.vllm.v2.tap``: installed,
     or mapped from this checkout by hand (the package maps top-level folders into the
     ``spectrace`` namespace, so a plain PYTHONPATH cannot)."""
     try:
@@ -74,15 +74,16 @@ def import_spectrace():
                 m.__path__ = [str(ROOT / folder)] if folder else []
                 sys.modules[pkg] = m
     from spectrace.engine import dspark, dspark_ckpt
-    from spectrace.hooks import vllm as hook
-    from spectrace.hooks import vllm_v2
+    from spectrace.hooks.vllm import session as hook
+    from spectrace.hooks.vllm.v2 import tap as vllm_v2
 
     return dspark, dspark_ckpt, hook, vllm_v2
 
 
 dspark, dspark_ckpt, hook, vllm_v2 = import_spectrace()
+from spectrace.hooks.vllm.joiner import BlockJoiner  # noqa: E402 - after import_spectrace
 # The bench's trace has no vLLM engine core behind it: skip the close-time counter report.
-hook._report = lambda *a, **kw: None
+hook.report = lambda *a, **kw: None
 
 
 # --------------------------------------------------------------------------------------------
@@ -193,7 +194,7 @@ class NullSession:
 
     def __init__(self) -> None:
         self.active, self.step, self.blocks = True, 0, 0
-        self.joiner = hook.BlockJoiner(self)
+        self.joiner = BlockJoiner(self)
 
     def add_block(self, *a, **kw) -> None:
         self.blocks += 1
@@ -380,7 +381,7 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
         for mode, propose in (("off", runner.propose), ("capture", spec.propose)):
             runs[mode].append(measure(runner, propose, args.steps, args.warmup, cuda))
     tap.drain(wait=True)
-    from spectrace.hooks import v2_stage
+    from spectrace.hooks.vllm.v2 import stage as v2_stage
 
     launches = dict(v2_stage.launch_counts)
     rows = []
@@ -395,7 +396,7 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
     on["capture_host_us"] = host[0] / max(host[1], 1) * 1e6
     on["sync_waits"] = tap.sync_waits
     on["launch_counts"] = launches  # cumulative over the process (direct vs kernel[grid])
-    on["blocks"] = session.blocks if isinstance(session, NullSession) else session.totals["blocks"]
+    on["blocks"] = session.blocks if isinstance(session, NullSession) else session.blocks
     session.close()
     on["overhead_pct"] = (on["step_ms"] - off["step_ms"]) / off["step_ms"] * 100
     on["gpu_overhead_pct"] = (on["gpu_ms"] - off["gpu_ms"]) / off["gpu_ms"] * 100 if cuda else float("nan")
@@ -412,7 +413,7 @@ def stage_micro(batch: int = 64, k: int = 7, n_iter: int = 2000) -> dict:
     ``kernel[grid](...)``, the torch-op fallback, and a CUDA graph holding the
     torch ops over static inputs (the alternative; its input copies not counted). Device time
     is from a graph of 50 launches replayed (pure kernel time, no launch gaps from the host)."""
-    from spectrace.hooks import v2_stage
+    from spectrace.hooks.vllm.v2 import stage as v2_stage
 
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(0)

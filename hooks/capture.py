@@ -25,41 +25,21 @@ import warnings
 from pathlib import Path
 
 from spectrace.tracer.cli.exit_codes import ExitCode
-from spectrace.tracer.cli.output import say as _say
+from spectrace.tracer.cli.output import say
 from spectrace.tracer.errors import InputError, SpectraceError
 from spectrace.tracer.store import TraceWriter, open_trace
 
-from .vt_spec_trace import (DEFAULT_ENGINE, SOURCE, VtTraceParser,
-                            read_requests)
+from .vllm.paths import ENV_OUT, written_traces
+from .vt.level import ENV_VAR, trace_level
+from .vt.parser import DEFAULT_ENGINE, SOURCE, VtTraceParser
+from .vt.requests import read_requests
 
-ENV_VAR = "VT_SPEC_TRACE"
-OUT_ENV_VAR = "SPECTRACE_OUT"
+__all__ = ["capture_command", "capture_vllm", "run_forwarding", "summarize_traces"]
+
 # Seconds a Ctrl-C'd child gets to stop by itself before SIGINT is forwarded (a terminal
 # Ctrl-C already reached it: the same process group), and after SIGTERM before a kill.
 _INTERRUPT_GRACE = 0.5
 _KILL_GRACE = 10.0
-
-
-
-
-def trace_level(value: str | None) -> int:
-    """The propose-side trace level our engine derives from ``VT_SPEC_TRACE`` (spec §1).
-
-    Returns:
-        0 when unset, empty or starting with ``'0'``; else ``atoi(value)``, and 1 when that
-        is 0 or less (``yes``, ``-1``).
-    """
-    if not value or value[0] == "0":
-        return 0
-    digits = value.lstrip()
-    sign = -1 if digits[:1] == "-" else 1
-    digits = digits[1:] if digits[:1] in "+-" else digits
-    n = 0
-    for ch in digits:
-        if not ch.isdigit():
-            break
-        n = n * 10 + int(ch)
-    return n * sign if n * sign > 0 else 1
 
 
 def _exit_status(returncode: int) -> int:
@@ -228,7 +208,7 @@ def capture_command(cmd: list[str], out: str | os.PathLike,
     env.setdefault(ENV_VAR, "1")
     level = trace_level(env[ENV_VAR])
     if level == 0:
-        _say(f"warning: {ENV_VAR}={env[ENV_VAR]!r} prints only the scheduler probes, no drafts")
+        say(f"warning: {ENV_VAR}={env[ENV_VAR]!r} prints only the scheduler probes, no drafts")
     writer = TraceWriter(out, {"source": SOURCE, "engine": DEFAULT_ENGINE,
                                "command": shlex.join(cmd), "trace_level": level,
                                **(meta or {})})
@@ -274,7 +254,7 @@ def _run_parsing(proc: subprocess.Popen, parser: VtTraceParser, writer: TraceWri
                            aborted=f"{type(exc).__name__}: {exc}"[:300])
         writer.close(complete=False)
         if isinstance(exc, SpectraceError):
-            _say(f"partial trace kept in {writer.partial_path}")
+            say(f"partial trace kept in {writer.partial_path}")
         raise
 
 
@@ -295,14 +275,14 @@ def _finish_capture(parser: VtTraceParser, writer: TraceWriter,
             parser.set_requests(_read_fresh_requests(requests_path, started))
         except InputError as exc:
             items["requests_error"] = str(exc)
-            _say(f"warning: {exc}; first-block anchors stay unknown (-1)")
+            say(f"warning: {exc}; first-block anchors stay unknown (-1)")
     stats = parser.finish()
     writer.update_meta(**items)
     path = writer.close(complete=True)
     patched = len(parser.late_patches)
     how = f"killed by signal {-returncode}" if returncode < 0 else f"exit status {returncode}"
     late = f", {patched} anchors resolved from the requests file" if patched else ""
-    _say(f"{stats.summary('captured')} -> {path}{late}; command {how}"
+    say(f"{stats.summary('captured')} -> {path}{late}; command {how}"
          f"{' (interrupted)' if interrupted else ''}")
 
 
@@ -325,28 +305,6 @@ def run_forwarding(cmd: list[str], env: dict) -> int:
     return sigint.status if sigint.interrupted else _exit_status(returncode)
 
 
-def written_traces(out: str | os.PathLike, since: float = 0.0) -> list[Path]:
-    """Trace files the vLLM plugin wrote for OUT: ``OUT`` itself and per-rank siblings.
-
-    For ``run.h5`` these are ``run.h5``, ``run.dp1.h5``, ... and their ``.partial`` forms.
-
-    Args:
-        out: the path given as ``SPECTRACE_OUT``.
-        since: ignore files last modified before this time (seconds since the epoch).
-    Returns:
-        The matching files, sorted.
-    """
-    out = Path(out)
-    stem = out.name[:-3] if out.name.endswith(".h5") else out.name
-    found = []
-    for p in sorted(out.parent.glob(f"{stem}*.h5*")):
-        rest = p.name[len(stem):]
-        if (rest.startswith(".h5") or rest.startswith(".")) and p.is_file() and \
-                p.stat().st_mtime >= since:
-            found.append(p)
-    return found
-
-
 def capture_vllm(cmd: list[str], out: str | os.PathLike) -> int:
     """Run a vLLM script with spectrace's plugin recording to OUT; report what it wrote.
 
@@ -361,9 +319,9 @@ def capture_vllm(cmd: list[str], out: str | os.PathLike) -> int:
     """
     out = Path(out).resolve()
     started = time.time() - 1.0  # mtime granularity
-    status = run_forwarding(cmd, {**os.environ, OUT_ENV_VAR: str(out)})
+    status = run_forwarding(cmd, {**os.environ, ENV_OUT: str(out)})
     files = written_traces(out, since=started)
-    _say(summarize_traces(files, out) + f"; command exit status {status}")
+    say(summarize_traces(files, out) + f"; command exit status {status}")
     return status
 
 

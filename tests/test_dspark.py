@@ -1,5 +1,5 @@
 """The reference DSpark drafter (``spectrace.engine.dspark``), its checkpoints, its engine
-wiring (``--method dspark``), and the DSpark hook (``spectrace.hooks.vllm_dspark``) on fake
+wiring (``--method dspark``), and the DSpark hook (``spectrace.hooks.vllm.v2.dspark``) on fake
 speculators. The proof against vLLM's own code is ``test_dspark_vllm.py``.
 """
 
@@ -22,8 +22,9 @@ pytest.importorskip("safetensors")
 from spectrace.engine import dspark  # noqa: E402
 from spectrace.engine.dspark_ckpt import config_dict, load_dspark, save_dspark  # noqa: E402
 from spectrace.engine.loader import bundled_model_dir, configure_torch, load_model  # noqa: E402
-from spectrace.hooks import vllm as hook  # noqa: E402
-from spectrace.hooks.vllm_dspark import (  # noqa: E402
+from spectrace.hooks.vllm.common import SpecTraceLayoutError  # noqa: E402
+from spectrace.hooks.vllm.session import Session  # noqa: E402
+from spectrace.hooks.vllm.v2.dspark import (  # noqa: E402
     DSparkTap,
     SpecTraceConsistencyError,
     dspark_layout,
@@ -257,9 +258,9 @@ class FakeDSparkSpeculator:
 
 
 def drive(spec, session_path: Path, steps: int = 6, corrupt_at: int | None = None):
-    from spectrace.hooks.vllm_v2 import ProposeTap
+    from spectrace.hooks.vllm.v2.tap import ProposeTap
 
-    session = hook.Session(session_path, {"k": K, "source": "vllm-hook", "method": "dspark"})
+    session = Session(session_path, {"k": K, "source": "vllm-hook", "method": "dspark"})
     tap = ProposeTap(spec, session)
     dtap = DSparkTap(spec, tap, session, inner=True)
     params = SimpleNamespace(max_tokens=100, eos_token_id=None, stop_token_ids=None)
@@ -313,15 +314,15 @@ def test_dspark_tap_finds_a_disagreement(tmp_path, monkeypatch):
 def test_dspark_layout_errors_name_vllm_and_what_is_missing():
     spec = FakeDSparkSpeculator(tiny())
     del spec._anchor_idx
-    with pytest.raises(hook.SpecTraceLayoutError, match=r"^vLLM \S+: FakeDSparkSpeculator lacks _anchor_idx; known layout"):
+    with pytest.raises(SpecTraceLayoutError, match=r"^vLLM \S+: FakeDSparkSpeculator lacks _anchor_idx; known layout"):
         dspark_layout(spec)
     spec = FakeDSparkSpeculator(tiny())
     spec.num_query_per_req = K + 2
-    with pytest.raises(hook.SpecTraceLayoutError, match="neither the N-slot nor the 1\\+N layout"):
+    with pytest.raises(SpecTraceLayoutError, match="neither the N-slot nor the 1\\+N layout"):
         dspark_layout(spec)
     spec = FakeDSparkSpeculator(tiny())
     del spec.sample_from_anchor
-    with pytest.raises(hook.SpecTraceLayoutError, match="sample_from_anchor"):
+    with pytest.raises(SpecTraceLayoutError, match="sample_from_anchor"):
         dspark_layout(spec)
     spec.draft_model_config = SimpleNamespace(hf_config=SimpleNamespace(dspark_bonus_anchor=True))
     spec.num_query_per_req = K + 1
@@ -329,8 +330,8 @@ def test_dspark_layout_errors_name_vllm_and_what_is_missing():
 
 
 def test_attach_v2_adds_the_dspark_tap(tmp_path, monkeypatch):
-    from spectrace.hooks import vllm_dspark
-    from spectrace.hooks.vllm_v2 import attach_v2
+    from spectrace.hooks.vllm.v2 import dspark as vllm_dspark
+    from spectrace.hooks.vllm.v2.attach import attach_v2
 
     class DSparkSpeculator(FakeDSparkSpeculator):
         pass

@@ -172,8 +172,8 @@ def test_entry_point_module_exposes_the_whole_plugin():
 
 
 def test_log_loads_through_the_parser(tester):
-    log = ROOT / "tests" / "data" / "vt_sync_dflash.log"
-    req = ROOT / "tests" / "data" / "vt_sync_dflash.requests.jsonl"
+    log = ROOT / "tests" / "hooks" / "data" / "vt_sync_dflash.log"
+    req = ROOT / "tests" / "hooks" / "data" / "vt_sync_dflash.requests.jsonl"
     tester.makepyfile(f'''
         def test_it(spectrace_load):
             t = spectrace_load({str(log)!r}, requests={str(req)!r})

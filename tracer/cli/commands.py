@@ -195,7 +195,7 @@ def import_() -> None:
 def import_vt(log: str, out: str, requests_path: str | None, strict: bool,
               meta: tuple[str, ...]) -> None:
     """Import our engine's VT_SPEC_TRACE stderr log (LOG, '-' for stdin)."""
-    from spectrace.hooks.vt_spec_trace import import_log
+    from spectrace.hooks.vt.importer import import_log
 
     stats = import_log(log, out, requests_path=requests_path, strict=strict,
                        meta=_parse_meta(meta) or None)

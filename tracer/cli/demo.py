@@ -53,7 +53,7 @@ def demo_commands(out: Path, max_tokens: int, k: int) -> dict[str, list[str]]:
               "--k", str(k), "--max-tokens", str(max_tokens), "--prompts", str(prompts)]
     return {
         "vllm": [*spectrace, "capture", "vllm", "-o", str(out / "vllm.h5"), "--",
-                 sys.executable, "-m", "spectrace.hooks.vllm_driver", *common],
+                 sys.executable, "-m", "spectrace.hooks.vllm.driver", *common],
         "reference": [*spectrace, "capture", "-o", str(out / "reference.h5"),
                       "--requests", str(out / "reference.requests.jsonl"),
                       "--log", str(out / "reference.vt.log"),

@@ -70,7 +70,9 @@ class TraceWriter:
         self._compression = compression
         self._kmax = max(int(self._meta.get("k") or 0), 1)
         try:
-            self._file = h5py.File(self.partial_path, "w")
+            # No HDF5 file lock: readers open without one (a live --follow, the closing
+            # cross-check in this very process), and HDF5 refuses mixed lock flags.
+            self._file = h5py.File(self.partial_path, "w", locking=False)
         except OSError as exc:
             raise InputError(f"{self.partial_path}: cannot create trace file ({exc})") from None
         self._init_file()

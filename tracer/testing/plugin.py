@@ -47,7 +47,7 @@ def _load(path, requests=None, workdir=None):
         with open(p, "rb") as fh:
             is_hdf5 = fh.read(8) == _HDF5_SIGNATURE
         if not is_hdf5:
-            from spectrace.hooks.vt_spec_trace import import_log
+            from spectrace.hooks.vt.importer import import_log
 
             out = Path(workdir or p.parent) / (p.name + ".h5")
             import_log(str(p), str(out), requests_path=str(requests) if requests else None)

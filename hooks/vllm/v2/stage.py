@@ -35,11 +35,11 @@ _kernel = None  # the Triton kernel, imported on first CUDA use (keeps CPU impor
 
 
 def _triton_kernel():
-    """``spectrace.hooks.v2_stage_triton._stage_kernel``, or False without a usable Triton."""
+    """``spectrace.hooks.vllm.v2.stage_triton._stage_kernel``, or False without a usable Triton."""
     global _kernel
     if _kernel is None:
         try:
-            from spectrace.hooks.v2_stage_triton import BLOCK, _stage_kernel
+            from .stage_triton import BLOCK, _stage_kernel
             _kernel = (_stage_kernel, BLOCK)
         except Exception:  # no Triton, or a broken install: the torch path
             _kernel = False

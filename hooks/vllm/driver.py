@@ -6,7 +6,7 @@ with a draft model or n-gram drafter, greedy, fp32, eager, over prompts from a J
 spectrace vLLM plugin (:mod:`spectrace.hooks.vllm`) records the draft blocks; this script
 itself writes nothing but the optional ``--counters-out`` JSON::
 
-    python -m spectrace.hooks.vllm_driver --target DIR --draft DIR --method draft_model \\
+    python -m spectrace.hooks.vllm.driver --target DIR --draft DIR --method draft_model \\
         --k 4 --max-tokens 64 --prompts FILE [--counters-out JSON]
 
 ``--counters-out`` receives vLLM's own view of the run, for cross-checking a capture::
@@ -28,6 +28,9 @@ import json
 import os
 import sys
 
+from spectrace.tracer.cli.exit_codes import ExitCode
+from spectrace.tracer.cli.output import say
+
 #: vLLM metric name -> key in the ``counters`` object of ``--counters-out``.
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": "num_drafts",
@@ -39,7 +42,7 @@ SPEC_COUNTERS = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m spectrace.hooks.vllm_driver",
+    p = argparse.ArgumentParser(prog="python -m spectrace.hooks.vllm.driver",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True, help="target model directory (HF format)")
     p.add_argument("--draft", help="draft model directory (method draft_model)")
@@ -70,8 +73,9 @@ def read_prompts(path: str, limit: int = 0) -> list[dict]:
     ``#n`` suffix on repeats) when it has fewer.
 
     Raises:
-        SystemExit: a line that is not a JSON object with a string ``text``
-            (the message names the file and line).
+        SystemExit: ``ExitCode.INPUT`` after one ``spectrace:`` line naming the file and line,
+            for a line that is not a JSON object with a string ``text`` or a file without
+            prompts.
     """
     prompts = []
     with open(path, encoding="utf-8") as f:
@@ -84,10 +88,12 @@ def read_prompts(path: str, limit: int = 0) -> list[dict]:
                 if not isinstance(text, str):
                     raise TypeError("text is not a string")
             except (ValueError, KeyError, TypeError) as exc:
-                raise SystemExit(f"spectrace: {path}:{n}: not a prompt object ({exc})")
+                say(f"{path}:{n}: not a prompt object ({exc})")
+                raise SystemExit(ExitCode.INPUT) from None
             prompts.append({"id": str(obj.get("id", len(prompts))), "text": text})
     if not prompts:
-        raise SystemExit(f"spectrace: {path}: no prompts")
+        say(f"{path}: no prompts")
+        raise SystemExit(ExitCode.INPUT)
     if limit > 0:
         n = len(prompts)
         prompts = [dict(prompts[i % n], id=prompts[i % n]["id"] + (f"#{i // n}" if i >= n
@@ -126,7 +132,9 @@ def spec_counters(metrics) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run vLLM (LLM + SamplingParams, greedy) on the prompts file with the given speculative config; prints vLLM's spec-decode counters as JSON with --counters-out. Returns the exit status."""
+    """Run vLLM (``LLM`` + ``SamplingParams``, greedy) on the prompts file with the given
+    speculative config; with ``--counters-out`` write vLLM's counters and outputs as JSON.
+    Returns the exit status."""
     args = parse_args(argv)
     prompts = read_prompts(args.prompts, args.num_prompts)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -1,4 +1,4 @@
-"""The Triton staging kernel of :mod:`spectrace.hooks.v2_stage` (imported only on CUDA)."""
+"""The Triton staging kernel of :mod:`spectrace.hooks.vllm.v2.stage` (imported only on CUDA)."""
 
 import triton
 import triton.language as tl

@@ -262,7 +262,9 @@ class V2Harness:
         conf_err: largest |vLLM confidence - reference confidence|.
     """
 
-    def __init__(self, spec, ref_model, target, mask_id: int, prompts: list[list[int]]):
+    def __init__(self, spec, ref_model, target, mask_id: int, prompts: list[list[int]],
+                 make_propose, v2_batch):
+        self.batch = v2_batch
         self.spec, self.ref, self.target, self.mask_id = spec, ref_model, target, mask_id
         self.k = spec.num_speculative_steps
         self.rids = [f"{i}-dspk{i:04d}" for i in range(len(prompts))]
@@ -286,40 +288,15 @@ class V2Harness:
             return self._base
 
         spec.model.compute_draft_logits = compute_draft_logits
-        spec.propose = self.propose  # the instance method the runner calls (wrapped by the tap)
+        # vLLM 0.32's propose signature, set on the instance the runner calls (the tap wraps it)
+        spec.propose = make_propose(self._propose)
 
-    # The real 0.32 BaseSpeculator.propose signature (test_harness_signature checks it).
-    def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states,
-                aux_hidden_states, num_sampled, num_rejected, last_sampled,
-                next_prefill_tokens, temperature, seeds, dp_sync_state=None, dummy_run=False,
-                skip_attn_for_dummy_run=False, mm_inputs=None, is_profile=False,
-                num_speculative_tokens=None):
+    def _propose(self, input_batch, num_sampled, num_rejected, last_sampled,
+                 next_prefill_tokens, num_speculative_tokens):
         spec, k, n = self.spec, self.k, input_batch.num_reqs
-        nq = spec.num_query_per_req
-        off = 0 if spec.sample_from_anchor else 1
-        hidden_rows = []
-        for i, rid in enumerate(input_batch.req_ids[:n]):
-            # the DFlash prepare kernel (SAMPLE_FROM_ANCHOR branch), in torch
-            slot = int(input_batch.idx_mapping[i])
-            nr = int(num_rejected[i])
-            q_end = int(input_batch.query_start_loc[i + 1])
-            anchor = int(last_sampled[slot, 0] if int(num_sampled[i]) > 0 else next_prefill_tokens[0, slot])
-            pos = int(input_batch.positions[q_end - 1 - nr]) + 1
-            ids, qpos = block_inputs(anchor, pos, k, spec.sample_from_anchor, self.mask_id)
-            spec.input_buffers.input_ids[i * nq:(i + 1) * nq] = torch.tensor(ids)
-            spec.input_buffers.positions[i * nq:(i + 1) * nq] = torch.tensor(qpos)
-            j = torch.arange(k)
-            spec.sample_indices[i * k:(i + 1) * k] = i * nq + off + j
-            spec.sample_pos[i * k:(i + 1) * k] = pos + 1 + j
-            spec.sample_idx_mapping[i * k:(i + 1) * k] = slot
-            # the draft backbone: the reference model over the target's hidden states
-            seq = self.tokens[rid]
-            assert seq[-1] == anchor and len(seq) - 1 == pos, (rid, anchor, pos)
-            with torch.no_grad():
-                ctx = target_aux_hidden(self.target.model, seq[:-1], self.ref.cfg.aux_hidden_state_layer_ids)
-                kv = self.ref.context_kv(ctx, torch.arange(pos)[None])
-                mask = torch.ones((1, nq, pos + nq), dtype=torch.bool)
-                hidden_rows.append(self.ref.query_forward(kv, torch.tensor([ids]), torch.tensor([qpos]), mask)[0])
+        hidden_rows = [self._prepare_row(input_batch, i, rid, num_sampled, num_rejected,
+                                         last_sampled, next_prefill_tokens)
+                       for i, rid in enumerate(input_batch.req_ids[:n])]
         head_hidden = torch.cat(hidden_rows)  # [n * nq, H]
         with torch.inference_mode():
             spec._sample_sequential(n, head_hidden)  # vLLM's code (wrapped by DSparkTap)
@@ -327,15 +304,48 @@ class V2Harness:
         # the reference sampler on the same anchors and vLLM's own base logits
         anchors = spec.input_buffers.input_ids[spec._anchor_idx[:n]]
         with torch.no_grad():
-            ref, emb = sample_sequential(self._base.reshape(n, k, -1), anchors, self.ref, return_embeds=True)
+            ref, emb = sample_sequential(self._base.reshape(n, k, -1), anchors, self.ref,
+                                         return_embeds=True)
         self.blocks += n
         self.equal += int((ref == drafts).all(dim=1).sum())
         if spec.use_confidence_head:
             with torch.no_grad():
                 sh = head_hidden[spec.sample_indices[:n * k]].view(n, k, -1)
                 conf = self.ref.compute_confidence(sh, emb)
-            self.conf_err = max(self.conf_err, float((conf - spec.draft_token_confidence_probs[:n]).abs().max()))
+            err = (conf - spec.draft_token_confidence_probs[:n]).abs().max()
+            self.conf_err = max(self.conf_err, float(err))
         return drafts
+
+    def _prepare_row(self, input_batch, i, rid, num_sampled, num_rejected, last_sampled,
+                     next_prefill_tokens):
+        """Row i as the DFlash prepare kernel (SAMPLE_FROM_ANCHOR branch) leaves it, in torch;
+        returns the draft backbone's hidden states of its query slots (the reference model
+        over the target's hidden states)."""
+        spec, k = self.spec, self.k
+        nq = spec.num_query_per_req
+        off = 0 if spec.sample_from_anchor else 1
+        slot = int(input_batch.idx_mapping[i])
+        nr = int(num_rejected[i])
+        q_end = int(input_batch.query_start_loc[i + 1])
+        anchor = int(last_sampled[slot, 0] if int(num_sampled[i]) > 0
+                     else next_prefill_tokens[0, slot])
+        pos = int(input_batch.positions[q_end - 1 - nr]) + 1
+        ids, qpos = block_inputs(anchor, pos, k, spec.sample_from_anchor, self.mask_id)
+        spec.input_buffers.input_ids[i * nq:(i + 1) * nq] = torch.tensor(ids)
+        spec.input_buffers.positions[i * nq:(i + 1) * nq] = torch.tensor(qpos)
+        j = torch.arange(k)
+        spec.sample_indices[i * k:(i + 1) * k] = i * nq + off + j
+        spec.sample_pos[i * k:(i + 1) * k] = pos + 1 + j
+        spec.sample_idx_mapping[i * k:(i + 1) * k] = slot
+        seq = self.tokens[rid]
+        assert seq[-1] == anchor and len(seq) - 1 == pos, (rid, anchor, pos)
+        with torch.no_grad():
+            ctx = target_aux_hidden(self.target.model, seq[:-1],
+                                    self.ref.cfg.aux_hidden_state_layer_ids)
+            kv = self.ref.context_kv(ctx, torch.arange(pos)[None])
+            mask = torch.ones((1, nq, pos + nq), dtype=torch.bool)
+            return self.ref.query_forward(kv, torch.tensor([ids]), torch.tensor([qpos]),
+                                          mask)[0]
 
     def step(self, flip: bool) -> list[str]:
         rids = [r for r in self.rids if len(self.out[r]) < MAX_TOKENS]
@@ -364,12 +374,9 @@ class V2Harness:
             seq.extend(emitted)
             self.out[rid].extend(emitted)
             self.last_sampled[self.slot[rid], 0] = emitted[-1]
-        batch = SimpleNamespace(
-            req_ids=rids, num_reqs=len(rids),
-            idx_mapping=torch.tensor([self.slot[r] for r in rids], dtype=torch.int64),
-            idx_mapping_np=np.array([self.slot[r] for r in rids]),
-            positions=torch.tensor(positions, dtype=torch.int64),
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32))
+        slots = [self.slot[r] for r in rids]
+        batch = self.batch(rids, slots, positions, qsl, idx_dtype=torch.int64,
+                           idx_mapping_np=np.array(slots))
         drafts = self.spec.propose(batch, {}, {}, None, None, torch.tensor(ns, dtype=torch.int32),
                                    torch.tensor(nr, dtype=torch.int32), self.last_sampled,
                                    self.next_prefill, torch.zeros(MAX_REQS), torch.zeros(MAX_REQS),
@@ -379,11 +386,11 @@ class V2Harness:
         return [r for r in rids if len(self.out[r]) >= MAX_TOKENS]
 
 
-def run_vllm_side(vllm_mods, ckpt: Path, target, out: Path) -> dict:
+def run_vllm_side(vllm_mods, ckpt: Path, target, out: Path, fakes) -> dict:
     """Capture one decode of the bundled prompts through spectrace's V2 + DSpark hooks."""
-    from spectrace.hooks.vllm import Session
-    from spectrace.hooks.vllm_dspark import DSparkTap
-    from spectrace.hooks.vllm_v2 import ProposeTap
+    from spectrace.hooks.vllm.session import Session
+    from spectrace.hooks.vllm.v2.dspark import DSparkTap
+    from spectrace.hooks.vllm.v2.tap import ProposeTap
 
     spec_mod, q3 = vllm_mods
     sfa = vllm_layout(ckpt)
@@ -392,7 +399,8 @@ def run_vllm_side(vllm_mods, ckpt: Path, target, out: Path) -> dict:
     tok = load_tokenizer(bundled_model_dir("target"))
     prompts = [encode_prompt(tok, json.loads(line)["text"])
                for line in bundled_prompts_path().read_text().splitlines() if line.strip()]
-    h = V2Harness(spec, ref, target, ref.cfg.mask_token_id, prompts)
+    make_propose, v2_batch, sampling = fakes
+    h = V2Harness(spec, ref, target, ref.cfg.mask_token_id, prompts, make_propose, v2_batch)
     import vllm
 
     session = Session(out, {"engine": "vllm", "engine_version": vllm.__version__,
@@ -402,8 +410,7 @@ def run_vllm_side(vllm_mods, ckpt: Path, target, out: Path) -> dict:
                             "layout": {"runner": "v2 harness"}})
     tap = ProposeTap(spec, session, max_model_len=target.max_model_len)
     dtap = DSparkTap(spec, tap, session, inner=True)
-    params = SimpleNamespace(max_tokens=MAX_TOKENS, ignore_eos=True, eos_token_id=None,
-                             stop_token_ids=None, temperature=0.0)
+    params = sampling(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0)
     for rid in h.rids:
         tap.add_request(rid, h.prompts[rid], params)
     flip = False
@@ -426,12 +433,14 @@ def spectrace_diff(ours: Path, theirs: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def vllm_runs(vllm_mods, ckpts, target, tmp_path_factory, ref_traces) -> dict[str, dict]:
+def vllm_runs(vllm_mods, ckpts, target, tmp_path_factory, ref_traces, make_propose, v2_batch,
+              sampling) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("dspark_vllm")
     out = {}
     for name in VARIANTS:
         h5 = root / f"vllm_{name}.h5"
-        out[name] = {**run_vllm_side(vllm_mods, ckpts[name], target, h5), "trace": h5}
+        fakes = (make_propose, v2_batch, sampling)
+        out[name] = {**run_vllm_side(vllm_mods, ckpts[name], target, h5, fakes), "trace": h5}
     return out
 
 
@@ -440,13 +449,15 @@ def vllm_runs(vllm_mods, ckpts, target, tmp_path_factory, ref_traces) -> dict[st
 # --------------------------------------------------------------------------------------------
 
 
-def test_harness_signature_is_vllms(vllm_mods):
+def test_harness_signature_is_vllms(vllm_mods, make_propose):
+    """The ``propose`` the harness installs on the speculator has vLLM's own parameters."""
     import inspect
 
     from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
 
-    assert list(inspect.signature(BaseSpeculator.propose).parameters)[1:] == \
-        list(inspect.signature(V2Harness.propose).parameters)[1:]
+    real = list(inspect.signature(BaseSpeculator.propose).parameters)
+    fake = make_propose(lambda *args: None)  # set on the instance: no self
+    assert real[0] == "self" and real[1:] == list(inspect.signature(fake).parameters)
 
 
 def test_vllm_reads_the_layouts(vllm_mods, ckpts):
@@ -476,7 +487,8 @@ def test_vllm_sampler_equals_reference(vllm_runs, name):
         assert t.meta["layout"]["sample_from_anchor"] is r["sfa"]
         assert t.meta["layout"]["query_slots_per_request"] == (K if r["sfa"] else K + 1)
         assert t.meta["d2t"] is name.startswith("reduced")
-        assert t.meta.get("draft_vocab_size") == (DRAFT_VOCAB if name.startswith("reduced") else None)
+        vocab = DRAFT_VOCAB if name.startswith("reduced") else None
+        assert t.meta.get("draft_vocab_size") == vocab
 
 
 @pytest.mark.parametrize("name", ["anchor", "bonus", "reduced"])

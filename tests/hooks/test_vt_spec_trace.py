@@ -1,6 +1,6 @@
 """VT_SPEC_TRACE parser: every line family, doc-edited lines, steps, joins, chains, strictness.
 
-Expected values are derived by hand from the logs (tests/data/vt_sync_dflash.log is annotated
+Expected values are derived by hand from the logs (tests/hooks/data/vt_sync_dflash.log is annotated
 below) or, for the reference engine, recomputed from the raw lines with a tiny regex.
 """
 
@@ -15,9 +15,10 @@ import warnings
 from pathlib import Path
 
 import pytest
-
-from spectrace.hooks.vt_spec_trace import (Ids, VtTraceParser, _Malformed, import_log,
-                                           parse_line, read_requests)
+from spectrace.hooks.vt.importer import import_log
+from spectrace.hooks.vt.lines import Ids, MalformedLine, parse_line
+from spectrace.hooks.vt.parser import VtTraceParser
+from spectrace.hooks.vt.requests import read_requests
 from spectrace.tracer.errors import InputError, ParseError
 from spectrace.tracer.store import TraceWarning, TraceWriter, open_trace
 
@@ -120,7 +121,7 @@ def test_doc_edited_lines_are_read_and_flagged(line, reason, check):
     ("[spec-phase] pre=abcms backbone=1.00ms sample=1.00ms logits=3", "pre=abcms"),
 ])
 def test_malformed_lines(line, msg):
-    with pytest.raises(_Malformed, match=re.escape(msg)):
+    with pytest.raises(MalformedLine, match=re.escape(msg)):
         parse_line(line)
 
 
@@ -136,7 +137,7 @@ def test_other_lines_pass_through(line):
     assert parse_line(line) is None
 
 
-# -- a synchronous DFlash-style log (tests/data/vt_sync_dflash.log) ---------------------------
+# -- a synchronous DFlash-style log (tests/hooks/data/vt_sync_dflash.log) -------------------
 #
 # step 0 (lines 2-9): prefill of requests 0 and 1; propose first=[101 102 103] for row 0 (req 0).
 # step 1 (10-22): verify req 0 (pos=4, exact join) and req 1 (pos=3); propose [105 106 107].
@@ -432,7 +433,7 @@ def test_cli_strict_error_is_one_line_exit_2(tmp_path):
 
 # -- the reference engine ----------------------------------------------------------------------
 #
-# tests/data/engine_{draft_model,ngram}.log: real stderr of `python -m spectrace.engine --k 4
+# tests/hooks/data/engine_{draft_model,ngram}.log: real stderr of `python -m spectrace.engine --k 4
 # --max-tokens 24 --batch-size 3` (bundled models and prompts, VT_SPEC_TRACE=1); the live
 # test below runs the engine under `spectrace capture` when the bundled models exist.
 
@@ -490,7 +491,6 @@ def test_reference_engine_log_imports_exactly(tmp_path, method, blocks, joined):
 def _engine_ready() -> str | None:
     try:
         import torch  # noqa: F401
-
         from spectrace.engine.loader import bundled_model_dir, bundled_prompts_path
         for name in ("target", "draft"):
             d = Path(bundled_model_dir(name))

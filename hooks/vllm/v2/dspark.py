@@ -1,7 +1,7 @@
 """DSpark on vLLM's V2 runner: layout detection and a second recording from inside
 ``_sample_sequential``, checked against the ``propose`` wrapper.
 
-The generic V2 hook (:class:`spectrace.hooks.vllm_v2.ProposeTap`) records every DSpark block
+The generic V2 hook (:class:`spectrace.hooks.vllm.v2.tap.ProposeTap`) records every DSpark block
 from ``speculator.propose``'s arguments and return value; that is the only hook that also runs
 when the draft step is replayed from a CUDA graph (``vllm_hooks.md`` §1.7). This module adds,
 for ``DSparkSpeculator`` instances:
@@ -11,7 +11,7 @@ for ``DSparkSpeculator`` instances:
   ``_anchor_idx``, ``sample_pos``, ``num_speculative_steps``, ``num_query_per_req``) and the
   layout flag (``sample_from_anchor``, or ``dspark_bonus_anchor`` of the draft config). The
   query slots per request must be k (anchor layout) or 1 + k (fill-in layout). Anything else
-  raises :class:`~spectrace.hooks.vllm.SpecTraceLayoutError` with one line naming the vLLM
+  raises :class:`~spectrace.hooks.vllm.common.SpecTraceLayoutError` with one line naming the vLLM
   version and what is missing. The layout goes into the trace's /meta.
 * **Inner recording under ``enforce_eager``** (:class:`DSparkTap`): an instance-level wrapper
   on ``_sample_sequential`` (which runs in Python on every eager step, never on graph replay)
@@ -30,9 +30,13 @@ from __future__ import annotations
 
 import inspect
 
-from spectrace.hooks.vllm import Session, SpecTraceLayoutError, _say, _vllm_version
-from spectrace.hooks.vllm_v2 import _Slot, staging_ring
+import numpy as np
+from spectrace.tracer.cli.output import say
 from spectrace.tracer.errors import SpectraceError
+
+from ..common import SpecTraceLayoutError, vllm_version
+from ..session import Session
+from .ring import Slot, staging_ring
 
 #: Speculator attributes ``_sample_sequential`` uses that the inner recording reads.
 DSPARK_ATTRS = ("_sample_sequential", "draft_tokens", "input_buffers", "_anchor_idx",
@@ -94,13 +98,13 @@ def dspark_layout(speculator) -> dict:
             missing.append("_sample_sequential(num_reqs, ...)")
     if missing:
         raise SpecTraceLayoutError(
-            f"vLLM {_vllm_version()}: {cls} lacks {', '.join(missing)}; "
+            f"vLLM {vllm_version()}: {cls} lacks {', '.join(missing)}; "
             f"known layout: {KNOWN_DSPARK_LAYOUT}")
     k = int(speculator.num_speculative_steps)
     nq = int(speculator.num_query_per_req)
     if nq != (k if sfa else k + 1):
         raise SpecTraceLayoutError(
-            f"vLLM {_vllm_version()}: {cls} has num_query_per_req={nq} with "
+            f"vLLM {vllm_version()}: {cls} has num_query_per_req={nq} with "
             f"num_speculative_steps={k} and sample_from_anchor={sfa}: neither the N-slot nor "
             f"the 1+N layout; known layout: {KNOWN_DSPARK_LAYOUT}")
     model = getattr(speculator, "model", None)
@@ -115,7 +119,7 @@ class DSparkTap:
 
     Args:
         speculator: the ``DSparkSpeculator`` instance.
-        tap: the :class:`~spectrace.hooks.vllm_v2.ProposeTap` already wrapping its
+        tap: the :class:`~spectrace.hooks.vllm.v2.tap.ProposeTap` already wrapping its
             ``propose`` (the check runs as its step observer, before each step's join).
         session: the tap's session.
         inner: wrap ``_sample_sequential`` (only meaningful under ``enforce_eager``: with
@@ -139,8 +143,8 @@ class DSparkTap:
         self.k = self.layout["k"]
         self.checked = self.mismatched = self.unchecked = self.sync_waits = 0
         self.first_mismatch: dict | None = None
-        self._pending: dict[int, tuple[_Slot, int]] = {}
-        self._ring: list[_Slot] = []
+        self._pending: dict[int, tuple[Slot, int]] = {}
+        self._ring: list[Slot] = []
         self._nslots = slots
         self._next = 0
         self._set_meta()
@@ -162,9 +166,7 @@ class DSparkTap:
         extra = {"layout": layout, "d2t": lay["d2t"]}  # schema META_KEYS names
         if lay["draft_vocab_size"]:
             extra["draft_vocab_size"] = lay["draft_vocab_size"]
-        self.session.meta.update(extra)
-        if self.session._writer is not None:
-            self.session._writer.update_meta(**extra)
+        self.session.update_meta(**extra)
 
     def _observe(self, rows, req_ids: list[str], step: int) -> None:
         """The tap's per-step observer: the agreement check, before the step is joined."""
@@ -215,7 +217,7 @@ class DSparkTap:
             old[0].busy = False
         self._pending[step] = (slot, n)
 
-    def _acquire(self, rows: int, cols: int, device, cuda: bool) -> _Slot:
+    def _acquire(self, rows: int, cols: int, device, cuda: bool) -> Slot:
         if not self._ring or self._ring[0].host.shape[0] < rows:
             # Two CPU slots: a step's inner rows wait for its propose to be joined.
             self._ring = staging_ring(self._nslots if cuda else 2, rows, cols, device, cuda)
@@ -237,8 +239,6 @@ class DSparkTap:
     def check(self, rows, req_ids: list[str], step: int) -> None:
         """Compare the propose record of ``step`` (rows: int32 [n, 4 + K]: num_sampled,
         num_rejected, anchor, anchor position, drafts) with the inner record of that step."""
-        import numpy as np
-
         for old in [s for s in self._pending if s < step]:  # skipped steps: drop
             self._pending.pop(old)[0].busy = False
         rec = self._pending.pop(step, None)
@@ -298,11 +298,9 @@ class DSparkTap:
     def _on_close(self) -> None:
         self.tap.drain(wait=True)
         summary = self.summary()
-        self.session.meta["dspark_inner_check"] = summary
-        if self.session._writer is not None:
-            self.session._writer.update_meta(dspark_inner_check=summary)
+        self.session.update_meta(dspark_inner_check=summary)
         if summary["status"] == "mismatch":
-            _say(f"WARNING DSpark: _sample_sequential and propose disagreed on "
+            say(f"WARNING DSpark: _sample_sequential and propose disagreed on "
                  f"{self.mismatched} of {self.checked} steps")
 
 

@@ -13,10 +13,10 @@ import warnings
 from pathlib import Path
 
 import pytest
-
-from spectrace.hooks.capture import (capture_command, capture_vllm, trace_level,
-                                     written_traces)
-from spectrace.hooks.vt_spec_trace import import_log
+from spectrace.hooks.capture import capture_command, capture_vllm
+from spectrace.hooks.vllm.paths import written_traces
+from spectrace.hooks.vt.importer import import_log
+from spectrace.hooks.vt.level import trace_level
 from spectrace.tracer.errors import InputError, ParseError
 from spectrace.tracer.store import TraceWarning, open_trace
 
@@ -49,14 +49,14 @@ def _spectrace(*args, **kw) -> subprocess.CompletedProcess:
 
 
 def test_forwards_stderr_and_returns_exit_status(tmp_path):
-    child = _child(tmp_path, f"""
+    child = _child(tmp_path, """
         print("to stdout", flush=True)
         err("vllm.cpp: request a has outgrown the draft speculative context (4096 tokens)")
         for i in range(3):
             err(block(i))
         err("env VT_SPEC_TRACE=" + os.environ["VT_SPEC_TRACE"])
-        reqs = {{"req_id": "a", "prompt_ids": list(range(100, 110)),
-                "output_ids": [0, 7, 1, 7, 2, 7]}}
+        reqs = {"req_id": "a", "prompt_ids": list(range(100, 110)),
+                "output_ids": [0, 7, 1, 7, 2, 7]}
         open(sys.argv[1], "w").write(json.dumps(reqs) + "\\n")
         sys.exit(3)
     """)

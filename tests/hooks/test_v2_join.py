@@ -1,25 +1,24 @@
-"""The V2 capture path's chunked join (``spectrace.hooks.v2_join`` through ``ProposeTap``) and
-its staging kernel.
+"""The V2 capture path's chunked join (``spectrace.hooks.vllm.v2.join`` through ``ProposeTap``)
+and its staging kernel.
 
 The scenario below is driven through the real ``ProposeTap`` with a fake speculator of the V2
 ``propose`` signature; every expected block, output and total was derived by hand from the
-join rules (``hooks/v2_join.py`` module doc), not by running the code. It runs on the CPU with
+join rules (``hooks/vllm/v2/join.py`` module doc), not by running the code. It runs on the CPU with
 steps joined one at a time and three at a time (chunks, carries across chunks, deferred
 finishes and drops), and on CUDA through the Triton staging kernel and the device ring.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from spectrace.hooks import vllm as hook  # noqa: E402
-from spectrace.hooks.v2_join import Proposals, join_chunk, trimmed_len  # noqa: E402
-from spectrace.hooks.vllm_v2 import ProposeTap  # noqa: E402
+from spectrace.hooks.vllm.session import Session  # noqa: E402
+from spectrace.hooks.vllm.v2 import stage as v2_stage  # noqa: E402
+from spectrace.hooks.vllm.v2.join import Proposals, join_chunk, trimmed_len  # noqa: E402
+from spectrace.hooks.vllm.v2.tap import ProposeTap  # noqa: E402
 from spectrace.tracer.store import open_trace  # noqa: E402
 
 K = 3
@@ -28,17 +27,12 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 class Spec:
-    """A speculator with vLLM 0.32's ``propose`` signature returning preset drafts."""
+    """A speculator whose ``propose`` (vLLM 0.32's signature) returns preset drafts."""
 
-    def __init__(self) -> None:
+    def __init__(self, make_propose, v2_batch) -> None:
         self.drafts = None
-
-    def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states,
-                aux_hidden_states, num_sampled, num_rejected, last_sampled,
-                next_prefill_tokens, temperature, seeds, dp_sync_state=None, dummy_run=False,
-                skip_attn_for_dummy_run=False, mm_inputs=None, is_profile=False,
-                num_speculative_tokens=None):
-        return self.drafts
+        self.batch = v2_batch
+        self.propose = make_propose(lambda *args: self.drafts)
 
 
 def step(spec: Spec, rows: list[tuple], device: str) -> None:
@@ -57,11 +51,7 @@ def step(spec: Spec, rows: list[tuple], device: str) -> None:
         positions += [pos - 1 + j for j in range(nr + 1)]
         qsl.append(len(positions))
     dev = torch.device(device)
-    batch = SimpleNamespace(
-        req_ids=[r[0] for r in rows], num_reqs=len(rows),
-        idx_mapping=torch.tensor([SLOTS[r[0]] for r in rows], dtype=torch.int32, device=dev),
-        positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev))
+    batch = spec.batch([r[0] for r in rows], [SLOTS[r[0]] for r in rows], positions, qsl, dev)
     spec.drafts = torch.tensor([r[5] for r in rows], dtype=torch.int64, device=dev)
     spec.propose(batch, None, None, None, None,
                  torch.tensor([r[1] for r in rows], dtype=torch.int32, device=dev),
@@ -69,12 +59,13 @@ def step(spec: Spec, rows: list[tuple], device: str) -> None:
                  last.to(dev), nxt.to(dev), None, None, num_speculative_tokens=K)
 
 
-def run_scenario(path, device: str, **tap_kw) -> ProposeTap:
+def run_scenario(path, device: str, fakes, **tap_kw) -> ProposeTap:
     """Six steps of requests a, b, c (see the expected blocks in the test)."""
-    session = hook.Session(path, {"k": K, "source": "vllm-hook"})
-    spec = Spec()
+    session = Session(path, {"k": K, "source": "vllm-hook"})
+    make_propose, v2_batch, sampling = fakes
+    spec = Spec(make_propose, v2_batch)
     tap = ProposeTap(spec, session, max_model_len=1000, **tap_kw)
-    params = SimpleNamespace(eos_token_id=None, stop_token_ids=None, max_tokens=6)
+    params = sampling(max_tokens=6)
     for rid in "abc":
         tap.add_request(rid, [1, 2], params)
     step(spec, [("a", 0, 0, 100, 0, [7, 7, 7]),             # a prefill: drafts unused
@@ -139,20 +130,25 @@ def check_trace(path, tap: ProposeTap) -> None:
         assert t.meta["checks"]["trace"] == {
             "num_drafts": 4, "num_draft_tokens": 11, "num_accepted_tokens": 6,
             "num_accepted_tokens_per_pos": [3, 2, 1], "blocks": 8}
-    assert tap.session.totals["blocks"] == 8 and tap.sync_waits == 0
+    assert tap.session.blocks == 8 and tap.sync_waits == 0
     assert tap.session.step == 6
 
 
+@pytest.fixture
+def fakes(make_propose, v2_batch, sampling):
+    return make_propose, v2_batch, sampling
+
+
 @pytest.mark.parametrize("cpu_flush_steps", [1, 3])
-def test_chunked_join_by_hand_cpu(tmp_path, cpu_flush_steps):
-    tap = run_scenario(tmp_path / "t.h5", "cpu", cpu_flush_steps=cpu_flush_steps)
+def test_chunked_join_by_hand_cpu(tmp_path, fakes, cpu_flush_steps):
+    tap = run_scenario(tmp_path / "t.h5", "cpu", fakes, cpu_flush_steps=cpu_flush_steps)
     check_trace(tmp_path / "t.h5", tap)
 
 
 @needs_cuda
 @pytest.mark.parametrize("flush_steps", [1, 3, 32])
-def test_chunked_join_by_hand_cuda(tmp_path, flush_steps):
-    tap = run_scenario(tmp_path / "t.h5", "cuda", flush_steps=flush_steps)
+def test_chunked_join_by_hand_cuda(tmp_path, fakes, flush_steps):
+    tap = run_scenario(tmp_path / "t.h5", "cuda", fakes, flush_steps=flush_steps)
     check_trace(tmp_path / "t.h5", tap)
 
 
@@ -186,8 +182,6 @@ def test_trimmed_len():
 
 def _staging_inputs(n: int, k: int, seed: int):
     """Random staging inputs on CUDA and a torch reference of the rows they give."""
-    from spectrace.hooks.v2_stage import stage_torch
-
     g = torch.Generator().manual_seed(seed)
     slots = n + 5
     ns = torch.randint(0, k + 2, (slots,), generator=g, dtype=torch.int32)
@@ -201,19 +195,17 @@ def _staging_inputs(n: int, k: int, seed: int):
     drafts = torch.randint(-1, 150000, (slots, k), generator=g)
     host = (ns, nr, idx, qsl, positions, last, nxt, drafts)
     ref = torch.full((n, 4 + k), -7, dtype=torch.int64)
-    stage_torch(ref, n, *host)
+    v2_stage.stage_torch(ref, n, *host)
     return [t.cuda() for t in host], ref
 
 
 @needs_cuda
 @pytest.mark.parametrize("n,k", [(1, 4), (77, 7), (300, 16)])
 def test_triton_staging_equals_torch(n, k):
-    from spectrace.hooks.v2_stage import stage_triton, triton_ok
-
     inputs, ref = _staging_inputs(n, k, seed=n)
-    assert triton_ok(inputs[-1])
+    assert v2_stage.triton_ok(inputs[-1])
     ring = torch.full((n + 9, 4 + k), -7, dtype=torch.int32, device="cuda")
-    assert stage_triton(ring, 9, n, *inputs)
+    assert v2_stage.stage_triton(ring, 9, n, *inputs)
     got = ring.cpu()
     assert (got[:9] == -7).all()
     assert torch.equal(got[9:].long(), ref)
@@ -224,8 +216,6 @@ def test_triton_staging_equals_torch(n, k):
 def test_direct_launch_writes_what_the_triton_call_writes(monkeypatch, offset):
     """The compiled-launcher path writes exactly the rows ``kernel[grid](...)`` writes (and the
     torch reference), for aligned and unaligned inputs (different specialisations)."""
-    from spectrace.hooks import v2_stage
-
     n, k = 77, 7
     inputs, ref = _staging_inputs(n + offset, k, seed=5 + offset)
     if offset:  # rows 1.. of every per-row input: the same rows the reference holds from 1
@@ -254,8 +244,6 @@ def test_launch_hook_sends_launches_through_triton(monkeypatch):
     """With a Triton launch hook installed (a profiler), launches take the normal path, so
     the hook sees them; without it, the direct path resumes."""
     from triton import knobs
-
-    from spectrace.hooks import v2_stage
 
     inputs, ref = _staging_inputs(8, 4, seed=11)
     ring = torch.full((8, 8), -7, dtype=torch.int32, device="cuda")

@@ -1,0 +1,116 @@
+"""The engine-core side of the plugin: vLLM's spec-decode counters from the scheduler, and
+their hand-off at shutdown (see :mod:`.counters`).
+
+* ``Scheduler.__init__`` gets a :class:`~.counters.VllmCounters` (when speculative decoding is
+  configured); in one process it goes straight to the session writing the same trace.
+* ``Scheduler.make_spec_decoding_stats`` (``vllm/v1/core/sched/scheduler.py``) feeds it with
+  the arguments vLLM itself counts (minus invalid spec tokens), whether or not stats logging
+  is on.
+* ``EngineCore.shutdown`` (``vllm/v1/engine/core.py``) writes the counters for the worker
+  before the original shutdown stops it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from types import ModuleType
+
+from spectrace.tracer.cli.output import say
+
+from . import registry
+from .common import vllm_version
+from .counters import VllmCounters, fmt_counts, hand_off
+from .patching import wrap_init
+from .paths import output_path, trace_of_handoff, trace_path
+
+_NEEDED = ("num_draft_tokens", "num_accepted_tokens")
+
+
+def patch_scheduler(module: ModuleType) -> None:
+    """Patch ``module.Scheduler`` (idempotent; a warning when its counting method changed)."""
+    cls = getattr(module, "Scheduler", None)
+    if cls is None or cls.__dict__.get("_spectrace_patched"):
+        return
+    make = cls.__dict__.get("make_spec_decoding_stats")
+    params = list(inspect.signature(make).parameters) if make else []
+    if make is None or any(p not in params for p in _NEEDED):
+        say(f"WARNING vLLM {vllm_version()}: Scheduler.make_spec_decoding_stats "
+            "not found or changed; traces will not be cross-checked against vLLM's counters")
+        return
+    cls.make_spec_decoding_stats = _counting(make)
+    wrap_init(cls, _attach_counters)
+
+
+def _attach_counters(sched) -> None:
+    """After ``Scheduler.__init__``: give it counters; in one process (the runner was made
+    just before the scheduler) the session writing the same trace reads them at close."""
+    cfg = getattr(sched, "vllm_config", None)
+    if cfg is None or getattr(cfg, "speculative_config", None) is None:
+        return
+    c = VllmCounters(k=int(cfg.speculative_config.num_speculative_tokens or 0),
+                     dp_rank=int(cfg.parallel_config.data_parallel_rank or 0))
+    sched._spectrace_counters = c
+    out = output_path()
+    session = registry.waiting_for_counters(trace_path(out, c.dp_rank)) if out else None
+    if session is not None:
+        session.counters = c
+        c.local = True
+
+
+def _counting(make):
+    """``make_spec_decoding_stats`` that also counts into the scheduler's counters."""
+    sig = inspect.signature(make)
+
+    @functools.wraps(make)
+    def make_spec_decoding_stats(self, *args, **kwargs):
+        result = make(self, *args, **kwargs)
+        c = getattr(self, "_spectrace_counters", None)
+        if c is not None:
+            try:
+                b = sig.bind(self, *args, **kwargs).arguments
+                n_draft = int(b["num_draft_tokens"])
+                if n_draft:  # vLLM returns early on zero drafts
+                    invalid = b.get("num_invalid_spec_tokens") or {}
+                    n_draft -= int(invalid.get(b.get("request_id"), 0))
+                    c.observe(n_draft, int(b["num_accepted_tokens"]))
+            except Exception as exc:
+                say(f"WARNING counting vLLM's spec-decode stats failed: {exc}")
+                c.broken = True
+                self._spectrace_counters = None
+        return result
+
+    return make_spec_decoding_stats
+
+
+def patch_engine_core(module: ModuleType) -> None:
+    """Patch ``module.EngineCore.shutdown`` to hand the counters off first (idempotent)."""
+    cls = getattr(module, "EngineCore", None)
+    if cls is None or cls.__dict__.get("_spectrace_shutdown_patched"):
+        return
+    orig = cls.shutdown
+
+    @functools.wraps(orig)
+    def shutdown(self, *args, **kwargs):
+        c = getattr(getattr(self, "scheduler", None), "_spectrace_counters", None)
+        handoff = None
+        if c is not None and not c.local and not c.handed_off:
+            handoff = hand_off(c)
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            if handoff is not None and handoff.exists():
+                _unclaimed(handoff, c)
+
+    cls.shutdown = shutdown
+    cls._spectrace_shutdown_patched = True
+
+
+def _unclaimed(handoff, c: VllmCounters) -> None:
+    """The executor's shutdown is over and no worker took the counters: remove them, and say
+    so when there was something to cross-check."""
+    handoff.unlink(missing_ok=True)
+    counted = c.as_dict()
+    if counted and counted["num_drafts"]:
+        say(f"WARNING {trace_of_handoff(handoff)}: no worker closed the trace to cross-check "
+            f"it; vLLM counted {fmt_counts(counted)}")

@@ -1,0 +1,392 @@
+"""The V2 hot path: :class:`ProposeTap`, a wrapper on one speculator instance's ``propose``
+that stages each step's rows, and joins them into blocks off the hot path (see
+:mod:`spectrace.hooks.vllm.v2`)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+
+from ..common import is_warmup, require_attrs
+from ..joiner import OpenBlock
+from ..sampling import trim_output
+from ..session import Session
+from .join import Proposals, concat_proposals, join_chunk
+from .layout import BATCH_ATTRS, KNOWN_LAYOUT, RECORD_ARGS, propose_layout
+from .outputs import EmittedIds
+from .ring import Segment, make_ring
+from .stage import META_COLS, stage_torch, stage_triton, triton_ok
+from .stream import StepRec, assemble
+
+
+class ProposeTap:
+    """Wraps ``speculator.propose`` on one instance and feeds ``session``.
+
+    Per recorded step the hot path issues one staging launch (:mod:`.stage`:
+    Triton on CUDA, torch ops on a CPU or as the fallback) that writes the step's rows
+    (``int32 [n, 4 + K]``) into the current segment of a device ring. A segment is copied to
+    pinned host memory with one non-blocking copy and one event after ``flush_steps`` steps
+    (or when full, or 0.5 s after its first step); the host joins segments whose event has
+    completed (``event.query()``; never a wait on the hot path), many steps at once with
+    :func:`.join.join_chunk`, and hands the blocks to
+    :meth:`Session.add_block_columns`. On a CPU device the rows are written in place and
+    joined every ``cpu_flush_steps`` steps (default: at once).
+
+    Args:
+        speculator: the runner's speculator (any object with a V2-shaped ``propose``).
+        session: the :class:`~spectrace.hooks.vllm.session.Session` that writes the blocks.
+        slots: segments in the ring (CUDA).
+        max_model_len: for trimming outputs at finish (``trim_output``).
+        flush_steps: steps per segment before its copy is issued (CUDA).
+        cpu_flush_steps: steps joined together on a CPU device (default 1: every step at
+            once; more exercises the chunked join and the deferred finishes on a CPU).
+
+    Attributes:
+        outputs: request id -> emitted token ids so far (prefill token + every block), a
+            list built on access from the numpy chunks the joins append
+            (:class:`~.outputs.EmittedIds`).
+        sync_waits: times the ring had to wait for a copy (should stay 0).
+        step_observers: callables ``(rows, req_ids, step)`` run for each step, in order,
+            before its rows are joined (``rows``: numpy int32 ``[n, 4 + K]``).
+
+    Raises:
+        SpecTraceLayoutError: at construction, when ``propose`` lacks a required parameter.
+    """
+
+    SEGMENT_AGE_NS = 500_000_000  # copy a segment out after this long, however few steps
+
+    def __init__(self, speculator, session: Session, slots: int = 4,
+                 max_model_len: int | None = None, flush_steps: int = 64,
+                 cpu_flush_steps: int = 1) -> None:
+        self.layout = propose_layout(speculator.propose, type(speculator).__name__)
+        # (name, position or None, default) in the order record() unpacks them.
+        self._argspec = tuple((name, *self.layout.get(name, (None, None)))
+                              for name in RECORD_ARGS)
+        self.session = session
+        self.max_model_len = max_model_len
+        self._out = EmittedIds()  # tap-local id -> emitted ids, in order
+        self.requests: dict[str, tuple[int, object]] = {}  # req id -> (prompt len, params)
+        self.sync_waits = 0
+        self.step_observers: list = []
+        self.flush_steps = max(int(flush_steps), 1)
+        self.cpu_flush_steps = max(int(cpu_flush_steps), 1)
+        self._nslots = max(int(slots), 2)
+        self._ring: list[Segment] = []
+        self._ring_key = None
+        self._next = 0
+        self._cur: Segment | None = None
+        self._stream: deque = deque()  # StepRec | ("drop", req id) | ("finish", req id, final)
+        self._batch_checked = False
+        self._ids: dict[str, int] = {}  # request id -> tap-local int id
+        self._names: list[str] = []
+        self._wrows = None  # int64 [len(_names)]: /requests row per int id (-1: unknown)
+        self._prev_req_ids: list | None = None
+        self._prev_batch = (None, None, False)  # ids, keep, all warmup
+        self._carry_req = np.zeros(0, dtype=np.int64)  # requests with an open proposal
+        self._carry: Proposals | None = None           # those proposals
+        self._orig = speculator.propose
+        speculator.propose = self.propose  # instance attribute: beats subclass overrides
+        session.on_close(self.finalize_requests)
+
+    # -- the wrapper ---------------------------------------------------------------------
+
+    def propose(self, *args, **kwargs):
+        """Call the original ``propose`` and record this step (never alters its result)."""
+        out = self._orig(*args, **kwargs)
+        if self.session.active:
+            try:
+                self.record(args, kwargs, out)
+            except Exception as exc:
+                self.session.fail(exc, "V2 propose")
+        return out
+
+    def _args(self, args: tuple, kwargs: dict) -> list:
+        """The values of ``_RECORD_ARGS`` in this call (keyword, else position, else the
+        default), positions resolved once at construction."""
+        nargs = len(args)
+        return [kwargs[name] if name in kwargs else
+                args[pos] if pos is not None and pos < nargs else default
+                for name, pos, default in self._argspec]
+
+    def record(self, args: tuple, kwargs: dict, out) -> None:
+        """Stage (num_sampled, num_rejected, anchor, anchor position, drafts) of this call."""
+        batch, ns, nr, last, nxt, k_arg, dummy, profile = self._args(args, kwargs)
+        if dummy or profile:
+            return
+        if not self._batch_checked:
+            require_attrs(batch, BATCH_ATTRS, f"{type(batch).__name__} (propose's input_batch)",
+                          f"; known layout: {KNOWN_LAYOUT}")
+            self._batch_checked = True
+        n = int(batch.num_reqs)
+        if n <= 0:
+            return
+        req_ids = batch.req_ids
+        if type(req_ids) is not list or len(req_ids) != n:
+            req_ids = list(req_ids[:n])
+        # Compared by value every step, never kept: the runner may reuse or mutate its list
+        # (vLLM 0.32 builds a new one per step, but nothing promises that); the tap keeps its
+        # own copy, made only when the ids change.
+        if req_ids != self._prev_req_ids:
+            self._new_batch(req_ids)
+        ids, keep, all_warmup = self._prev_batch
+        if all_warmup:
+            return
+        import torch
+
+        drafts = out if isinstance(out, torch.Tensor) else getattr(out, "draft_tokens", out)
+        cuda = drafts.is_cuda
+        if cuda and torch.cuda.is_current_stream_capturing():
+            return
+        if cuda and self._stream:
+            self._poll()
+        k_all = drafts.shape[1]
+        k_eff = min(int(k_arg), k_all) if k_arg else k_all
+        t_ns = time.time_ns()
+        seg = self._cur
+        if seg is None or seg.used + n > seg.cap or seg.cols != META_COLS + k_all:
+            seg = self._segment(n, META_COLS + k_all, max(n, int(last.shape[0])),
+                                drafts.device, cuda, t_ns)
+        row0 = seg.used
+        inputs = (ns, nr, batch.idx_mapping, batch.query_start_loc, batch.positions, last, nxt,
+                  drafts)
+        if not (cuda and triton_ok(drafts) and stage_triton(seg.dev, row0, n, *inputs)):
+            stage_torch(seg.dev[row0:row0 + n], n, *inputs)
+        seg.used += n
+        seg.steps += 1
+        seg.pending += 1
+        session = self.session
+        self._stream.append(StepRec(seg, row0, n, ids, keep, self._prev_req_ids,
+                                     session.step, k_eff, t_ns))
+        session.step += 1
+        if not cuda:
+            if seg.steps >= self.cpu_flush_steps:
+                self.drain(wait=True)
+        elif seg.steps >= self.flush_steps or t_ns - seg.t0_ns >= self.SEGMENT_AGE_NS:
+            self._flush(seg)
+
+    def _new_batch(self, req_ids: list) -> None:
+        """Request ids changed since the last step: map them to int ids, mark warmup rows."""
+        self._prev_req_ids = list(req_ids)
+        keep = [not is_warmup(r) for r in req_ids]
+        ids = np.fromiter((self._id(r) for r in req_ids), dtype=np.int64, count=len(req_ids))
+        self._prev_batch = (ids, None if all(keep) else np.array(keep), not any(keep))
+
+    def _id(self, req_id: str) -> int:
+        i = self._ids.get(req_id)
+        if i is None:
+            i = self._ids[req_id] = len(self._names)
+            self._names.append(req_id)
+        return i
+
+    # -- the ring ------------------------------------------------------------------------
+
+    def _segment(self, n: int, cols: int, rows_hint: int, device, cuda: bool,
+                 t_ns: int) -> Segment:
+        """The segment that takes this step's ``n`` rows (flushing a full one)."""
+        seg = self._cur
+        if seg is not None:
+            if seg.used + n <= seg.cap and seg.cols == cols:
+                return seg
+            self._flush(seg)
+        key = (cols, device, cuda)
+        if self._ring_key != key or self._ring[0].cap < n:
+            self.drain(wait=True)
+            steps = self.flush_steps if cuda else self.cpu_flush_steps
+            self._ring = make_ring(self._nslots if cuda else 1,
+                                         steps * max(rows_hint, n), cols, device, cuda)
+            self._ring_key, self._next = key, 0
+        seg = self._ring[self._next]
+        self._next = (self._next + 1) % len(self._ring)
+        if seg.state != "free":
+            self.drain(wait=False)
+            if seg.state != "free":  # the host fell a whole ring behind
+                self.sync_waits += 1
+                self.drain(wait=True)
+        seg.state, seg.used, seg.steps, seg.pending, seg.ready = "fill", 0, 0, 0, False
+        seg.t0_ns = t_ns
+        self._cur = seg
+        return seg
+
+    def _flush(self, seg: Segment) -> None:
+        """Issue the segment's copy to the host (non-blocking, then an event)."""
+        if seg.event is not None and seg.used:
+            seg.host[:seg.used].copy_(seg.dev[:seg.used], non_blocking=True)
+            seg.event.record()
+        seg.state = "flight"
+        if self._cur is seg:
+            self._cur = None
+
+    def _poll(self) -> None:
+        """Join what is ready, if the oldest staged step's copy has completed."""
+        head = self._stream[0]
+        if not isinstance(head, StepRec):
+            self.drain(wait=False)
+            return
+        seg = head.seg
+        if seg.ready or (seg.state == "flight" and seg.event.query()):
+            self.drain(wait=False)
+
+    def drain(self, wait: bool) -> None:
+        """Join every staged step whose copy has completed (``wait``: all of them, issuing
+        and waiting for copies as needed: finish and shutdown paths only)."""
+        items = []
+        while self._stream:
+            item = self._stream[0]
+            if isinstance(item, StepRec) and not item.seg.ready:
+                seg = item.seg
+                if seg.state == "fill":
+                    if not wait:
+                        break
+                    self._flush(seg)
+                if seg.event is not None and not seg.event.query():
+                    if not wait:
+                        break
+                    seg.event.synchronize()
+                seg.ready = True
+            items.append(self._stream.popleft())
+        if items:
+            self._join(items)
+
+    # -- joining -------------------------------------------------------------------------
+
+    def _join(self, items: list) -> None:
+        """Join a run of stream items (steps and deferred finishes/drops) in order."""
+        pieces, finishes = [], []
+        for item in items:
+            if isinstance(item, StepRec):
+                if self.step_observers:
+                    rows = item.seg.host_np[item.row0:item.row0 + item.n]
+                    for fn in self.step_observers:
+                        fn(rows, item.req_ids, item.step)
+                pieces.append(item)
+            else:
+                if item[1] in self._ids:
+                    pieces.append(self._ids[item[1]])  # a synthetic drop row
+                if item[0] == "finish":
+                    finishes.append(item)
+        chunk = assemble(pieces, self._ring_key[0] if self._ring_key else META_COLS)
+        for item in items:  # rows are copied out: segments whose steps are all joined are free
+            if isinstance(item, StepRec):
+                seg = item.seg
+                seg.pending -= 1
+                if seg.pending == 0 and seg.state == "flight":
+                    seg.state = "free"
+        if chunk is not None:
+            self._join_chunk(*chunk)
+        for _, rid, final in finishes:
+            self.finish(rid, final)
+
+    def _join_chunk(self, rows, req, step, brow, bsize, t_ns) -> None:
+        """Join assembled rows against the carry; blocks to the session, outputs, new carry."""
+        if not len(req):
+            return
+        k_all = rows.shape[1] - META_COLS
+        carry_req, carry = self._carry_req, self._carry
+        if carry is None or carry.drafts.shape[1] != k_all:
+            carry = Proposals.empty(k_all) if carry is None else carry.widen(k_all)
+        res = join_chunk(req, rows, step, brow, bsize, t_ns, carry_req, carry)
+        if len(res.blocks["request"]):
+            cols = dict(res.blocks)
+            cols["request"] = self._writer_rows(cols["request"])
+            cols["proposal_source"] = np.ones(len(cols["request"]), dtype=np.int8)
+            self.session.add_block_columns(cols)
+        self._out.add(req[res.out_rows], res.out_tokens, res.out_len)
+        kept = ~np.isin(carry_req, res.seen)  # requests absent from the chunk keep theirs
+        self._carry_req = np.concatenate([carry_req[kept], req[res.open_rows]])
+        self._carry = concat_proposals(carry.take(np.flatnonzero(kept)), res.open)
+
+    def _hand_over(self, req_id: str) -> None:
+        """Move ``req_id``'s carried proposal (if any) to ``session.joiner.open``, where the
+        session's finish/drop paths write it."""
+        i = self._ids.get(req_id)
+        if i is None or self._carry is None or not len(self._carry_req):
+            return
+        hit = np.flatnonzero(self._carry_req == i)
+        if not len(hit):
+            return
+        j = int(hit[0])
+        c = self._carry
+        self.session.joiner.open[req_id] = OpenBlock(
+            int(c.step[j]), int(c.position[j]), int(c.anchor[j]),
+            c.drafts[j, :int(c.k[j])].tolist(), int(c.t_ns[j]), int(c.batch_row[j]),
+            int(c.batch_size[j]))
+        keep = np.ones(len(self._carry_req), dtype=bool)
+        keep[j] = False
+        self._carry_req = self._carry_req[keep]
+        self._carry = c.take(np.flatnonzero(keep))
+
+    def _writer_rows(self, ids):
+        """/requests rows of tap-local int ids (registering unknown requests)."""
+        if self._wrows is None or len(self._wrows) < len(self._names):
+            grown = np.full(len(self._names), -1, dtype=np.int64)
+            if self._wrows is not None:
+                grown[:len(self._wrows)] = self._wrows
+            self._wrows = grown
+        rows = self._wrows[ids]
+        for i in np.unique(ids[rows < 0]).tolist():
+            self._wrows[i] = self.session.request_row(self._names[i])
+        return self._wrows[ids] if (rows < 0).any() else rows
+
+    def output_ids(self, req_id: str) -> list[int]:
+        """``req_id``'s emitted ids so far (joined steps only), as a list."""
+        return self._out.ids(self._ids.get(req_id, -1))
+
+    @property
+    def outputs(self) -> dict[str, list[int]]:
+        """Request id -> emitted ids so far (built on each access; for inspection)."""
+        return self._out.by_name(self._names)
+
+    # -- requests ------------------------------------------------------------------------
+
+    def add_request(self, req_id: str, prompt_ids, sampling_params) -> None:
+        """Register a new request (prompt ids, sampling parameters)."""
+        if is_warmup(req_id):
+            return
+        self.requests[req_id] = (len(prompt_ids or []), sampling_params)
+        self.session.see_request(req_id, prompt_ids, sampling_params)
+
+    def finish(self, req_id: str, final: bool = True) -> None:
+        """Record a finished (``final``) or still running request's trimmed output now (its
+        staged steps must have been joined: :meth:`drain`); its open proposal is written
+        unverified."""
+        self._hand_over(req_id)
+        if is_warmup(req_id) or req_id not in self.requests:
+            return
+        prompt_len, params = self.requests.pop(req_id) if final else self.requests[req_id]
+        ids, reason = trim_output(self.output_ids(req_id), params, prompt_len,
+                                  self.max_model_len)
+        if final:  # its steps are all joined (finishes are queued after them): free its ids
+            self._out.forget(self._ids.get(req_id, -1))
+        self.session.finish_request(req_id, ids,
+                                    reason or ("abort" if final else "unfinished"))
+
+    def finish_later(self, req_id: str) -> None:
+        """``req_id`` finished: record it once the steps staged so far are joined (at once
+        on a CPU device with nothing pending; never waits)."""
+        if self._stream or self._device_ring():
+            self._stream.append(("finish", req_id, True))
+        else:
+            self.finish(req_id, final=True)
+
+    def drop_later(self, req_id: str) -> None:
+        """``req_id`` was preempted: its open proposal is written unverified, in order after
+        the steps staged so far (never waits)."""
+        if self._stream or self._device_ring():
+            self._stream.append(("drop", req_id, None))
+        else:
+            self._hand_over(req_id)
+            self.session.joiner.drop(req_id)
+
+    def _device_ring(self) -> bool:
+        # On CUDA, finishes go through the stream too: a synthetic row, not a row-wise write.
+        return bool(self._ring_key and self._ring_key[2])
+
+    def finalize_requests(self) -> None:
+        """Session close hook: drain, then record the requests still running."""
+        self.drain(wait=True)
+        for rid in list(self.requests):
+            self.finish(rid, final=False)
+        for rid in [self._names[i] for i in self._carry_req.tolist()]:
+            self._hand_over(rid)  # requests never registered: session.close drops them

@@ -1,0 +1,336 @@
+"""The ``VT_SPEC_TRACE`` line lexer: one stderr line -> a :class:`Record` (pure functions).
+
+Mirrors the line formats of ``shared/reference/vt_spec_trace.md`` (vllm.cpp ``runner.cpp``,
+``scheduler.cpp``, ``core.cpp``, ``qwen3_dflash.cpp``, DSpark ``speculator.cpp``): every family
+is matched on its tag and read **by field name**. A canonical line takes one regex (the fast
+path); anything else is read field by field, and the ways it differs from the engine's exact
+format (tag dropped, double spaces, ``...`` ellipses, other ``[ ]`` spacing) are listed in
+:attr:`Record.edits`. Lines that are not trace lines give None.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from spectrace.tracer import schema
+
+_TAG_RE = re.compile(r"\[\s*(SPECTRACE|spec-propose|spec-phase-dev|spec-phase|fwd-ops|"
+                     r"spec-sched|spec-update|spec-install|spec-post_step)\s*\]")
+_FIELD_RE = re.compile(r"([A-Za-z_][\w/]*)\s*=\s*(\[[^\]]*\]|[^\s\[\]]+)")
+_UNTERMINATED_RE = re.compile(r"=\s*\[[^\]]*$")
+_INT_RE = re.compile(r"[+-]?\d+")
+_FLOAT_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)")
+_NO_ROWS_RE = re.compile(r"NO proposing rows this step\s*\(\s*num_reqs\s*=\s*([+-]?\d+)\s*\)")
+_ELLIPSES = ("...", "\u2026")
+# Tag-dropped payloads quoted in documents, recognised at the start of a line only.
+_TAGLESS = (
+    ("SPECTRACE", re.compile(r"\s*req=\S+\s+pos=\s*[+-]?\d+\s.*\bemit\s*=")),
+    ("spec-propose", re.compile(r"\s*rows=\s*[+-]?\d+\s+nqpr=.*\bfirst\s*=")),
+    ("spec-phase", re.compile(r"\s*(?:pre=\S+\s+)?backbone=\s*[+-]?[\d.]+ms")),
+)
+
+# Canonical field lists per family variant: (name, kind). Kinds: str, int, ms (F2 + "ms"),
+# pct (F1 + "%"), ids_sp ("[ " ids "]"), ids ("[" ids "]"), arrow (a "->" token before it).
+_F = tuple[tuple[str, str], ...]
+_SPECTRACE: _F = (("req", "str"), ("pos", "int"), ("k", "int"), ("ns", "int"), ("acc", "int"),
+                  ("draft", "ids_sp"), ("emit", "ids_sp"))
+_PROPOSE: _F = (("rows", "int"), ("nqpr", "int"), ("drafts/row", "int"), ("first", "ids"))
+_PHASE: _F = (("pre", "ms"), ("backbone", "ms"), ("sample", "ms"), ("logits", "int"))
+_PHASE_OLD: _F = (("backbone", "ms"), ("sample", "ms"), ("logits", "int"))
+_PHASE_DSPARK: _F = (("backbone", "ms"), ("sequential", "ms"), ("k", "int"), ("logits", "int"))
+_DEV: _F = (("pre", "ms"), ("fwd", "ms"), ("select", "ms"), ("walk", "ms"))
+_FWD_OPS: _F = (("P", "int"), ("Tq", "int"), ("L", "int"), ("total", "ms")) + tuple(
+    (n, "pct") for n in ("norm", "conv", "qkv", "qknorm_rope", "ctx_scatter", "attn", "o_proj",
+                         "mlp", "head"))
+_SCHED: _F = (("req", "str"), ("have", "int"), ("num_new", "int"), ("computed", "int"),
+              ("NumTokens", "int"), ("placeholders", "int"), ("sched", "arrow"))
+_UPDATE_CALLED: _F = (("n", "int"),)
+_UPDATE_REQ: _F = (("req", "str"), ("found", "int"), ("finished", "int"),
+                   ("prefill_chunk", "int"), ("drafts", "int"))
+_INSTALL: _F = (("req", "str"), ("installed", "int"), ("lookahead", "int"))
+_POST_STEP: _F = (("pulled", "int"), ("rows", "int"))
+
+#: Fields a line must carry to be usable (lenient mode fills or skips the others).
+_REQUIRED = {
+    "SPECTRACE": {"req", "pos", "ns", "draft", "emit"},
+    "spec-propose": {"first"},
+    "spec-phase-dev": set(),
+    "fwd-ops": {"total"},
+    "spec-sched": {"req", "have", "sched"},
+    "spec-update": set(),
+    "spec-install": {"req", "installed"},
+    "spec-post_step": set(),
+}
+_PHASE_MS = ("pre", "backbone", "sample", "sequential")
+
+
+class MalformedLine(Exception):
+    """A trace line whose fields cannot be read (message: what is wrong)."""
+
+
+@dataclass
+class Ids:
+    """An id list read from ``[ … ]``.
+
+    Attributes:
+        ids: the ids read (int), up to the first ``...`` when ``complete`` is False.
+        complete: False when the list was shortened with an ellipsis (doc excerpts).
+    """
+
+    ids: list[int]
+    complete: bool = True
+
+    def padded(self, n: int) -> list[int]:
+        """The ids padded with ``-1`` (unknown) to length ``n`` (never cut)."""
+        return self.ids + [schema.PAD] * (n - len(self.ids))
+
+
+@dataclass
+class Record:
+    """One parsed trace line.
+
+    Attributes:
+        family: the tag without brackets (``SPECTRACE``, ``spec-propose``, ...).
+        values: field name -> int, float (ms or %), str (req) or :class:`Ids`.
+        variant: ``called``/``req`` for ``spec-update``, ``no_rows`` for the NO-rows propose
+            line, ``pre``/``old``/``dspark`` for ``spec-phase``, else ``""``.
+        edits: why the line differs from the engine's exact format (empty when canonical).
+    """
+
+    family: str
+    values: dict
+    variant: str = ""
+    edits: list[str] = field(default_factory=list)
+
+
+def parse_line(line: str) -> Record | None:
+    """Parse one stderr line.
+
+    Args:
+        line: one line (trailing newline allowed).
+    Returns:
+        A :class:`Record`, or ``None`` when the line is not a trace line.
+    Raises:
+        MalformedLine: a trace line (tagged, or a tag-dropped doc excerpt) whose fields are bad.
+    """
+    text = line.rstrip("\r\n")
+    m = _TAG_RE.search(text)
+    if m is None:
+        return _parse_tagless(text)
+    if m.start() == 0:
+        fast = _parse_canonical(m.group(1), text)
+        if fast is not None:
+            return fast
+    family = m.group(1)
+    rec = _parse_payload(family, text[m.end():])
+    canonical = _render(rec)
+    if canonical is not None and canonical == text:
+        return rec
+    rec.edits += _describe_edits(rec, text, m.start(), m.group(0), family)
+    return rec
+
+
+def _canonical_regex(family: str, variant: str, fields: _F) -> re.Pattern:
+    # The exact engine format as one regex (the fast path for the common, canonical line).
+    num = r"(-?(?:0|[1-9]\d*))"
+    pat = {"str": r"(\S+)", "int": num, "arrow": num, "ms": r"(-?\d+\.\d\d)ms",
+           "pct": r"(-?\d+\.\d)%", "ids_sp": r"\[ ((?:-?\d+ )*)\]", "ids": r"\[((?:-?\d+ )*)\]"}
+    parts = [re.escape(f"[{family}]")] + (["called"] if variant == "called" else [])
+    for name, kind in fields:
+        parts.append(("-> " if kind == "arrow" else "") + re.escape(name) + "=" + pat[kind])
+    return re.compile(" ".join(parts))
+
+
+_CANONICAL: dict[str, list[tuple[str, _F, re.Pattern]]] = {}
+for _fam, _variants in {
+        "SPECTRACE": [("", _SPECTRACE)], "spec-propose": [("", _PROPOSE)],
+        "spec-phase": [("pre", _PHASE), ("old", _PHASE_OLD), ("dspark", _PHASE_DSPARK)],
+        "spec-phase-dev": [("", _DEV)], "fwd-ops": [("", _FWD_OPS)], "spec-sched": [("", _SCHED)],
+        "spec-update": [("req", _UPDATE_REQ), ("called", _UPDATE_CALLED)],
+        "spec-install": [("", _INSTALL)], "spec-post_step": [("", _POST_STEP)]}.items():
+    _CANONICAL[_fam] = [(v, f, _canonical_regex(_fam, v, f)) for v, f in _variants]
+
+
+def _parse_canonical(family: str, text: str) -> Record | None:
+    for variant, fields, rx in _CANONICAL[family]:
+        m = rx.fullmatch(text)
+        if m is None:
+            continue
+        values = {}
+        for (name, kind), raw in zip(fields, m.groups()):
+            if kind == "str":
+                values[name] = raw
+            elif kind in ("ms", "pct"):
+                values[name] = float(raw)
+            elif kind.startswith("ids"):
+                values[name] = Ids([int(x) for x in raw.split()])
+            else:
+                values[name] = int(raw)
+        return Record(family, values, variant)
+    return None
+
+
+def _parse_tagless(text: str) -> Record | None:
+    for family, rx in _TAGLESS:
+        if rx.match(text):
+            rec = _parse_payload(family, text)
+            rec.edits.insert(0, "tag missing")
+            return rec
+    return None
+
+
+def _describe_edits(rec: Record, text: str, start: int, tag: str, family: str) -> list[str]:
+    edits = []
+    if text[:start].strip():
+        edits.append("text before the tag")
+    if tag != f"[{family}]":
+        edits.append("spaces inside the tag")
+    if any(isinstance(v, Ids) and not v.complete for v in rec.values.values()):
+        edits.append("ellipsis in an id list")
+    names = {n for n, _ in _fields_of(rec)}
+    missing = sorted(names - set(rec.values))
+    extra = sorted(set(rec.values) - names)
+    if missing:
+        edits.append("missing " + ", ".join(f"{n}=" for n in missing))
+    if extra:
+        edits.append("unknown " + ", ".join(f"{n}=" for n in extra))
+    return edits or ["spacing or number format"]
+
+
+def _parse_payload(family: str, rest: str) -> Record:
+    if family == "spec-propose":
+        m = _NO_ROWS_RE.search(rest)
+        if m:
+            return Record(family, {"num_reqs": int(m.group(1))}, "no_rows")
+    if _UNTERMINATED_RE.search(rest):
+        raise MalformedLine("unterminated [ ] id list")
+    raw: dict[str, str] = {}
+    dup = []
+    for m in _FIELD_RE.finditer(rest):
+        if m.group(1) in raw:
+            dup.append(m.group(1))
+        else:
+            raw[m.group(1)] = m.group(2)
+    variant = _variant(family, rest, raw)
+    rec = Record(family, {}, variant)
+    kinds = dict(_fields_of(rec))
+    for name, value in raw.items():
+        rec.values[name] = _convert(name, value, kinds.get(name))
+    if dup:
+        rec.edits.append("repeated " + ", ".join(f"{n}=" for n in dup))
+    _check_required(rec)
+    return rec
+
+
+def _variant(family: str, rest: str, raw: dict[str, str]) -> str:
+    if family == "spec-update":
+        return "called" if re.match(r"\s*called\b", rest) else "req"
+    if family == "spec-phase":
+        if "sequential" in raw:
+            return "dspark"
+        return "pre" if "pre" in raw else "old"
+    return ""
+
+
+def _fields_of(rec: Record) -> _F:
+    f = rec.family
+    if f == "spec-phase":
+        return {"pre": _PHASE, "old": _PHASE_OLD, "dspark": _PHASE_DSPARK}[rec.variant]
+    if f == "spec-update":
+        return _UPDATE_CALLED if rec.variant == "called" else _UPDATE_REQ
+    return {"SPECTRACE": _SPECTRACE, "spec-propose": _PROPOSE, "spec-phase-dev": _DEV,
+            "fwd-ops": _FWD_OPS, "spec-sched": _SCHED, "spec-install": _INSTALL,
+            "spec-post_step": _POST_STEP}[f]
+
+
+def _convert(name: str, value: str, kind: str | None):
+    if value.startswith("["):
+        return _parse_ids(name, value[1:-1])
+    if kind == "str":
+        return value
+    if kind in ("ms", "pct"):
+        m = _FLOAT_RE.fullmatch(value.removesuffix("ms" if kind == "ms" else "%"))
+        if not m:
+            raise MalformedLine(f"{name}={value} is not a number of {kind}")
+        return float(m.group(0))
+    if _INT_RE.fullmatch(value):
+        return int(value)
+    if kind is None:  # an unknown extra field: keep its text
+        return value
+    raise MalformedLine(f"{name}={value} is not an integer")
+
+
+def _parse_ids(name: str, body: str) -> Ids:
+    ids: list[int] = []
+    for tok in body.split():
+        cut = next((e for e in _ELLIPSES if tok.endswith(e)), None)
+        if cut is not None:  # "682..." or "...": the rest of the list was left out
+            head = tok[: -len(cut)]
+            if head and _INT_RE.fullmatch(head):
+                ids.append(int(head))
+            return Ids(ids, complete=False)
+        if not _INT_RE.fullmatch(tok):
+            raise MalformedLine(f"{name}=[…] holds {tok!r}, not an integer id")
+        ids.append(int(tok))
+    return Ids(ids)
+
+
+def _check_required(rec: Record) -> None:
+    if rec.variant == "no_rows":
+        return
+    required = set(_REQUIRED.get(rec.family, ()))
+    if rec.family == "spec-update":
+        required = {"n"} if rec.variant == "called" else {"req", "drafts"}
+    if rec.family == "spec-phase" and not any(n in rec.values for n in _PHASE_MS):
+        raise MalformedLine("no phase timing (pre=, backbone=, sample= or sequential=)")
+    missing = [n for n in _fields_of(rec) if n[0] in required and n[0] not in rec.values]
+    if missing:
+        raise MalformedLine("missing " + ", ".join(f"{n}=" for n, _ in missing))
+    for name, kind in _fields_of(rec):
+        v = rec.values.get(name)
+        if kind.startswith("ids") and v is not None and not isinstance(v, Ids):
+            raise MalformedLine(f"{name}= is not a [ ] id list")
+        if not kind.startswith("ids") and isinstance(v, Ids):
+            raise MalformedLine(f"{name}= is a [ ] list, expected a value")
+
+
+def _render(rec: Record) -> str | None:
+    """The line exactly as the engine would print ``rec`` (None when it cannot be known)."""
+    if rec.variant == "no_rows":
+        return f"[spec-propose] NO proposing rows this step (num_reqs={rec.values['num_reqs']})"
+    parts = [f"[{rec.family}]"] + (["called"] if rec.variant == "called" else [])
+    fields = _fields_of(rec)
+    if set(rec.values) != {n for n, _ in fields}:
+        return None
+    for name, kind in fields:
+        v = rec.values[name]
+        if kind == "arrow":
+            parts.append("->")
+        if kind in ("ids", "ids_sp"):
+            if not v.complete:
+                return None
+            body = "".join(f"{x} " for x in v.ids)
+            parts.append(f"{name}=[{' ' if kind == 'ids_sp' else ''}{body}]")
+        elif kind == "ms":
+            parts.append(f"{name}={v:.2f}ms")
+        elif kind == "pct":
+            parts.append(f"{name}={v:.1f}%")
+        else:
+            parts.append(f"{name}={v}")
+    return " ".join(parts)
+
+
+def phase_rows(rec: Record) -> list[tuple[str, object]]:
+    """The phase timings of a ``[spec-phase]``, ``[spec-phase-dev]`` or ``[fwd-ops]`` record as
+    ``(name, ms)`` rows (``dev.<x>`` for the device split, ``fwd-ops.<op>`` as ms shares of
+    ``total``). A value may be missing or non-finite in an edited line: callers skip those."""
+    v = rec.values
+    if rec.family == "spec-phase":
+        return [(n, v[n]) for n in _PHASE_MS if n in v]
+    if rec.family == "spec-phase-dev":
+        return [(f"dev.{n}", v[n]) for n, _ in _DEV if n in v]
+    total = v["total"]  # [fwd-ops]: shares of total, stored as ms
+    return [("fwd-ops.total", total)] + [
+        (f"fwd-ops.{n}", total * v[n] / 100.0) for n, kind in _FWD_OPS
+        if kind == "pct" and isinstance(v.get(n), float)]

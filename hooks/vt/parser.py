@@ -1,0 +1,476 @@
+"""Streaming parser of our engine's ``VT_SPEC_TRACE`` stderr lines into a spectrace trace.
+
+Lines are read by :mod:`.lines`; this module decides what they mean. It mirrors the line
+formats of ``shared/reference/vt_spec_trace.md`` (vllm.cpp ``runner.cpp``, ``scheduler.cpp``,
+``core.cpp``, ``qwen3_dflash.cpp``, DSpark ``speculator.cpp``): every family is matched on its
+tag and read **by field name**. Lenient mode (the default) also reads lines
+edited by hand in documents (tag dropped, double spaces, ``...`` ellipses, other ``[ ]``
+spacing) and counts them; strict mode requires the engine's exact format and raises
+:class:`ParseError` (``FILE:LINE: what``) on the first deviation, malformed line or broken
+invariant. Lines that are not trace lines pass through untouched (``feed_line`` returns False).
+
+Rules this parser decides (the format leaves them open):
+
+* **Engine steps.** Only runner and engine-core lines delimit steps, because under async
+  scheduling the scheduler's ``[spec-sched]`` lines of step t+1 can print before the runner
+  lines of step t. Within a step the order is verify (``[SPECTRACE]``) → phases (``[fwd-ops]``,
+  ``[spec-phase-dev]``, ``[spec-phase]``) → ``[spec-propose]`` → post (``[spec-post_step]``,
+  ``[spec-update]``, ``[spec-install]``, sync only). A line starts a new step when it cannot
+  belong to the current one: a ``[SPECTRACE]`` after any phase/propose/post line or for a
+  request already verified in this step; a phase line after the propose or a post line (or
+  out of order); a second ``[spec-propose]``; a second ``[spec-post_step]`` or
+  ``[spec-update] called``; a ``[spec-sched]`` after a post line (sync scheduling only).
+  A log whose first runner line is a ``[SPECTRACE]`` gets an implicit untraced step 0 (the
+  prefill step that proposed those drafts). Steps are numbered from 0 per log.
+* **Block step.** A block verified in step s was proposed at the end of step s-1, so its
+  ``step`` column is s-1: the step whose ``[spec-phase]`` timings describe its proposal.
+* **Propose join.** ``[spec-propose] first=[…]`` (step s, no request id) belongs to the first
+  proposing row. It is joined to one ``[SPECTRACE]`` block of step s+1, tried in this order:
+  (1) *exact*: the first block whose ``draft`` equals ``first`` (with ``...`` lists: every
+  known id equal); (2) *hint*: under sync scheduling the ``[spec-update] req=…`` rows after the
+  propose line list the draft payload in batch order, so the first row with ``drafts > 0`` and
+  ``prefill_chunk=0`` *is* the first proposing row: its block, if it has one; when that request
+  finished (``finished=1``) or has no block, the proposal was never verified and nothing is
+  guessed. Without update rows (async): (3) *truncated*: the first block whose ``draft`` is a
+  proper non-empty prefix of ``first`` (the scheduler cut it: ``[spec-sched] sched < have``);
+  (4) *partial*: the block of the same length that agrees with ``first`` in the most slots, at
+  least half of them (the #2116 corruption overwrites one slot); otherwise *unjoined*, counted.
+  The joined block stores ``proposed = first`` and ``verified = draft``; every other block
+  (ngram, MTP, draft_model, non-first rows) stores ``proposed = verified``, which is all the
+  engine reveals. ``meta["import"]["proposed_source"]`` counts both kinds. The ``k`` column
+  counts proposed ids (schema), so after a truncated join it is ``len(first)`` while
+  ``num_verified`` is the line's ``k=``.
+* **Anchors.** The anchor of a block is the previous block's ``emit[-1]`` for the same request
+  when the chain holds (``pos = pos_prev + ns_prev``). ``pos`` past that is a *gap*, not an
+  error: rows without drafts print no ``[SPECTRACE]`` (ngram found nothing, k clamped to 0);
+  ``pos`` before it is a *chain break* (violation). After either, and for a request's first
+  block, it is ``(prompt_ids + output_ids)[pos-1]`` from the requests file (which also wins,
+  counted as an ``anchor mismatch`` violation, where the two disagree). Without that file
+  it is ``-1`` and the row is remembered so :meth:`VtTraceParser.set_requests` (called later,
+  e.g. when a captured command has written its requests file) can fix it; rows already written
+  are patched through the writer before it closes.
+* **Batch rows.** ``batch_row``/``batch_size`` of a block come from the ``[spec-update]
+  req=…`` payload of its proposing step (one row per batch row, sync only); else ``-1``.
+* **Invariants.** Chain breaks (``pos < pos_prev + ns_prev``), ``acc !=
+  max(ns-1, 0)``, ``len(emit) != ns``, ``len(draft) != k``, ``acc > k`` and
+  ``emit[:acc] != draft[:acc]`` are counted with line numbers (lenient) or raise (strict)
+  after the block is recorded: no block is ever dropped for them.
+* **Phase level.** ``[fwd-ops]`` rows get level 3, ``[spec-phase-dev]`` level 2. A
+  ``[spec-phase]`` row gets the configured trace level when known (capture), else the highest
+  level evidenced in the same step (3/2 when ``[fwd-ops]``/``[spec-phase-dev]`` lines printed),
+  else 1: at level ≥ 2 its timestamps include the syncs of the device split.
+"""
+
+from __future__ import annotations
+
+import math
+
+from spectrace.tracer import schema
+from spectrace.tracer.errors import ParseError
+from spectrace.tracer.store import TraceWriter
+
+from .blocks import Block, Chain, Proposal, block_problems, choose_join, ids_match
+from .level import FAMILY_LEVEL, phase_level
+from .lines import Ids, MalformedLine, Record, parse_line, phase_rows
+from .requests import RequestRecord
+from .stats import ImportStats
+
+SOURCE = "vt_spec_trace"
+DEFAULT_ENGINE = "vllm.cpp"
+
+# Families that belong to the post section of a step, and the phase order.
+_POST = ("spec-post_step", "spec-update", "spec-install")
+_PHASE_RANK = {"fwd-ops": 0, "spec-phase-dev": 1, "spec-phase": 2}
+
+
+class VtTraceParser:
+    """Parse ``VT_SPEC_TRACE`` lines as they arrive and record them in a :class:`TraceWriter`.
+
+    Args:
+        writer: the open trace writer (the parser registers requests, blocks and phases).
+        strict: raise :class:`ParseError` on the first malformed, edited or inconsistent line.
+        source_name: the log's name in messages (``FILE`` of ``FILE:LINE``).
+        trace_level: :func:`~.level.trace_level` of the run when known (capture; >= 1), else
+            None (inferred from the lines seen).
+
+    Usage: ``feed_line(line, lineno)`` for every line of a file or a live stderr pipe, then
+    :meth:`finish`. Blocks are written at once, except while a ``[spec-propose]`` waits for
+    its join (at most the rest of one step's ``[SPECTRACE]`` lines).
+    """
+
+    def __init__(self, writer: TraceWriter, *, strict: bool = False, source_name: str = "<log>",
+                 trace_level: int | None = None) -> None:
+        self.writer = writer
+        self.strict = strict
+        self.stats = ImportStats(source=source_name)
+        self.trace_level = trace_level
+        self.late_patches: list[tuple[int, int]] = []  # (row, anchor) fixed after writing
+        self._lineno = 0
+        self._step = 0
+        self._seen: set[str] = set()
+        self._verified: set[str] = set()
+        self._section: list[Block] = []
+        self._proposal: Proposal | None = None
+        self._chains: dict[str, Chain] = {}
+        self._sched: dict[str, tuple[int, int]] = {}
+        self._requests: dict[str, RequestRecord] | None = None
+        self._unresolved: list[tuple[int, str, int]] = []  # (row, req, pos) with anchor -1
+        self._rows = 0
+        self._reqs: set[str] = set()
+        self._levels_seen: set[int] = set()
+        self._finished = False
+        self._payload: dict[str, int] = {}  # [spec-update] rows of this step: req -> row
+        self._prev_payload: dict[str, int] = {}  # ... of the previous (proposing) step
+        self._runner_seen = False  # a runner/engine-core line was seen (not just sched)
+        self._error: ParseError | None = None  # strict mode: raised after the line is recorded
+
+    # -- input -------------------------------------------------------------------------------
+
+    def feed_line(self, line: str, lineno: int | None = None) -> bool:
+        """Parse one line.
+
+        Args:
+            line: one line of the log (str; trailing newline allowed).
+            lineno: its 1-based line number; None counts lines fed.
+        Returns:
+            True for a trace line (used or counted as malformed), False for any other line.
+        Raises:
+            ParseError: strict mode, on a malformed/edited line or a broken invariant.
+        """
+        self._lineno = lineno if lineno is not None else self._lineno + 1
+        self.stats.lines += 1
+        try:
+            rec = parse_line(line)
+        except MalformedLine as exc:
+            self.stats.trace_lines += 1
+            self.stats.malformed += 1
+            self._problem("malformed", f"malformed trace line: {exc}")
+            rec = None
+        else:
+            if rec is None:
+                return False
+            self.stats.trace_lines += 1
+            self.stats.families[rec.family] += 1
+            if rec.edits:
+                self.stats.edited += 1
+                self._problem("edited", f"{rec.family} line differs from the engine's format "
+                                        f"({'; '.join(rec.edits)})")
+            self._dispatch(rec)  # record first: a strict failure never drops the block
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+        return True
+
+    def set_requests(self, requests: dict[str, RequestRecord]) -> int:
+        """Register the requests' prompt/output ids and resolve anchors still unknown.
+
+        May be called before feeding (import) or after (capture: the command writes its
+        requests file at exit). Anchors of rows already written are patched through the
+        writer (:meth:`~spectrace.tracer.store.TraceWriter.patch_blocks`) and listed in
+        :attr:`late_patches`.
+
+        Returns:
+            The number of anchors resolved by this call.
+        """
+        self._requests = requests
+        for r in requests.values():
+            self.writer.request(r.req_id, r.prompt_ids, r.output_ids, r.finish_reason)
+        resolved = 0
+        for b in self._section:  # pending blocks: fix in place
+            if b.anchor == schema.PAD:
+                b.anchor = self._anchor_from_requests(b.req, b.pos)
+                resolved += b.anchor != schema.PAD
+        still, late = [], []
+        for row, req, pos in self._unresolved:
+            a = self._anchor_from_requests(req, pos)
+            if a == schema.PAD:
+                still.append((row, req, pos))
+            else:
+                late.append((row, a))
+                resolved += 1
+        self._unresolved = still
+        if late:
+            self.writer.patch_blocks("anchor", [r for r, _ in late], [a for _, a in late])
+            self.late_patches.extend(late)
+        self.stats.anchors["unknown"] -= resolved
+        self.stats.anchors["requests"] += resolved
+        if not self.stats.anchors["unknown"]:
+            del self.stats.anchors["unknown"]
+        return resolved
+
+    def finish(self) -> ImportStats:
+        """Write what is still pending, close the open proposal, store stats in /meta.
+
+        Idempotent. Returns:
+            The :class:`ImportStats`.
+        """
+        if self._finished:
+            return self.stats
+        self._finished = True
+        self._close_section()
+        if self._proposal is not None:
+            self.stats.joins["not_verified"] += 1  # the log ended before the next step
+            self._proposal = None
+        self._update_meta()
+        return self.stats
+
+    def abort(self) -> ImportStats:
+        """The exception path: write pending blocks without a join, store stats in /meta.
+
+        Returns:
+            The :class:`ImportStats` so far.
+        """
+        for b in self._section:
+            self._write(b)
+        self._section = []
+        self._update_meta()
+        return self.stats
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    def _dispatch(self, rec: Record) -> None:
+        f = rec.family
+        if f == "SPECTRACE":
+            self._on_spectrace(rec)
+        elif f in _PHASE_RANK:
+            self._on_phase(rec)
+        elif f == "spec-propose":
+            self._on_propose(rec)
+        elif f == "spec-sched":
+            self._on_sched(rec)
+        else:
+            self._on_post(rec)
+
+    def _new_step_if(self, cond: bool) -> None:
+        if cond:
+            self._close_section()
+            self._step += 1
+            self._seen.clear()
+            self._verified.clear()
+            self._prev_payload, self._payload = self._payload, {}
+            if self._proposal is not None and self._proposal.step < self._step - 1:
+                self.stats.joins["not_verified"] += 1  # no [SPECTRACE] in the next step
+                self._proposal = None
+        self.stats.steps = self._step + 1
+
+    def _on_spectrace(self, rec: Record) -> None:
+        if not self._runner_seen:  # an implicit, untraced step 0 proposed these drafts
+            self._runner_seen = True
+            self._step = 1
+        req = rec.values["req"]
+        self._new_step_if(bool(self._seen - {"sched"}) or req in self._verified)
+        self._verified.add(req)
+        self._levels_seen.add(FAMILY_LEVEL[rec.family])
+        b = self._make_block(rec)
+        for kind, msg in block_problems(b):
+            self._violation(kind, msg)
+        p = self._proposal
+        if p is not None and p.step == self._step - 1:
+            if ids_match(p.first, b.draft):  # the best possible join: resolve at once
+                self._join(p, b, "exact")
+                self._section.append(b)
+                self._close_section()
+                return
+            self._section.append(b)
+            return
+        self._write(b)
+
+    def _on_phase(self, rec: Record) -> None:
+        rank = _PHASE_RANK[rec.family]
+        later = {f for f, r in _PHASE_RANK.items() if r > rank or (r == rank and r > 0)}
+        self._new_step_if(bool(self._seen & ({"spec-propose", *_POST} | later)))
+        self._runner_seen = True
+        self._close_section()
+        self._seen.add(rec.family)
+        level = FAMILY_LEVEL[rec.family]
+        self._levels_seen.add(level)
+        self._write_phases(rec, level)
+
+    def _on_propose(self, rec: Record) -> None:
+        self._new_step_if(bool(self._seen & {"spec-propose", *_POST}))
+        self._runner_seen = True
+        self._close_section()
+        self._seen.add("spec-propose")
+        self._levels_seen.add(FAMILY_LEVEL[rec.family])
+        if self._proposal is not None:
+            self.stats.joins["not_verified"] += 1
+            self._proposal = None
+        if rec.variant == "no_rows":
+            self.stats.probes["propose_no_rows"] += 1
+            return
+        first: Ids = rec.values["first"]
+        per_row = rec.values.get("drafts/row", len(first.ids))
+        if first.complete and per_row != len(first.ids):
+            self._violation("drafts/row", f"drafts/row={per_row} but first=[…] holds "
+                                          f"{len(first.ids)} ids")
+        if isinstance(rec.values.get("nqpr"), int):
+            self.stats.probes[f"nqpr={rec.values['nqpr']}"] += 1
+        self.stats.k_max = max(self.stats.k_max, per_row)
+        self._proposal = Proposal(self._step, self._lineno, first, per_row)
+
+    def _on_sched(self, rec: Record) -> None:
+        # Only a post line (sync scheduling) ends a step before the next schedule.
+        self._new_step_if(bool(self._seen & set(_POST)))
+        self._seen.add("sched")
+        v = rec.values
+        self.stats.probes["sched"] += 1
+        if v["sched"] < v["have"]:
+            self.stats.probes["sched_truncated"] += 1
+        self._sched[v["req"]] = (v["have"], v["sched"])
+
+    def _on_post(self, rec: Record) -> None:
+        f, v = rec.family, rec.values
+        once = {"spec-post_step": "spec-post_step", "spec-update": "update_called"}.get(f)
+        if f == "spec-update" and rec.variant != "called":
+            once = None
+        self._new_step_if(once is not None and once in self._seen)
+        self._runner_seen = True
+        self._close_section()
+        self._seen.add(f)
+        if once:
+            self._seen.add(once)
+        key = {"spec-post_step": "post_step", "spec-install": "install"}.get(
+            f, "update_called" if rec.variant == "called" else "update_rows")
+        self.stats.probes[key] += 1
+        if key != "update_rows":
+            return
+        self._payload.setdefault(v["req"], len(self._payload))
+        p = self._proposal
+        # The payload lists batch rows in order: its first drafting row is propose_rows[0].
+        if p is not None and p.step == self._step and p.hint is None and \
+                v["drafts"] > 0 and v.get("prefill_chunk", 0) == 0:
+            p.hint, p.hint_finished = v["req"], v.get("finished", 0) == 1
+
+    # -- blocks ------------------------------------------------------------------------------
+
+    def _make_block(self, rec: Record) -> Block:
+        v = rec.values
+        draft: Ids = v["draft"]
+        emit: Ids = v["emit"]
+        k = v.get("k", len(draft.ids))
+        ns = v["ns"]
+        acc = v.get("acc", max(ns - 1, 0))
+        req = v["req"]
+        self._reqs.add(req)
+        self.stats.k_max = max(self.stats.k_max, k)
+        anchor = self._chain_anchor(req, v["pos"])
+        self._chains[req] = Chain(v["pos"], ns, emit.ids[-1] if emit.complete and emit.ids
+                                   else schema.PAD, self._lineno)
+        row = self._prev_payload.get(req)
+        return Block(self._lineno, req, self._step - 1, v["pos"], k, acc, draft, emit, ns,
+                      anchor, self._sched.pop(req, None),
+                      schema.PAD if row is None else row,
+                      len(self._prev_payload) if row is not None else schema.PAD)
+
+    def _chain_anchor(self, req: str, pos: int) -> int:
+        prev = self._chains.get(req)
+        from_req = self._anchor_from_requests(req, pos)
+        expected = prev.pos + prev.ns if prev is not None else pos
+        if pos > expected:  # steps without drafts print no [SPECTRACE] line (ngram, k=0)
+            self.stats.chain_gaps += 1
+            self.stats.note("chain gap", self._lineno,
+                            f"req={req} pos={pos}: {pos - expected} tokens decoded without "
+                            f"drafts since line {prev.lineno}")
+        elif pos < expected:
+            self._violation("chain break", f"req={req} pos={pos}, expected {expected} "
+                                           f"(pos={prev.pos} ns={prev.ns} at line "
+                                           f"{prev.lineno}; a reused request id?)")
+        elif prev is not None and prev.last != schema.PAD:
+            if from_req != schema.PAD and from_req != prev.last:
+                self._violation("anchor mismatch", f"req={req}: previous emit[-1]={prev.last} "
+                                                   f"but the requests file has {from_req} at "
+                                                   f"position {pos - 1}")
+                self.stats.anchors["requests"] += 1
+                return from_req
+            self.stats.anchors["chain"] += 1
+            return prev.last
+        self.stats.anchors["requests" if from_req != schema.PAD else "unknown"] += 1
+        return from_req
+
+    def _anchor_from_requests(self, req: str, pos: int) -> int:
+        r = self._requests.get(req) if self._requests is not None else None
+        if r is None:
+            return schema.PAD
+        full = r.full
+        return full[pos - 1] if 0 < pos <= len(full) else schema.PAD
+
+    def _close_section(self) -> None:
+        """Resolve the pending proposal against this step's blocks, then write them."""
+        p, blocks = self._proposal, self._section
+        if p is not None and blocks and p.step == blocks[0].step:
+            idx, kind = choose_join(p, blocks)
+            if idx is None:
+                self.stats.joins[kind] += 1
+                if kind == "unjoined":
+                    self.stats.note(kind, p.lineno, "[spec-propose] first=[…] matches no "
+                                                    "[SPECTRACE] draft of the next step")
+            else:
+                self._join(p, blocks[idx], kind)
+            self._proposal = None
+        for b in blocks:
+            self._write(b)
+        self._section = []
+
+    def _join(self, p: Proposal, b: Block, kind: str) -> None:
+        self.stats.joins[kind] += 1
+        b.proposed = p.first.padded(max(p.per_row, len(p.first.ids)))
+        if kind != "exact":
+            why = ""
+            if kind == "truncated" and b.sched and b.sched[1] < b.sched[0]:
+                why = f" (explained by [spec-sched] have={b.sched[0]} sched={b.sched[1]})"
+            self.stats.note("proposed != verified", b.lineno,
+                            f"req={b.req} pos={b.pos}: proposed {p.first.ids} (line "
+                            f"{p.lineno}), verified {b.draft.ids} [{kind} join]{why}")
+            self.stats.joins["proposed != verified"] += 1
+        self._proposal = None
+
+    def _write(self, b: Block) -> None:
+        verified = b.draft.padded(b.k) if not b.draft.complete else b.draft.ids
+        emitted = b.emit.padded(b.ns) if not b.emit.complete else b.emit.ids
+        proposed = b.proposed if b.proposed is not None else verified
+        self.stats.proposed_source["propose_line" if b.proposed is not None else "verified"] += 1
+        if not b.draft.complete or not b.emit.complete:
+            self.stats.probes["ellipsis_blocks"] += 1
+        self.writer.add_block(b.req, b.step, b.pos - 1, b.anchor, proposed, verified=verified,
+                              accepted=b.acc, emitted=emitted, batch_row=b.batch_row,
+                              batch_size=b.batch_size,
+                              proposal_source=schema.PROPOSAL_FROM_DRAFTER
+                              if b.proposed is not None
+                              else schema.PROPOSAL_COPIED_FROM_VERIFIED)
+        if b.anchor == schema.PAD:
+            self._unresolved.append((self._rows, b.req, b.pos))
+        self._rows += 1
+        self.stats.blocks = self._rows
+        self.stats.requests = len(self._reqs)
+
+    def _write_phases(self, rec: Record, level: int) -> None:
+        if rec.family == "spec-phase":  # its stamps include the syncs of this step's split
+            level = phase_level(self.trace_level, self._seen)
+        for name, ms in phase_rows(rec):
+            if isinstance(ms, float) and math.isfinite(ms):
+                self.writer.add_phase(self._step, name, ms, level)
+                self.stats.phases += 1
+
+    # -- problems ----------------------------------------------------------------------------
+
+    def _problem(self, kind: str, msg: str) -> None:
+        self.stats.note(kind, self._lineno, msg)
+        if self.strict and self._error is None:
+            self._error = ParseError(f"{self.stats.source}:{self._lineno}: {msg}")
+
+    def _violation(self, kind: str, msg: str) -> None:
+        self.stats.violations[kind] += 1
+        self._problem(kind, f"{kind}: {msg}")
+
+    def _update_meta(self) -> None:
+        s = self.stats
+        s.trace_level = self.trace_level if self.trace_level is not None else (
+            max(self._levels_seen) if self._levels_seen else (0 if s.trace_lines else None))
+        meta = self.writer.meta
+        imp = s.to_meta()
+        imp["trace_level_source"] = "configured" if self.trace_level is not None else \
+            "inferred (lower bound)"
+        items = {"import": imp, "k": meta.get("k") or s.k_max}
+        if meta.get("trace_level") is None and s.trace_level is not None:
+            items["trace_level"] = s.trace_level
+        self.writer.update_meta(**items)

@@ -1,0 +1,67 @@
+"""The requests JSONL file a ``VT_SPEC_TRACE`` run writes: prompt and output ids per request
+(they resolve the anchors the log leaves unknown, and fill /requests)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from spectrace.tracer.errors import InputError
+
+
+@dataclass
+class RequestRecord:
+    """One request of a requests JSONL file (ids are token ids, int)."""
+
+    req_id: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: str = ""
+
+    @property
+    def full(self) -> list[int]:
+        """Prompt + output ids: absolute positions index this list."""
+        return self.prompt_ids + self.output_ids
+
+
+def read_requests(path: str | os.PathLike) -> dict[str, RequestRecord]:
+    """Read a requests JSONL file: one ``{"req_id", "prompt_ids", "output_ids",
+    "finish_reason"}`` object per line (blank lines skipped; ``finish_reason`` optional).
+
+    Returns:
+        req_id (str) -> :class:`RequestRecord`, in file order.
+    Raises:
+        InputError: missing file, or ``FILE:LINE: what`` for a bad line.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such requests file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read requests file ({exc})") from None
+    out: dict[str, RequestRecord] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            rec = _request_from_json(line, f"{path}:{n}")
+            out[rec.req_id] = rec
+    return out
+
+
+def _request_from_json(line: str, where: str) -> RequestRecord:
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        raise InputError(f"{where}: not JSON ({exc})") from None
+    if not isinstance(obj, dict) or "req_id" not in obj:
+        raise InputError(f"{where}: expected an object with req_id, prompt_ids, output_ids")
+    ids = {}
+    for key in ("prompt_ids", "output_ids"):
+        v = obj.get(key, [])
+        if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                              for t in v):
+            raise InputError(f"{where}: {key} must be a list of integer token ids")
+        ids[key] = v
+    reason = obj.get("finish_reason") or ""
+    return RequestRecord(str(obj["req_id"]), ids["prompt_ids"], ids["output_ids"], str(reason))

@@ -1,0 +1,104 @@
+"""What a ``VT_SPEC_TRACE`` parse found: counts and the first offending lines of each kind
+(stored as ``meta["import"]``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+#: How many offending line numbers each statistic keeps.
+MAX_EXAMPLES = 20
+
+@dataclass
+class ImportStats:
+    """What a parse found: counts, and the first offending line numbers of each kind.
+
+    Attributes:
+        source: the log's name (file name or ``<stdin>``), used in messages.
+        lines: lines fed; ``trace_lines`` of them were trace lines.
+        blocks: blocks written; ``requests``: distinct request ids among them.
+        steps: engine steps delimited; ``k_max``: the largest k seen (drafts per block).
+        chain_gaps: blocks whose ``pos`` is past the previous block's ``pos + ns``: the
+            request decoded tokens in steps without drafts, which print no line.
+        malformed: trace lines skipped because their fields are unreadable.
+        edited: trace lines used although they differ from the engine's exact format.
+        violations: broken invariants by kind (chain break, acc != ns-1, ...).
+        examples: kind -> list of ``[line, message]`` (at most MAX_EXAMPLES each).
+        families: line count per tag; ``probes``: scheduler/engine-core details.
+        joins: propose-join outcome counts (exact, hint, truncated, partial, unjoined, ...).
+        proposed_source: blocks whose ``proposed`` came from a ``[spec-propose]`` line
+            (``propose_line``) or copies ``verified`` (``verified``).
+        anchors: anchor source counts (chain, requests, unknown, patched later).
+        phases: phase rows written.
+    """
+
+    source: str = "?"
+    lines: int = 0
+    trace_lines: int = 0
+    blocks: int = 0
+    requests: int = 0
+    steps: int = 0
+    k_max: int = 0
+    chain_gaps: int = 0
+    malformed: int = 0
+    edited: int = 0
+    violations: Counter = field(default_factory=Counter)
+    examples: dict[str, list] = field(default_factory=dict)
+    families: Counter = field(default_factory=Counter)
+    probes: Counter = field(default_factory=Counter)
+    joins: Counter = field(default_factory=Counter)
+    proposed_source: Counter = field(default_factory=Counter)
+    anchors: Counter = field(default_factory=Counter)
+    phases: int = 0
+    trace_level: int | None = None
+
+    def note(self, kind: str, lineno: int, msg: str) -> None:
+        """Keep ``[lineno, msg]`` as an example of ``kind`` (the first MAX_EXAMPLES only)."""
+        ex = self.examples.setdefault(kind, [])
+        if len(ex) < MAX_EXAMPLES:
+            ex.append([lineno, msg])
+
+    def summary(self, verb: str = "imported") -> str:
+        """One line for people, e.g. ``imported 412 blocks of 4 requests from LOG (k=4, …)``."""
+        parts = [f"k={self.k_max}", f"{self.steps} steps", f"{self.malformed} malformed lines"]
+        if self.edited:
+            parts.append(f"{self.edited} edited lines")
+        nviol = sum(self.violations.values())
+        if nviol:
+            kinds = ", ".join(f"{n} {k}" for k, n in self.violations.most_common())
+            first = self._first_line()
+            parts.append(f"{nviol} invariant violations ({kinds}; first at line {first})")
+        if self.chain_gaps:
+            parts.append(f"{self.chain_gaps} chain gaps")
+        if self.anchors.get("unknown"):
+            parts.append(f"{self.anchors['unknown']} anchors unknown")
+        if self.families.get("spec-propose"):
+            joined = self.proposed_source.get("propose_line", 0)
+            parts.append(f"{joined} proposals joined, {self.joins.get('unjoined', 0)} unjoined")
+            if self.joins.get("proposed != verified"):
+                parts.append(f"{self.joins['proposed != verified']} proposed != verified")
+        if self.phases:
+            parts.append(f"{self.phases} phase timings")
+        return (f"{verb} {_plural(self.blocks, 'block')} of {_plural(self.requests, 'request')} "
+                f"from {self.source} ({', '.join(parts)})")
+
+    def _first_line(self) -> int:
+        lines = [ex[0][0] for k, ex in self.examples.items() if k in self.violations and ex]
+        return min(lines, default=0)
+
+    def to_meta(self) -> dict:
+        """The statistics as a JSON-ready dict (stored as ``meta["import"]``)."""
+        return {
+            "source": self.source, "lines": self.lines, "trace_lines": self.trace_lines,
+            "blocks": self.blocks, "requests": self.requests, "steps": self.steps,
+            "k_max": self.k_max, "chain_gaps": self.chain_gaps, "malformed": self.malformed,
+            "edited": self.edited,
+            "violations": dict(self.violations), "examples": self.examples,
+            "families": dict(self.families), "probes": dict(self.probes),
+            "joins": dict(self.joins), "proposed_source": dict(self.proposed_source),
+            "anchors": dict(self.anchors), "phases": self.phases,
+        }
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
