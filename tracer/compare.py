@@ -145,9 +145,10 @@ def slot_equal(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray,
     pa, pb = pad_to(pa, w), pad_to(pb, w)
     kmin = np.minimum(ka, kb)
     eq = np.empty((len(kmin), w), bool, order="F") if out is None else out
+    tmp = np.empty(len(kmin), bool)
     for j in range(w):  # slot-major: 1-D passes, where reductions over w columns crawl
         np.equal(pa[:, j], pb[:, j], out=eq[:, j])
-        eq[:, j] &= kmin > j
+        eq[:, j] &= np.greater(kmin, j, out=tmp)
     return eq
 
 
@@ -186,11 +187,21 @@ def first_differing_slot(eq: np.ndarray, ka: np.ndarray, kb: np.ndarray) -> np.n
     Returns:
         int64 [n]; -1 where every slot up to the longer proposal is equal.
     """
-    kmax = np.maximum(ka, kb)
-    first = np.full(eq.shape[0], -1, np.int64)
-    for j in range(eq.shape[1] - 1, -1, -1):  # slot-major, last slot first: the first wins
-        first[(kmax > j) & ~eq[:, j]] = j
-    return first
+    return first_slot_from_prefix(common_prefix(eq), ka, kb)
+
+
+def first_slot_from_prefix(prefix: np.ndarray, ka: np.ndarray, kb: np.ndarray) -> np.ndarray:
+    """:func:`first_differing_slot` from the common prefix: slot ``prefix`` is the first
+    that is not equal (slots before it are), so it is the first differing slot when it lies
+    below the longer proposal (equal slots are present on both, so prefix <= min(ka, kb)).
+
+    Args:
+        prefix: int [n] from :func:`common_prefix`; ka, kb: int [n] proposal lengths.
+    Returns:
+        int64 [n]; -1 where every slot up to the longer proposal is equal.
+    """
+    prefix = prefix.astype(np.int64)
+    return np.where(prefix < np.maximum(ka, kb), prefix, -1)
 
 
 def shift_equal(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray,
@@ -209,8 +220,9 @@ def shift_equal(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray,
     d = abs(s)
     x, y = (pa, pb) if s > 0 else (pb, pa)
     out = shift_present(ka, kb, w, s)
+    tmp = np.empty(len(ka), bool)
     for j in range(w - d):
-        out[:, j] &= x[:, j] == y[:, j + d]
+        out[:, j] &= np.equal(x[:, j], y[:, j + d], out=tmp)
     return out
 
 
@@ -226,9 +238,10 @@ def shift_present(ka: np.ndarray, kb: np.ndarray, w: int, s: int) -> np.ndarray:
     d = abs(s)
     kx, ky = (ka, kb) if s > 0 else (kb, ka)
     out = np.empty((len(ka), max(w - d, 0)), bool, order="F")
+    tmp = np.empty(len(ka), bool)
     for j in range(w - d):
         np.greater(kx, j, out=out[:, j])
-        out[:, j] &= ky > j + d
+        out[:, j] &= np.greater(ky, j + d, out=tmp)
     return out
 
 
@@ -270,7 +283,7 @@ def compare_blocks(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarra
     anchor_eq = anchors_equal(anchor_a, anchor_b)
     return BlockComparison(eq=eq, prefix=prefix, exact=exact, anchor_eq=anchor_eq,
                            divergent=~exact | ~anchor_eq,
-                           first_slot=first_differing_slot(eq, ka, kb))
+                           first_slot=first_slot_from_prefix(prefix, ka, kb))
 
 
 @dataclass
@@ -325,7 +338,7 @@ def compare_paired(prop_a: np.ndarray, prop_b: np.ndarray, ia: np.ndarray, ib: n
     n = len(ia)
     ka, kb = k_a[ia].astype(np.int64), k_b[ib].astype(np.int64)
     eq = np.empty((n, w), bool, order="F")
-    prefix, first = np.empty(n, np.int16), np.empty(n, np.int64)
+    prefix = np.empty(n, np.int16)
     present = present_counts(ka, kb, w)
 
     def part(cs: list[slice]) -> np.ndarray:
@@ -334,18 +347,20 @@ def compare_paired(prop_a: np.ndarray, prop_b: np.ndarray, ia: np.ndarray, ib: n
         for c in cs:
             pa, pb, kac, kbc = prop_a[ia[c]], prop_b[ib[c]], ka[c], kb[c]
             e = slot_equal(pa, pb, kac, kbc, out=eq[c])
-            prefix[c], first[c] = common_prefix(e), first_differing_slot(e, kac, kbc)
-            kmin = np.minimum(kac, kbc)
+            prefix[c] = common_prefix(e)
             for j in range(w):  # 1-D counts: fast where axis reductions crawl
                 counts[0, j] += np.count_nonzero(e[:, j])
+            both = slots_present(kac, kbc, w)
             for row, s in ((1, 1), (2, -1)):
                 se = shift_equal(pa, pb, kac, kbc, s)
                 for j in range(w - 1):
-                    counts[row, j] += np.count_nonzero(se[:, j] & (kmin > j + 1))
+                    se[:, j] &= both[:, j + 1]
+                    counts[row, j] += np.count_nonzero(se[:, j])
         return counts
 
     counts = sum(each_chunk(n, part), np.zeros((3, w), np.int64))
     exact = exact_match(prefix, ka, kb)
+    first = first_slot_from_prefix(prefix, ka, kb)
     anchor_eq = anchors_equal(anchor_a[ia], anchor_b[ib])
     blocks = BlockComparison(eq=eq, prefix=prefix, exact=exact, anchor_eq=anchor_eq,
                              divergent=~exact | ~anchor_eq, first_slot=first)
