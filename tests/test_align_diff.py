@@ -9,7 +9,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from spectrace.tracer.align import NO_DIVERGENCE, align
 from spectrace.tracer.diff import SCHEMA, diff_traces
 from spectrace.tracer.diff_result import ContentDivergence
@@ -275,3 +274,67 @@ def test_nothing_compared_is_never_a_pass(tmp_path):
                              capture_output=True, text=True)
         assert out.returncode == 1, out.stderr
         assert reason in out.stdout
+
+
+TRACES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "traces")
+
+
+def _diff_json(a, b) -> dict:
+    out = subprocess.run([SPECTRACE, "diff", "--format", "json", str(a), str(b)],
+                         capture_output=True, text=True)
+    assert out.returncode in (0, 1), out.stderr
+    return json.loads(out.stdout)
+
+
+def test_generated_schema_holds_for_bundled_and_faulty_pairs(tmp_path):
+    """``spectrace schema --diff`` (generated from the DiffResult types) validates the
+    bundled pair and a faulty pair (a layout shift by one slot, one token short), and
+    rejects a document missing a required field."""
+    import jsonschema
+
+    full = oracle(lambda p: {0, 1, 2})
+    truth = PROMPT + OUTPUT
+
+    def shifted(seq, pos):  # ours[i] == theirs[i+1], and k - 1 drafts
+        return [truth[pos + 2 + j] if pos + 2 + j < len(truth) else 0 for j in range(K - 1)]
+
+    make(tmp_path / "a.h5", "a", shifted)
+    make(tmp_path / "b.h5", "b", full)
+    schema = json.loads(subprocess.run([SPECTRACE, "schema", "--diff"], capture_output=True,
+                                       text=True, check=True).stdout)
+    bundled = _diff_json(os.path.join(TRACES, "reference.h5"),
+                         os.path.join(TRACES, "vllm.h5"))
+    faulty = _diff_json(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert faulty["diverged"] and faulty["examples"]
+    assert faulty["examples"][0]["ours"] == truth[4:6]  # the first paired block: anchor 2
+    assert [f["kind"] for f in faulty["findings"] if f["severity"] == "error"][0] in (
+        "layout_shift", "k_mismatch")
+    for doc in (bundled, faulty):
+        jsonschema.validate(doc, schema)
+    for key, part in (("coverage", "paired"), ("agreement", "shift_plus_one"),
+                      (None, "examples")):
+        doc = json.loads(json.dumps(faulty))
+        del (doc[key] if key else doc)[part]
+        with pytest.raises(jsonschema.ValidationError, match=repr(part)):
+            jsonschema.validate(doc, schema)
+
+
+def test_diff_result_from_json_rebuilds_the_typed_result():
+    """The TUI's child process ships the JSON document; the typed result it rebuilds writes
+    the same document again."""
+    from spectrace.tracer.diff_result import DiffResult, Example
+    from spectrace.tracer.findings import Finding
+
+    doc = _diff_json(os.path.join(TRACES, "reference.h5"), os.path.join(TRACES, "vllm.h5"))
+    r = DiffResult.from_json(doc)
+    assert r.to_json() == doc
+    assert json.dumps(r.to_json(), indent=2) == json.dumps(doc, indent=2)
+    assert all(isinstance(f, Finding) for f in r.findings)
+    assert all(isinstance(e, Example) for e in r.examples)
+    assert r.agreement.paired_blocks == doc["agreement"]["paired_blocks"]
+    assert r.acceptance.ours.matched_content.recorded.blocks == \
+        doc["acceptance"]["ours"]["matched_content"]["recorded"]["blocks"]
+    with pytest.raises(ValueError):
+        DiffResult.from_json(doc | {"schema": "spectrace.diff/0"})
+    with pytest.raises(TypeError):
+        DiffResult.from_json({k: v for k, v in doc.items() if k != "coverage"})

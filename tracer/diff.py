@@ -14,9 +14,20 @@ import numpy as np
 
 from .align import Alignment
 from .compare import NO_DIVERGENCE, PairedComparison, anchors_known, compare_paired
-from .diff_result import (SCHEMA, AcceptanceBySide, Agreement, ContentDivergence, Coverage,
-                          CountedAcceptance, DiffResult, EngineAcceptance, Example, MatchedBy,
-                          RequestMatch, SideSummary)
+from .diff_result import (
+    SCHEMA,
+    AcceptanceBySide,
+    Agreement,
+    ContentDivergence,
+    CountedAcceptance,
+    Coverage,
+    DiffResult,
+    EngineAcceptance,
+    Example,
+    MatchedBy,
+    RequestMatch,
+    SideSummary,
+)
 from .findings import Finding, TraceData, detect_pair, prepare
 from .index import drafts_checked
 from .metrics import Acceptance, acceptance_counts, recompute_accepted

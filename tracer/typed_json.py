@@ -40,7 +40,7 @@ def _fields(cls: type) -> list[tuple[str, Any]]:
             if f.metadata.get("json", True)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hints(cls: type) -> dict:
     return typing.get_type_hints(cls, include_extras=True)
 
