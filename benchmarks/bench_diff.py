@@ -28,12 +28,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from spectrace.tracer.align import align  # noqa: E402
 from spectrace.tracer.diff import diff_traces, open_pair  # noqa: E402
 from spectrace.tracer.diff_result import Agreement  # noqa: E402
+from spectrace.tracer.findings import TraceData  # noqa: E402
 from spectrace.tracer.pages import prefer_small_pages  # noqa: E402
 from spectrace.tracer.store import open_trace  # noqa: E402
 from synth import make_pair  # noqa: E402
 
-COLUMNS = ("request", "position", "anchor", "k", "proposed", "num_verified", "verified",
-           "accepted", "num_emitted", "batch_row", "batch_size")
+COLUMNS = TraceData.COLUMNS  # the block columns the diff reads
 
 
 def read_floor(a: Path, b: Path) -> float:

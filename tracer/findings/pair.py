@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..align import Alignment
-from ..compare import NO_DIVERGENCE, shift_equal, shift_present
+from ..compare import NO_DIVERGENCE, anchors_known, shift_equal, shift_present
 from ..tokens import Decoder
 from .data import PairData, TraceData
 from .model import Finding, pct, tok
@@ -78,7 +78,7 @@ def layout_shift(pd: PairData) -> Finding | None:
 def anchor_pairs(pd: PairData) -> Finding | None:
     """anchor_shift across traces: anchors differ at the same position on matched content."""
     anc_a, anc_b = pd.oa.t.blocks.anchor[pd.al.ia], pd.ob.t.blocks.anchor[pd.al.ib]
-    known = (anc_a >= 0) & (anc_b >= 0)
+    known = anchors_known(anc_a, anc_b)
     bad = ~pd.cmp.anchor_eq  # anchor equality holds where either anchor is unknown
     if known.sum() < MIN_BLOCKS or bad.sum() < SYSTEMATIC * known.sum():
         return None
@@ -182,7 +182,7 @@ def depth(pd: PairData) -> Finding | None:
         return None
     # Conditional on slot 0 agreeing (and slot 1 on both sides), how often does slot 1 agree?
     eq = pd.cmp.eq
-    s0 = eq[:, 0] & (np.minimum(pd.ka, pd.kb) > 1)
+    s0 = eq[:, 0] & pd.both[:, 1]
     if s0.sum() < MIN_BLOCKS:
         return None
     cond1 = float(eq[s0, 1].mean())
@@ -252,13 +252,12 @@ def mismatch(pd: PairData) -> Finding | None:
     P = len(bad)
     rate = float(bad.mean())
     first = int(np.flatnonzero(bad)[0])
-    kmin = np.minimum(pd.ka, pd.kb)
-    slot0 = float(((kmin > 0) & ~pd.cmp.eq[:, 0])[bad].mean())
+    slot0 = float((pd.both[:, 0] & ~pd.cmp.eq[:, 0])[bad].mean())
     sev = "error" if rate >= MISMATCH_ERROR_RATE else "warning"
     tie = "" if sev == "error" else " (few: possibly numerical near-ties)"
     # The first differing slot both sides have (None: only the lengths differ).
     fs = int(pd.cmp.first_slot[first])
-    slot = fs if 0 <= fs < kmin[first] else None
+    slot = fs if 0 <= fs < min(pd.ka[first], pd.kb[first]) else None
     return Finding(
         "draft_mismatch", sev, side="ours", slot=slot, **pd.at(first),
         message=(f"proposals differ at matched anchors in {int(bad.sum())} of {P} paired blocks "
