@@ -5,8 +5,10 @@ JSON-ready dict (fields in declaration order), :func:`from_json` rebuilds the ty
 from such a dict, and :func:`json_schema` states the same shape as JSON Schema (draft
 2020-12). Supported annotations: ``bool``, ``int``, ``float``, ``str``, ``Any``, ``X | None``,
 ``list[X]``, ``dict[str, X]``, ``Literal[...]``, nested dataclasses, and
-``Annotated[X, Constraint(...)]`` for bounds. A field with ``metadata={"json": False}`` is
-left out of all three. Descriptions come from the class docstring's ``Attributes:`` section.
+``Annotated[X, Constraint(...)]`` for bounds, and ``TypedDict`` (a plain dict at run time).
+A field with ``metadata={"json": False}`` is left out of all three. Descriptions come from the
+class docstring's ``Attributes:`` section; a dataclass may add schema keywords of its own
+with a ``__json_schema_extra__()`` classmethod.
 """
 
 from __future__ import annotations
@@ -115,6 +117,8 @@ def json_schema(tp: Any) -> dict:
 def _schema_of(tp: Any) -> dict:
     if dataclasses.is_dataclass(tp):
         return _object_schema(tp)
+    if typing.is_typeddict(tp):
+        return _typeddict_schema(tp)
     if _is_union(tp):
         return _union_schema(typing.get_args(tp))
     origin = typing.get_origin(tp)
@@ -156,11 +160,26 @@ def _object_schema(cls: type) -> dict:
         props[name] = json_schema(tp)
         if name in docs:
             props[name]["description"] = docs[name]
+    out = _described(cls) | {"required": list(props), "properties": props}
+    extra = getattr(cls, "__json_schema_extra__", None)
+    return out | extra() if extra else out
+
+
+def _described(cls: type) -> dict:
+    """``{"type": "object"}`` with the first paragraph of ``cls``'s docstring."""
     out: dict = {"type": "object"}
     summary = (cls.__doc__ or "").strip().split("\n\n")[0]
     if summary:
         out["description"] = " ".join(summary.split())
-    return out | {"required": list(props), "properties": props}
+    return out
+
+
+def _typeddict_schema(cls: type) -> dict:
+    """A TypedDict: its keys' schemas; the keys of ``total=False`` parts are optional."""
+    hints = _hints(cls)
+    props = {name: json_schema(tp) for name, tp in hints.items()}
+    required = [name for name in hints if name in cls.__required_keys__]
+    return _described(cls) | {"required": required, "properties": props}
 
 
 _ATTR = re.compile(r"^(\s+)([a-z_][a-z0-9_, ]*):\s(.*)$")

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from ..tokens import Decoder, show
-from ..typed_json import Constraint, from_json, to_json
+from ..typed_json import Constraint, from_json, json_schema, to_json
+from .evidence import EVIDENCE
 
 #: Finding kinds, in the order a report lists them within one severity: content first (it
 #: decides what is comparable), then the most specific explanations, generic mismatch last.
@@ -48,7 +49,8 @@ Kind = Literal["degenerate_output", "content_divergence", "anchor_shift", "layou
 Severity = Literal["error", "warning", "info"]
 Side = Literal["ours", "theirs", "both"]
 
-#: Evidence of a finding: counts, ratios and example ids, JSON-serialisable, keys per kind.
+#: Evidence of a finding: counts, ratios and example ids, JSON-serialisable; its keys per
+#: kind are the TypedDicts of :mod:`.evidence` (checked by the generated JSON Schema).
 Evidence = dict[str, Any]
 
 
@@ -88,6 +90,13 @@ class Finding:
     def to_json(self) -> dict:
         """The finding as a JSON object (keys as the attributes; evidence copied)."""
         return to_json(self)
+
+    @classmethod
+    def __json_schema_extra__(cls) -> dict:
+        """JSON Schema keywords: the evidence of each kind has that kind's type."""
+        return {"allOf": [{"if": {"properties": {"kind": {"const": kind}}},
+                           "then": {"properties": {"evidence": json_schema(EVIDENCE[kind])}}}
+                          for kind in KINDS]}
 
     @classmethod
     def from_json(cls, doc: dict) -> Finding:
