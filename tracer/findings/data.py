@@ -17,6 +17,7 @@ from ..metrics import recompute_accepted
 from ..schema import pad_to
 from ..store import Trace
 from ..tokens import Decoder
+from .evidence import ProposalPair
 from .model import tok
 
 
@@ -176,11 +177,11 @@ class PairData:
         """int32 [P, w] their paired proposals (-1 padded; built on first use)."""
         return pad_to(self.al.b.blocks.proposed[self.al.ib], self.width)
 
-    def example(self, x: int) -> dict:
+    def example(self, x: int) -> ProposalPair:
         """Both proposals of paired block ``x`` (ids, decoded when a decoder is given)."""
         a, b = int(self.al.ia[x]), int(self.al.ib[x])
-        return {"ours": tok(self.decoder, self.al.a.blocks.proposed[a, :self.ka[x]]),
-                "theirs": tok(self.decoder, self.al.b.blocks.proposed[b, :self.kb[x]])}
+        return ProposalPair(ours=tok(self.decoder, self.al.a.blocks.proposed[a, :self.ka[x]]),
+                            theirs=tok(self.decoder, self.al.b.blocks.proposed[b, :self.kb[x]]))
 
     def at(self, x: int) -> dict:
         """Location fields (request, position) of paired block ``x`` on our side."""

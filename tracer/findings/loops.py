@@ -17,6 +17,7 @@ from ..align import Alignment
 from ..compare import NO_DIVERGENCE
 from ..tokens import Decoder, show
 from .data import TraceData
+from .evidence import DegenerateEvidence, LoopRef
 from .model import Finding, tok
 from .thresholds import LOOP_MAX_PERIOD, LOOP_MIN_TOKENS
 
@@ -105,10 +106,11 @@ def degenerate_finding(td: TraceData, loops: list[Loop], dec: Decoder | None,
         message=(f"{td.side} output degenerates into a loop in {len(loops)} of {len(r)} "
                  f"requests (first: request {r.req_id[i]} from position {start}, period "
                  f"{period}{text}); {why}"),
-        evidence={"requests": len(loops), "looped_tokens": int(looped), "period": period,
-                  "loop_start": start, "unit": tok(dec, unit),
-                  "loops": [{"request": r.req_id[lp.request], "start": lp.start,
-                             "period": lp.period} for lp in loops[:10]]})
+        evidence=DegenerateEvidence(
+            requests=len(loops), looped_tokens=int(looped), period=period, loop_start=start,
+            unit=tok(dec, unit),
+            loops=[LoopRef(request=r.req_id[lp.request], start=lp.start, period=lp.period)
+                   for lp in loops[:10]]))
 
 
 def single_loop_finding(td: TraceData, dec: Decoder | None) -> Finding | None:

@@ -11,6 +11,19 @@ from ..align import Alignment
 from ..compare import NO_DIVERGENCE, anchors_known, shift_equal, shift_present
 from ..tokens import Decoder
 from .data import PairData, TraceData
+from .evidence import (
+    AnchorEvidence,
+    AnchorPair,
+    BatchEvidence,
+    ContentEvidence,
+    DepthEvidence,
+    DivergenceRef,
+    KEvidence,
+    LayoutEvidence,
+    MismatchEvidence,
+    StaleEvidence,
+    VocabEvidence,
+)
 from .model import Finding, pct, tok
 from .single import constant_rate
 from .thresholds import MIN_BLOCKS, MISMATCH_ERROR_RATE, SYSTEMATIC
@@ -70,9 +83,10 @@ def layout_shift(pd: PairData) -> Finding | None:
         message=(f"draft layout shifted by {abs(s)} slot{'s' if abs(s) > 1 else ''}: {rel} in "
                  f"{pct(rate)} of {n} slot pairs over {P} paired blocks, while ours[i] equals "
                  f"theirs[i] in {pct(base)} (the N vs 1+N anchor layout, sample_from_anchor)"),
-        evidence={"shift": s, "rate": rate, "slot_pairs": n, "same_slot_rate": base,
-                  "paired_blocks": P, "rates": {str(k): v[0] for k, v in rates.items()},
-                  "example": pd.example(first)})
+        evidence=LayoutEvidence(shift=s, rate=rate, slot_pairs=n, same_slot_rate=base,
+                                paired_blocks=P,
+                                rates={str(k): v[0] for k, v in rates.items()},
+                                example=pd.example(first)))
 
 
 def anchor_pairs(pd: PairData) -> Finding | None:
@@ -88,9 +102,10 @@ def anchor_pairs(pd: PairData) -> Finding | None:
         message=(f"anchors differ at the same position on matched content in {int(bad.sum())} "
                  f"of {int(known.sum())} paired blocks: the block recorded at position p is "
                  f"not drafted from the token at p"),
-        evidence={"blocks": int(bad.sum()), "paired": int(known.sum()),
-                  "example": {"ours_anchor": tok(pd.decoder, [anc_a[first]]),
-                              "theirs_anchor": tok(pd.decoder, [anc_b[first]])}})
+        evidence=AnchorEvidence(
+            blocks=int(bad.sum()), paired=int(known.sum()),
+            example=AnchorPair(ours_anchor=tok(pd.decoder, [anc_a[first]]),
+                               theirs_anchor=tok(pd.decoder, [anc_b[first]]))))
 
 
 def functional_map(src: np.ndarray, dst: np.ndarray) -> tuple[float, int]:
@@ -111,7 +126,7 @@ def functional_map(src: np.ndarray, dst: np.ndarray) -> tuple[float, int]:
     return (float(mode[rep].sum() / n) if n else 0.0), n
 
 
-def _relation(o: np.ndarray, t: np.ndarray, ev: dict) -> str:
+def _relation(o: np.ndarray, t: np.ndarray, ev: VocabEvidence) -> str:
     """How ours ids ``o`` relate to theirs ``t`` (int64 [n]); adds offset/factor to ``ev``."""
     off = o - t
     vals, cnt = np.unique(off, return_counts=True)
@@ -140,18 +155,19 @@ def vocab_pairs(pd: PairData) -> Finding | None:
     share, n = functional_map(t, o)
     if n < 20 or share < 0.9 or len(np.unique(t)) < 5:
         return None
-    ev: dict = {"consistency": share, "slots": int(diff.sum())}
+    ev = VocabEvidence(consistency=share, slots=int(diff.sum()))
     relation = _relation(o, t, ev)
     below = int(o.max())
-    ev["ours_max_id"], ev["theirs_max_id"] = below, int(t.max())
     first = int(np.flatnonzero(diff.any(axis=1))[0])
+    ev["ours_max_id"], ev["theirs_max_id"] = below, int(t.max())
+    ev["example"] = pd.example(first)
     return Finding(
         "vocab_mapping", "error", side="ours", slot=int(np.flatnonzero(diff[first])[0]),
         **pd.at(first),
         message=(f"ours relate to theirs by {relation} on {pct(share)} of {int(diff.sum())} "
                  f"differing slots: a reduced-vocabulary (d2t/t2d) mapping is missing, applied "
                  f"twice or regenerated (ours ids reach {below}, theirs {int(t.max())})"),
-        evidence=ev | {"example": pd.example(first)})
+        evidence=ev)
 
 
 def k_pairs(pd: PairData) -> Finding | None:
@@ -170,8 +186,9 @@ def k_pairs(pd: PairData) -> Finding | None:
                  f"id{'s' if abs(typical) != 1 else ''} than theirs "
                  f"(ours k={int(pd.ka[first])}, theirs "
                  f"k={int(pd.kb[first])} at the first); one side may count the anchor in k"),
-        evidence={"blocks": int(bad.sum()), "typical_difference": typical,
-                  "ours_k": np.unique(pd.ka).tolist(), "theirs_k": np.unique(pd.kb).tolist()})
+        evidence=KEvidence(blocks=int(bad.sum()), typical_difference=typical,
+                           ours_k=np.unique(pd.ka).tolist(),
+                           theirs_k=np.unique(pd.kb).tolist()))
 
 
 def depth(pd: PairData) -> Finding | None:
@@ -194,7 +211,8 @@ def depth(pd: PairData) -> Finding | None:
         message=(f"slot 0 agrees in {pct(agree[0])} of paired blocks but slot 1 in only "
                  f"{pct(cond1)} of those: the multi-step draft loop is broken beyond depth 0 "
                  f"(positions, seq_lens or the previous token not advanced)"),
-        evidence={"per_position": [float(x) for x in agree], "slot1_given_slot0": cond1})
+        evidence=DepthEvidence(per_position=[float(x) for x in agree],
+                               slot1_given_slot0=cond1))
 
 
 def stale(pd: PairData) -> Finding | None:
@@ -218,8 +236,8 @@ def stale(pd: PairData) -> Finding | None:
         message=(f"right after a rejection ours proposes differently in {pct(r_rej)} of "
                  f"{int(rejected.sum())} paired blocks, otherwise in {pct(r_clean)}: the "
                  f"drafter keeps stale state (KV or hidden state of rejected tokens)"),
-        evidence={"after_rejection": r_rej, "otherwise": r_clean,
-                  "blocks_after_rejection": int(rejected.sum())})
+        evidence=StaleEvidence(after_rejection=r_rej, otherwise=r_clean,
+                               blocks_after_rejection=int(rejected.sum())))
 
 
 def batch(pd: PairData) -> Finding | None:
@@ -239,8 +257,9 @@ def batch(pd: PairData) -> Finding | None:
                 message=(f"proposals differ in {pct(r_hi)} of blocks at {label} > {base} but "
                          f"{pct(r_lo)} at {label} {base}: drafts depend on the batch "
                          f"(indexing in padded or sorted batches)"),
-                evidence={"by": col, "mismatch_rate_low": r_lo, "mismatch_rate_high": r_hi,
-                          "blocks_low": int(lo.sum()), "blocks_high": int(hi.sum())})
+                evidence=BatchEvidence(by=col, mismatch_rate_low=r_lo,
+                                       mismatch_rate_high=r_hi, blocks_low=int(lo.sum()),
+                                       blocks_high=int(hi.sum())))
     return None
 
 
@@ -263,8 +282,8 @@ def mismatch(pd: PairData) -> Finding | None:
         message=(f"proposals differ at matched anchors in {int(bad.sum())} of {P} paired blocks "
                  f"({pct(rate)}), from slot 0 in {pct(slot0)} of them, with no shift or "
                  f"mapping pattern{tie}"),
-        evidence={"blocks": int(bad.sum()), "paired": P, "rate": rate, "from_slot0": slot0,
-                  "example": pd.example(first)})
+        evidence=MismatchEvidence(blocks=int(bad.sum()), paired=P, rate=rate,
+                                  from_slot0=slot0, example=pd.example(first)))
 
 
 def content(al: Alignment, oa: TraceData, dec: Decoder | None) -> Finding | None:
@@ -286,7 +305,8 @@ def content(al: Alignment, oa: TraceData, dec: Decoder | None) -> Finding | None
                  f"ours {tok(dec, [sa[d]])[0]} vs theirs {tok(dec, [sb[d]])[0]}); blocks "
                  f"past it are not compared and acceptance totals on all content compare "
                  f"different text"),
-        evidence={"requests": len(div), "position": d, "ours_token": tok(dec, [sa[d]]),
-                  "theirs_token": tok(dec, [sb[d]]), "blocks_not_compared_ours": beyond_a,
-                  "divergences": [{"request": oa.t.requests.req_id[int(al.req_a[q])],
-                                   "position": int(al.divergence[q])} for q in div[:10]]})
+        evidence=ContentEvidence(
+            requests=len(div), position=d, ours_token=tok(dec, [sa[d]]),
+            theirs_token=tok(dec, [sb[d]]), blocks_not_compared_ours=beyond_a,
+            divergences=[DivergenceRef(request=oa.t.requests.req_id[int(al.req_a[q])],
+                                       position=int(al.divergence[q])) for q in div[:10]]))

@@ -14,6 +14,16 @@ from ..compare import anchors_equal, slot_equal, slots_present
 from ..index import memo
 from ..parallel import chunks
 from .data import SideInput, TraceData
+from .evidence import (
+    AcceptedPair,
+    AnchorEvidence,
+    BookkeepingEvidence,
+    ConstantEvidence,
+    UnverifiedEvidence,
+    VerifiedEvidence,
+    VerifiedExample,
+    VocabEvidence,
+)
 from .model import Finding, pct, tok
 from .thresholds import MIN_BLOCKS, SYSTEMATIC
 
@@ -53,9 +63,9 @@ def anchor_consistency(s: SideInput) -> Finding | None:
         "anchor_shift", "error", side=td.side, **td.at(first),
         message=(f"{td.side}: the recorded anchor is not the sequence's token at the anchor "
                  f"position in {nbad} of {nknown} blocks{shift_txt}"),
-        evidence={"blocks": nbad, "checked": nknown,
-                  "shift": best if shifts[best] >= SYSTEMATIC else None,
-                  "shift_rates": {str(k): v for k, v in shifts.items()}})
+        evidence=AnchorEvidence(blocks=nbad, checked=nknown,
+                                shift=best if shifts[best] >= SYSTEMATIC else None,
+                                shift_rates={str(k): v for k, v in shifts.items()}))
 
 
 def verified_vs_proposed(s: SideInput) -> Finding | None:
@@ -94,11 +104,12 @@ def verified_vs_proposed(s: SideInput) -> Finding | None:
         message=(f"{td.side}: the target verified other ids than the drafter proposed in "
                  f"{int(bad.sum())} of {int((nv >= 0).sum())} blocks, mostly slot {worst} "
                  f"({int(per_slot[worst])} blocks){note}"),
-        evidence={"blocks": int(bad.sum()), "per_slot": per_slot.tolist(),
-                  "equals_anchor": equals_anchor, "placeholders": placeholder,
-                  "trimmed_blocks": int(trimmed.sum()),
-                  "example": {"proposed": tok(dec, b.proposed[first, :b.k[first]]),
-                              "verified": tok(dec, b.verified[first, :max(nv[first], 0)])}})
+        evidence=VerifiedEvidence(
+            blocks=int(bad.sum()), per_slot=per_slot.tolist(), equals_anchor=equals_anchor,
+            placeholders=placeholder, trimmed_blocks=int(trimmed.sum()),
+            example=VerifiedExample(
+                proposed=tok(dec, b.proposed[first, :b.k[first]]),
+                verified=tok(dec, b.verified[first, :max(nv[first], 0)]))))
 
 
 def constant_rate(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
@@ -132,9 +143,10 @@ def _constant_both(td: TraceData, rate: float, ref_rate: float, first: int,
                  f"{pct(rate)}, theirs {pct(ref_rate)}): not a difference between "
                  f"them, but either both drafters copy the step-0 draft across depth "
                  f"or the output repeats one token (see degenerate_output)"),
-        evidence={"blocks": int(const.sum()), "eligible": int(elig.sum()),
-                  "rate": float(rate), "reference_rate": float(ref_rate),
-                  "example": tok(dec, td.t.blocks.proposed[first, :td.t.blocks.k[first]])})
+        evidence=ConstantEvidence(
+            blocks=int(const.sum()), eligible=int(elig.sum()), rate=float(rate),
+            reference_rate=float(ref_rate),
+            example=tok(dec, td.t.blocks.proposed[first, :td.t.blocks.k[first]])))
 
 
 def constant_drafts(s: SideInput) -> Finding | None:
@@ -161,9 +173,10 @@ def constant_drafts(s: SideInput) -> Finding | None:
         message=(f"{td.side}: every slot holds the same id in {int(const.sum())} of "
                  f"{int(elig.sum())} blocks ({pct(rate)}){ref_txt}: the step-0 draft is "
                  f"copied across depth, or the blocks are placeholders"),
-        evidence={"blocks": int(const.sum()), "eligible": int(elig.sum()), "rate": float(rate),
-                  "reference_rate": None if ref_rate is None else float(ref_rate),
-                  "example": tok(dec, b.proposed[first, :b.k[first]])})
+        evidence=ConstantEvidence(
+            blocks=int(const.sum()), eligible=int(elig.sum()), rate=float(rate),
+            reference_rate=None if ref_rate is None else float(ref_rate),
+            example=tok(dec, b.proposed[first, :b.k[first]])))
 
 
 def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) -> np.ndarray:
@@ -237,9 +250,10 @@ def unverified(s: SideInput) -> Finding | None:
                f"ends (first: request {td.req_id(first)} after position "
                f"{int(b.position[first])})")
     return Finding("unverified_drafts", "error", side=td.side, **td.at(first), message=msg,
-                   evidence={"unverified_blocks": int(bad.sum()), "requests_stopping":
-                             [td.req_id(x) for x in stops[:10]],
-                             "skipped_anchors": int(len(skipped))})
+                   evidence=UnverifiedEvidence(
+                       unverified_blocks=int(bad.sum()),
+                       requests_stopping=[td.req_id(x) for x in stops[:10]],
+                       skipped_anchors=int(len(skipped))))
 
 
 def bookkeeping(s: SideInput) -> Finding | None:
@@ -266,10 +280,10 @@ def bookkeeping(s: SideInput) -> Finding | None:
         message=(f"{td.side}: the recorded accepted count disagrees with the emitted stream in "
                  f"{int(bad.sum())} of {int(known.sum())} blocks (recorded "
                  f"{int(rec[known].sum())}, recomputed {int(rc[known].sum())} accepted tokens)"),
-        evidence={"blocks": int(bad.sum()), "recorded_total": int(rec[known].sum()),
-                  "recomputed_total": int(rc[known].sum()),
-                  "emitted_count_mismatch": int(bad_emit.sum()),
-                  "first": {"recorded": int(rec[first]), "recomputed": int(rc[first])}})
+        evidence=BookkeepingEvidence(
+            blocks=int(bad.sum()), recorded_total=int(rec[known].sum()),
+            recomputed_total=int(rc[known].sum()), emitted_count_mismatch=int(bad_emit.sum()),
+            first=AcceptedPair(recorded=int(rec[first]), recomputed=int(rc[first]))))
 
 
 def vocab_range(s: SideInput) -> Finding | None:
@@ -292,12 +306,12 @@ def vocab_range(s: SideInput) -> Finding | None:
                        slot=int(np.flatnonzero(bad[first])[0]),
                        message=(f"{td.side}: {int(bad.sum())} proposed ids lie outside the "
                                 f"target vocabulary of {vocab} ids (up to {max_id})"),
-                       evidence={"ids": int(bad.sum()), "vocab_size": vocab,
-                                 "max_id": max_id})
+                       evidence=VocabEvidence(ids=int(bad.sum()), vocab_size=vocab,
+                                              max_id=max_id))
     if dvs and vocab and dvs < vocab and meta.get("d2t") and max_id < dvs:
         return Finding("vocab_mapping", "error", side=td.side, **td.at(0),
                        message=(f"{td.side}: every proposed id is below the draft vocabulary "
                                 f"size {dvs} although a d2t mapping exists: the mapping to "
                                 f"target ids was not applied"),
-                       evidence={"draft_vocab_size": dvs, "max_id": max_id})
+                       evidence=VocabEvidence(draft_vocab_size=dvs, max_id=max_id))
     return None
