@@ -52,6 +52,7 @@ def _recompute_accepted(trace: Trace) -> np.ndarray:
     req_all, pos_all = b.request, b.position
 
     def part(cs: list[slice]) -> None:
+        """Fill ``out`` for the row slices ``cs``."""
         for c in cs:
             req, first = req_all[c], pos_all[c].astype(np.int64) + 1  # first target position
             room = np.minimum(n[c], length[req] - first)                 # checkable slots
