@@ -18,6 +18,10 @@ Terms (per paired block, ours = ``a``, theirs = ``b``):
   known, before the shorter sequence's last token (a request's final proposal is drafted
   after the last token and never verified: it compares with nothing).
 
+:func:`compare_blocks` compares rows already paired; :func:`compare_paired` gathers an
+alignment's paired rows and compares them in chunks on threads, with the per-slot counts
+(:class:`SlotCounts`) of the same pass.
+
 Matrices are ``[n, w]`` with w the wider proposal width; proposals are padded with -1 (see
 :func:`spectrace.tracer.schema.pad_to`). Boolean matrices are returned in Fortran order so
 that per-slot passes (``eq[:, j]``) read contiguous memory.
@@ -275,7 +279,8 @@ def compare_blocks(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarra
         ka, kb: int [n] proposal lengths (tokens).
         anchor_a, anchor_b: int [n] anchor ids, -1 unknown.
     Returns:
-        A :class:`BlockComparison`. Callers chunk long columns themselves.
+        A :class:`BlockComparison`. For an alignment's paired rows of two proposal
+        matrices, :func:`compare_paired` gathers and compares in chunks on threads.
     """
     eq = slot_equal(pa, pb, ka, kb)
     prefix = common_prefix(eq)
