@@ -25,15 +25,15 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from synth import make_pair  # noqa: E402
-
 from spectrace.tracer.align import align  # noqa: E402
 from spectrace.tracer.diff import diff_traces, open_pair  # noqa: E402
+from spectrace.tracer.diff_result import Agreement  # noqa: E402
+from spectrace.tracer.findings import TraceData  # noqa: E402
 from spectrace.tracer.pages import prefer_small_pages  # noqa: E402
 from spectrace.tracer.store import open_trace  # noqa: E402
+from synth import make_pair  # noqa: E402
 
-COLUMNS = ("request", "position", "anchor", "k", "proposed", "num_verified", "verified",
-           "accepted", "num_emitted", "batch_row", "batch_size")
+COLUMNS = TraceData.COLUMNS  # the block columns the diff reads
 
 
 def read_floor(a: Path, b: Path) -> float:
@@ -45,7 +45,7 @@ def read_floor(a: Path, b: Path) -> float:
     return time.perf_counter() - t0
 
 
-def full_diff(a: Path, b: Path) -> tuple[float, dict]:
+def full_diff(a: Path, b: Path) -> tuple[float, Agreement]:
     t0 = time.perf_counter()
     r = diff_traces(align(*open_pair(a, b)))  # what `spectrace diff` runs
     return time.perf_counter() - t0, r.agreement
@@ -118,8 +118,8 @@ def main() -> None:
         t_diff, agreement = full_diff(a, b)
         gc.collect()
         t_pd, t_pd_merge, pd_exact = pandas_diff(a, b)
-        assert pd_exact == agreement["exact_matches"], (pd_exact, agreement)
-        rows.append((n, floor, t_diff, t_pd, t_pd_merge, agreement["paired_blocks"]))
+        assert pd_exact == agreement.exact_matches, (pd_exact, agreement)
+        rows.append((n, floor, t_diff, t_pd, t_pd_merge, agreement.paired_blocks))
     print(f"{'blocks/side':>12} {'read floor s':>13} {'full diff s':>12} {'x floor':>8} "
           f"{'pandas s':>9} {'(merge+cmp)':>12} {'diff/pandas':>12} {'paired':>9}")
     for n, floor, t_diff, t_pd, t_m, paired in rows:

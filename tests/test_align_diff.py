@@ -9,9 +9,9 @@ import sys
 
 import numpy as np
 import pytest
-
 from spectrace.tracer.align import NO_DIVERGENCE, align
 from spectrace.tracer.diff import SCHEMA, diff_traces
+from spectrace.tracer.diff_result import ContentDivergence
 from spectrace.tracer.metrics import recompute_accepted, trace_summary
 from spectrace.tracer.store import TraceWriter, open_trace
 
@@ -70,9 +70,9 @@ def test_identical_traces_agree(tmp_path):
     assert al.divergence.tolist() == [NO_DIVERGENCE]
     r = diff_traces(al)
     assert not r.diverged
-    assert r.agreement["paired_blocks"] == len(pa)
-    assert r.agreement["exact_matches"] == len(pa)
-    assert r.coverage["ours_coverage"] == 1.0
+    assert r.agreement.paired_blocks == len(pa)
+    assert r.agreement.exact_matches == len(pa)
+    assert r.coverage.ours_coverage == 1.0
     out = subprocess.run([SPECTRACE, "diff", str(tmp_path / "a.h5"), str(tmp_path / "b.h5")],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
@@ -86,18 +86,18 @@ def test_pairs_only_common_anchor_positions(tmp_path):
     common = sorted(set(pa) & set(pb))
     assert pa == list(range(2, 21, 2)) and pb == [2, 6, 10, 14, 18]
     r = diff_traces(align(open_trace(tmp_path / "a.h5"), open_trace(tmp_path / "b.h5")))
-    assert r.agreement["paired_blocks"] == len(common) == 5
-    assert r.coverage["ours_coverage"] == 5 / 10
-    assert r.coverage["theirs_coverage"] == 1.0
+    assert r.agreement.paired_blocks == len(common) == 5
+    assert r.coverage.ours_coverage == 5 / 10
+    assert r.coverage.theirs_coverage == 1.0
     # The proposals differ in slots 1 and 2 of every paired block.
-    assert r.agreement["exact_matches"] == 0
-    assert r.agreement["per_position"] == [1.0, 0.0, 0.0]
-    assert r.agreement["mean_common_prefix"] == 1.0
+    assert r.agreement.exact_matches == 0
+    assert r.agreement.per_position == [1.0, 0.0, 0.0]
+    assert r.agreement.mean_common_prefix == 1.0
     assert r.diverged
     acc = r.acceptance
-    assert acc["ours"]["all_content"]["recorded"]["accepted_tokens"] == 10
-    assert acc["theirs"]["all_content"]["recorded"]["accepted_tokens"] == 5 * 3
-    assert acc["ours"]["all_content"]["recorded"]["mean_acceptance_length"] == 2.0
+    assert acc.ours.all_content.recorded.accepted_tokens == 10
+    assert acc.theirs.all_content.recorded.accepted_tokens == 5 * 3
+    assert acc.ours.all_content.recorded.mean_acceptance_length == 2.0
 
 
 def test_content_divergence_excludes_later_blocks(tmp_path):
@@ -109,10 +109,11 @@ def test_content_divergence_excludes_later_blocks(tmp_path):
     d = len(PROMPT) + 9
     assert al.divergence.tolist() == [d]
     r = diff_traces(al)
-    assert r.content == [{"ours_req": "a", "theirs_req": "b", "position": d, "prompt_len": 3,
-                          "ours_token": OUTPUT[9], "theirs_token": 99}]
-    assert r.coverage["theirs_on_matched_content"] == sum(p < d for p in pb) == 3
-    assert r.agreement["paired_blocks"] == 3
+    assert r.content_divergence == [ContentDivergence(
+        ours_req="a", theirs_req="b", position=d, prompt_len=3, ours_token=OUTPUT[9],
+        theirs_token=99)]
+    assert r.coverage.theirs_on_matched_content == sum(p < d for p in pb) == 3
+    assert r.agreement.paired_blocks == 3
     # The paired blocks agree, but differing content is an error finding of its own.
     assert [(f.kind, f.severity, f.position) for f in r.findings] == [
         ("content_divergence", "error", d)]
@@ -141,9 +142,9 @@ def test_requests_match_by_prompt_regardless_of_order(tmp_path):
     assert al.req_a.tolist() == [0, 1] and al.req_b.tolist() == [1, 0]
     assert al.unmatched_b.tolist() == [2]
     r = diff_traces(al)
-    assert r.requests["unmatched_theirs"] == ["z"]
+    assert r.requests.unmatched_theirs == ["z"]
     # The reference text is offset for 2-token prompts: nothing accepted, one block per token.
-    assert r.agreement["exact_matches"] == r.agreement["paired_blocks"] == 2 * 20
+    assert r.agreement.exact_matches == r.agreement.paired_blocks == 2 * 20
 
 
 def test_json_output_and_exit_code(tmp_path):
@@ -172,7 +173,7 @@ def test_vectorised_pairing_scales(tmp_path):
                           "anchor": np.zeros(n), "k": np.full(n, 4), "proposed": p,
                           "accepted": np.zeros(n)})
     r = diff_traces(align(open_trace(tmp_path / "a.h5"), open_trace(tmp_path / "b.h5")))
-    assert r.agreement["paired_blocks"] == n and r.agreement["exact_matches"] == n
+    assert r.agreement.paired_blocks == n and r.agreement.exact_matches == n
 
 
 def test_json_output_validates_against_its_schema(tmp_path):
@@ -273,3 +274,67 @@ def test_nothing_compared_is_never_a_pass(tmp_path):
                              capture_output=True, text=True)
         assert out.returncode == 1, out.stderr
         assert reason in out.stdout
+
+
+TRACES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "traces")
+
+
+def _diff_json(a, b) -> dict:
+    out = subprocess.run([SPECTRACE, "diff", "--format", "json", str(a), str(b)],
+                         capture_output=True, text=True)
+    assert out.returncode in (0, 1), out.stderr
+    return json.loads(out.stdout)
+
+
+def test_generated_schema_holds_for_bundled_and_faulty_pairs(tmp_path):
+    """``spectrace schema --diff`` (generated from the DiffResult types) validates the
+    bundled pair and a faulty pair (a layout shift by one slot, one token short), and
+    rejects a document missing a required field."""
+    import jsonschema
+
+    full = oracle(lambda p: {0, 1, 2})
+    truth = PROMPT + OUTPUT
+
+    def shifted(seq, pos):  # ours[i] == theirs[i+1], and k - 1 drafts
+        return [truth[pos + 2 + j] if pos + 2 + j < len(truth) else 0 for j in range(K - 1)]
+
+    make(tmp_path / "a.h5", "a", shifted)
+    make(tmp_path / "b.h5", "b", full)
+    schema = json.loads(subprocess.run([SPECTRACE, "schema", "--diff"], capture_output=True,
+                                       text=True, check=True).stdout)
+    bundled = _diff_json(os.path.join(TRACES, "reference.h5"),
+                         os.path.join(TRACES, "vllm.h5"))
+    faulty = _diff_json(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert faulty["diverged"] and faulty["examples"]
+    assert faulty["examples"][0]["ours"] == truth[4:6]  # the first paired block: anchor 2
+    assert [f["kind"] for f in faulty["findings"] if f["severity"] == "error"][0] in (
+        "layout_shift", "k_mismatch")
+    for doc in (bundled, faulty):
+        jsonschema.validate(doc, schema)
+    for key, part in (("coverage", "paired"), ("agreement", "shift_plus_one"),
+                      (None, "examples")):
+        doc = json.loads(json.dumps(faulty))
+        del (doc[key] if key else doc)[part]
+        with pytest.raises(jsonschema.ValidationError, match=repr(part)):
+            jsonschema.validate(doc, schema)
+
+
+def test_diff_result_from_json_rebuilds_the_typed_result():
+    """The TUI's child process ships the JSON document; the typed result it rebuilds writes
+    the same document again."""
+    from spectrace.tracer.diff_result import DiffResult, Example
+    from spectrace.tracer.findings import Finding
+
+    doc = _diff_json(os.path.join(TRACES, "reference.h5"), os.path.join(TRACES, "vllm.h5"))
+    r = DiffResult.from_json(doc)
+    assert r.to_json() == doc
+    assert json.dumps(r.to_json(), indent=2) == json.dumps(doc, indent=2)
+    assert all(isinstance(f, Finding) for f in r.findings)
+    assert all(isinstance(e, Example) for e in r.examples)
+    assert r.agreement.paired_blocks == doc["agreement"]["paired_blocks"]
+    assert r.acceptance.ours.matched_content.recorded.blocks == \
+        doc["acceptance"]["ours"]["matched_content"]["recorded"]["blocks"]
+    with pytest.raises(ValueError):
+        DiffResult.from_json(doc | {"schema": "spectrace.diff/0"})
+    with pytest.raises(TypeError):
+        DiffResult.from_json({k: v for k, v in doc.items() if k != "coverage"})

@@ -40,8 +40,10 @@ VLLM_TRACE = Path(__file__).resolve().parents[1] / "traces" / "vllm.h5"
 
 SPECTRACE_RE = re.compile(r"^\[SPECTRACE\] req=(\S+) pos=(\d+) k=(\d+) ns=(\d+) acc=(\d+) "
                           r"draft=\[ ((?:-?\d+ )*)\] emit=\[ ((?:-?\d+ )*)\]$")
-PROPOSE_RE = re.compile(r"^\[spec-propose\] rows=\d+ nqpr=\d+ drafts/row=\d+ first=\[((?:-?\d+ )*)\]$")
-UPDATE_RE = re.compile(r"^\[spec-update\] req=(\S+) found=\d finished=([01]) prefill_chunk=\d drafts=(\d+)$")
+PROPOSE_RE = re.compile(r"^\[spec-propose\] rows=\d+ nqpr=\d+ drafts/row=\d+ "
+                        r"first=\[((?:-?\d+ )*)\]$")
+UPDATE_RE = re.compile(r"^\[spec-update\] req=(\S+) found=\d finished=([01]) "
+                       r"prefill_chunk=\d drafts=(\d+)$")
 INSTALL_RE = re.compile(r"^\[spec-install\] req=(\S+) installed=(\d+) lookahead=\d+$")
 
 
@@ -148,7 +150,8 @@ def runs(tmp_path_factory) -> dict[str, Run]:
     for name, proc in done:
         assert proc.returncode == 0, f"{name}: {proc.stderr[-2000:]}"
         lines = (tmp / f"{name}.log").read_text().splitlines()
-        requests = [json.loads(x) for x in (tmp / f"{name}.requests.jsonl").read_text().splitlines()]
+        requests = [json.loads(x) for x in
+                    (tmp / f"{name}.requests.jsonl").read_text().splitlines()]
         out[name] = Run(name, tmp / f"{name}.h5", lines, {r["req_id"]: r for r in requests},
                         parse_blocks(lines))
     return out
@@ -167,7 +170,8 @@ def spectrace_diff(ours: Path, theirs: Path) -> dict:
 def diffs(runs) -> dict[str, dict]:
     """``spectrace diff`` of every fault run against its clean run, and clean vs clean."""
     pairs = {name: (name, reference_of(name)) for name in FAULTS}
-    pairs |= {"clean/clean": ("clean", "clean"), "clean_vocab/clean_vocab": ("clean_vocab", "clean_vocab")}
+    pairs |= {"clean/clean": ("clean", "clean"),
+              "clean_vocab/clean_vocab": ("clean_vocab", "clean_vocab")}
     with ThreadPoolExecutor(max_workers=2) as pool:
         docs = pool.map(lambda p: spectrace_diff(runs[p[0]].h5, runs[p[1]].h5), pairs.values())
         return dict(zip(pairs, docs))
@@ -181,8 +185,21 @@ def first_error(doc: dict, kind: str) -> dict:
     errs = errors(doc)
     summary = [(f["kind"], f["message"]) for f in doc["findings"]]
     assert errs, f"no error finding; findings: {summary}"
-    assert errs[0]["kind"] == kind, f"first error is {errs[0]['kind']}, expected {kind}; findings: {summary}"
+    assert errs[0]["kind"] == kind, \
+        f"first error is {errs[0]['kind']}, expected {kind}; findings: {summary}"
     return errs[0]
+
+
+def test_every_diff_fits_the_generated_schema_and_the_types(diffs):
+    """Each fault pair's document validates against ``spectrace schema --diff`` (generated
+    from the DiffResult types) and rebuilds into a DiffResult that writes it again."""
+    import jsonschema
+    from spectrace.tracer.diff_result import DiffResult
+    from spectrace.tracer.diff_schema import SCHEMA
+
+    for name, doc in diffs.items():
+        jsonschema.validate(doc, SCHEMA)
+        assert DiffResult.from_json(doc).to_json() == doc, name
 
 
 # ---------------------------------------------------------------------------- registry
@@ -197,9 +214,11 @@ def test_registry_covers_every_finding_kind():
 
 
 def test_bad_fault_configurations_are_refused():
-    for args in (["--fault", "nope"], ["--fault", "d2t_missing"], ["--method", "ngram", "--fault", "layout_shift"],
+    for args in (["--fault", "nope"], ["--fault", "d2t_missing"],
+                 ["--method", "ngram", "--fault", "layout_shift"],
                  ["--method", "ngram", "--draft-vocab", "8"]):
-        proc = subprocess.run([sys.executable, "-m", "spectrace.engine", *args], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([sys.executable, "-m", "spectrace.engine", *args],
+                              capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and "error:" in proc.stderr, args
 
 
@@ -254,7 +273,8 @@ def test_verify_overwrite(runs, diffs):
     for line in r.lines:
         if m := PROPOSE_RE.match(line):
             proposal, first_row = _ids(m.group(1)), None
-        elif (m := UPDATE_RE.match(line)) and proposal is not None and first_row is None and int(m.group(3)) > 0:
+        elif (m := UPDATE_RE.match(line)) and proposal is not None and first_row is None \
+                and int(m.group(3)) > 0:
             first_row = m.group(1) if m.group(2) == "0" else ""
             if first_row:
                 nxt[first_row] = proposal
@@ -283,7 +303,8 @@ def test_constant_depth(runs, diffs):
     ours, clean = runs["constant_depth"].blocks, runs["clean"].blocks
     assert all(len(set(b.draft)) == 1 for b in ours)
     assert f["evidence"]["blocks"] == f["evidence"]["eligible"] == len(ours)
-    assert f["evidence"]["reference_rate"] == pytest.approx(sum(len(set(b.draft)) == 1 for b in clean) / len(clean))
+    assert f["evidence"]["reference_rate"] == pytest.approx(
+        sum(len(set(b.draft)) == 1 for b in clean) / len(clean))
 
 
 def test_broken_depth(runs, diffs):
@@ -292,7 +313,8 @@ def test_broken_depth(runs, diffs):
     assert all(o.draft[0] == t.draft[0] for o, t in pairs)  # slot 0 stays right
     s0 = [(o, t) for o, t in pairs if o.draft[0] == t.draft[0]]
     assert f["evidence"]["per_position"][0] == 1.0
-    assert f["evidence"]["slot1_given_slot0"] == pytest.approx(sum(o.draft[1] == t.draft[1] for o, t in s0) / len(s0))
+    assert f["evidence"]["slot1_given_slot0"] == pytest.approx(
+        sum(o.draft[1] == t.draft[1] for o, t in s0) / len(s0))
 
 
 def _draft_vocab() -> list[int]:
@@ -311,7 +333,8 @@ def test_d2t(runs, diffs, name):
     table = _draft_vocab()
     index = {t: i for i, t in enumerate(table)}
     # target = i + d2t[i] = table[i]; missing hands out i, double i + 2 * d2t[i] (mod vocab).
-    expect = {"d2t_missing": lambda t: index[t], "d2t_double": lambda t: (2 * t - index[t]) % VOCAB}[name]
+    expect = {"d2t_missing": lambda t: index[t],
+              "d2t_double": lambda t: (2 * t - index[t]) % VOCAB}[name]
     pairs = common(runs[name], runs["clean_vocab"])
     slots = [(o.draft[i], t.draft[i]) for o, t in pairs for i in range(K)]
     assert all(t in index and o == expect(t) for o, t in slots)
@@ -326,7 +349,8 @@ def test_d2t(runs, diffs, name):
 def test_drop_drafts(runs, diffs):
     f = first_error(diffs["drop_drafts"], "unverified_drafts")
     r = runs["drop_drafts"]
-    dropped = {m.group(1) for line in r.lines if (m := INSTALL_RE.match(line)) and m.group(2) == "0"}
+    dropped = {m.group(1) for line in r.lines
+               if (m := INSTALL_RE.match(line)) and m.group(2) == "0"}
     assert dropped == {b.req for b in r.blocks if b.row >= 1}  # every row >= 1 request stops
     assert set(f["evidence"]["requests_stopping"]) == dropped
     first = min((r.last_of(q) for q in dropped), key=lambda b: b.line)
@@ -350,7 +374,8 @@ def test_stale_state(runs, diffs):
     other = [(o, t) for o, t in pairs if not (o.prev is not None and o.prev.acc < o.prev.k)]
     assert all(o.draft == t.draft for o, t in other)  # the context is right after full acceptance
     assert f["evidence"]["blocks_after_rejection"] == len(after)
-    assert f["evidence"]["after_rejection"] == pytest.approx(sum(o.draft != t.draft for o, t in after) / len(after))
+    assert f["evidence"]["after_rejection"] == pytest.approx(
+        sum(o.draft != t.draft for o, t in after) / len(after))
     assert f["evidence"]["otherwise"] == 0.0
 
 
@@ -364,7 +389,8 @@ def test_batch_order(runs, diffs):
     assert ev["by"] == "batch_row"
     assert (ev["blocks_low"], ev["blocks_high"]) == (len(low), len(high))
     assert ev["mismatch_rate_low"] == 0.0
-    assert ev["mismatch_rate_high"] == pytest.approx(sum(o.draft != t.draft for o, t in high) / len(high))
+    assert ev["mismatch_rate_high"] == pytest.approx(
+        sum(o.draft != t.draft for o, t in high) / len(high))
 
 
 def _loop(out: list[int]) -> tuple[int, int] | None:
@@ -418,7 +444,8 @@ def test_content(runs, diffs):
 
 
 VLLM_FAULTS = [n for n, f in FAULTS.items() if not f.needs_draft_vocab]
-needs_vllm = pytest.mark.skipif(not VLLM_TRACE.exists(), reason=f"no real vLLM capture at {VLLM_TRACE}")
+needs_vllm = pytest.mark.skipif(not VLLM_TRACE.exists(),
+                                reason=f"no real vLLM capture at {VLLM_TRACE}")
 
 
 @needs_vllm

@@ -163,6 +163,7 @@ def align(a: Trace, b: Trace) -> Alignment:
             divergence[p] = first_difference(sa, sb)
 
     def side(t: Trace, req: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One trace's (pair of block, comparable) columns."""
         block_order(t)  # memoised for _pair_blocks and the detectors
         pob = _pair_of_block(t, req)
         return pob, _comparable(pob, t.blocks.position, divergence, common_len, known)

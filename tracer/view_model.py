@@ -770,7 +770,7 @@ def analyse(a: Trace, b: Trace | None = None, decoder=None) -> Analysis:
     acceptance and acceptance along the sequence. Vectorised; memory grows with the traces."""
     import time
 
-    from .detect import check_trace
+    from .findings import check_trace
     from .metrics import trace_summary
 
     t0 = time.perf_counter()

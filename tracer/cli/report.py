@@ -1,6 +1,7 @@
 """Text rendering of ``info`` and ``diff`` results for people (rich tables on stdout).
 
-Pure presentation: takes the dicts built by :mod:`metrics` and :mod:`diff`, computes nothing.
+Pure presentation: takes the dict built by :func:`metrics.trace_summary` and the typed
+:class:`~spectrace.tracer.diff_result.DiffResult`, computes nothing.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..diff import DiffResult
+from ..diff_result import AcceptanceBySide, DiffResult, Example
 from ..fmt import SEVERITY_STYLE, num, pct
 from ..metrics import CONVENTIONS
 
@@ -95,10 +96,10 @@ def print_diff(con: Console, r: DiffResult) -> None:
 def _print_sides(con: Console, r: DiffResult) -> None:
     """One line per trace (files, engine, method, k, blocks), then the verdict."""
     for label, side in (("ours:  ", r.ours), ("theirs:", r.theirs)):
-        engine = " ".join(str(x) for x in (side["engine"], side["engine_version"]) if x)
-        con.print(escape(f"{label} {', '.join(side['files'])}  ({engine or '?'}, "
-                         f"{side['method'] or 'method ?'}, k={side['k'] or '?'}, "
-                         f"{side['blocks']} blocks)"))
+        engine = " ".join(str(x) for x in (side.engine, side.engine_version) if x)
+        con.print(escape(f"{label} {', '.join(side.files)}  ({engine or '?'}, "
+                         f"{side.method or 'method ?'}, k={side.k or '?'}, "
+                         f"{side.blocks} blocks)"))
     verdict = ("[bold red]DIVERGED[/bold red]: " + "; ".join(r.reasons)) if r.diverged else \
         "[bold green]no divergence[/bold green] on comparable blocks"
     con.print(verdict)
@@ -107,49 +108,49 @@ def _print_sides(con: Console, r: DiffResult) -> None:
 def _print_requests(con: Console, r: DiffResult) -> None:
     """Request matching and the first :data:`CONTENT_LINES` content divergences."""
     q = r.requests
-    con.print(f"requests: {q['matched']} matched (by prompt {q['matched_by']['prompt']}, "
-              f"by id {q['matched_by']['req_id']}, by order {q['matched_by']['order']}); "
-              f"unmatched ours {len(q['unmatched_ours'])}, theirs {len(q['unmatched_theirs'])}; "
-              f"content diverged in {q['content_diverged']}")
-    for c in r.content[:CONTENT_LINES]:
-        con.print(f"  content diverges: request {c['ours_req']} / {c['theirs_req']} at position "
-                  f"{c['position']} (output token {c['position'] - c['prompt_len']}): ours "
-                  f"{c['ours_token']}, theirs {c['theirs_token']}; later blocks are not compared")
-    if len(r.content) > CONTENT_LINES:
-        con.print(f"  ... and {len(r.content) - CONTENT_LINES} more requests diverge "
-                  f"(--format json lists every one)")
+    con.print(f"requests: {q.matched} matched (by prompt {q.matched_by.prompt}, "
+              f"by id {q.matched_by.req_id}, by order {q.matched_by.order}); "
+              f"unmatched ours {len(q.unmatched_ours)}, theirs {len(q.unmatched_theirs)}; "
+              f"content diverged in {q.content_diverged}")
+    for c in r.content_divergence[:CONTENT_LINES]:
+        con.print(f"  content diverges: request {c.ours_req} / {c.theirs_req} at position "
+                  f"{c.position} (output token {c.position - c.prompt_len}): ours "
+                  f"{c.ours_token}, theirs {c.theirs_token}; later blocks are not compared")
+    if len(r.content_divergence) > CONTENT_LINES:
+        con.print(f"  ... and {len(r.content_divergence) - CONTENT_LINES} more requests "
+                  f"diverge (--format json lists every one)")
 
 
 def _print_agreement(con: Console, r: DiffResult) -> None:
     """Coverage, the paired blocks' agreement and the per-position agreement table."""
     cv, ag = r.coverage, r.agreement
-    outside = [f"{cv[side + '_blocks'] - cv[side + '_on_matched_content']} of {side}"
+    outside = [f"{cv.blocks(side) - cv.on_matched_content(side)} of {side}"
                for side in ("ours", "theirs")
-               if cv[side + "_blocks"] > cv[side + "_on_matched_content"]]
+               if cv.blocks(side) > cv.on_matched_content(side)]
     note = (f"; not on matched content: {' and '.join(outside)} (past a divergence, in "
             f"unmatched requests, or a request's final proposal, never verified)"
             if outside else "")
-    con.print(f"coverage: {cv['paired']} paired blocks = {pct(cv['ours_coverage'])} of ours "
-              f"({cv['ours_on_matched_content']}) and {pct(cv['theirs_coverage'])} of theirs "
-              f"({cv['theirs_on_matched_content']}) on matched content{note}")
-    con.print(f"paired blocks: anchors equal {ag['paired_blocks'] - ag['anchor_mismatches']}"
-              f"/{ag['paired_blocks']}, proposals identical {ag['exact_matches']}"
-              f"/{ag['paired_blocks']} ({pct(ag['exact_match_rate'])}), k differs in "
-              f"{ag['k_mismatches']}, mean common prefix {num(ag['mean_common_prefix'], 2)}")
+    con.print(f"coverage: {cv.paired} paired blocks = {pct(cv.ours_coverage)} of ours "
+              f"({cv.ours_on_matched_content}) and {pct(cv.theirs_coverage)} of theirs "
+              f"({cv.theirs_on_matched_content}) on matched content{note}")
+    con.print(f"paired blocks: anchors equal {ag.paired_blocks - ag.anchor_mismatches}"
+              f"/{ag.paired_blocks}, proposals identical {ag.exact_matches}"
+              f"/{ag.paired_blocks} ({pct(ag.exact_match_rate)}), k differs in "
+              f"{ag.k_mismatches}, mean common prefix {num(ag.mean_common_prefix, 2)}")
     pp = Table(title="per-position agreement (paired blocks)", title_justify="left")
     pp.add_column("slot", justify="right")
     pp.add_column("blocks", justify="right")
     pp.add_column("equal", justify="right")
     pp.add_column(escape("ours[i] == theirs[i+1]"), justify="right")
     pp.add_column(escape("ours[i+1] == theirs[i]"), justify="right")
-    for i, (x, n) in enumerate(zip(ag["per_position"], ag["per_position_blocks"])):
-        sp = ag["shift_plus_one"][i] if i < len(ag["shift_plus_one"]) else None
-        sm = ag["shift_minus_one"][i] if i < len(ag["shift_minus_one"]) else None
+    for i, (x, n) in enumerate(zip(ag.per_position, ag.per_position_blocks)):
+        sp = ag.shift_plus_one[i] if i < len(ag.shift_plus_one) else None
+        sm = ag.shift_minus_one[i] if i < len(ag.shift_minus_one) else None
         pp.add_row(str(i), str(n), pct(x), pct(sp), pct(sm))
     con.print(pp)
 
 
-def _print_examples(con: Console, examples: list) -> None:
+def _print_examples(con: Console, examples: list[Example]) -> None:
     """The first divergent blocks as a table (nothing when there are none)."""
     if not examples:
         return
@@ -157,15 +158,13 @@ def _print_examples(con: Console, examples: list) -> None:
     for col in ("request", "position", "anchor", "ours", "theirs", "slot"):
         ex.add_column(col)
     for e in examples:
-        anchor = str(e["anchor_ours"]) if e["anchor_equal"] else \
-            f"{e['anchor_ours']} vs {e['anchor_theirs']}"
-        ex.add_row(escape(e["ours_req"]), str(e["position"]), anchor,
-                   escape(str(e["ours"])), escape(str(e["theirs"])),
-                   str(e["first_differing_slot"]))
+        anchor = str(e.anchor_ours) if e.anchor_equal else f"{e.anchor_ours} vs {e.anchor_theirs}"
+        ex.add_row(escape(e.ours_req), str(e.position), anchor,
+                   escape(str(e.ours)), escape(str(e.theirs)), str(e.first_differing_slot))
     con.print(ex)
 
 
-def _print_acceptance(con: Console, acc: dict) -> None:
+def _print_acceptance(con: Console, acc: AcceptanceBySide) -> None:
     """Acceptance per engine (matched/all content, recorded/recomputed) and per position."""
     t = Table(title="acceptance per engine", title_justify="left")
     for col, just in (("engine", "left"), ("content", "left"), ("counted", "left"),
@@ -175,11 +174,10 @@ def _print_acceptance(con: Console, acc: dict) -> None:
     for side in ("ours", "theirs"):
         for scope, label in (("matched_content", "matched"), ("all_content", "all")):
             for how, name in (("recorded", "recorded"), ("recomputed", "from output")):
-                x = acc[side][scope][how]
-                t.add_row(side, label, name, str(x["blocks"]),
-                          f"{x['accepted_tokens']}/{x['verified_tokens']}",
-                          pct(x["acceptance_rate"]),
-                          num(x["mean_acceptance_length"], 2))
+                x = getattr(getattr(getattr(acc, side), scope), how)
+                t.add_row(side, label, name, str(x.blocks),
+                          f"{x.accepted_tokens}/{x.verified_tokens}",
+                          pct(x.acceptance_rate), num(x.mean_acceptance_length, 2))
     con.print(t)
     pp = Table(title="per-position acceptance (recorded)", title_justify="left")
     pp.add_column("slot", justify="right")
@@ -187,7 +185,7 @@ def _print_acceptance(con: Console, acc: dict) -> None:
             for side in ("ours", "theirs")]
     for side, scope in cols:
         pp.add_column(f"{side}, {scope.split('_')[0]}", justify="right")
-    curves = [acc[side][scope]["recorded"]["per_position"] for side, scope in cols]
+    curves = [getattr(getattr(acc, side), scope).recorded.per_position for side, scope in cols]
     for i in range(max(len(c) for c in curves)):
         pp.add_row(str(i), *(pct(c[i]) if i < len(c) else "-" for c in curves))
     con.print(pp)

@@ -78,10 +78,10 @@ def drafts_match_report(ours, theirs, *, min_agreement: float = 1.0,
     lines = ["spectrace: drafts do not match: " + "; ".join(problems)]
     if r.examples:
         e = r.examples[0]
-        lines.append(f"  first divergent block: request {e['ours_req']}, position "
-                     f"{e['position']}, slot {e['first_differing_slot']}")
-        lines.append(f"    ours:   {_ids(dec, e['ours'])}")
-        lines.append(f"    theirs: {_ids(dec, e['theirs'])}")
+        lines.append(f"  first divergent block: request {e.ours_req}, position "
+                     f"{e.position}, slot {e.first_differing_slot}")
+        lines.append(f"    ours:   {_ids(dec, e.ours)}")
+        lines.append(f"    theirs: {_ids(dec, e.theirs)}")
     if errors:
         lines.append(f"  first error finding: {errors[0].kind}: {errors[0].message}")
     lines.append(f"  inspect: {view_command(a, b)}")
@@ -92,13 +92,13 @@ def _problems(al: Alignment, r: DiffResult, n_errors: int, min_agreement: float,
               max_error_findings: int) -> list[str]:
     """Why the drafts do not match (empty when they do): nothing compared, too little
     agreement, too many error findings."""
-    paired = r.agreement["paired_blocks"]
-    rate = r.agreement["exact_match_rate"]
+    paired = r.agreement.paired_blocks
+    rate = r.agreement.exact_match_rate
     problems = []
     if paired == 0:
         problems.append(nothing_compared(al))
     elif rate < min_agreement:
-        problems.append(f"drafts match in {r.agreement['exact_matches']} of {paired} paired "
+        problems.append(f"drafts match in {r.agreement.exact_matches} of {paired} paired "
                         f"blocks ({pct(rate)}), required {pct(min_agreement)}")
     if n_errors > max_error_findings:
         problems.append(f"{n_errors} error finding(s), at most {max_error_findings} allowed")

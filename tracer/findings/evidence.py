@@ -1,0 +1,223 @@
+"""The evidence of each finding kind, typed: one ``TypedDict`` per kind (plain dicts at run
+time, so the JSON is the dict itself). :data:`EVIDENCE` maps each kind to its type; the
+generated JSON Schema checks a finding's evidence against the type of its kind.
+
+Ids in examples are ints, or ``"id:text"`` strings when a tokenizer is known.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+Ids = list[int | str]
+
+
+class ProposalPair(TypedDict):
+    """Both proposals of one paired block."""
+
+    ours: Ids
+    theirs: Ids
+
+
+class LoopRef(TypedDict):
+    """One looping request: its id, the loop's start position and period (tokens)."""
+
+    request: str
+    start: int
+    period: int
+
+
+class DegenerateEvidence(TypedDict):
+    """degenerate_output: loops in the output."""
+
+    requests: int
+    looped_tokens: int
+    period: int
+    loop_start: int
+    unit: Ids
+    loops: list[LoopRef]
+
+
+class DivergenceRef(TypedDict):
+    """One diverging request pair: our request id and the position (tokens)."""
+
+    request: str
+    position: int
+
+
+class ContentEvidence(TypedDict):
+    """content_divergence: where the outputs first differ."""
+
+    requests: int
+    position: int
+    ours_token: Ids
+    theirs_token: Ids
+    blocks_not_compared_ours: int
+    divergences: list[DivergenceRef]
+
+
+class AnchorPair(TypedDict):
+    """Both anchors of one paired block."""
+
+    ours_anchor: Ids
+    theirs_anchor: Ids
+
+
+class _AnchorBase(TypedDict):
+    blocks: int
+
+
+class AnchorEvidence(_AnchorBase, total=False):
+    """anchor_shift: within a trace (checked, shift, shift_rates) or across a pair (paired,
+    example)."""
+
+    checked: int
+    shift: int | None
+    shift_rates: dict[str, float]
+    paired: int
+    example: AnchorPair
+
+
+class LayoutEvidence(TypedDict):
+    """layout_shift: the best shift and its agreement."""
+
+    shift: int
+    rate: float
+    slot_pairs: int
+    same_slot_rate: float
+    paired_blocks: int
+    rates: dict[str, float]
+    example: ProposalPair
+
+
+class VocabEvidence(TypedDict, total=False):
+    """vocab_mapping: across a pair (consistency, slots, offset or factor, max ids,
+    example) or within a trace (ids, vocab_size / draft_vocab_size, max_id)."""
+
+    consistency: float
+    slots: int
+    offset: int
+    factor: float
+    ours_max_id: int
+    theirs_max_id: int
+    example: ProposalPair
+    ids: int
+    vocab_size: int
+    draft_vocab_size: int
+    max_id: int
+
+
+class KEvidence(TypedDict):
+    """k_mismatch: how the proposal lengths differ."""
+
+    blocks: int
+    typical_difference: int
+    ours_k: list[int]
+    theirs_k: list[int]
+
+
+class VerifiedExample(TypedDict):
+    """One block's proposed and verified ids."""
+
+    proposed: Ids
+    verified: Ids
+
+
+class VerifiedEvidence(TypedDict):
+    """verified_differs: verified ids that are not the proposal."""
+
+    blocks: int
+    per_slot: list[int]
+    equals_anchor: float
+    placeholders: float
+    trimmed_blocks: int
+    example: VerifiedExample
+
+
+class ConstantEvidence(TypedDict):
+    """constant_drafts: blocks holding one id in every slot."""
+
+    blocks: int
+    eligible: int
+    rate: float
+    reference_rate: float | None
+    example: Ids
+
+
+class DepthEvidence(TypedDict):
+    """depth_divergence: agreement per slot and slot 1 given slot 0."""
+
+    per_position: list[float]
+    slot1_given_slot0: float
+
+
+class StaleEvidence(TypedDict):
+    """stale_state: mismatch rates after a rejection and otherwise."""
+
+    after_rejection: float
+    otherwise: float
+    blocks_after_rejection: int
+
+
+class BatchEvidence(TypedDict):
+    """batch_dependence: mismatch rates at the first batch row/size and beyond."""
+
+    by: str
+    mismatch_rate_low: float
+    mismatch_rate_high: float
+    blocks_low: int
+    blocks_high: int
+
+
+class UnverifiedEvidence(TypedDict):
+    """unverified_drafts: unverified blocks, stopping requests, skipped anchors."""
+
+    unverified_blocks: int
+    requests_stopping: list[str]
+    skipped_anchors: int
+
+
+class AcceptedPair(TypedDict):
+    """One block's recorded and recomputed accepted counts."""
+
+    recorded: int
+    recomputed: int
+
+
+class BookkeepingEvidence(TypedDict):
+    """acceptance_bookkeeping: recorded vs recomputed accepted counts."""
+
+    blocks: int
+    recorded_total: int
+    recomputed_total: int
+    emitted_count_mismatch: int
+    first: AcceptedPair
+
+
+class MismatchEvidence(TypedDict):
+    """draft_mismatch: proposals differing with no specific pattern."""
+
+    blocks: int
+    paired: int
+    rate: float
+    from_slot0: float
+    example: ProposalPair
+
+
+#: The evidence type of each finding kind.
+EVIDENCE: dict[str, type] = {
+    "degenerate_output": DegenerateEvidence,
+    "content_divergence": ContentEvidence,
+    "anchor_shift": AnchorEvidence,
+    "layout_shift": LayoutEvidence,
+    "vocab_mapping": VocabEvidence,
+    "k_mismatch": KEvidence,
+    "verified_differs": VerifiedEvidence,
+    "constant_drafts": ConstantEvidence,
+    "depth_divergence": DepthEvidence,
+    "stale_state": StaleEvidence,
+    "batch_dependence": BatchEvidence,
+    "unverified_drafts": UnverifiedEvidence,
+    "acceptance_bookkeeping": BookkeepingEvidence,
+    "draft_mismatch": MismatchEvidence,
+}
