@@ -11,9 +11,8 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from spectrace.tracer.view_model import Analysis
-
-from .fmt import pct
+from ..fmt import pct
+from ..model import Analysis
 
 BARS = " ▏▎▍▌▋▊▉█"
 COLUMNS = " ▁▂▃▄▅▆▇█"

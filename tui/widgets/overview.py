@@ -1,7 +1,7 @@
 """The overview tab: both engines' metadata side by side, the verdict, the findings (select
 one to jump to it) and acceptance on matched vs all content.
 
-Pure presentation of :class:`~spectrace.tracer.view_model.Analysis` and the traces' /meta;
+Pure presentation of :class:`~spectrace.tui.model.Analysis` and the traces' /meta;
 computes nothing heavier than a table.
 """
 
@@ -12,17 +12,17 @@ import json
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
+from spectrace.tracer.findings import Finding
+from spectrace.tracer.metrics import CONVENTIONS
+from spectrace.tracer.verdict import verdict
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from spectrace.tracer.findings import Finding
-from spectrace.tracer.metrics import CONVENTIONS
-from spectrace.tracer.view_model import Analysis, ViewModel
-
-from .fmt import pct
-from .messages import FindingChosen
+from ..fmt import SEVERITY_STYLE, pct
+from ..messages import FindingChosen
+from ..model import Analysis, ViewModel
 
 #: Metadata rows, in order (key, label).
 META_ROWS = (("engine", "engine"), ("engine_version", "version"), ("engine_commit", "commit"),
@@ -31,8 +31,6 @@ META_ROWS = (("engine", "engine"), ("engine_version", "version"), ("engine_commi
              ("draft_vocab_size", "draft vocab"), ("d2t", "d2t"), ("backends", "backends"),
              ("source", "source"), ("trace_level", "trace level"),
              ("max_num_seqs", "max_num_seqs"))
-
-SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def _value(v) -> str:
@@ -85,6 +83,38 @@ def finding_where(f: Finding) -> str:
     if f.slot is not None:
         parts.append(f"slot {f.slot}")
     return " ".join(parts)
+
+
+def verdict_text(an: Analysis | None, model: ViewModel, error: str | None = None) -> Text:
+    """The verdict lines at the top of the overview: the diff's verdict sentence
+    (:func:`spectrace.tracer.verdict.verdict`), the request counts and where the first
+    divergent block is (or, for one trace, its size and findings)."""
+    t = Text()
+    if an is None:
+        t.append(error or "Analysing the traces… (the block view works meanwhile: press 2)",
+                 style="dim")
+    elif model.paired:
+        doc = an.doc
+        v = verdict(doc["diverged"], doc["reasons"])
+        t.append(v.word.upper(), style="bold red" if v.diverged else "bold green")
+        t.append(v.detail + "\n")
+        q = doc["requests"]
+        t.append(f"{q['matched']} request pairs matched; content diverged in "
+                 f"{q['content_diverged']}; unmatched: ours {len(q['unmatched_ours'])}, "
+                 f"theirs {len(q['unmatched_theirs'])}.\n")
+        first = next(((p, d["first_bad"]) for p, d in enumerate(an.per_pair)
+                      if d["first_bad"] is not None), None)
+        if first is not None and first[0] < len(model.pairs):
+            t.append("First divergent block: ", style="bold")
+            t.append(f"request {model.pairs[first[0]].label}, position {first[1]}")
+            t.append("  — press n to go there, enter on it for the detail, ? for help.",
+                     style="dim")
+    else:
+        s = an.doc["summary"]
+        t.append(f"{s['requests']} requests, {s['blocks']} blocks, "
+                 f"{len(an.findings)} findings.\n")
+        t.append("Press 2 for the blocks, f for the next finding, ? for help.", style="dim")
+    return t
 
 
 def acceptance_table(an: Analysis, paired: bool) -> Table:
