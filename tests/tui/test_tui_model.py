@@ -12,6 +12,7 @@ from spectrace.tracer.compare import NO_DIVERGENCE
 from spectrace.tracer.diff import diff_traces
 from spectrace.tracer.errors import InputError
 from spectrace.tracer.store import TraceWriter, open_trace
+from spectrace.tracer.tokens import Decoder
 from spectrace.tui.model import (
     S_DIFF,
     S_EQUAL,
@@ -19,8 +20,10 @@ from spectrace.tui.model import (
     S_SHIFT,
     S_SOLO,
     Analysis,
+    QueryError,
     analyse,
     analyse_in_child,
+    query_ids,
 )
 
 
@@ -136,3 +139,15 @@ def test_analysis_child_process_round_trip(pair):
 def test_view_model_inputs(tmp_path, bad_spec):
     with pytest.raises(InputError):
         open_trace(tmp_path / bad_spec, lazy_requests=True)
+
+
+def test_search_query_ids(pair):
+    dec = Decoder(pair[0].parent / "tokenizer.json")   # token i decodes to "t<i>", 0..1199
+    assert query_ids("#42", None).tolist() == [42]
+    assert query_ids(" 7 ", dec).tolist() == [7]
+    # "T119" (case-folded): t119 and t1190..t1199.
+    assert query_ids("T119", dec).tolist() == [119] + list(range(1190, 1200))
+    with pytest.raises(QueryError, match="no tokenizer"):
+        query_ids("t1", None)
+    with pytest.raises(QueryError, match="no token contains 'zz'"):
+        query_ids("zz", dec)
