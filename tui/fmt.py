@@ -149,13 +149,20 @@ def explain(win: Window, i: int, pair: Pair, decoder: Decoder | None, divergence
     else:
         parts.append(f"{head} Both engines proposed the same {int(a['k'][i])} drafts. "
                      f"Ours: {drafts(a)}; theirs: {drafts(b)}.")
-    for name, side in (("ours", a), ("theirs", b)):
-        if side is None or not side["has"][i]:
-            continue
-        vd = [int(j) for j in range(side["vdiff"].shape[1]) if side["vdiff"][i, j]]
-        if vd:
-            parts.append(f"{name.capitalize()} verified ids differ from the proposed ones at "
-                         f"slot(s) {', '.join(map(str, vd))}.")
+    parts += _verified_differs(win, i)
     for f in findings or []:
         parts.append(f"Finding ({f.kind}): {f.message}")
     return " ".join(parts)
+
+
+def _verified_differs(win: Window, i: int) -> list[str]:
+    """Per side of row ``i``: the slots whose verified id differs from the proposed one."""
+    out = []
+    for name, sd in (("ours", win.a), ("theirs", win.b)):
+        if sd is None or not sd["has"][i]:
+            continue
+        vd = [int(j) for j in range(sd["vdiff"].shape[1]) if sd["vdiff"][i, j]]
+        if vd:
+            out.append(f"{name.capitalize()} verified ids differ from the proposed ones at "
+                       f"slot(s) {', '.join(map(str, vd))}.")
+    return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ LIST_KEYS: tuple[Key, ...] = (
 )
 
 
-def bindings(keys: tuple[Key, ...]) -> list[Binding]:
+def bindings(keys: tuple[Key, ...]) -> list[BindingType]:
     """Textual bindings of ``keys`` (with ids, so a keymap can remap them)."""
     return [Binding(k.keys, k.action, k.description, show=k.show, key_display=k.label,
                     id=k.id) for k in keys]

@@ -120,7 +120,7 @@ class Rows:
         """The row at ``position``, or the first row after it (clamped to the last row)."""
         if not len(self.pos):
             return 0
-        return int(min(np.searchsorted(self.pos, position), len(self.pos) - 1))
+        return min(int(np.searchsorted(self.pos, position)), len(self.pos) - 1)
 
     def subset(self, keep: np.ndarray, key: tuple) -> Rows:
         """The rows at indices ``keep`` (int64, ascending), numbered by their base rows."""

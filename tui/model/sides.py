@@ -67,7 +67,7 @@ class SideIndex:
         return self.loaded >= self.n
 
     def load(self, cancelled: Callable[[], bool] = lambda: False,
-             progress: Callable[[float], None] | None = None) -> bool:
+             progress: Callable[[float], object] | None = None) -> bool:
         """Read the rest of the column; returns False when cancelled."""
         while self.loaded < self.n:
             if cancelled():

@@ -111,7 +111,7 @@ class ViewModel:
         self.requests_ready = True
 
     def load_index(self, cancelled: Callable[[], bool] = lambda: False,
-                   progress: Callable[[float], None] | None = None) -> bool:
+                   progress: Callable[[float], object] | None = None) -> bool:
         """Read the request columns (the per-pair block index); False when cancelled."""
         sides = [s for s in (self.index_a, self.index_b) if s is not None]
         total = sum(s.n for s in sides) or 1

@@ -155,7 +155,7 @@ def _q(decoder: Decoder | None, tid: int) -> str:
 class BlockDetail(ModalScreen[None]):
     """The detail dialog of one row (see the module docstring)."""
 
-    BINDINGS = [Binding("escape,enter,q", "dismiss", "Close", id="detail.close")]
+    BINDINGS = [Binding("escape,enter,q", "close", "Close", id="detail.close")]
     DEFAULT_CSS = """
     BlockDetail { align: center middle; }
     BlockDetail > VerticalScroll {
@@ -171,6 +171,6 @@ class BlockDetail(ModalScreen[None]):
         with VerticalScroll():
             yield Static(self.body, id="detail-body")
 
-    def action_dismiss(self) -> None:
+    def action_close(self) -> None:
         """Close."""
         self.dismiss(None)

@@ -71,7 +71,7 @@ def help_renderable(styles: dict | None = None) -> Group:
 class HelpScreen(ModalScreen[None]):
     """Every key and colour (escape, q or ? closes)."""
 
-    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close", id="help.close")]
+    BINDINGS = [Binding("escape,q,question_mark", "close", "Close", id="help.close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
     HelpScreen > VerticalScroll { width: 96; height: 90%; border: thick $accent;
@@ -89,6 +89,6 @@ class HelpScreen(ModalScreen[None]):
         with VerticalScroll():
             yield Static(help_renderable(styles), id="help-body")
 
-    def action_dismiss(self) -> None:
+    def action_close(self) -> None:
         """Close."""
         self.dismiss(None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from spectrace.tracer.findings import Finding
@@ -192,7 +192,7 @@ class Overview(VerticalScroll):
             opts.add_option(Option(Text("no findings", style="dim"), disabled=True))
         for i, f in enumerate(self.findings):
             opts.add_option(Option(finding_line(f, finding_where(f)), id=f"finding-{i}"))
-        parts = [acceptance_table(an, paired)]
+        parts: list[RenderableType] = [acceptance_table(an, paired)]
         if paired:
             c, g = an.doc["coverage"], an.doc["agreement"]
             parts.append(Text(
