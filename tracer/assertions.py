@@ -70,13 +70,13 @@ def drafts_match_report(ours, theirs, *, min_agreement: float = 1.0,
     r = diff_traces(al, examples=1, decoder=dec)
     ignore = set(ignore)
     errors = [f for f in r.findings if f.severity == "error" and f.kind not in ignore]
-    P = r.agreement["paired_blocks"]
-    rate = r.agreement["exact_match_rate"]
+    P = r.agreement.paired_blocks
+    rate = r.agreement.exact_match_rate
     problems = []
     if P == 0:
         problems.append(nothing_compared(al))
     elif rate < min_agreement:
-        problems.append(f"drafts match in {r.agreement['exact_matches']} of {P} paired blocks "
+        problems.append(f"drafts match in {r.agreement.exact_matches} of {P} paired blocks "
                         f"({100 * rate:.1f}%), required {100 * min_agreement:.1f}%")
     if len(errors) > max_error_findings:
         problems.append(f"{len(errors)} error finding(s), at most {max_error_findings} allowed")
@@ -85,10 +85,10 @@ def drafts_match_report(ours, theirs, *, min_agreement: float = 1.0,
     lines = ["spectrace: drafts do not match: " + "; ".join(problems)]
     if r.examples:
         e = r.examples[0]
-        lines.append(f"  first divergent block: request {e['ours_req']}, position "
-                     f"{e['position']}, slot {e['first_differing_slot']}")
-        lines.append(f"    ours:   {_ids(dec, e['ours'])}")
-        lines.append(f"    theirs: {_ids(dec, e['theirs'])}")
+        lines.append(f"  first divergent block: request {e.ours_req}, position "
+                     f"{e.position}, slot {e.first_differing_slot}")
+        lines.append(f"    ours:   {_ids(dec, e.ours)}")
+        lines.append(f"    theirs: {_ids(dec, e.theirs)}")
     if errors:
         f = errors[0]
         lines.append(f"  first error finding: {f.kind}: {f.message}")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .parallel import each_chunk
 from .schema import pad_to
 
 #: Divergence position meaning "the sequences agree on their common length".
@@ -80,6 +81,11 @@ def comparable(position: np.ndarray, pair: np.ndarray, limit: np.ndarray) -> np.
     return position < lim[pair]
 
 
+def anchors_known(anchor_a: np.ndarray, anchor_b: np.ndarray) -> np.ndarray:
+    """Both anchors known (not -1): bool [n] from int [n] anchor ids."""
+    return (anchor_a >= 0) & (anchor_b >= 0)
+
+
 def anchors_equal(anchor_a: np.ndarray, anchor_b: np.ndarray) -> np.ndarray:
     """Anchor equality of paired blocks: equal ids, or unknown (-1) on either side.
 
@@ -88,27 +94,57 @@ def anchors_equal(anchor_a: np.ndarray, anchor_b: np.ndarray) -> np.ndarray:
     Returns:
         bool [n].
     """
-    known = (anchor_a >= 0) & (anchor_b >= 0)
-    return ~known | (anchor_a == anchor_b)
+    return ~anchors_known(anchor_a, anchor_b) | (anchor_a == anchor_b)
 
 
 def _width(pa: np.ndarray, pb: np.ndarray) -> int:
     return max(pa.shape[1], pb.shape[1], 1)
 
 
-def slot_equal(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray) -> np.ndarray:
+def slots_present(ka: np.ndarray, kb: np.ndarray, w: int) -> np.ndarray:
+    """Slot j present on both sides: ``j < min(ka, kb)``.
+
+    Args:
+        ka, kb: int [n] proposal lengths (tokens); w: slots.
+    Returns:
+        bool [n, w] (Fortran order).
+    """
+    kmin = np.minimum(ka, kb)
+    out = np.empty((len(kmin), w), bool, order="F")
+    for j in range(w):
+        np.greater(kmin, j, out=out[:, j])
+    return out
+
+
+def present_counts(ka: np.ndarray, kb: np.ndarray, w: int) -> np.ndarray:
+    """Per slot, the blocks whose slot j is present on both sides (column sums of
+    :func:`slots_present`, by one bincount).
+
+    Args:
+        ka, kb: int [n] proposal lengths (tokens); w: slots.
+    Returns:
+        int64 [w].
+    """
+    kmin = np.maximum(np.minimum(ka, kb), 0)
+    return len(kmin) - np.cumsum(np.bincount(kmin, minlength=w + 1))[:w]
+
+
+def slot_equal(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray,
+               out: np.ndarray | None = None) -> np.ndarray:
     """Per-slot equality of paired proposals.
 
     Args:
         pa, pb: int32 [n, wa] / [n, wb] proposed ids (-1 padded), row i of each paired.
         ka, kb: int [n] proposal lengths (tokens).
+        out: bool [n, w] to fill (e.g. a row slice of a Fortran-order matrix), or None.
     Returns:
-        bool [n, w] (Fortran order), w = max(wa, wb): slot j equal and present on both.
+        bool [n, w] (Fortran order unless ``out`` is given), w = max(wa, wb): slot j equal
+        and present on both.
     """
     w = _width(pa, pb)
     pa, pb = pad_to(pa, w), pad_to(pb, w)
     kmin = np.minimum(ka, kb)
-    eq = np.empty((len(kmin), w), bool, order="F")
+    eq = np.empty((len(kmin), w), bool, order="F") if out is None else out
     for j in range(w):  # slot-major: 1-D passes, where reductions over w columns crawl
         np.equal(pa[:, j], pb[:, j], out=eq[:, j])
         eq[:, j] &= kmin > j
@@ -150,9 +186,11 @@ def first_differing_slot(eq: np.ndarray, ka: np.ndarray, kb: np.ndarray) -> np.n
     Returns:
         int64 [n]; -1 where every slot up to the longer proposal is equal.
     """
-    span = np.arange(eq.shape[1]) < np.maximum(ka, kb)[:, None]
-    neq = span & ~eq
-    return np.where(neq.any(axis=1), neq.argmax(axis=1), -1).astype(np.int64)
+    kmax = np.maximum(ka, kb)
+    first = np.full(eq.shape[0], -1, np.int64)
+    for j in range(eq.shape[1] - 1, -1, -1):  # slot-major, last slot first: the first wins
+        first[(kmax > j) & ~eq[:, j]] = j
+    return first
 
 
 def shift_equal(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray,
@@ -169,11 +207,28 @@ def shift_equal(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray,
     w = _width(pa, pb)
     pa, pb = pad_to(pa, w), pad_to(pb, w)
     d = abs(s)
-    x, y, kx, ky = (pa, pb, ka, kb) if s > 0 else (pb, pa, kb, ka)
+    x, y = (pa, pb) if s > 0 else (pb, pa)
+    out = shift_present(ka, kb, w, s)
+    for j in range(w - d):
+        out[:, j] &= x[:, j] == y[:, j + d]
+    return out
+
+
+def shift_present(ka: np.ndarray, kb: np.ndarray, w: int, s: int) -> np.ndarray:
+    """Both slots of the shift-s test present: ours' slot j and theirs' slot j + s (s > 0),
+    or theirs' slot j and ours' slot j - s (s < 0).
+
+    Args:
+        ka, kb: int [n] proposal lengths (tokens); w: slots; s: the shift, nonzero.
+    Returns:
+        bool [n, w - |s|] (Fortran order), columns as :func:`shift_equal`'s.
+    """
+    d = abs(s)
+    kx, ky = (ka, kb) if s > 0 else (kb, ka)
     out = np.empty((len(ka), max(w - d, 0)), bool, order="F")
     for j in range(w - d):
-        np.equal(x[:, j], y[:, j + d], out=out[:, j])
-        out[:, j] &= (kx > j) & (ky > j + d)
+        np.greater(kx, j, out=out[:, j])
+        out[:, j] &= ky > j + d
     return out
 
 
@@ -216,3 +271,85 @@ def compare_blocks(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarra
     return BlockComparison(eq=eq, prefix=prefix, exact=exact, anchor_eq=anchor_eq,
                            divergent=~exact | ~anchor_eq,
                            first_slot=first_differing_slot(eq, ka, kb))
+
+
+@dataclass
+class SlotCounts:
+    """Per-slot counts over paired blocks (the diff's per-position and shift agreement).
+
+    Attributes:
+        equal: int64 [w] blocks whose slot j is equal (:func:`slot_equal`).
+        present: int64 [w] blocks whose slot j is present on both sides.
+        shift_plus, shift_minus: int64 [w - 1] blocks with ``ours[j] == theirs[j + 1]`` /
+            ``ours[j + 1] == theirs[j]`` (:func:`shift_equal`, s = +1 / -1) among the
+            ``present[j + 1]`` blocks whose slots j and j + 1 are both on both sides.
+    """
+
+    equal: np.ndarray
+    present: np.ndarray
+    shift_plus: np.ndarray
+    shift_minus: np.ndarray
+
+
+@dataclass
+class PairedComparison:
+    """The kernel's view of an alignment's paired blocks.
+
+    Attributes:
+        ka, kb: int64 [P] proposal lengths of the paired blocks (tokens).
+        blocks: the per-block comparison (:class:`BlockComparison`).
+        counts: the per-slot counts (:class:`SlotCounts`).
+    """
+
+    ka: np.ndarray
+    kb: np.ndarray
+    blocks: BlockComparison
+    counts: SlotCounts
+
+
+def compare_paired(prop_a: np.ndarray, prop_b: np.ndarray, ia: np.ndarray, ib: np.ndarray,
+                   k_a: np.ndarray, k_b: np.ndarray, anchor_a: np.ndarray,
+                   anchor_b: np.ndarray) -> PairedComparison:
+    """:func:`compare_blocks` of rows ``ia`` of ours with rows ``ib`` of theirs, gathered and
+    compared in chunks on worker threads, with the per-slot counts of the same pass.
+
+    Args:
+        prop_a, prop_b: int32 [blocks_a, wa] / [blocks_b, wb] proposal matrices (-1 padded).
+        ia, ib: int [P] paired block indices into them.
+        k_a, k_b: int [blocks_a] / [blocks_b] proposal lengths; anchor_a, anchor_b: int
+            [blocks_a] / [blocks_b] anchor ids (-1 unknown).
+    Returns:
+        A :class:`PairedComparison` (its ``eq`` is [P, w] in Fortran order, w = max(wa, wb)).
+    """
+    w = max(prop_a.shape[1], prop_b.shape[1])  # 0 only for two empty traces (P = 0)
+    n = len(ia)
+    ka, kb = k_a[ia].astype(np.int64), k_b[ib].astype(np.int64)
+    eq = np.empty((n, w), bool, order="F")
+    prefix, first = np.empty(n, np.int16), np.empty(n, np.int64)
+    present = present_counts(ka, kb, w)
+
+    def part(cs: list[slice]) -> np.ndarray:
+        """Fill rows ``cs``; returns int64 [3, w] counts (equal, shift +1, shift -1)."""
+        counts = np.zeros((3, w), np.int64)
+        for c in cs:
+            pa, pb, kac, kbc = prop_a[ia[c]], prop_b[ib[c]], ka[c], kb[c]
+            e = slot_equal(pa, pb, kac, kbc, out=eq[c])
+            prefix[c], first[c] = common_prefix(e), first_differing_slot(e, kac, kbc)
+            kmin = np.minimum(kac, kbc)
+            for j in range(w):  # 1-D counts: fast where axis reductions crawl
+                counts[0, j] += np.count_nonzero(e[:, j])
+            for row, s in ((1, 1), (2, -1)):
+                se = shift_equal(pa, pb, kac, kbc, s)
+                for j in range(w - 1):
+                    counts[row, j] += np.count_nonzero(se[:, j] & (kmin > j + 1))
+        return counts
+
+    counts = sum(each_chunk(n, part), np.zeros((3, w), np.int64))
+    exact = exact_match(prefix, ka, kb)
+    anchor_eq = anchors_equal(anchor_a[ia], anchor_b[ib])
+    blocks = BlockComparison(eq=eq, prefix=prefix, exact=exact, anchor_eq=anchor_eq,
+                             divergent=~exact | ~anchor_eq, first_slot=first)
+    return PairedComparison(ka=ka, kb=kb, blocks=blocks,
+                            counts=SlotCounts(equal=counts[0], present=present,
+                                              shift_plus=counts[1, :-1],
+                                              shift_minus=counts[2, :-1]))

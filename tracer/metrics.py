@@ -12,11 +12,20 @@ Everything is vectorised over block columns, in chunks (see :mod:`spectrace.trac
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Annotated
+
 import numpy as np
 
 from .index import drafts_checked, memo, sequence_index
 from .parallel import chunks, each_chunk
 from .store import Trace
+from .typed_json import Constraint, to_json
+
+#: A count (blocks, tokens, requests): a non-negative int.
+Count = Annotated[int, Constraint(minimum=0)]
+#: A share in 0..1, None (JSON null) where nothing was counted.
+Rate = Annotated[float | None, Constraint(minimum=0, maximum=1)]
 
 
 def recompute_accepted(trace: Trace) -> np.ndarray:
@@ -92,22 +101,48 @@ def acceptance_counts(accepted: np.ndarray, verified: np.ndarray,
 
 
 
+@dataclass
+class Acceptance:
+    """Acceptance of a set of blocks; conventions in :data:`CONVENTIONS`.
+
+    Attributes:
+        blocks: verified blocks counted (accepted count known).
+        verified_tokens: drafts verified in them.
+        accepted_tokens: drafts accepted in them.
+        acceptance_rate: accepted_tokens / verified_tokens, null when none verified.
+        mean_acceptance_length: 1 + accepted_tokens / blocks (the bonus token counts),
+            null when no block.
+        per_position: per slot i, the share of the blocks with accepted > i.
+    """
+
+    blocks: Count
+    verified_tokens: Count
+    accepted_tokens: Count
+    acceptance_rate: Rate
+    mean_acceptance_length: Annotated[float | None, Constraint(minimum=1)]
+    per_position: list[Rate]
+
+    @classmethod
+    def from_counts(cls, by_accepted: np.ndarray, verified_tokens: int,
+                    kmax: int) -> Acceptance:
+        """The figures of one group of :func:`acceptance_counts` (int64 [A + 1] blocks per
+        accepted count, verified drafts), with a ``kmax``-slot per-position curve."""
+        nblk = int(by_accepted.sum())
+        tot_acc = int((np.arange(len(by_accepted)) * by_accepted).sum())
+        tot_ver = int(verified_tokens)
+        # Survival curve: blocks with accepted > i = total - blocks with accepted <= i.
+        cum = np.cumsum(by_accepted)
+        above = [nblk - int(cum[min(i, len(cum) - 1)]) for i in range(kmax)]
+        return cls(blocks=nblk, verified_tokens=tot_ver, accepted_tokens=tot_acc,
+                   acceptance_rate=tot_acc / tot_ver if tot_ver else None,
+                   mean_acceptance_length=1 + tot_acc / nblk if nblk else None,
+                   per_position=[(float(x / nblk) if nblk else None) for x in above])
+
+
 def acceptance_from_counts(by_accepted: np.ndarray, verified_tokens: int, kmax: int) -> dict:
-    """:func:`acceptance` figures of one group of :func:`acceptance_counts`."""
-    nblk = int(by_accepted.sum())
-    tot_acc = int((np.arange(len(by_accepted)) * by_accepted).sum())
-    tot_ver = int(verified_tokens)
-    # Survival curve: blocks with accepted > i = total - blocks with accepted <= i.
-    cum = np.cumsum(by_accepted)
-    above = [nblk - int(cum[min(i, len(cum) - 1)]) for i in range(kmax)]
-    return {
-        "blocks": nblk,
-        "verified_tokens": tot_ver,
-        "accepted_tokens": tot_acc,
-        "acceptance_rate": tot_acc / tot_ver if tot_ver else None,
-        "mean_acceptance_length": 1 + tot_acc / nblk if nblk else None,
-        "per_position": [(float(x / nblk) if nblk else None) for x in above],
-    }
+    """:func:`acceptance` figures of one group of :func:`acceptance_counts`, as a dict
+    (the keys of :class:`Acceptance`)."""
+    return to_json(Acceptance.from_counts(by_accepted, verified_tokens, kmax))
 
 
 

@@ -12,7 +12,7 @@ from spectrace.tracer.compare import NO_DIVERGENCE
 from spectrace.tracer.diff import diff_traces
 from spectrace.tracer.errors import InputError
 from spectrace.tracer.store import TraceWriter, open_trace
-from spectrace.tracer.tokens import Decoder
+from spectrace.tracer.tokens import Decoder, decoder_for
 from spectrace.tui.model import (
     S_DIFF,
     S_EQUAL,
@@ -68,7 +68,7 @@ def test_bad_rows_match_the_diff(vm, pair):
     an = analyse(vm.a, vm.b)
     total = sum(int(vm.bad_mask(vm.rows(p.index)).sum()) for p in vm.pairs)
     res = diff_traces(align(open_trace(pair[0]), open_trace(pair[1])))
-    assert total == res.agreement["paired_blocks"] - res.agreement["exact_matches"]
+    assert total == res.agreement.paired_blocks - res.agreement.exact_matches
     assert [d["bad"] for d in an.per_pair] == [int(vm.bad_mask(vm.rows(p)).sum())
                                                for p in range(3)]
     first = an.per_pair[0]["first_bad"]
@@ -106,7 +106,7 @@ def test_single_trace_rows(single_trace, load_model):
     win = vm.window(rows, 0)
     assert win.b is None and not win.bad.any()
     an = analyse(vm.a)
-    assert "summary" in an.doc and an.along["ours"]["rate"]
+    assert an.diff is None and an.summary["requests"] == 4 and an.along["ours"]["rate"]
 
 
 def test_read_rows_matches_columns_across_files(tmp_path, pair):
@@ -127,12 +127,16 @@ def test_read_rows_matches_columns_across_files(tmp_path, pair):
 
 def test_analysis_child_process_round_trip(pair):
     a, b = pair
-    inproc = analyse(open_trace(a), open_trace(b))
+    ta, tb = open_trace(a), open_trace(b)
+    inproc = analyse(ta, tb, decoder_for(None, ta.meta, tb.meta))  # the child's decoder
     child = analyse_in_child([str(a)], [str(b)])
     assert child.per_pair == inproc.per_pair
     assert [f.kind for f in child.findings] == [f.kind for f in inproc.findings]
     assert json.loads(json.dumps(child.to_json())) == child.to_json()
     assert Analysis.from_json(child.to_json()).per_pair == child.per_pair
+    # The typed diff survives the trip (all but the per-block column, which stays behind).
+    assert child.diff is not None and child.diff.bad is None
+    assert child.diff.to_json() == inproc.diff.to_json()
 
 
 @pytest.mark.parametrize("bad_spec", ["missing.h5"])

@@ -140,7 +140,7 @@ def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None) -> None:
     """Check one trace on its own: loops, constant or unverified drafts, bookkeeping,
     vocabulary range, verified vs proposed, anchors. Exit 1 on an error finding."""
     from . import report
-    from ..detect import check_trace
+    from ..findings import check_trace
     from ..metrics import trace_summary
     from ..store import open_trace
     from ..tokens import decoder_for

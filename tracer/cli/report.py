@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..diff import DiffResult
+from ..diff_result import AcceptanceBySide, DiffResult
 from ..metrics import CONVENTIONS
 
 #: Content divergences listed one per line in the text report (JSON lists all).
@@ -95,49 +95,49 @@ def print_diff(con: Console, r: DiffResult) -> None:
     """Render a :class:`DiffResult`: verdict, content, agreement, acceptance, examples."""
     o, t = r.ours, r.theirs
     for label, side in (("ours:  ", o), ("theirs:", t)):
-        engine = " ".join(str(x) for x in (side["engine"], side["engine_version"]) if x)
-        con.print(escape(f"{label} {', '.join(side['files'])}  ({engine or '?'}, "
-                         f"{side['method'] or 'method ?'}, k={side['k'] or '?'}, "
-                         f"{side['blocks']} blocks)"))
+        engine = " ".join(str(x) for x in (side.engine, side.engine_version) if x)
+        con.print(escape(f"{label} {', '.join(side.files)}  ({engine or '?'}, "
+                         f"{side.method or 'method ?'}, k={side.k or '?'}, "
+                         f"{side.blocks} blocks)"))
     verdict = ("[bold red]DIVERGED[/bold red]: " + "; ".join(r.reasons)) if r.diverged else \
         "[bold green]no divergence[/bold green] on comparable blocks"
     con.print(verdict)
     print_findings(con, r.findings)
     q = r.requests
-    con.print(f"requests: {q['matched']} matched (by prompt {q['matched_by']['prompt']}, "
-              f"by id {q['matched_by']['req_id']}, by order {q['matched_by']['order']}); "
-              f"unmatched ours {len(q['unmatched_ours'])}, theirs {len(q['unmatched_theirs'])}; "
-              f"content diverged in {q['content_diverged']}")
-    for c in r.content[:CONTENT_LINES]:
-        con.print(f"  content diverges: request {c['ours_req']} / {c['theirs_req']} at position "
-                  f"{c['position']} (output token {c['position'] - c['prompt_len']}): ours "
-                  f"{c['ours_token']}, theirs {c['theirs_token']}; later blocks are not compared")
-    if len(r.content) > CONTENT_LINES:
-        con.print(f"  ... and {len(r.content) - CONTENT_LINES} more requests diverge "
-                  f"(--format json lists every one)")
+    con.print(f"requests: {q.matched} matched (by prompt {q.matched_by.prompt}, "
+              f"by id {q.matched_by.req_id}, by order {q.matched_by.order}); "
+              f"unmatched ours {len(q.unmatched_ours)}, theirs {len(q.unmatched_theirs)}; "
+              f"content diverged in {q.content_diverged}")
+    for c in r.content_divergence[:CONTENT_LINES]:
+        con.print(f"  content diverges: request {c.ours_req} / {c.theirs_req} at position "
+                  f"{c.position} (output token {c.position - c.prompt_len}): ours "
+                  f"{c.ours_token}, theirs {c.theirs_token}; later blocks are not compared")
+    if len(r.content_divergence) > CONTENT_LINES:
+        con.print(f"  ... and {len(r.content_divergence) - CONTENT_LINES} more requests "
+                  f"diverge (--format json lists every one)")
     cv, ag = r.coverage, r.agreement
-    outside = [f"{cv[side + '_blocks'] - cv[side + '_on_matched_content']} of {side}"
+    outside = [f"{cv.blocks(side) - cv.on_matched_content(side)} of {side}"
                for side in ("ours", "theirs")
-               if cv[side + "_blocks"] > cv[side + "_on_matched_content"]]
+               if cv.blocks(side) > cv.on_matched_content(side)]
     note = (f"; not on matched content: {' and '.join(outside)} (past a divergence, in "
             f"unmatched requests, or a request's final proposal, never verified)"
             if outside else "")
-    con.print(f"coverage: {cv['paired']} paired blocks = {_pct(cv['ours_coverage'])} of ours "
-              f"({cv['ours_on_matched_content']}) and {_pct(cv['theirs_coverage'])} of theirs "
-              f"({cv['theirs_on_matched_content']}) on matched content{note}")
-    con.print(f"paired blocks: anchors equal {ag['paired_blocks'] - ag['anchor_mismatches']}"
-              f"/{ag['paired_blocks']}, proposals identical {ag['exact_matches']}"
-              f"/{ag['paired_blocks']} ({_pct(ag['exact_match_rate'])}), k differs in "
-              f"{ag['k_mismatches']}, mean common prefix {_num(ag['mean_common_prefix'], '{:.2f}')}")
+    con.print(f"coverage: {cv.paired} paired blocks = {_pct(cv.ours_coverage)} of ours "
+              f"({cv.ours_on_matched_content}) and {_pct(cv.theirs_coverage)} of theirs "
+              f"({cv.theirs_on_matched_content}) on matched content{note}")
+    con.print(f"paired blocks: anchors equal {ag.paired_blocks - ag.anchor_mismatches}"
+              f"/{ag.paired_blocks}, proposals identical {ag.exact_matches}"
+              f"/{ag.paired_blocks} ({_pct(ag.exact_match_rate)}), k differs in "
+              f"{ag.k_mismatches}, mean common prefix {_num(ag.mean_common_prefix, '{:.2f}')}")
     pp = Table(title="per-position agreement (paired blocks)", title_justify="left")
     pp.add_column("slot", justify="right")
     pp.add_column("blocks", justify="right")
     pp.add_column("equal", justify="right")
     pp.add_column(escape("ours[i] == theirs[i+1]"), justify="right")
     pp.add_column(escape("ours[i+1] == theirs[i]"), justify="right")
-    for i, (x, n) in enumerate(zip(ag["per_position"], ag["per_position_blocks"])):
-        sp = ag["shift_plus_one"][i] if i < len(ag["shift_plus_one"]) else None
-        sm = ag["shift_minus_one"][i] if i < len(ag["shift_minus_one"]) else None
+    for i, (x, n) in enumerate(zip(ag.per_position, ag.per_position_blocks)):
+        sp = ag.shift_plus_one[i] if i < len(ag.shift_plus_one) else None
+        sm = ag.shift_minus_one[i] if i < len(ag.shift_minus_one) else None
         pp.add_row(str(i), str(n), _pct(x), _pct(sp), _pct(sm))
     con.print(pp)
     _print_acceptance(con, r.acceptance)
@@ -146,16 +146,16 @@ def print_diff(con: Console, r: DiffResult) -> None:
         for col in ("request", "position", "anchor", "ours", "theirs", "slot"):
             ex.add_column(col)
         for e in r.examples:
-            anchor = str(e["anchor_ours"]) if e["anchor_equal"] else \
-                f"{e['anchor_ours']} vs {e['anchor_theirs']}"
-            ex.add_row(escape(e["ours_req"]), str(e["position"]), anchor,
-                       escape(str(e["ours"])), escape(str(e["theirs"])),
-                       str(e["first_differing_slot"]))
+            anchor = str(e.anchor_ours) if e.anchor_equal else \
+                f"{e.anchor_ours} vs {e.anchor_theirs}"
+            ex.add_row(escape(e.ours_req), str(e.position), anchor,
+                       escape(str(e.ours)), escape(str(e.theirs)),
+                       str(e.first_differing_slot))
         con.print(ex)
     con.print(f"[dim]conventions: {CONVENTIONS}[/dim]")
 
 
-def _print_acceptance(con: Console, acc: dict) -> None:
+def _print_acceptance(con: Console, acc: AcceptanceBySide) -> None:
     t = Table(title="acceptance per engine", title_justify="left")
     for col, just in (("engine", "left"), ("content", "left"), ("counted", "left"),
                       ("blocks", "right"), ("acc/verified", "right"),
@@ -164,11 +164,11 @@ def _print_acceptance(con: Console, acc: dict) -> None:
     for side in ("ours", "theirs"):
         for scope, label in (("matched_content", "matched"), ("all_content", "all")):
             for how, name in (("recorded", "recorded"), ("recomputed", "from output")):
-                x = acc[side][scope][how]
-                t.add_row(side, label, name, str(x["blocks"]),
-                          f"{x['accepted_tokens']}/{x['verified_tokens']}",
-                          _pct(x["acceptance_rate"]),
-                          _num(x["mean_acceptance_length"], "{:.2f}"))
+                x = getattr(getattr(getattr(acc, side), scope), how)
+                t.add_row(side, label, name, str(x.blocks),
+                          f"{x.accepted_tokens}/{x.verified_tokens}",
+                          _pct(x.acceptance_rate),
+                          _num(x.mean_acceptance_length, "{:.2f}"))
     con.print(t)
     pp = Table(title="per-position acceptance (recorded)", title_justify="left")
     pp.add_column("slot", justify="right")
@@ -176,7 +176,7 @@ def _print_acceptance(con: Console, acc: dict) -> None:
             for side in ("ours", "theirs")]
     for side, scope in cols:
         pp.add_column(f"{side}, {scope.split('_')[0]}", justify="right")
-    curves = [acc[side][scope]["recorded"]["per_position"] for side, scope in cols]
+    curves = [getattr(getattr(acc, side), scope).recorded.per_position for side, scope in cols]
     for i in range(max(len(c) for c in curves)):
         pp.add_row(str(i), *(_pct(c[i]) if i < len(c) else "-" for c in curves))
     con.print(pp)

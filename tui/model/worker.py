@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 from spectrace.tracer.align import align
 from spectrace.tracer.analysis import acceptance_along, differing_per_pair, per_request_acceptance
-from spectrace.tracer.detect import check_trace
 from spectrace.tracer.diff import diff_traces
-from spectrace.tracer.findings import Finding
+from spectrace.tracer.diff_result import DiffResult
+from spectrace.tracer.findings import Finding, check_trace
 from spectrace.tracer.metrics import trace_summary
 from spectrace.tracer.pages import prefer_small_pages
 from spectrace.tracer.store import Trace, open_trace
@@ -37,9 +37,11 @@ class Analysis:
     """The whole-trace results the viewer shows beside the rows.
 
     Attributes:
-        doc: the diff document (``spectrace.diff/1``) for a pair, or the ``trace_summary`` of
-            one trace (key ``summary``); JSON-serialisable.
-        findings: typed findings (most severe first).
+        diff: the typed diff of a pair (``spectrace diff``'s result; its ``bad`` column is
+            None after a trip through the child process), None for one trace.
+        summary: the ``trace_summary`` of one trace (``spectrace info``'s dict), None for a
+            pair.
+        findings: typed findings (most severe first): the diff's, or ``check_trace``'s.
         per_pair: per matched pair (order of ``match_requests``), from
             :func:`~spectrace.tracer.analysis.differing_per_pair`: ``bad`` blocks,
             ``first_bad`` position or None, ``paired`` blocks.
@@ -50,7 +52,8 @@ class Analysis:
         seconds: wall time of the analysis.
     """
 
-    doc: dict
+    diff: DiffResult | None = None
+    summary: dict | None = None
     findings: list[Finding] = field(default_factory=list)
     per_pair: list[dict] = field(default_factory=list)
     per_request: dict = field(default_factory=dict)
@@ -58,15 +61,26 @@ class Analysis:
     seconds: float = 0.0
 
     def to_json(self) -> dict:
-        """JSON form (what the child process prints)."""
-        return {"doc": self.doc, "findings": [f.to_json() for f in self.findings],
+        """JSON form (what the child process prints); a pair's findings travel once, in
+        the diff document."""
+        return {"diff": self.diff.to_json() if self.diff is not None else None,
+                "summary": self.summary,
+                "findings": [] if self.diff is not None else
+                [f.to_json() for f in self.findings],
                 "per_pair": self.per_pair, "per_request": self.per_request,
                 "along": self.along, "seconds": self.seconds}
 
     @classmethod
     def from_json(cls, d: dict) -> Analysis:
-        """Inverse of :meth:`to_json`."""
-        return cls(doc=d["doc"], findings=[Finding(**f) for f in d["findings"]],
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            ValueError, TypeError: as :meth:`DiffResult.from_json` for a malformed diff.
+        """
+        diff = DiffResult.from_json(d["diff"]) if d["diff"] is not None else None
+        findings = list(diff.findings) if diff is not None else \
+            [Finding.from_json(f) for f in d["findings"]]
+        return cls(diff=diff, summary=d["summary"], findings=findings,
                    per_pair=d["per_pair"], per_request=d["per_request"], along=d["along"],
                    seconds=d.get("seconds", 0.0))
 
@@ -77,17 +91,18 @@ def analyse(a: Trace, b: Trace | None = None, decoder: Decoder | None = None) ->
     acceptance and acceptance along the sequence. Vectorised; memory grows with the traces."""
     t0 = time.perf_counter()
     if b is None:
-        doc = {"summary": trace_summary(a)}
-        findings = check_trace(a, decoder, side="ours")
-        return Analysis(doc, findings, [], {"ours": per_request_acceptance(a)},
-                        {"ours": acceptance_along(a)}, time.perf_counter() - t0)
+        return Analysis(summary=trace_summary(a), findings=check_trace(a, decoder, side="ours"),
+                        per_request={"ours": per_request_acceptance(a)},
+                        along={"ours": acceptance_along(a)}, seconds=time.perf_counter() - t0)
     al = align(a, b)
     res = diff_traces(al, decoder=decoder)
     assert res.bad is not None  # diff_traces always sets it
-    return Analysis(res.to_json(), list(res.findings), differing_per_pair(al, res.bad),
-                    {"ours": per_request_acceptance(a), "theirs": per_request_acceptance(b)},
-                    {"ours": acceptance_along(a), "theirs": acceptance_along(b)},
-                    time.perf_counter() - t0)
+    return Analysis(diff=res, findings=list(res.findings),
+                    per_pair=differing_per_pair(al, res.bad),
+                    per_request={"ours": per_request_acceptance(a),
+                                 "theirs": per_request_acceptance(b)},
+                    along={"ours": acceptance_along(a), "theirs": acceptance_along(b)},
+                    seconds=time.perf_counter() - t0)
 
 
 def analyse_in_child(paths_a: Sequence[str], paths_b: Sequence[str] | None,

@@ -1,0 +1,187 @@
+"""The columns the detectors share: per trace (:class:`TraceData`), per side of a run
+(:class:`SideInput`) and per paired block (:class:`PairData`, built on the comparison
+kernel's :class:`~spectrace.tracer.compare.PairedComparison`)."""
+
+from __future__ import annotations
+
+import functools
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..align import Alignment
+from ..compare import BlockComparison, PairedComparison, SlotCounts, slots_present
+from ..index import block_order, drafts_checked, memo, sequence_index
+from ..metrics import recompute_accepted
+from ..schema import pad_to
+from ..store import Trace
+from ..tokens import Decoder
+from .model import tok
+
+
+@dataclass
+class TraceData:
+    """Per-trace columns the detectors share (computed once, vectorised).
+
+    Attributes:
+        t: the trace; side: ``ours`` | ``theirs``.
+        ids, nchecked: drafts the target checked (int32 [n, w]) and their count int64 [n].
+        recomputed: int16 [n] accepted recomputed from the output (-1 unknown).
+        order: int64 [n] block indices sorted by (request, position).
+        last: bool [n] block is its request's last; prev: int64 [n] previous block of the
+            same request (-1 for the first).
+        flat, start, length: concatenated full sequences (see index.sequence_index).
+    """
+
+    t: Trace
+    side: str
+    ids: np.ndarray
+    nchecked: np.ndarray
+    recomputed: np.ndarray
+    order: np.ndarray
+    last: np.ndarray
+    prev: np.ndarray
+    flat: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+
+    #: Block columns the detectors read (:func:`prepare` reads them up front).
+    COLUMNS = ("request", "position", "anchor", "k", "proposed", "num_verified", "verified",
+               "accepted", "num_emitted", "batch_row", "batch_size")
+
+    @classmethod
+    def build(cls, t: Trace, side: str) -> TraceData:
+        """Build (once per trace and side; memoised in ``t.cache``)."""
+        return memo(t, f"TraceData.{side}", lambda: cls._build(t, side))
+
+    @classmethod
+    def _build(cls, t: Trace, side: str) -> TraceData:
+        b = t.blocks
+        order = block_order(t)[0]
+        n = len(order)
+        last, prev = np.zeros(n, bool), np.full(n, -1, np.int64)
+        if n:
+            rs = b.request[order]
+            same = rs[1:] == rs[:-1]  # order[i + 1] continues order[i]'s request
+            last[order[:-1][~same]] = True
+            last[order[-1]] = True
+            prev[order[1:][same]] = order[:-1][same]
+        ids, nchecked = drafts_checked(t)
+        flat, start, length = sequence_index(t)
+        return cls(t=t, side=side, ids=ids, nchecked=nchecked, recomputed=recompute_accepted(t),
+                   order=order, last=last, prev=prev, flat=flat, start=start, length=length)
+
+    def req_id(self, block: int) -> str:
+        """Request id of block row ``block``."""
+        return self.t.requests.req_id[int(self.t.blocks.request[block])]
+
+    def at(self, block: int) -> dict:
+        """Location fields (``request``, ``position``) of a finding at ``block``."""
+        return {"request": self.req_id(block), "position": int(self.t.blocks.position[block])}
+
+
+def prepare(traces: list[tuple[Trace, str]]) -> list[TraceData]:
+    """Build each trace's :class:`TraceData`: the block columns are read here, one trace
+    after the other (h5py holds the GIL), and each trace's derived columns (order,
+    recomputed acceptance) are computed on a worker thread while the next trace reads."""
+    with ThreadPoolExecutor(max_workers=max(1, len(traces))) as pool:
+        futures = []
+        for t, side in traces:
+            for col in TraceData.COLUMNS:
+                getattr(t.blocks, col)
+            futures.append(pool.submit(TraceData.build, t, side))
+        return [f.result() for f in futures]
+
+
+@dataclass
+class SideInput:
+    """What a single-trace detector reads about one side.
+
+    Attributes:
+        td: the side's columns.
+        ref: the other side's columns in a diff, None for ``spectrace check``.
+        skipped: int64 block indices after anchors the other side drafted from and this
+            side skipped (:func:`~.single.skipped_anchors`), None outside a diff.
+        decoder: decodes example ids, or None.
+    """
+
+    td: TraceData
+    ref: TraceData | None = None
+    skipped: np.ndarray | None = None
+    decoder: Decoder | None = None
+
+
+@dataclass
+class PairData:
+    """Paired-block arrays shared by the pair detectors (P paired blocks, w slots).
+
+    Attributes:
+        al: the alignment; oa, ob: ours' and theirs' columns.
+        paired: the kernel's comparison of the paired blocks (ka, kb, blocks, counts).
+        decoder: decodes example ids, or None.
+        trusted: bool [P]: our proposal is the drafter's own output, or nothing says
+            otherwise. False for blocks whose "proposal" only copies verified ids when
+            verified ids are corrupted.
+    """
+
+    al: Alignment
+    oa: TraceData
+    ob: TraceData
+    paired: PairedComparison
+    decoder: Decoder | None = None
+    trusted: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.trusted is None:
+            self.trusted = np.ones(len(self.paired.ka), bool)
+
+    @property
+    def cmp(self) -> BlockComparison:
+        """The per-block comparison (eq, prefix, exact, anchor_eq, divergent, first_slot)."""
+        return self.paired.blocks
+
+    @property
+    def counts(self) -> SlotCounts:
+        """The per-slot counts (equal, present, shift_plus, shift_minus)."""
+        return self.paired.counts
+
+    @property
+    def ka(self) -> np.ndarray:
+        """int64 [P] our proposal lengths (tokens)."""
+        return self.paired.ka
+
+    @property
+    def kb(self) -> np.ndarray:
+        """int64 [P] their proposal lengths (tokens)."""
+        return self.paired.kb
+
+    @property
+    def width(self) -> int:
+        """w: the slots compared."""
+        return self.cmp.eq.shape[1]
+
+    @functools.cached_property
+    def both(self) -> np.ndarray:
+        """bool [P, w] (Fortran order): slot j present on both sides (built on first use)."""
+        return slots_present(self.ka, self.kb, self.width)
+
+    @functools.cached_property
+    def pa(self) -> np.ndarray:
+        """int32 [P, w] our paired proposals (-1 padded; built on first use)."""
+        return pad_to(self.al.a.blocks.proposed[self.al.ia], self.width)
+
+    @functools.cached_property
+    def pb(self) -> np.ndarray:
+        """int32 [P, w] their paired proposals (-1 padded; built on first use)."""
+        return pad_to(self.al.b.blocks.proposed[self.al.ib], self.width)
+
+    def example(self, x: int) -> dict:
+        """Both proposals of paired block ``x`` (ids, decoded when a decoder is given)."""
+        a, b = int(self.al.ia[x]), int(self.al.ib[x])
+        return {"ours": tok(self.decoder, self.al.a.blocks.proposed[a, :self.ka[x]]),
+                "theirs": tok(self.decoder, self.al.b.blocks.proposed[b, :self.kb[x]])}
+
+    def at(self, x: int) -> dict:
+        """Location fields (request, position) of paired block ``x`` on our side."""
+        return self.oa.at(int(self.al.ia[x]))

@@ -1,0 +1,114 @@
+"""Typed findings: what is wrong, in the field's words, and where it first shows.
+
+A :class:`Finding` names one class of speculative-decoding bug (``KINDS``, the classes of
+``shared/reference/spec_decode_bugs.md``), its severity, the first location (request, anchor
+position, slot), the evidence (counts, ratios, example ids) and one plain sentence. This
+module holds the vocabulary and the evidence helpers; detectors live in
+:mod:`.single` and :mod:`.pair`, their declared list in :mod:`.run`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from ..tokens import Decoder, show
+from ..typed_json import Constraint, from_json, to_json
+
+#: Finding kinds, in the order a report lists them within one severity: content first (it
+#: decides what is comparable), then the most specific explanations, generic mismatch last.
+KINDS: tuple[str, ...] = (
+    "degenerate_output",
+    "content_divergence",
+    "anchor_shift",
+    "layout_shift",
+    "vocab_mapping",
+    "k_mismatch",
+    # Within one trace and direct: where verified ids differ from proposed ones, cross-engine
+    # mismatches of blocks whose proposal only the verified ids reveal follow from it.
+    "verified_differs",
+    "constant_drafts",
+    "depth_divergence",
+    "stale_state",
+    "batch_dependence",
+    "unverified_drafts",
+    "acceptance_bookkeeping",
+    "draft_mismatch",
+)
+
+SEVERITIES: tuple[str, ...] = ("error", "warning", "info")
+
+#: Which trace shows a finding.
+SIDES: tuple[str, ...] = ("ours", "theirs", "both")
+
+Kind = Literal["degenerate_output", "content_divergence", "anchor_shift", "layout_shift",
+               "vocab_mapping", "k_mismatch", "verified_differs", "constant_drafts",
+               "depth_divergence", "stale_state", "batch_dependence", "unverified_drafts",
+               "acceptance_bookkeeping", "draft_mismatch"]
+Severity = Literal["error", "warning", "info"]
+Side = Literal["ours", "theirs", "both"]
+
+#: Evidence of a finding: counts, ratios and example ids, JSON-serialisable, keys per kind.
+Evidence = dict[str, Any]
+
+
+@dataclass
+class Finding:
+    """One typed finding.
+
+    Attributes:
+        kind: one of KINDS (the bug class).
+        severity: error (a bug or an invalid comparison), warning (suspicious, or a figure
+            that must not be compared), info.
+        message: one plain sentence for people.
+        side: which trace shows it: ours, theirs or both.
+        request: request id of the first location (ours for pairs), or null.
+        position: absolute anchor position (tokens) of the first location, or null.
+        slot: draft slot (0-based) of the first location, or null.
+        evidence: JSON-serialisable counts, ratios and example ids (keys per kind).
+    """
+
+    kind: Kind
+    severity: Severity
+    message: Annotated[str, Constraint(min_length=1)]
+    side: Side = "both"
+    request: str | None = None
+    position: Annotated[int | None, Constraint(minimum=0)] = None
+    slot: Annotated[int | None, Constraint(minimum=0)] = None
+    evidence: Evidence = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown finding kind {self.kind!r}")
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"unknown severity {self.severity!r}")
+        if self.side not in SIDES:
+            raise ValueError(f"unknown side {self.side!r}")
+
+    def to_json(self) -> dict:
+        """The finding as a JSON object (keys as the attributes; evidence copied)."""
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, doc: dict) -> Finding:
+        """Inverse of :meth:`to_json`. Raises ValueError on an unknown kind, severity or
+        side, TypeError on an unknown key."""
+        return from_json(cls, doc)
+
+
+def sort_findings(findings: list[Finding]) -> list[Finding]:
+    """Most severe first; within a severity, by :data:`KINDS` order, then position (a
+    stable sort: ties keep the detectors' order)."""
+    return sorted(findings, key=lambda f: (SEVERITIES.index(f.severity), KINDS.index(f.kind),
+                                           f.position if f.position is not None else -1))
+
+
+def tok(dec: Decoder | None, ids) -> list:
+    """Example ids for evidence: ints, or ``"id:text"`` strings when a tokenizer is known."""
+    ids = [int(i) for i in ids]
+    return ids if dec is None else [f"{i}:{show(dec.token(i))}" for i in ids]
+
+
+def pct(x: float) -> str:
+    """A share as a whole percent for finding messages (``0.5`` -> ``"50%"``)."""
+    return f"{100 * x:.0f}%"

@@ -1,0 +1,293 @@
+"""Pair detectors: each reads the paired blocks (:class:`~.data.PairData`, built on the
+comparison kernel) and returns at most one :class:`~.model.Finding`, located on our side at
+the first paired block where its pattern shows. :func:`content` reads the alignment only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..align import Alignment
+from ..compare import NO_DIVERGENCE, shift_equal, shift_present
+from ..tokens import Decoder
+from .data import PairData, TraceData
+from .model import Finding, pct, tok
+from .single import constant_rate
+from .thresholds import MIN_BLOCKS, MISMATCH_ERROR_RATE, SYSTEMATIC
+
+
+def shift_rates(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray,
+                max_shift: int) -> dict[int, tuple[float, int]]:
+    """Slot-shift agreement (the kernel's :func:`~spectrace.tracer.compare.shift_equal`):
+    for s != 0, the share of slot pairs present on both sides with ours[i] == theirs[i+s].
+
+    Args:
+        pa, pb: int32 [n, w] paired proposals (-1 padded); ka, kb: int [n] lengths.
+    Returns:
+        ``{s: (rate, slot_pairs)}`` for s in ±1..±max_shift with |s| < w (rate 0 where no
+        slot pairs).
+    """
+    out = {}
+    w = pa.shape[1]
+    for s in range(-max_shift, max_shift + 1):
+        if s == 0 or abs(s) >= w:
+            continue
+        n = int(shift_present(ka, kb, w, s).sum())
+        hit = int(shift_equal(pa, pb, ka, kb, s).sum())
+        out[s] = (float(hit / n) if n else 0.0, n)
+    return out
+
+
+def layout_shift(pd: PairData) -> Finding | None:
+    """layout_shift: ours[i] == theirs[i+s] for most slots while ours[i] == theirs[i] is rare."""
+    P = len(pd.ka)
+    if P < MIN_BLOCKS:
+        return None
+    w = pd.width
+    base = float(pd.counts.equal.sum() / max(pd.counts.present.sum(), 1))
+    if base >= 0.45:  # no shift can then reach 2 x base + 0.05 while ours[i] == theirs[i]
+        return None
+    # A block of one repeated id "agrees" with any shift: leave those to constant_drafts.
+    varied = ~(constant_rate(pd.oa)[0][pd.al.ia] | constant_rate(pd.ob)[0][pd.al.ib])
+    if varied.sum() < MIN_BLOCKS:
+        return None
+    # Shifts up to the block length, keeping at least two slot pairs per block.
+    rates = shift_rates(pd.pa[varied], pd.pb[varied], pd.ka[varied], pd.kb[varied],
+                        max(1, w - 2))
+    if not rates:
+        return None
+    s = max(rates, key=lambda x: rates[x][0])
+    rate, n = rates[s]
+    if rate < 0.6 or rate < 2 * base + 0.05:
+        return None
+    # The first block where the shift holds on every slot pair both sides have.
+    holds = shift_equal(pd.pa, pd.pb, pd.ka, pd.kb, s) | ~shift_present(pd.ka, pd.kb, w, s)
+    hold = holds.all(axis=1) & ~pd.cmp.exact & varied
+    first = int(np.flatnonzero(hold)[0]) if hold.any() else int(np.flatnonzero(varied)[0])
+    rel = f"ours[i] equals theirs[i{s:+d}]"
+    return Finding(
+        "layout_shift", "error", side="ours", slot=0, **pd.at(first),
+        message=(f"draft layout shifted by {abs(s)} slot{'s' if abs(s) > 1 else ''}: {rel} in "
+                 f"{pct(rate)} of {n} slot pairs over {P} paired blocks, while ours[i] equals "
+                 f"theirs[i] in {pct(base)} (the N vs 1+N anchor layout, sample_from_anchor)"),
+        evidence={"shift": s, "rate": rate, "slot_pairs": n, "same_slot_rate": base,
+                  "paired_blocks": P, "rates": {str(k): v[0] for k, v in rates.items()},
+                  "example": pd.example(first)})
+
+
+def anchor_pairs(pd: PairData) -> Finding | None:
+    """anchor_shift across traces: anchors differ at the same position on matched content."""
+    anc_a, anc_b = pd.oa.t.blocks.anchor[pd.al.ia], pd.ob.t.blocks.anchor[pd.al.ib]
+    known = (anc_a >= 0) & (anc_b >= 0)
+    bad = ~pd.cmp.anchor_eq  # anchor equality holds where either anchor is unknown
+    if known.sum() < MIN_BLOCKS or bad.sum() < SYSTEMATIC * known.sum():
+        return None
+    first = int(np.flatnonzero(bad)[0])
+    return Finding(
+        "anchor_shift", "error", side="ours", **pd.at(first),
+        message=(f"anchors differ at the same position on matched content in {int(bad.sum())} "
+                 f"of {int(known.sum())} paired blocks: the block recorded at position p is "
+                 f"not drafted from the token at p"),
+        evidence={"blocks": int(bad.sum()), "paired": int(known.sum()),
+                  "example": {"ours_anchor": tok(pd.decoder, [anc_a[first]]),
+                              "theirs_anchor": tok(pd.decoder, [anc_b[first]])}})
+
+
+def functional_map(src: np.ndarray, dst: np.ndarray) -> tuple[float, int]:
+    """How well ``dst`` is a function of ``src``: share of pairs (over src ids seen at least
+    twice) whose dst equals the most frequent dst of their src. Returns (share, pairs)."""
+    if len(src) == 0:
+        return 0.0, 0
+    key = src.astype(np.int64) * (1 << 32) + (dst.astype(np.int64) & 0xFFFFFFFF)
+    uk, cnt = np.unique(key, return_counts=True)
+    us = uk >> 32
+    # per src: total count and count of its mode
+    src_ids, inv = np.unique(us, return_inverse=True)
+    total = np.bincount(inv, weights=cnt)
+    mode = np.zeros(len(src_ids))
+    np.maximum.at(mode, inv, cnt)
+    rep = total >= 2
+    n = int(total[rep].sum())
+    return (float(mode[rep].sum() / n) if n else 0.0), n
+
+
+def _relation(o: np.ndarray, t: np.ndarray, ev: dict) -> str:
+    """How ours ids ``o`` relate to theirs ``t`` (int64 [n]); adds offset/factor to ``ev``."""
+    off = o - t
+    vals, cnt = np.unique(off, return_counts=True)
+    if cnt.max() >= 0.9 * len(off):
+        c = int(vals[cnt.argmax()])
+        ev["offset"] = c
+        return f"a constant offset ({c:+d})"
+    nz = t != 0
+    if nz.any():
+        rv, rc = np.unique(np.round(o[nz] / t[nz], 6), return_counts=True)
+        if rc.max() >= 0.9 * nz.sum():
+            ev["factor"] = float(rv[rc.argmax()])
+            return f"a constant factor (x{rv[rc.argmax()]:g})"
+    return "a fixed per-id mapping (permuted ids)"
+
+
+def vocab_pairs(pd: PairData) -> Finding | None:
+    """vocab_mapping across traces: ours ids are a fixed function of theirs (offset, factor,
+    permutation) on slots where they differ."""
+    present = int(pd.counts.present.sum())
+    ndiff = present - int(pd.counts.equal.sum())
+    if ndiff < 20 or ndiff < SYSTEMATIC * present:
+        return None
+    diff = pd.both & ~pd.cmp.eq
+    o, t = pd.pa[diff].astype(np.int64), pd.pb[diff].astype(np.int64)
+    share, n = functional_map(t, o)
+    if n < 20 or share < 0.9 or len(np.unique(t)) < 5:
+        return None
+    ev: dict = {"consistency": share, "slots": int(diff.sum())}
+    relation = _relation(o, t, ev)
+    below = int(o.max())
+    ev["ours_max_id"], ev["theirs_max_id"] = below, int(t.max())
+    first = int(np.flatnonzero(diff.any(axis=1))[0])
+    return Finding(
+        "vocab_mapping", "error", side="ours", slot=int(np.flatnonzero(diff[first])[0]),
+        **pd.at(first),
+        message=(f"ours relate to theirs by {relation} on {pct(share)} of {int(diff.sum())} "
+                 f"differing slots: a reduced-vocabulary (d2t/t2d) mapping is missing, applied "
+                 f"twice or regenerated (ours ids reach {below}, theirs {int(t.max())})"),
+        evidence=ev | {"example": pd.example(first)})
+
+
+def k_pairs(pd: PairData) -> Finding | None:
+    """k_mismatch: the number of proposed ids differs between matched blocks."""
+    bad = pd.ka != pd.kb
+    if bad.sum() < MIN_BLOCKS or bad.mean() < SYSTEMATIC:
+        return None
+    first = int(np.flatnonzero(bad)[0])
+    d = pd.ka[bad] - pd.kb[bad]
+    vals, cnt = np.unique(d, return_counts=True)
+    typical = int(vals[cnt.argmax()])
+    return Finding(
+        "k_mismatch", "error", side="ours", **pd.at(first),
+        message=(f"k differs in {int(bad.sum())} of {len(bad)} paired blocks: ours proposes "
+                 f"{abs(typical)} {'fewer' if typical < 0 else 'more'} draft "
+                 f"id{'s' if abs(typical) != 1 else ''} than theirs "
+                 f"(ours k={int(pd.ka[first])}, theirs "
+                 f"k={int(pd.kb[first])} at the first); one side may count the anchor in k"),
+        evidence={"blocks": int(bad.sum()), "typical_difference": typical,
+                  "ours_k": np.unique(pd.ka).tolist(), "theirs_k": np.unique(pd.kb).tolist()})
+
+
+def depth(pd: PairData) -> Finding | None:
+    """depth_divergence: slot 0 agrees, deeper slots do not (the multi-step loop is broken)."""
+    both = pd.counts.present
+    agree = pd.counts.equal / np.maximum(both, 1)
+    if len(agree) < 2 or both[0] < MIN_BLOCKS or agree[0] < 0.9:
+        return None
+    # Conditional on slot 0 agreeing (and slot 1 on both sides), how often does slot 1 agree?
+    eq = pd.cmp.eq
+    s0 = eq[:, 0] & (np.minimum(pd.ka, pd.kb) > 1)
+    if s0.sum() < MIN_BLOCKS:
+        return None
+    cond1 = float(eq[s0, 1].mean())
+    if cond1 > 1 - SYSTEMATIC:
+        return None
+    first = int(np.flatnonzero(s0 & ~eq[:, 1])[0])
+    return Finding(
+        "depth_divergence", "error", side="ours", slot=1, **pd.at(first),
+        message=(f"slot 0 agrees in {pct(agree[0])} of paired blocks but slot 1 in only "
+                 f"{pct(cond1)} of those: the multi-step draft loop is broken beyond depth 0 "
+                 f"(positions, seq_lens or the previous token not advanced)"),
+        evidence={"per_position": [float(x) for x in agree], "slot1_given_slot0": cond1})
+
+
+def stale(pd: PairData) -> Finding | None:
+    """stale_state: right after a rejection the next block differs while the anchor agrees."""
+    oa = pd.oa
+    b = oa.t.blocks
+    prev = oa.prev[pd.al.ia]
+    has_prev = prev >= 0
+    pv = np.where(has_prev, prev, 0)
+    rejected = pd.trusted & has_prev & (b.accepted[pv] >= 0) & (b.accepted[pv] < oa.nchecked[pv])
+    clean = pd.trusted & ~rejected
+    mism = ~pd.cmp.exact & pd.cmp.anchor_eq
+    if rejected.sum() < MIN_BLOCKS or clean.sum() < MIN_BLOCKS:
+        return None
+    r_rej, r_clean = float(mism[rejected].mean()), float(mism[clean].mean())
+    if r_rej < SYSTEMATIC or r_clean > 0.2 or r_rej < 3 * r_clean:
+        return None
+    first = int(np.flatnonzero(rejected & mism)[0])
+    return Finding(
+        "stale_state", "error", side="ours", **pd.at(first),
+        message=(f"right after a rejection ours proposes differently in {pct(r_rej)} of "
+                 f"{int(rejected.sum())} paired blocks, otherwise in {pct(r_clean)}: the "
+                 f"drafter keeps stale state (KV or hidden state of rejected tokens)"),
+        evidence={"after_rejection": r_rej, "otherwise": r_clean,
+                  "blocks_after_rejection": int(rejected.sum())})
+
+
+def batch(pd: PairData) -> Finding | None:
+    """batch_dependence: mismatches concentrate on batch rows > 0 or batch sizes > 1."""
+    b = pd.oa.t.blocks
+    mism = ~pd.cmp.exact & pd.trusted
+    for col, label, base in (("batch_row", "batch row", 0), ("batch_size", "batch size", 1)):
+        v = getattr(b, col)[pd.al.ia].astype(np.int64)
+        lo, hi = pd.trusted & (v == base), pd.trusted & (v > base)
+        if lo.sum() < MIN_BLOCKS or hi.sum() < MIN_BLOCKS:
+            continue
+        r_lo, r_hi = float(mism[lo].mean()), float(mism[hi].mean())
+        if r_hi >= SYSTEMATIC and r_lo <= 0.1:
+            first = int(np.flatnonzero(hi & mism)[0])
+            return Finding(
+                "batch_dependence", "error", side="ours", **pd.at(first),
+                message=(f"proposals differ in {pct(r_hi)} of blocks at {label} > {base} but "
+                         f"{pct(r_lo)} at {label} {base}: drafts depend on the batch "
+                         f"(indexing in padded or sorted batches)"),
+                evidence={"by": col, "mismatch_rate_low": r_lo, "mismatch_rate_high": r_hi,
+                          "blocks_low": int(lo.sum()), "blocks_high": int(hi.sum())})
+    return None
+
+
+def mismatch(pd: PairData) -> Finding | None:
+    """draft_mismatch: proposals differ at matched anchors with no more specific pattern."""
+    bad = ~pd.cmp.exact & pd.cmp.anchor_eq
+    if not bad.any():
+        return None
+    P = len(bad)
+    rate = float(bad.mean())
+    first = int(np.flatnonzero(bad)[0])
+    kmin = np.minimum(pd.ka, pd.kb)
+    slot0 = float(((kmin > 0) & ~pd.cmp.eq[:, 0])[bad].mean())
+    sev = "error" if rate >= MISMATCH_ERROR_RATE else "warning"
+    tie = "" if sev == "error" else " (few: possibly numerical near-ties)"
+    # The first differing slot both sides have (None: only the lengths differ).
+    fs = int(pd.cmp.first_slot[first])
+    slot = fs if 0 <= fs < kmin[first] else None
+    return Finding(
+        "draft_mismatch", sev, side="ours", slot=slot, **pd.at(first),
+        message=(f"proposals differ at matched anchors in {int(bad.sum())} of {P} paired blocks "
+                 f"({pct(rate)}), from slot 0 in {pct(slot0)} of them, with no shift or "
+                 f"mapping pattern{tie}"),
+        evidence={"blocks": int(bad.sum()), "paired": P, "rate": rate, "from_slot0": slot0,
+                  "example": pd.example(first)})
+
+
+def content(al: Alignment, oa: TraceData, dec: Decoder | None) -> Finding | None:
+    """content_divergence: the two outputs differ from some position on."""
+    div = np.flatnonzero(al.divergence != NO_DIVERGENCE)
+    if not len(div):
+        return None
+    p = int(div[0])
+    i, j, d = int(al.req_a[p]), int(al.req_b[p]), int(al.divergence[p])
+    sa, sb = oa.t.requests.full_sequence(i), al.b.requests.full_sequence(j)
+    in_pair = al.pair_of_block_a == p
+    beyond_a = int(in_pair.sum() - (al.comparable_a & in_pair).sum())
+    plen = len(oa.t.requests.prompt_ids[i])
+    return Finding(
+        "content_divergence", "error", side="both", request=oa.t.requests.req_id[i],
+        position=d,
+        message=(f"the outputs differ in {len(div)} of {al.pairs} matched requests (first: "
+                 f"request {oa.t.requests.req_id[i]} at position {d}, output token {d - plen}: "
+                 f"ours {tok(dec, [sa[d]])[0]} vs theirs {tok(dec, [sb[d]])[0]}); blocks "
+                 f"past it are not compared and acceptance totals on all content compare "
+                 f"different text"),
+        evidence={"requests": len(div), "position": d, "ours_token": tok(dec, [sa[d]]),
+                  "theirs_token": tok(dec, [sb[d]]), "blocks_not_compared_ours": beyond_a,
+                  "divergences": [{"request": oa.t.requests.req_id[int(al.req_a[q])],
+                                   "position": int(al.divergence[q])} for q in div[:10]]})

@@ -1,0 +1,303 @@
+"""Single-trace detectors: each reads one side (:class:`~.data.SideInput`) and returns at
+most one :class:`~.model.Finding`, pointing at the first block where its pattern shows.
+
+Vectorised over block columns, in chunks of rows (:data:`~spectrace.tracer.parallel.CHUNK`)
+so temporaries stay small. The loop detector lives in :mod:`.loops`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..align import Alignment
+from ..compare import anchors_equal, slot_equal, slots_present
+from ..index import memo
+from ..parallel import chunks
+from .data import SideInput, TraceData
+from .model import Finding, pct, tok
+from .thresholds import MIN_BLOCKS, SYSTEMATIC
+
+
+def _token_at(td: TraceData, req: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """int64 [n] the token of request ``req`` at position ``pos`` (-1 outside the sequence)."""
+    length = td.length[req]
+    ok = (pos >= 0) & (pos < length)
+    out = np.full(len(req), -1, np.int64)
+    out[ok] = td.flat[td.start[req[ok]] + pos[ok]]
+    return out
+
+
+def anchor_consistency(s: SideInput) -> Finding | None:
+    """anchor_shift within a trace: the recorded anchor is not the sequence at its position."""
+    td = s.td
+    b = td.t.blocks
+    n = len(b)
+    known, bad = np.zeros(n, bool), np.zeros(n, bool)
+    for c in chunks(n):
+        req, anchor, pos = b.request[c], b.anchor[c], b.position[c].astype(np.int64)
+        known[c] = (anchor >= 0) & (pos >= 0) & (pos < td.length[req])
+        bad[c] = known[c] & ~anchors_equal(_token_at(td, req, pos), anchor)
+    nknown, nbad = int(known.sum()), int(bad.sum())
+    if nknown < MIN_BLOCKS or nbad < SYSTEMATIC * nknown or nbad < MIN_BLOCKS:
+        return None
+    # Which neighbouring position holds the recorded anchor, over the bad blocks only.
+    idx = np.flatnonzero(bad)
+    req, pos, anchor = b.request[idx], b.position[idx].astype(np.int64), b.anchor[idx]
+    shifts = {d: float((_token_at(td, req, pos + d) == anchor).mean())
+              for d in range(-4, 5) if d != 0}
+    best = max(shifts, key=shifts.get)
+    first = int(idx[0])
+    shift_txt = (f"; the anchor is the token at position{best:+d} in {pct(shifts[best])}"
+                 if shifts[best] >= SYSTEMATIC else "")
+    return Finding(
+        "anchor_shift", "error", side=td.side, **td.at(first),
+        message=(f"{td.side}: the recorded anchor is not the sequence's token at the anchor "
+                 f"position in {nbad} of {nknown} blocks{shift_txt}"),
+        evidence={"blocks": nbad, "checked": nknown,
+                  "shift": best if shifts[best] >= SYSTEMATIC else None,
+                  "shift_rates": {str(k): v for k, v in shifts.items()}})
+
+
+def verified_vs_proposed(s: SideInput) -> Finding | None:
+    """verified_differs: what the target consumed is not what the drafter produced (the
+    kernel's slot equality of each block's proposal with its own verified ids)."""
+    td, dec = s.td, s.decoder
+    b = td.t.blocks
+    if b.verified is b.proposed or (b.proposed.shape == b.verified.shape
+                                    and np.array_equal(b.proposed, b.verified)):
+        return None  # the common case: the store said so, or one pass
+    nv = b.num_verified.astype(np.int64)
+    k = b.k.astype(np.int64)
+    w = min(b.proposed.shape[1], b.verified.shape[1])
+    verified = b.verified[:, :w]
+    diff = slots_present(k, nv, w) & ~slot_equal(b.proposed[:, :w], verified, k, nv)
+    bad = diff.any(axis=1)
+    if not bad.any():
+        return None
+    trimmed = (nv >= 0) & (nv < k)
+    first = int(np.flatnonzero(bad)[0])
+    per_slot = diff.sum(axis=0)
+    worst = int(per_slot.argmax())
+    vals = verified[diff]
+    anchors = np.broadcast_to(b.anchor[:, None], diff.shape)[diff]
+    equals_anchor = float((vals == anchors).mean())
+    placeholder = float((vals < 0).mean())
+    note = ""
+    if equals_anchor >= SYSTEMATIC:
+        note = (f"; the verified value equals the block's anchor (the previous emitted token) "
+                f"in {pct(equals_anchor)}")
+    elif placeholder >= SYSTEMATIC:
+        note = f"; {pct(placeholder)} of them are placeholder ids (-1)"
+    j = int(np.flatnonzero(diff[first])[0])
+    return Finding(
+        "verified_differs", "error", side=td.side, slot=j, **td.at(first),
+        message=(f"{td.side}: the target verified other ids than the drafter proposed in "
+                 f"{int(bad.sum())} of {int((nv >= 0).sum())} blocks, mostly slot {worst} "
+                 f"({int(per_slot[worst])} blocks){note}"),
+        evidence={"blocks": int(bad.sum()), "per_slot": per_slot.tolist(),
+                  "equals_anchor": equals_anchor, "placeholders": placeholder,
+                  "trimmed_blocks": int(trimmed.sum()),
+                  "example": {"proposed": tok(dec, b.proposed[first, :b.k[first]]),
+                              "verified": tok(dec, b.verified[first, :max(nv[first], 0)])}})
+
+
+def constant_rate(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
+    """Blocks (k >= 2) whose proposed ids are all equal: ``(mask, eligible)``, bool [n]
+    each (memoised in the trace's cache)."""
+    return memo(td.t, "constant_rate", lambda: _constant_rate(td))
+
+
+def _constant_rate(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
+    b = td.t.blocks
+    p, k = b.proposed, b.k
+    elig = k >= 2
+    const = elig.copy()
+    for c in chunks(len(k)):
+        pc, kc, out = p[c], k[c], const[c]
+        for j in range(1, p.shape[1]):
+            out &= (pc[:, j] == pc[:, 0]) | (kc <= j)  # padded slots count as equal
+    return const, elig
+
+
+def _constant_both(td: TraceData, rate: float, ref_rate: float, first: int,
+                   dec) -> Finding | None:
+    """Both sides hold one id across slots: no difference between the engines, but still
+    worth a look (or the output loops on both). Reported once, from our side."""
+    if td.side != "ours":
+        return None
+    const, elig = constant_rate(td)
+    return Finding(
+        "constant_drafts", "warning", side="both", slot=1, **td.at(first),
+        message=(f"both engines hold one id in every slot in most blocks (ours "
+                 f"{pct(rate)}, theirs {pct(ref_rate)}): not a difference between "
+                 f"them, but either both drafters copy the step-0 draft across depth "
+                 f"or the output repeats one token (see degenerate_output)"),
+        evidence={"blocks": int(const.sum()), "eligible": int(elig.sum()),
+                  "rate": float(rate), "reference_rate": float(ref_rate),
+                  "example": tok(dec, td.t.blocks.proposed[first, :td.t.blocks.k[first]])})
+
+
+def constant_drafts(s: SideInput) -> Finding | None:
+    """constant_drafts: one id repeated across every slot in most blocks (vs the reference,
+    when ``s.ref`` is given: it reads the reference's :func:`constant_rate` memo)."""
+    td, ref, dec = s.td, s.ref, s.decoder
+    const, elig = constant_rate(td)
+    if elig.sum() < MIN_BLOCKS:
+        return None
+    rate = const.sum() / elig.sum()
+    if rate < SYSTEMATIC:
+        return None
+    first = int(np.flatnonzero(const)[0])
+    ref_rate = None
+    if ref is not None:
+        rc, re_ = constant_rate(ref)
+        ref_rate = rc.sum() / re_.sum() if re_.sum() else 0.0
+        if rate < 3 * ref_rate:
+            return _constant_both(td, rate, ref_rate, first, dec)
+    b = td.t.blocks
+    ref_txt = f" (reference: {pct(ref_rate)})" if ref_rate is not None else ""
+    return Finding(
+        "constant_drafts", "error", side=td.side, slot=1, **td.at(first),
+        message=(f"{td.side}: every slot holds the same id in {int(const.sum())} of "
+                 f"{int(elig.sum())} blocks ({pct(rate)}){ref_txt}: the step-0 draft is "
+                 f"copied across depth, or the blocks are placeholders"),
+        evidence={"blocks": int(const.sum()), "eligible": int(elig.sum()), "rate": float(rate),
+                  "reference_rate": None if ref_rate is None else float(ref_rate),
+                  "example": tok(dec, b.proposed[first, :b.k[first]])})
+
+
+def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) -> np.ndarray:
+    """Blocks of ``td`` that follow a gap: the engine emitted up to anchor position q without
+    drafting from q, although ``ref`` drafted from q on matched content.
+
+    Args:
+        side_a: ``td`` is the alignment's ours (``al.a``).
+    Returns:
+        int64 block indices (the block after each such gap).
+    """
+    b = td.t.blocks
+    pob = al.pair_of_block_a if side_a else al.pair_of_block_b
+    rpob = al.pair_of_block_b if side_a else al.pair_of_block_a
+    rcomp = al.comparable_b if side_a else al.comparable_a
+    gaps, exp = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for c in chunks(len(b)):
+        pv = td.prev[c]
+        has = pv >= 0
+        pv = np.maximum(pv, 0)
+        acc = b.accepted[pv]
+        expected = b.position[pv].astype(np.int64) + acc + 1
+        gap = np.flatnonzero(has & (acc >= 0) & (b.position[c] > expected) & (pob[c] >= 0))
+        gaps.append(gap + c.start)
+        exp.append(expected[gap])
+    idx, expected = np.concatenate(gaps), np.concatenate(exp)
+    if not len(idx):
+        return idx
+    stride = int(max(b.position.max(initial=0), ref.t.blocks.position.max(initial=0),
+                     expected.max())) + 2
+    want = pob[idx] * stride + expected
+    have = rpob[rcomp] * stride + ref.t.blocks.position[rcomp].astype(np.int64)
+    return idx[np.isin(want, have)]
+
+
+def _stopping_requests(td: TraceData) -> list[int]:
+    """Last blocks of requests that stop proposing long before their output ends."""
+    b = td.t.blocks
+    req = b.request.astype(np.int64)
+    kmax = int(b.k.max(initial=0))
+    return [int(blk) for blk in np.flatnonzero(td.last)
+            if td.length[req[blk]] and b.position[blk] + 1 + kmax + 1 < td.length[req[blk]] - 1]
+
+
+def unverified(s: SideInput) -> Finding | None:
+    """unverified_drafts: proposals without a verify record, requests whose blocks stop, or
+    (with ``s.skipped`` from :func:`skipped_anchors`) anchors the reference drafted from and
+    this engine silently skipped."""
+    td = s.td
+    b = td.t.blocks
+    none = (b.num_verified < 0) & (b.accepted < 0)
+    # The last proposal of a request is legitimately never verified (the request finished).
+    bad = none & ~td.last
+    stops = _stopping_requests(td)
+    skipped = np.zeros(0, np.int64) if s.skipped is None else s.skipped
+    if not bad.any() and len(stops) < 1 and len(skipped) < MIN_BLOCKS:
+        return None
+    if len(skipped) >= MIN_BLOCKS and not bad.any() and not stops:
+        first = int(skipped[0])
+        msg = (f"{td.side}: {len(skipped)} times a request went on without drafting from an "
+               f"anchor the other engine drafted from (first: request {td.req_id(first)} "
+               f"before position {int(b.position[first])}): drafts dropped before "
+               f"verification")
+    elif bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        msg = (f"{td.side}: {int(bad.sum())} of {len(bad)} draft blocks were proposed but "
+               f"never verified")
+    else:
+        first = stops[0]
+        msg = (f"{td.side}: {len(stops)} requests stop proposing long before their output "
+               f"ends (first: request {td.req_id(first)} after position "
+               f"{int(b.position[first])})")
+    return Finding("unverified_drafts", "error", side=td.side, **td.at(first), message=msg,
+                   evidence={"unverified_blocks": int(bad.sum()), "requests_stopping":
+                             [td.req_id(x) for x in stops[:10]],
+                             "skipped_anchors": int(len(skipped))})
+
+
+def bookkeeping(s: SideInput) -> Finding | None:
+    """acceptance_bookkeeping: recorded accepted counts disagree with the emitted stream."""
+    td = s.td
+    b = td.t.blocks
+    n = len(b)
+    known, bad, bad_emit = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
+    for c in chunks(n):
+        rec, rc = b.accepted[c].astype(np.int64), td.recomputed[c]
+        known[c] = (rec >= 0) & (rc >= 0)
+        # Where the recorded emission runs past the end of the stored output (trimmed at
+        # max_tokens or a stop), the recomputed count can only undercount.
+        trimmed = b.position[c] + 1 + rec >= td.length[b.request[c]]
+        ne = b.num_emitted[c]
+        bad_emit[c] = (ne >= 0) & (rec >= 0) & (ne != rec + 1) & ~trimmed
+        bad[c] = (known[c] & (rc != rec) & ~(trimmed & (rc < rec))) | bad_emit[c]
+    if not bad.any():
+        return None
+    rec, rc = b.accepted.astype(np.int64), td.recomputed.astype(np.int64)
+    first = int(np.flatnonzero(bad)[0])
+    return Finding(
+        "acceptance_bookkeeping", "error", side=td.side, **td.at(first),
+        message=(f"{td.side}: the recorded accepted count disagrees with the emitted stream in "
+                 f"{int(bad.sum())} of {int(known.sum())} blocks (recorded "
+                 f"{int(rec[known].sum())}, recomputed {int(rc[known].sum())} accepted tokens)"),
+        evidence={"blocks": int(bad.sum()), "recorded_total": int(rec[known].sum()),
+                  "recomputed_total": int(rc[known].sum()),
+                  "emitted_count_mismatch": int(bad_emit.sum()),
+                  "first": {"recorded": int(rec[first]), "recomputed": int(rc[first])}})
+
+
+def vocab_range(s: SideInput) -> Finding | None:
+    """vocab_mapping within a trace: ids outside the vocabulary or bunched below the draft
+    vocabulary size (d2t not applied)."""
+    td = s.td
+    b = td.t.blocks
+    meta = td.t.meta
+    if len(b) < MIN_BLOCKS:
+        return None
+    vocab = meta.get("vocab_size")
+    dvs = meta.get("draft_vocab_size")
+    max_id = int(b.proposed.max(initial=-1))  # the -1 pad never raises the max
+    # Negative ids are placeholders (-1, elided ids): not a vocabulary problem.
+    if vocab and max_id >= vocab:
+        live = np.arange(b.proposed.shape[1]) < b.k[:, None]
+        bad = live & (b.proposed >= vocab)
+        first = int(np.flatnonzero(bad.any(axis=1))[0])
+        return Finding("vocab_mapping", "error", side=td.side, **td.at(first),
+                       slot=int(np.flatnonzero(bad[first])[0]),
+                       message=(f"{td.side}: {int(bad.sum())} proposed ids lie outside the "
+                                f"target vocabulary of {vocab} ids (up to {max_id})"),
+                       evidence={"ids": int(bad.sum()), "vocab_size": vocab,
+                                 "max_id": max_id})
+    if dvs and vocab and dvs < vocab and meta.get("d2t") and max_id < dvs:
+        return Finding("vocab_mapping", "error", side=td.side, **td.at(0),
+                       message=(f"{td.side}: every proposed id is below the draft vocabulary "
+                                f"size {dvs} although a d2t mapping exists: the mapping to "
+                                f"target ids was not applied"),
+                       evidence={"draft_vocab_size": dvs, "max_id": max_id})
+    return None

@@ -1,0 +1,13 @@
+"""Detector thresholds, each with the reason for its value."""
+
+#: A loop is a repeating tail of at least this many tokens (and 3 periods): shorter repeats
+#: occur in healthy code and prose (indentation, closing brackets).
+LOOP_MIN_TOKENS = 24
+#: Longest loop period looked for (tokens).
+LOOP_MAX_PERIOD = 32
+#: A pattern must hold in this share of the blocks it is measured on to be called systematic.
+SYSTEMATIC = 0.5
+#: Fewest blocks a rate-based verdict is drawn from.
+MIN_BLOCKS = 3
+#: Below this share, proposal mismatches are reported as a warning (possible numerical ties).
+MISMATCH_ERROR_RATE = 0.02
