@@ -56,9 +56,8 @@ def ensure_traces(d: Path, requests: int, blocks: int) -> tuple[Path, Path]:
 
 async def _headless(a: Path, b: Path, analysis_timeout: float) -> dict:
     import psutil
-
     from spectrace.tui import make_app
-    from spectrace.tui.block_view import BlockView
+    from spectrace.tui.widgets.block_view import BlockView
 
     out: dict = {}
     t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """The spectrace viewer app and its factory :func:`make_app` (shared by the CLI and tests).
 
 The app opens the traces (lazily: only /meta is read up front, so the first paint is
-immediate), owns the :class:`~spectrace.tracer.view_model.ViewModel`, and runs the
+immediate), owns the :class:`~spectrace.tui.model.ViewModel`, and runs the
 background work in thread workers: the model's loading stages and the whole-trace analysis
 (in a thread for small traces, in a child process for big ones so its peak memory stays
 out of the viewer). With ``follow`` it polls the files and re-opens them when they grow,
@@ -17,17 +17,15 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from spectrace.tracer.store import Trace, TraceWarning, final_path, open_trace
+from spectrace.tracer.tokens import Decoder, decoder_for
 from textual.app import App
 from textual.worker import get_current_worker
 
-from spectrace.tracer.store import Trace, TraceWarning, final_path, open_trace
-from spectrace.tracer.tokens import Decoder, decoder_for
-from spectrace.tracer.view_model import (SUBPROCESS_BLOCKS, Analysis, ViewModel, analyse,
-                                         analyse_in_child)
-
 from .commands import SpectraceCommands
-from .main_screen import MainScreen
 from .messages import AnalysisReady, LoadProgress, ModelStage
+from .model import SUBPROCESS_BLOCKS, Analysis, ViewModel, analyse, analyse_in_child
+from .screens.main import MainScreen
 
 Spec = str | os.PathLike | Sequence[str | os.PathLike]
 

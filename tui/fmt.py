@@ -1,19 +1,23 @@
 """Text for people: token cells, row explanations and figures (pure functions, no widgets).
 
 Everything the block view, the detail dialog and the explain line say about a row is built
-here from a :class:`~spectrace.tracer.view_model.Window`, so the words are tested once.
+here from a :class:`~spectrace.tui.model.Window`, so the words are tested once. The
+severity styles of findings live here too (one copy in the viewer).
 """
 
 from __future__ import annotations
 
 from rich.cells import cell_len, set_cell_size
-
-from spectrace.tracer.align import NO_DIVERGENCE
+from spectrace.tracer.compare import NO_DIVERGENCE
 from spectrace.tracer.tokens import Decoder, show
-from spectrace.tracer.view_model import Pair, Window
+
+from .model import S_SHIFT, Pair, Window
 
 #: Shown for an absent id (padding) in cells.
 EMPTY = "·"
+
+#: Rich style of each finding severity.
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def fit(text: str, width: int) -> str:
@@ -63,7 +67,7 @@ def row_note(win: Window, i: int, paired_view: bool) -> str:
             return ""
         return "unverified" if a["unverified"][i].all() else ""
     if not win.comparable[i]:
-        return "past divergence"
+        return "past divergence" if win.pos[i] >= win.divergence else "final proposal"
     if not win.paired[i]:
         return "only ours" if a["has"][i] else "only theirs"
     if not win.anchor_eq[i]:
@@ -72,7 +76,7 @@ def row_note(win: Window, i: int, paired_view: bool) -> str:
         if a["k"][i] != b["k"][i] and win.first_diff[i] >= min(a["k"][i], b["k"][i]):
             return f"k {a['k'][i]}≠{b['k'][i]}"
         j = int(win.first_diff[i])
-        shifted = a["state"][i, j] == 3 or b["state"][i, j] == 3
+        shifted = a["state"][i, j] == S_SHIFT or b["state"][i, j] == S_SHIFT
         return f"≠ slot {j}" + (" (shift)" if shifted else "")
     if a["vdiff"][i].any() or b["vdiff"][i].any():
         return "verified≠proposed"
@@ -105,9 +109,12 @@ def explain(win: Window, i: int, pair: Pair, decoder: Decoder | None, divergence
         parts.append(f"{head} Proposed {drafts(a)}.")
         if a["unverified"][i].all() and a["k"][i]:
             parts.append("The target did not verify these drafts.")
-    elif not win.comparable[i]:
+    elif not win.comparable[i] and pos >= divergence:
         parts.append(f"{head} Past the content divergence at {divergence}: the two engines' "
                      f"texts differ from there on, so their drafts are not comparable.")
+    elif not win.comparable[i]:
+        parts.append(f"{head} The request's final proposal: drafted after the last common "
+                     f"token and never verified, so it compares with nothing.")
     elif not win.paired[i]:
         who, other = ("ours", "theirs") if a["has"][i] else ("theirs", "ours")
         side = a if a["has"][i] else b
@@ -134,21 +141,28 @@ def explain(win: Window, i: int, pair: Pair, decoder: Decoder | None, divergence
                 verdict = (f"{right[0]} drafted it" if len(right) == 1 else
                            "neither drafted it" if not right else "both drafted it")
                 parts.append(f"The text continues with {quoted(decoder, truth)}: {verdict}.")
-            sh = [jj for jj in range(min(ka, kb)) if a["state"][i, jj] == 3]
+            sh = [jj for jj in range(min(ka, kb)) if a["state"][i, jj] == S_SHIFT]
             if sh:
                 parts.append(f"Slot(s) {', '.join(map(str, sh))} match the other side one "
-                             f"or two slots off: a shift (layout or anchor offset).")
+                             f"slot off: a shift (layout or anchor offset).")
         parts.append(f"Ours: {drafts(a)}; theirs: {drafts(b)}.")
     else:
         parts.append(f"{head} Both engines proposed the same {int(a['k'][i])} drafts. "
                      f"Ours: {drafts(a)}; theirs: {drafts(b)}.")
-    for name, side in (("ours", a), ("theirs", b)):
-        if side is None or not side["has"][i]:
-            continue
-        vd = [int(j) for j in range(side["vdiff"].shape[1]) if side["vdiff"][i, j]]
-        if vd:
-            parts.append(f"{name.capitalize()} verified ids differ from the proposed ones at "
-                         f"slot(s) {', '.join(map(str, vd))}.")
+    parts += _verified_differs(win, i)
     for f in findings or []:
         parts.append(f"Finding ({f.kind}): {f.message}")
     return " ".join(parts)
+
+
+def _verified_differs(win: Window, i: int) -> list[str]:
+    """Per side of row ``i``: the slots whose verified id differs from the proposed one."""
+    out = []
+    for name, sd in (("ours", win.a), ("theirs", win.b)):
+        if sd is None or not sd["has"][i]:
+            continue
+        vd = [int(j) for j in range(sd["vdiff"].shape[1]) if sd["vdiff"][i, j]]
+        if vd:
+            out.append(f"{name.capitalize()} verified ids differ from the proposed ones at "
+                       f"slot(s) {', '.join(map(str, vd))}.")
+    return out

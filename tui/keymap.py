@@ -1,19 +1,22 @@
-"""Every key of the viewer, in one table: bindings, the footer and the help screen read it.
+"""Every key of the viewer, in one table: bindings, the footer, the help screen and the
+command palette read it.
 
 Each key has a stable ``id`` (Textual keymaps can remap it: ``App.set_keymap``), the keys,
-the action, a description and a group. Paging keys are not animated.
+the action, a description, a group and, for the main screen's actions, the palette's hint.
+Paging keys are not animated.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 
 
 @dataclass(frozen=True)
 class Key:
-    """One binding: ``keys`` (comma-separated Textual key names), shown as ``label``."""
+    """One binding: ``keys`` (comma-separated Textual key names), shown as ``label``;
+    ``hint`` is the command palette's help line (empty: not in the palette)."""
 
     id: str
     keys: str
@@ -22,33 +25,49 @@ class Key:
     group: str
     label: str
     show: bool = False
+    hint: str = ""
 
 
 #: The app-wide keys (the main screen), then the block view's own, then the lists'.
 KEYS: tuple[Key, ...] = (
     Key("quit", "q", "app.quit", "Quit", "general", "q", show=True),
     Key("help", "question_mark,f1", "help", "Help: every key and colour", "general", "?",
-        show=True),
+        show=True, hint="every key and colour"),
     Key("palette", "ctrl+p", "app.command_palette", "Command palette", "general", "ctrl+p"),
-    Key("tab.overview", "1", "tab('overview')", "Overview tab", "general", "1"),
-    Key("tab.blocks", "2", "tab('blocks')", "Blocks tab", "general", "2"),
-    Key("tab.charts", "3", "tab('charts')", "Charts tab", "general", "3"),
-    Key("div.next", "n", "divergence(1)", "Next divergent block", "navigate", "n", show=True),
-    Key("div.prev", "N", "divergence(-1)", "Previous divergent block", "navigate", "N"),
-    Key("finding.next", "f", "finding(1)", "Next finding", "navigate", "f", show=True),
-    Key("finding.prev", "F", "finding(-1)", "Previous finding", "navigate", "F"),
+    Key("tab.overview", "1", "tab('overview')", "Overview tab", "general", "1",
+        hint="metadata, findings, acceptance"),
+    Key("tab.blocks", "2", "tab('blocks')", "Blocks tab", "general", "2",
+        hint="one line per anchor position"),
+    Key("tab.charts", "3", "tab('charts')", "Charts tab", "general", "3",
+        hint="acceptance and agreement, drawn"),
+    Key("div.next", "n", "divergence(1)", "Next divergent block", "navigate", "n", show=True,
+        hint="jump to the next block whose drafts differ"),
+    Key("div.prev", "N", "divergence(-1)", "Previous divergent block", "navigate", "N",
+        hint="jump back"),
+    Key("finding.next", "f", "finding(1)", "Next finding", "navigate", "f", show=True,
+        hint="jump to the next finding's location"),
+    Key("finding.prev", "F", "finding(-1)", "Previous finding", "navigate", "F",
+        hint="jump back"),
     Key("content", "c", "content_divergence", "Go to this request's content divergence",
-        "navigate", "c"),
-    Key("goto", "colon", "goto", "Go to anchor position", "navigate", ":", show=True),
-    Key("req.next", "right_square_bracket", "request(1)", "Next request", "navigate", "]"),
-    Key("req.prev", "left_square_bracket", "request(-1)", "Previous request", "navigate", "["),
-    Key("search", "slash", "search", "Search a token id or text", "navigate", "/", show=True),
-    Key("search.next", "full_stop", "search_again(1)", "Next search hit", "navigate", "."),
-    Key("search.prev", "comma", "search_again(-1)", "Previous search hit", "navigate", ","),
+        "navigate", "c", hint="where the two texts start to differ"),
+    Key("goto", "colon", "goto", "Go to anchor position", "navigate", ":", show=True,
+        hint="type a position"),
+    Key("req.next", "right_square_bracket", "request(1)", "Next request", "navigate", "]",
+        hint="the next request's blocks"),
+    Key("req.prev", "left_square_bracket", "request(-1)", "Previous request", "navigate", "[",
+        hint="the previous request's blocks"),
+    Key("search", "slash", "search", "Search a token id or text", "navigate", "/", show=True,
+        hint="find rows containing a token"),
+    Key("search.next", "full_stop", "search_again(1)", "Next search hit", "navigate", ".",
+        hint="the next row with the searched token"),
+    Key("search.prev", "comma", "search_again(-1)", "Previous search hit", "navigate", ",",
+        hint="the previous row with the searched token"),
     Key("filter", "d", "filter", "Show only divergent blocks (toggle)", "view", "d",
-        show=True),
-    Key("ids", "t", "toggle_ids", "Token ids / decoded text (toggle)", "view", "t", show=True),
-    Key("requests", "r", "toggle_requests", "Show / hide the requests pane", "view", "r"),
+        show=True, hint="show only blocks that differ"),
+    Key("ids", "t", "toggle_ids", "Token ids / decoded text (toggle)", "view", "t", show=True,
+        hint="decoded tokens or raw ids"),
+    Key("requests", "r", "toggle_requests", "Show / hide the requests pane", "view", "r",
+        hint="more room for the blocks"),
 )
 
 #: Keys of the block view (focused widget).
@@ -75,7 +94,7 @@ LIST_KEYS: tuple[Key, ...] = (
 )
 
 
-def bindings(keys: tuple[Key, ...]) -> list[Binding]:
+def bindings(keys: tuple[Key, ...]) -> list[BindingType]:
     """Textual bindings of ``keys`` (with ids, so a keymap can remap them)."""
     return [Binding(k.keys, k.action, k.description, show=k.show, key_display=k.label,
                     id=k.id) for k in keys]
@@ -84,3 +103,8 @@ def bindings(keys: tuple[Key, ...]) -> list[Binding]:
 def all_keys() -> tuple[Key, ...]:
     """Every key, for the help screen."""
     return KEYS + VIEW_KEYS + LIST_KEYS
+
+
+def palette_keys() -> tuple[Key, ...]:
+    """The main screen's keys the command palette offers (those with a ``hint``)."""
+    return tuple(k for k in KEYS if k.hint)

@@ -9,26 +9,25 @@ from __future__ import annotations
 
 import numpy as np
 from rich.text import Text
+from spectrace.tracer.compare import NO_DIVERGENCE
+from spectrace.tracer.findings import Finding
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, TabbedContent, TabPane
 
-from spectrace.tracer.align import NO_DIVERGENCE
-from spectrace.tracer.findings import Finding
-from spectrace.tracer.view_model import Analysis, Rows, ViewModel
-
-from .block_view import BlockView
-from .charts import Charts
+from ..fmt import divergence_text, explain
+from ..keymap import KEYS, bindings
+from ..messages import AnalysisReady, FindingChosen, JumpTo, LoadProgress, ModelStage
+from ..model import Analysis, QueryError, Rows, ViewModel, query_ids
+from ..widgets.block_view import BlockView
+from ..widgets.charts import Charts
+from ..widgets.overview import Overview, finding_where, verdict_text
+from ..widgets.request_list import RequestList, pair_badges
+from ..widgets.text_line import TextLine
 from .detail import BlockDetail, detail_renderable
 from .dialogs import GotoDialog, SearchDialog
-from .fmt import divergence_text, explain
 from .help import HelpScreen
-from .keymap import KEYS, bindings
-from .messages import AnalysisReady, FindingChosen, JumpTo, LoadProgress, ModelStage
-from .overview import Overview, finding_where
-from .request_list import RequestList
-from .text_line import TextLine
 
 
 class MainScreen(Screen):
@@ -185,61 +184,11 @@ class MainScreen(Screen):
         return first.get(str(f.request), second.get(str(f.request)))
 
     def _badges(self) -> dict[int, dict]:
-        out: dict[int, dict] = {}
-        an = self.analysis
-        per_req = an.per_request if an else {}
-        for p in self.model.pairs:
-            b: dict = {}
-            if an is not None:
-                b["analysed"] = True
-                if p.matched and p.index < len(an.per_pair):
-                    b["bad"] = an.per_pair[p.index]["bad"]
-                for key, side, req in (("acc_a", "ours", p.req_a), ("acc_b", "theirs", p.req_b)):
-                    d = per_req.get(side)
-                    if d and 0 <= req < len(d["checked"]) and d["checked"][req]:
-                        b[key] = d["accepted"][req] / d["checked"][req]
-            out[p.index] = b
-        for f in self.findings:
-            p = self.finding_pair(f)
-            if p is not None:
-                out.setdefault(p, {})
-                out[p]["findings"] = out[p].get("findings", 0) + 1
-                if f.kind == "degenerate_output":
-                    out[p]["degenerate"] = True
-        return out
+        return pair_badges(self.model.pairs, self.analysis, self.findings, self.finding_pair)
 
     def _verdict(self) -> None:
-        t = Text()
-        an, m = self.analysis, self.model
-        if an is None:
-            t.append(self.analysis_error or "Analysing the traces… (the block view works "
-                     "meanwhile: press 2)", style="dim")
-        elif m.paired:
-            doc = an.doc
-            if doc["diverged"]:
-                t.append("DIVERGED", style="bold red")
-                t.append(": " + "; ".join(doc["reasons"]) + "\n")
-            else:
-                t.append("NO DIVERGENCE", style="bold green")
-                t.append(" on comparable blocks\n")
-            q = doc["requests"]
-            t.append(f"{q['matched']} request pairs matched; content diverged in "
-                     f"{q['content_diverged']}; unmatched: ours {len(q['unmatched_ours'])}, "
-                     f"theirs {len(q['unmatched_theirs'])}.\n")
-            first = next(((p, d["first_bad"]) for p, d in enumerate(an.per_pair)
-                          if d["first_bad"] is not None), None)
-            if first is not None and first[0] < len(m.pairs):
-                t.append("First divergent block: ", style="bold")
-                t.append(f"request {m.pairs[first[0]].label}, position {first[1]}")
-                t.append("  — press n to go there, enter on it for the detail, ? for help.",
-                         style="dim")
-        else:
-            s = an.doc["summary"]
-            t.append(f"{s['requests']} requests, {s['blocks']} blocks, "
-                     f"{len(an.findings)} findings.\n")
-            t.append("Press 2 for the blocks, f for the next finding, ? for help.",
-                     style="dim")
-        self.query_one(Overview).show_verdict(t)
+        self.query_one(Overview).show_verdict(verdict_text(self.analysis, self.model,
+                                                           self.analysis_error))
 
     def _update_marks(self) -> None:
         marks = frozenset(int(f.position) for f in self.findings
@@ -492,39 +441,42 @@ class MainScreen(Screen):
             return
 
         def done(query: str | None) -> None:
-            if query is None:
-                return
-            ids = self._search_ids(query)
-            if ids is None:
-                return
-            self.search_ids, self.search_text = ids, query
-            self.view.set_hits(frozenset(int(x) for x in ids[:4096]))
-            self.action_search_again(1)
+            if query is not None:
+                self._run_search(query, None, 1)
 
         self.app.push_screen(SearchDialog(self.search_text), done)
-
-    def _search_ids(self, query: str) -> np.ndarray | None:
-        q = query.strip()
-        if q.lstrip("#").isdigit():
-            return np.array([int(q.lstrip("#"))])
-        dec = self.app.decoder  # type: ignore[attr-defined]
-        if dec is None:
-            self.notify("no tokenizer: search by id (digits)", severity="warning")
-            return None
-        needle = query.casefold()
-        ids = [t for t in range(dec.vocab_size) if needle in dec.token(t).casefold()]
-        if not ids:
-            self.notify(f"no token contains {query!r}", severity="warning")
-            return None
-        return np.array(ids)
 
     def action_search_again(self, direction: int) -> None:
         """Next (1) / previous (-1) row with a search hit."""
         if self.search_ids is None or not self._ready():
             self.notify("search first with /")
             return
-        hit = self.model.search(max(self.pair, 0), self._base_row(), self.search_ids,
-                                forward=direction > 0)
+        self._run_search(self.search_text, self.search_ids, direction)
+
+    def _run_search(self, query: str, ids: np.ndarray | None, direction: int) -> None:
+        """Resolve ``query`` to ids (unless ``ids`` are known: an O(vocab) scan for text)
+        and find the next row holding one, in a worker thread; :meth:`_searched` shows it."""
+        model, pair, row = self.model, max(self.pair, 0), self._base_row()
+        decoder = self.app.decoder  # type: ignore[attr-defined]
+
+        def work() -> None:
+            try:
+                found = query_ids(query, decoder) if ids is None else ids
+            except QueryError as exc:
+                self.app.call_from_thread(self.notify, str(exc), severity="warning")
+                return
+            hit = model.search(pair, row, found, forward=direction > 0)
+            self.app.call_from_thread(self._searched, model, query, found, hit)
+
+        self.run_worker(work, thread=True, group="search", exclusive=True, name="search")
+
+    def _searched(self, model: ViewModel, query: str, ids: np.ndarray,
+                  hit: tuple[int, int] | None) -> None:
+        if model is not self.model:  # re-opened meanwhile (follow mode): rows moved
+            return
+        if ids is not self.search_ids:
+            self.search_ids, self.search_text = ids, query
+            self.view.set_hits(frozenset(int(x) for x in ids[:4096]))
         if hit is None:
             self.notify(f"{self.search_text!r} not found", severity="warning")
             return

@@ -10,23 +10,23 @@ from __future__ import annotations
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
+from spectrace.tracer.store import Trace
+from spectrace.tracer.tokens import Decoder, show
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from spectrace.tracer.tokens import Decoder, show
-from spectrace.tracer.view_model import STATE_NAMES, Rows, ViewModel
-
-from .fmt import divergence_text, explain, token
+from ..fmt import divergence_text, explain
+from ..model import STATE_NAMES, Rows, ViewModel, Window
 
 STATE_STYLE = {"equal": "green", "different": "bold red", "shifted": "bold yellow",
                "past divergence": "bright_black", "unpaired": "", "none": "dim"}
 
 
-def _tok(decoder: Decoder | None, tid: int) -> str:
-    return "" if tid < 0 else token(decoder, tid, ids=False) if decoder else ""
+#: One side of a row: (side name, trace, block index or -1, request row).
+Side = tuple[str, Trace, int, int]
 
 
 def detail_renderable(model: ViewModel, rows: Rows, row: int, decoder: Decoder | None,
@@ -39,12 +39,20 @@ def detail_renderable(model: ViewModel, rows: Rows, row: int, decoder: Decoder |
     title = Text(f"Request {pair.label}   anchor position {pos}   content divergence "
                  f"{divergence_text(rows.divergence)}", style="bold")
     why = Text(explain(win, i, pair, decoder, rows.divergence, findings, next_ids))
-    sides = [("ours", model.a, rows.ia[row], pair.req_a)]
+    sides: list[Side] = [("ours", model.a, int(rows.ia[row]), pair.req_a)]
     if model.b is not None:
-        sides.append(("theirs", model.b, rows.ib[row], pair.req_b))
-    blocks = {name: (model.block(name, int(idx)) if idx >= 0 else None)
+        sides.append(("theirs", model.b, int(rows.ib[row]), pair.req_b))
+    blocks = {name: (model.block(name, idx) if idx >= 0 else None)
               for name, _, idx, _ in sides}
+    # Identical content up to the anchor: one context says it all.
+    one_context = model.b is not None and pair.matched and rows.divergence > pos
+    return Group(title, Text(""), why, Text(""), _facts(sides, blocks, decoder), Text(""),
+                 _slots(sides, blocks, win, i, decoder), Text(""),
+                 *_context(model, sides, pos, decoder, one_context), Text(""),
+                 *_timings(model, sides, blocks))
 
+
+def _facts(sides: list[Side], blocks: dict, decoder: Decoder | None) -> Table:
     facts = Table(box=None, padding=(0, 2), show_edge=False)
     facts.add_column("", style="bold")
     for name, tr, _, _ in sides:
@@ -64,7 +72,11 @@ def detail_renderable(model: ViewModel, rows: Rows, row: int, decoder: Decoder |
         anchor_vals.append("-" if blk is None else
                            f"{blk['anchor']} {_q(decoder, blk['anchor'])}")
     facts.add_row("anchor", *anchor_vals)
+    return facts
 
+
+def _slots(sides: list[Side], blocks: dict, win: Window, i: int,
+           decoder: Decoder | None) -> Table:
     slots = Table(box=None, padding=(0, 1), show_edge=False, title="drafts slot by slot",
                   title_justify="left", title_style="bold")
     slots.add_column("slot", justify="right")
@@ -75,7 +87,7 @@ def detail_renderable(model: ViewModel, rows: Rows, row: int, decoder: Decoder |
                 [len(b["proposed"]) for b in blocks.values() if b] + [0])
     side_key = {"ours": "a", "theirs": "b"}
     for j in range(width):
-        cells = [str(j)]
+        cells: list[str | Text] = [str(j)]
         for name, *_ in sides:
             blk = blocks[name]
             sd = getattr(win, side_key[name])
@@ -93,14 +105,18 @@ def detail_renderable(model: ViewModel, rows: Rows, row: int, decoder: Decoder |
                         txt.stylize("underline")
                 cells.append(txt)
         slots.add_row(*cells)
+    return slots
 
-    ctx_parts = [Text("preceding context (anchor last)", style="bold")]
-    for name, tr, idx, req in sides:
+
+def _context(model: ViewModel, sides: list[Side], pos: int, decoder: Decoder | None,
+             one: bool) -> list[Text]:
+    parts = [Text("preceding context (anchor last)", style="bold")]
+    for name, _, idx, req in sides:
         if idx < 0:
             continue
         ids = model.context(name, req, pos)
         if not len(ids):
-            ctx_parts.append(Text(f"  {name}: output ids not recorded", style="dim"))
+            parts.append(Text(f"  {name}: output ids not recorded", style="dim"))
             continue
         line = Text(f"  {name}: ", style="dim")
         if decoder is not None:
@@ -109,25 +125,25 @@ def detail_renderable(model: ViewModel, rows: Rows, row: int, decoder: Decoder |
         else:
             line.append("… " + " ".join(str(int(x)) for x in ids[:-1]) + " ")
             line.append(f"⟦{int(ids[-1])}⟧", style="bold reverse")
-        ctx_parts.append(line)
-        if model.b is not None and pair.matched and rows.divergence > pos:
-            break  # identical content: one context says it all
+        parts.append(line)
+        if one:
+            break
+    return parts
 
+
+def _timings(model: ViewModel, sides: list[Side], blocks: dict) -> list[Text]:
     timing = [Text("phase timings of the block's engine step", style="bold")]
-    any_t = False
     for name, *_ in sides:
         blk = blocks[name]
         if blk is None:
             continue
         ph = model.phases_of(name, blk["step"], blk["file"])
         if ph:
-            any_t = True
             timing.append(Text(f"  {name}: " + ", ".join(f"{n} {ms:.3f} ms (level {lv})"
                                                         for n, ms, lv in ph)))
-    if not any_t:
+    if len(timing) == 1:
         timing.append(Text("  not recorded", style="dim"))
-    return Group(title, Text(""), why, Text(""), facts, Text(""), slots, Text(""),
-                 *ctx_parts, Text(""), *timing)
+    return timing
 
 
 def _q(decoder: Decoder | None, tid: int) -> str:
@@ -139,7 +155,7 @@ def _q(decoder: Decoder | None, tid: int) -> str:
 class BlockDetail(ModalScreen[None]):
     """The detail dialog of one row (see the module docstring)."""
 
-    BINDINGS = [Binding("escape,enter,q", "dismiss", "Close", id="detail.close")]
+    BINDINGS = [Binding("escape,enter,q", "close", "Close", id="detail.close")]
     DEFAULT_CSS = """
     BlockDetail { align: center middle; }
     BlockDetail > VerticalScroll {
@@ -155,6 +171,6 @@ class BlockDetail(ModalScreen[None]):
         with VerticalScroll():
             yield Static(self.body, id="detail-body")
 
-    def action_dismiss(self) -> None:
+    def action_close(self) -> None:
         """Close."""
         self.dismiss(None)

@@ -1,7 +1,7 @@
 """The overview tab: both engines' metadata side by side, the verdict, the findings (select
 one to jump to it) and acceptance on matched vs all content.
 
-Pure presentation of :class:`~spectrace.tracer.view_model.Analysis` and the traces' /meta;
+Pure presentation of :class:`~spectrace.tui.model.Analysis` and the traces' /meta;
 computes nothing heavier than a table.
 """
 
@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import json
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
+from spectrace.tracer.diff_result import CountedAcceptance
+from spectrace.tracer.findings import Finding
+from spectrace.tracer.metrics import CONVENTIONS, Acceptance
+from spectrace.tracer.verdict import verdict
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from spectrace.tracer.findings import Finding
-from spectrace.tracer.metrics import CONVENTIONS
-from spectrace.tracer.view_model import Analysis, ViewModel
-
-from .fmt import pct
-from .messages import FindingChosen
+from ..fmt import SEVERITY_STYLE, pct
+from ..messages import FindingChosen
+from ..model import Analysis, ViewModel
 
 #: Metadata rows, in order (key, label).
 META_ROWS = (("engine", "engine"), ("engine_version", "version"), ("engine_commit", "commit"),
@@ -31,8 +32,6 @@ META_ROWS = (("engine", "engine"), ("engine_version", "version"), ("engine_commi
              ("draft_vocab_size", "draft vocab"), ("d2t", "d2t"), ("backends", "backends"),
              ("source", "source"), ("trace_level", "trace level"),
              ("max_num_seqs", "max_num_seqs"))
-
-SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def _value(v) -> str:
@@ -87,30 +86,64 @@ def finding_where(f: Finding) -> str:
     return " ".join(parts)
 
 
+def verdict_text(an: Analysis | None, model: ViewModel, error: str | None = None) -> Text:
+    """The verdict lines at the top of the overview: the diff's verdict sentence
+    (:func:`spectrace.tracer.verdict.verdict`), the request counts and where the first
+    divergent block is (or, for one trace, its size and findings)."""
+    t = Text()
+    if an is None:
+        t.append(error or "Analysing the traces… (the block view works meanwhile: press 2)",
+                 style="dim")
+    elif an.diff is not None:
+        v = verdict(an.diff.diverged, an.diff.reasons)
+        t.append(v.word.upper(), style="bold red" if v.diverged else "bold green")
+        t.append(v.detail + "\n")
+        q = an.diff.requests
+        t.append(f"{q.matched} request pairs matched; content diverged in "
+                 f"{q.content_diverged}; unmatched: ours {len(q.unmatched_ours)}, "
+                 f"theirs {len(q.unmatched_theirs)}.\n")
+        first = next(((p, d["first_bad"]) for p, d in enumerate(an.per_pair)
+                      if d["first_bad"] is not None), None)
+        if first is not None and first[0] < len(model.pairs):
+            t.append("First divergent block: ", style="bold")
+            t.append(f"request {model.pairs[first[0]].label}, position {first[1]}")
+            t.append("  — press n to go there, enter on it for the detail, ? for help.",
+                     style="dim")
+    elif an.summary is not None:
+        s = an.summary
+        t.append(f"{s['requests']} requests, {s['blocks']} blocks, "
+                 f"{len(an.findings)} findings.\n")
+        t.append("Press 2 for the blocks, f for the next finding, ? for help.", style="dim")
+    return t
+
+
 def acceptance_table(an: Analysis, paired: bool) -> Table:
     """Acceptance per engine on matched and on all content (recorded / recomputed)."""
     t = Table(show_edge=False, box=None, padding=(0, 2))
     t.add_column("recorded / recomputed", style="bold")
-    if paired:
-        acc = an.doc["acceptance"]
-        cols = [(f"{side} {scope}", acc[side][key]) for side in ("ours", "theirs")
-                for scope, key in (("matched", "matched_content"), ("all", "all_content"))]
-    else:
-        s = an.doc["summary"]
-        cols = [("all content", {"recorded": s["recorded"], "recomputed": s["recomputed"]})]
+    cols: list[tuple[str, CountedAcceptance]] = []
+    if paired and an.diff is not None:
+        acc = an.diff.acceptance
+        for side, engine in (("ours", acc.ours), ("theirs", acc.theirs)):
+            cols += [(f"{side} matched", engine.matched_content),
+                     (f"{side} all", engine.all_content)]
+    elif an.summary is not None:
+        s = an.summary  # spectrace info's dict: its acceptance keys are Acceptance's fields
+        cols = [("all content", CountedAcceptance(Acceptance(**s["recorded"]),
+                                                  Acceptance(**s["recomputed"])))]
     for name, _ in cols:
         t.add_column(name, justify="right")
 
-    def cell(d: dict, key: str, fmt) -> str:
-        return f"{fmt(d['recorded'][key])} / {fmt(d['recomputed'][key])}"
+    def cell(d: CountedAcceptance, key: str, fmt) -> str:
+        return f"{fmt(getattr(d.recorded, key))} / {fmt(getattr(d.recomputed, key))}"
 
     num = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-    t.add_row("blocks", *[str(d["recorded"]["blocks"]) for _, d in cols])
+    t.add_row("blocks", *[str(d.recorded.blocks) for _, d in cols])
     t.add_row("acceptance rate", *[cell(d, "acceptance_rate", pct) for _, d in cols])
     t.add_row("mean acceptance length",
               *[cell(d, "mean_acceptance_length", num) for _, d in cols])
     t.add_row("accepted / verified tokens",
-              *[f"{d['recorded']['accepted_tokens']} / {d['recorded']['verified_tokens']}"
+              *[f"{d.recorded.accepted_tokens} / {d.recorded.verified_tokens}"
                 for _, d in cols])
     return t
 
@@ -162,13 +195,13 @@ class Overview(VerticalScroll):
             opts.add_option(Option(Text("no findings", style="dim"), disabled=True))
         for i, f in enumerate(self.findings):
             opts.add_option(Option(finding_line(f, finding_where(f)), id=f"finding-{i}"))
-        parts = [acceptance_table(an, paired)]
-        if paired:
-            c, g = an.doc["coverage"], an.doc["agreement"]
+        parts: list[RenderableType] = [acceptance_table(an, paired)]
+        if paired and an.diff is not None:
+            c, g = an.diff.coverage, an.diff.agreement
             parts.append(Text(
-                f"\npaired blocks {g['paired_blocks']}; exact matches {g['exact_matches']} "
-                f"({pct(g['exact_match_rate'])}); coverage ours {pct(c['ours_coverage'])}, "
-                f"theirs {pct(c['theirs_coverage'])} of the blocks on matched content",
+                f"\npaired blocks {g.paired_blocks}; exact matches {g.exact_matches} "
+                f"({pct(g.exact_match_rate)}); coverage ours {pct(c.ours_coverage)}, "
+                f"theirs {pct(c.theirs_coverage)} of the blocks on matched content",
                 style="dim"))
         parts.append(Text(f"conventions: {CONVENTIONS}", style="dim"))
         acc.update(Group(*parts))

@@ -7,8 +7,12 @@ acceptance. Selecting a line posts :class:`RequestList.Selected`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.segment import Segment
 from rich.style import Style
+from spectrace.tracer.compare import NO_DIVERGENCE
+from spectrace.tracer.findings import Finding
 from textual.events import Click
 from textual.geometry import Size
 from textual.message import Message
@@ -16,11 +20,9 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from spectrace.tracer.align import NO_DIVERGENCE
-from spectrace.tracer.view_model import Pair
-
-from .fmt import fit
-from .keymap import LIST_KEYS, bindings
+from ..fmt import fit
+from ..keymap import LIST_KEYS, bindings
+from ..model import Analysis, Pair
 
 
 class RequestList(ScrollView, can_focus=True):
@@ -173,3 +175,34 @@ def _acc_text(x, y, p: Pair) -> str:
     if p.matched:
         return f"{one(x)}|{one(y)}"
     return one(x if x is not None else y)
+
+
+def pair_badges(pairs: list[Pair], an: Analysis | None, findings: list[Finding],
+                finding_pair: Callable[[Finding], int | None]) -> dict[int, dict]:
+    """The badge data of every pair (see :meth:`RequestList.set_badges`).
+
+    ``bad`` is the analysis's differing blocks of a matched pair (``spectrace diff``'s count,
+    which the block view's divergent rows agree with); ``acc_a``/``acc_b`` the request's
+    acceptance rate; ``findings`` how many findings point into it (``finding_pair``).
+    """
+    out: dict[int, dict] = {}
+    per_req = an.per_request if an else {}
+    for p in pairs:
+        b: dict = {}
+        if an is not None:
+            b["analysed"] = True
+            if p.matched and p.index < len(an.per_pair):
+                b["bad"] = an.per_pair[p.index]["bad"]
+            for key, side, req in (("acc_a", "ours", p.req_a), ("acc_b", "theirs", p.req_b)):
+                d = per_req.get(side)
+                if d and 0 <= req < len(d["checked"]) and d["checked"][req]:
+                    b[key] = d["accepted"][req] / d["checked"][req]
+        out[p.index] = b
+    for f in findings:
+        q = finding_pair(f)
+        if q is not None:
+            out.setdefault(q, {})
+            out[q]["findings"] = out[q].get("findings", 0) + 1
+            if f.kind == "degenerate_output":
+                out[q]["degenerate"] = True
+    return out

@@ -2,7 +2,7 @@
 
 A :class:`~textual.scroll_view.ScrollView` whose virtual height is the row count plus a
 sticky header line. ``render_line`` turns a screen line into a row, asks the view model for
-the cached :class:`~spectrace.tracer.view_model.Window` holding it, and returns a cached
+the cached :class:`~spectrace.tui.model.Window` holding it, and returns a cached
 :class:`~textual.strip.Strip`. The strip cache key holds everything that changes the pixels
 (rows identity, row, ids/text mode, cursor, search hits, finding marks, theme), so the cost
 of a page is a handful of dictionary hits. Paging is never animated.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from rich.segment import Segment
 from rich.style import Style
+from spectrace.tracer.tokens import Decoder
 from textual.cache import LRUCache
 from textual.events import Click
 from textual.geometry import Size
@@ -20,12 +21,9 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from spectrace.tracer.tokens import Decoder
-from spectrace.tracer.view_model import (S_DIFF, S_EQUAL, S_NONE, S_PAST, S_SHIFT, S_SOLO,
-                                         Rows, ViewModel)
-
-from .fmt import fit, row_note, token
-from .keymap import VIEW_KEYS, bindings
+from ..fmt import fit, row_note, token
+from ..keymap import VIEW_KEYS, bindings
+from ..model import S_DIFF, S_EQUAL, S_NONE, S_PAST, S_SHIFT, S_SOLO, Rows, ViewModel
 
 #: Cells of the columns left of the drafts.
 GUTTER, POS_W = 2, 8

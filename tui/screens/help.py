@@ -12,15 +12,16 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from .keymap import all_keys
+from ..keymap import all_keys
+from ..widgets.block_view import BlockView
 
 #: (sample, block view component, fallback style, meaning)
 LEGEND = (
     ("cat", "equal", "green", "equal: both engines proposed this id in this slot"),
     ("cat", "different", "bold red", "different: the ids differ"),
-    ("cat", "shifted", "bold yellow", "shifted: equal to the other side one or two slots off"),
-    ("cat", "past", "bright_black", "past the content divergence: the texts differ, "
-                                    "not comparable"),
+    ("cat", "shifted", "bold yellow", "shifted: equal to the other side one slot off"),
+    ("cat", "past", "bright_black", "past the content divergence (the texts differ) or a "
+                                    "request's final, never-verified proposal: not comparable"),
     ("cat", "solo", "", "unpaired: only this side drafted from this position"),
     ("cat", "accepted", "underline", "inside the accepted prefix (the target took it)"),
     ("cat", "unverified", "dim italic", "not verified by the target"),
@@ -70,7 +71,7 @@ def help_renderable(styles: dict | None = None) -> Group:
 class HelpScreen(ModalScreen[None]):
     """Every key and colour (escape, q or ? closes)."""
 
-    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close", id="help.close")]
+    BINDINGS = [Binding("escape,q,question_mark", "close", "Close", id="help.close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
     HelpScreen > VerticalScroll { width: 96; height: 90%; border: thick $accent;
@@ -80,8 +81,6 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         styles = {}
         try:
-            from .block_view import BlockView
-
             view = self.app.screen_stack[-1].query_one(BlockView)
             styles = {comp: view.get_component_rich_style(f"blockview--{comp}", partial=True)
                       for _, comp, _, _ in LEGEND}
@@ -90,6 +89,6 @@ class HelpScreen(ModalScreen[None]):
         with VerticalScroll():
             yield Static(help_renderable(styles), id="help-body")
 
-    def action_dismiss(self) -> None:
+    def action_close(self) -> None:
         """Close."""
         self.dismiss(None)

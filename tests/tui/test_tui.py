@@ -1,9 +1,9 @@
 """The viewer (``spectrace view``) driven headless with Textual's Pilot: keys, jumps, filters,
 dialogs, follow mode, one-trace mode, text/SVG snapshots, and the real CLI in tmux.
 
-Data: :func:`test_tui_model.make_pair` (r0 has divergent blocks from position 20, r1 is
-identical, r2's text diverges at 12, ``solo`` exists only in ours). Update the snapshots
-with ``SPECTRACE_UPDATE_GOLDENS=1 pytest tests/test_tui.py`` after looking at them.
+Data: ``conftest.make_pair`` (r0 has divergent blocks from position 20, r1 is identical,
+r2's text diverges at 12, ``solo`` exists only in ours). Update the snapshots with
+``SPECTRACE_UPDATE_GOLDENS=1 pytest tests/tui/test_tui.py`` after looking at them.
 """
 
 from __future__ import annotations
@@ -20,15 +20,13 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-
 from spectrace.tui import make_app
-from spectrace.tui.block_view import BlockView
-from spectrace.tui.detail import BlockDetail
-from spectrace.tui.help import HelpScreen, help_renderable
 from spectrace.tui.keymap import all_keys
-from test_tui_model import make_pair
+from spectrace.tui.screens.detail import BlockDetail
+from spectrace.tui.screens.help import HelpScreen, help_renderable
+from spectrace.tui.widgets.block_view import BlockView
 
-GOLDENS = Path(__file__).parent / "snapshots" / "tui"
+GOLDENS = Path(__file__).parent / "snapshots"
 SPECTRACE = os.path.join(os.path.dirname(sys.executable), "spectrace")
 SIZE = (140, 40)
 
@@ -74,12 +72,6 @@ def drive(app, script, size=SIZE):
             await settle(pilot)
             return await script(pilot)
     return asyncio.run(go())
-
-
-@pytest.fixture
-def pair(tmp_path):
-    a, b = make_pair(tmp_path)
-    return a, b
 
 
 def cursor(app) -> tuple[str, int]:
@@ -319,8 +311,8 @@ def test_charts_tab(pair):
 # --------------------------------------------------------------------------------------------
 
 
-def test_single_trace_views(tmp_path):
-    a, _ = make_pair(tmp_path, single=True)
+def test_single_trace_views(single_trace):
+    a = single_trace
 
     async def script(pilot):
         app = pilot.app
@@ -337,11 +329,14 @@ def test_single_trace_views(tmp_path):
 
 
 WRITER = textwrap.dedent("""
-    import sys, time
+    import importlib.util, time
     from pathlib import Path
-    sys.path.insert(0, {tests!r})
     from spectrace.tracer.store import TraceWriter
-    from test_tui_model import OUTPUT, PROMPT, oracle, good_ours, simulate
+    spec = importlib.util.spec_from_file_location("tui_builders", {builders!r})
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    OUTPUT, PROMPT, oracle, good_ours, simulate = (sim.OUTPUT, sim.PROMPT, sim.oracle,
+                                                   sim.good_ours, sim.simulate)
     d = Path({dir!r})
     w = TraceWriter(d / "live.h5", {{"k": 3, "engine": "live"}}, flush_interval=0)
     simulate(w, "first", PROMPT, OUTPUT[:9], oracle(good_ours))
@@ -368,9 +363,9 @@ def _wait_file(p: Path, timeout: float = 20) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:.*not closed cleanly")
-def test_follow_mode_tails_a_growing_trace(tmp_path):
+def test_follow_mode_tails_a_growing_trace(tmp_path, sim):
     script_path = tmp_path / "writer.py"
-    script_path.write_text(WRITER.format(tests=str(Path(__file__).parent), dir=str(tmp_path)))
+    script_path.write_text(WRITER.format(builders=str(sim.here), dir=str(tmp_path)))
     proc = subprocess.Popen([sys.executable, str(script_path)])
     try:
         _wait_file(tmp_path / "ready1")

@@ -11,9 +11,8 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from spectrace.tracer.view_model import Analysis
-
-from .fmt import pct
+from ..fmt import pct
+from ..model import Analysis
 
 BARS = " ▏▎▍▌▋▊▉█"
 COLUMNS = " ▁▂▃▄▅▆▇█"
@@ -116,20 +115,19 @@ class Charts(VerticalScroll):
         if an is None:
             self.query_one("#charts-body", Static).update(Text("analysing…", style="dim"))
             return
-        if "acceptance" in an.doc:
-            acc = an.doc["acceptance"]
+        if an.diff is not None:
+            acc = an.diff.acceptance
             parts.append(slot_chart(
                 "Acceptance per slot (matched content, recorded: share of blocks with "
                 "accepted > slot)",
-                {s: acc[s]["matched_content"]["recorded"]["per_position"]
-                 for s in ("ours", "theirs")}))
+                {s: e.matched_content.recorded.per_position
+                 for s, e in (("ours", acc.ours), ("theirs", acc.theirs))}))
             parts.append(slot_chart(
                 "Agreement per slot (paired blocks: ours[slot] == theirs[slot])",
-                {"both": an.doc["agreement"]["per_position"]}))
-        else:
-            s = an.doc["summary"]
+                {"both": an.diff.agreement.per_position}))
+        elif an.summary is not None:
             parts.append(slot_chart("Acceptance per slot (recorded)",
-                                    {"ours": s["recorded"]["per_position"]}))
+                                    {"ours": an.summary["recorded"]["per_position"]}))
         along = {side: resample(d["rate"], d["blocks"], width) for side, d in an.along.items()}
         if along:
             w0 = next(iter(an.along.values()))["width"]

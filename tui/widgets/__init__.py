@@ -1,0 +1,1 @@
+"""The viewer's widgets: block view, requests pane, overview, charts, one-line text."""
