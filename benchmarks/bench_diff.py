@@ -25,13 +25,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+from synth import make_pair  # noqa: E402
+
 from spectrace.tracer.align import align  # noqa: E402
 from spectrace.tracer.diff import diff_traces, open_pair  # noqa: E402
 from spectrace.tracer.diff_result import Agreement  # noqa: E402
 from spectrace.tracer.findings import TraceData  # noqa: E402
 from spectrace.tracer.pages import prefer_small_pages  # noqa: E402
 from spectrace.tracer.store import open_trace  # noqa: E402
-from synth import make_pair  # noqa: E402
 
 COLUMNS = TraceData.COLUMNS  # the block columns the diff reads
 

@@ -82,6 +82,7 @@ def import_spectrace():
 
 dspark, dspark_ckpt, hook, vllm_v2 = import_spectrace()
 from spectrace.hooks.vllm.joiner import BlockJoiner  # noqa: E402 - after import_spectrace
+
 # The bench's trace has no vLLM engine core behind it: skip the close-time counter report.
 hook.report = lambda *a, **kw: None
 

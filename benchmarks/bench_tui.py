@@ -56,6 +56,7 @@ def ensure_traces(d: Path, requests: int, blocks: int) -> tuple[Path, Path]:
 
 async def _headless(a: Path, b: Path, analysis_timeout: float) -> dict:
     import psutil
+
     from spectrace.tui import make_app
     from spectrace.tui.widgets.block_view import BlockView
 

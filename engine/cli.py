@@ -98,7 +98,13 @@ def run(args: argparse.Namespace) -> int:
     """Run the engine for parsed arguments: decoded outputs on stdout, VT_SPEC_TRACE lines on stderr, the requests JSONL if asked."""
     from .core import Engine
     from .drafters import Drafter, DraftModelDrafter, NgramDrafter
-    from .loader import bundled_model_dir, bundled_prompts_path, configure_torch, load_model, load_tokenizer
+    from .loader import (
+        bundled_model_dir,
+        bundled_prompts_path,
+        configure_torch,
+        load_model,
+        load_tokenizer,
+    )
 
     configure_torch(args.threads)
     target_dir = args.target or bundled_model_dir("target")

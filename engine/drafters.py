@@ -27,6 +27,7 @@ import torch
 from . import faults
 from .loader import LoadedModel
 
+
 @dataclass
 class ProposeTimings:
     """Wall time of one propose call, split like the `[spec-phase]` line. Units: seconds."""

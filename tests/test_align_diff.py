@@ -9,7 +9,9 @@ import sys
 
 import numpy as np
 import pytest
-from spectrace.tracer.align import NO_DIVERGENCE, align
+
+from spectrace.tracer.align import align
+from spectrace.tracer.compare import NO_DIVERGENCE
 from spectrace.tracer.diff import SCHEMA, diff_traces
 from spectrace.tracer.diff_result import ContentDivergence
 from spectrace.tracer.metrics import recompute_accepted, trace_summary

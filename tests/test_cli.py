@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from spectrace.tracer.cli.exit_codes import ExitCode
 from spectrace.tracer.cli.main import _exit_code, cli, main
 from spectrace.tracer.errors import InputError, SpectraceError, TraceFormatError

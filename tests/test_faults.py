@@ -194,6 +194,7 @@ def test_every_diff_fits_the_generated_schema_and_the_types(diffs):
     """Each fault pair's document validates against ``spectrace schema --diff`` (generated
     from the DiffResult types) and rebuilds into a DiffResult that writes it again."""
     import jsonschema
+
     from spectrace.tracer.diff_result import DiffResult
     from spectrace.tracer.diff_schema import SCHEMA
 

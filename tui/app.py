@@ -17,10 +17,11 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from spectrace.tracer.store import Trace, TraceWarning, final_path, open_trace
-from spectrace.tracer.tokens import Decoder, decoder_for
 from textual.app import App
 from textual.worker import get_current_worker
+
+from spectrace.tracer.store import Trace, TraceWarning, final_path, open_trace
+from spectrace.tracer.tokens import Decoder, decoder_for
 
 from .commands import SpectraceCommands
 from .messages import AnalysisReady, LoadProgress, ModelStage

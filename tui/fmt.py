@@ -1,13 +1,14 @@
 """Text for people: token cells, row explanations and figures (pure functions, no widgets).
 
 Everything the block view, the detail dialog and the explain line say about a row is built
-here from a :class:`~spectrace.tui.model.Window`, so the words are tested once. The
-severity styles of findings live here too (one copy in the viewer).
+here from a :class:`~spectrace.tui.model.Window`, so the words are tested once. Figures
+and severity styles come from :mod:`spectrace.tracer.fmt` (shared with the text report).
 """
 
 from __future__ import annotations
 
 from rich.cells import cell_len, set_cell_size
+
 from spectrace.tracer.compare import NO_DIVERGENCE
 from spectrace.tracer.tokens import Decoder, show
 
@@ -15,10 +16,6 @@ from .model import S_SHIFT, Pair, Window
 
 #: Shown for an absent id (padding) in cells.
 EMPTY = "·"
-
-#: Rich style of each finding severity.
-SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
-
 
 def fit(text: str, width: int) -> str:
     """``text`` padded or cut (with ``…``) to exactly ``width`` terminal cells."""
@@ -45,11 +42,6 @@ def quoted(decoder: Decoder | None, tid: int) -> str:
     if decoder is None:
         return str(tid)
     return f"'{show(decoder.token(int(tid)))}' ({tid})"
-
-
-def pct(x) -> str:
-    """A share as ``45.1%`` (``-`` when unknown)."""
-    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 def divergence_text(div: int | None) -> str:

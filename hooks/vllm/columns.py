@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+
 from spectrace.tracer.schema import pad_to
 from spectrace.tracer.store import TraceWriter
 

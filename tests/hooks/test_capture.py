@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+
 from spectrace.hooks.capture import capture_command, capture_vllm
 from spectrace.hooks.vllm.paths import written_traces
 from spectrace.hooks.vt.importer import import_log

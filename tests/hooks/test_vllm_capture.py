@@ -23,6 +23,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+
 from spectrace.hooks.vllm import plugin
 from spectrace.hooks.vllm.common import SpecTraceLayoutError
 from spectrace.hooks.vllm.counters import COUNTER_NAMES, VllmCounters

@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+
 from spectrace.hooks.vt.importer import import_log
 from spectrace.hooks.vt.lines import Ids, MalformedLine, parse_line
 from spectrace.hooks.vt.parser import VtTraceParser
@@ -491,6 +492,7 @@ def test_reference_engine_log_imports_exactly(tmp_path, method, blocks, joined):
 def _engine_ready() -> str | None:
     try:
         import torch  # noqa: F401
+
         from spectrace.engine.loader import bundled_model_dir, bundled_prompts_path
         for name in ("target", "draft"):
             d = Path(bundled_model_dir(name))

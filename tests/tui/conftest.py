@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
 from spectrace.tracer.store import TraceWriter, open_trace
 from spectrace.tui.model import ViewModel
 

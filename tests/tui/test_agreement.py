@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from spectrace.tracer.align import align
 from spectrace.tracer.diff import diff_traces
 from spectrace.tracer.store import TraceWriter, open_trace

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+
 from spectrace.tui import make_app
 from spectrace.tui.keymap import all_keys
 from spectrace.tui.screens.detail import BlockDetail

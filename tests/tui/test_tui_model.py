@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+
 from spectrace.tracer.align import align
 from spectrace.tracer.compare import NO_DIVERGENCE
 from spectrace.tracer.diff import diff_traces

@@ -1,6 +1,7 @@
 """The comparison kernel, on blocks whose expected comparisons are worked out by hand."""
 
 import numpy as np
+
 from spectrace.tracer.compare import (
     NO_DIVERGENCE,
     anchors_known,

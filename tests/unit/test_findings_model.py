@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jsonschema
 import pytest
+
 from spectrace.tracer.findings import KINDS, Finding, sort_findings
 from spectrace.tracer.findings.evidence import EVIDENCE
 from spectrace.tracer.typed_json import json_schema

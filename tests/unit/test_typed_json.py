@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 import pytest
+
 from spectrace.tracer.typed_json import Constraint, attribute_docs, from_json, json_schema, to_json
 
 

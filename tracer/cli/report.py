@@ -13,6 +13,7 @@ from rich.table import Table
 from ..diff_result import AcceptanceBySide, DiffResult, Example
 from ..fmt import SEVERITY_STYLE, num, pct
 from ..metrics import CONVENTIONS
+from ..verdict import verdict
 
 #: Content divergences listed one per line in the text report (JSON lists all).
 CONTENT_LINES = 10
@@ -100,9 +101,9 @@ def _print_sides(con: Console, r: DiffResult) -> None:
         con.print(escape(f"{label} {', '.join(side.files)}  ({engine or '?'}, "
                          f"{side.method or 'method ?'}, k={side.k or '?'}, "
                          f"{side.blocks} blocks)"))
-    verdict = ("[bold red]DIVERGED[/bold red]: " + "; ".join(r.reasons)) if r.diverged else \
-        "[bold green]no divergence[/bold green] on comparable blocks"
-    con.print(verdict)
+    v = verdict(r.diverged, r.reasons)
+    style = "bold red" if v.diverged else "bold green"
+    con.print(f"[{style}]{v.word}[/{style}]{escape(v.detail)}")
 
 
 def _print_requests(con: Console, r: DiffResult) -> None:

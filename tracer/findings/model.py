@@ -116,8 +116,3 @@ def tok(dec: Decoder | None, ids) -> list:
     """Example ids for evidence: ints, or ``"id:text"`` strings when a tokenizer is known."""
     ids = [int(i) for i in ids]
     return ids if dec is None else [f"{i}:{show(dec.token(i))}" for i in ids]
-
-
-def pct(x: float) -> str:
-    """A share as a whole percent for finding messages (``0.5`` -> ``"50%"``)."""
-    return f"{100 * x:.0f}%"

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..align import Alignment
 from ..compare import NO_DIVERGENCE, anchors_known, shift_equal, shift_present
+from ..fmt import pct
 from ..tokens import Decoder
 from .data import PairData, TraceData
 from .evidence import (
@@ -24,7 +25,7 @@ from .evidence import (
     StaleEvidence,
     VocabEvidence,
 )
-from .model import Finding, pct, tok
+from .model import Finding, tok
 from .single import constant_rate
 from .thresholds import MIN_BLOCKS, MISMATCH_ERROR_RATE, SYSTEMATIC
 
@@ -81,8 +82,8 @@ def layout_shift(pd: PairData) -> Finding | None:
     return Finding(
         "layout_shift", "error", side="ours", slot=0, **pd.at(first),
         message=(f"draft layout shifted by {abs(s)} slot{'s' if abs(s) > 1 else ''}: {rel} in "
-                 f"{pct(rate)} of {n} slot pairs over {P} paired blocks, while ours[i] equals "
-                 f"theirs[i] in {pct(base)} (the N vs 1+N anchor layout, sample_from_anchor)"),
+                 f"{pct(rate, 0)} of {n} slot pairs over {P} paired blocks, while ours[i] equals "
+                 f"theirs[i] in {pct(base, 0)} (the N vs 1+N anchor layout, sample_from_anchor)"),
         evidence=LayoutEvidence(shift=s, rate=rate, slot_pairs=n, same_slot_rate=base,
                                 paired_blocks=P,
                                 rates={str(k): v[0] for k, v in rates.items()},
@@ -164,7 +165,7 @@ def vocab_pairs(pd: PairData) -> Finding | None:
     return Finding(
         "vocab_mapping", "error", side="ours", slot=int(np.flatnonzero(diff[first])[0]),
         **pd.at(first),
-        message=(f"ours relate to theirs by {relation} on {pct(share)} of {int(diff.sum())} "
+        message=(f"ours relate to theirs by {relation} on {pct(share, 0)} of {int(diff.sum())} "
                  f"differing slots: a reduced-vocabulary (d2t/t2d) mapping is missing, applied "
                  f"twice or regenerated (ours ids reach {below}, theirs {int(t.max())})"),
         evidence=ev)
@@ -208,8 +209,8 @@ def depth(pd: PairData) -> Finding | None:
     first = int(np.flatnonzero(s0 & ~eq[:, 1])[0])
     return Finding(
         "depth_divergence", "error", side="ours", slot=1, **pd.at(first),
-        message=(f"slot 0 agrees in {pct(agree[0])} of paired blocks but slot 1 in only "
-                 f"{pct(cond1)} of those: the multi-step draft loop is broken beyond depth 0 "
+        message=(f"slot 0 agrees in {pct(agree[0], 0)} of paired blocks but slot 1 in only "
+                 f"{pct(cond1, 0)} of those: the multi-step draft loop is broken beyond depth 0 "
                  f"(positions, seq_lens or the previous token not advanced)"),
         evidence=DepthEvidence(per_position=[float(x) for x in agree],
                                slot1_given_slot0=cond1))
@@ -233,8 +234,8 @@ def stale(pd: PairData) -> Finding | None:
     first = int(np.flatnonzero(rejected & mism)[0])
     return Finding(
         "stale_state", "error", side="ours", **pd.at(first),
-        message=(f"right after a rejection ours proposes differently in {pct(r_rej)} of "
-                 f"{int(rejected.sum())} paired blocks, otherwise in {pct(r_clean)}: the "
+        message=(f"right after a rejection ours proposes differently in {pct(r_rej, 0)} of "
+                 f"{int(rejected.sum())} paired blocks, otherwise in {pct(r_clean, 0)}: the "
                  f"drafter keeps stale state (KV or hidden state of rejected tokens)"),
         evidence=StaleEvidence(after_rejection=r_rej, otherwise=r_clean,
                                blocks_after_rejection=int(rejected.sum())))
@@ -254,8 +255,8 @@ def batch(pd: PairData) -> Finding | None:
             first = int(np.flatnonzero(hi & mism)[0])
             return Finding(
                 "batch_dependence", "error", side="ours", **pd.at(first),
-                message=(f"proposals differ in {pct(r_hi)} of blocks at {label} > {base} but "
-                         f"{pct(r_lo)} at {label} {base}: drafts depend on the batch "
+                message=(f"proposals differ in {pct(r_hi, 0)} of blocks at {label} > {base} but "
+                         f"{pct(r_lo, 0)} at {label} {base}: drafts depend on the batch "
                          f"(indexing in padded or sorted batches)"),
                 evidence=BatchEvidence(by=col, mismatch_rate_low=r_lo,
                                        mismatch_rate_high=r_hi, blocks_low=int(lo.sum()),
@@ -280,7 +281,7 @@ def mismatch(pd: PairData) -> Finding | None:
     return Finding(
         "draft_mismatch", sev, side="ours", slot=slot, **pd.at(first),
         message=(f"proposals differ at matched anchors in {int(bad.sum())} of {P} paired blocks "
-                 f"({pct(rate)}), from slot 0 in {pct(slot0)} of them, with no shift or "
+                 f"({pct(rate, 0)}), from slot 0 in {pct(slot0, 0)} of them, with no shift or "
                  f"mapping pattern{tie}"),
         evidence=MismatchEvidence(blocks=int(bad.sum()), paired=P, rate=rate,
                                   from_slot0=slot0, example=pd.example(first)))

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..align import Alignment
 from ..compare import anchors_equal, slot_equal, slots_present
+from ..fmt import pct
 from ..index import memo
 from ..parallel import chunks
 from .data import SideInput, TraceData
@@ -24,7 +25,7 @@ from .evidence import (
     VerifiedExample,
     VocabEvidence,
 )
-from .model import Finding, pct, tok
+from .model import Finding, tok
 from .thresholds import MIN_BLOCKS, SYSTEMATIC
 
 
@@ -57,7 +58,7 @@ def anchor_consistency(s: SideInput) -> Finding | None:
               for d in range(-4, 5) if d != 0}
     best = max(shifts, key=shifts.get)
     first = int(idx[0])
-    shift_txt = (f"; the anchor is the token at position{best:+d} in {pct(shifts[best])}"
+    shift_txt = (f"; the anchor is the token at position{best:+d} in {pct(shifts[best], 0)}"
                  if shifts[best] >= SYSTEMATIC else "")
     return Finding(
         "anchor_shift", "error", side=td.side, **td.at(first),
@@ -95,9 +96,9 @@ def verified_vs_proposed(s: SideInput) -> Finding | None:
     note = ""
     if equals_anchor >= SYSTEMATIC:
         note = (f"; the verified value equals the block's anchor (the previous emitted token) "
-                f"in {pct(equals_anchor)}")
+                f"in {pct(equals_anchor, 0)}")
     elif placeholder >= SYSTEMATIC:
-        note = f"; {pct(placeholder)} of them are placeholder ids (-1)"
+        note = f"; {pct(placeholder, 0)} of them are placeholder ids (-1)"
     j = int(np.flatnonzero(diff[first])[0])
     return Finding(
         "verified_differs", "error", side=td.side, slot=j, **td.at(first),
@@ -140,7 +141,7 @@ def _constant_both(td: TraceData, rate: float, ref_rate: float, first: int,
     return Finding(
         "constant_drafts", "warning", side="both", slot=1, **td.at(first),
         message=(f"both engines hold one id in every slot in most blocks (ours "
-                 f"{pct(rate)}, theirs {pct(ref_rate)}): not a difference between "
+                 f"{pct(rate, 0)}, theirs {pct(ref_rate, 0)}): not a difference between "
                  f"them, but either both drafters copy the step-0 draft across depth "
                  f"or the output repeats one token (see degenerate_output)"),
         evidence=ConstantEvidence(
@@ -167,11 +168,11 @@ def constant_drafts(s: SideInput) -> Finding | None:
         if rate < 3 * ref_rate:
             return _constant_both(td, rate, ref_rate, first, dec)
     b = td.t.blocks
-    ref_txt = f" (reference: {pct(ref_rate)})" if ref_rate is not None else ""
+    ref_txt = f" (reference: {pct(ref_rate, 0)})" if ref_rate is not None else ""
     return Finding(
         "constant_drafts", "error", side=td.side, slot=1, **td.at(first),
         message=(f"{td.side}: every slot holds the same id in {int(const.sum())} of "
-                 f"{int(elig.sum())} blocks ({pct(rate)}){ref_txt}: the step-0 draft is "
+                 f"{int(elig.sum())} blocks ({pct(rate, 0)}){ref_txt}: the step-0 draft is "
                  f"copied across depth, or the blocks are placeholders"),
         evidence=ConstantEvidence(
             blocks=int(const.sum()), eligible=int(elig.sum()), rate=float(rate),

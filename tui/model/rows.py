@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from spectrace.tracer.compare import (
     NO_DIVERGENCE,
     SHIFTS,

@@ -4,6 +4,7 @@ text contains the query (an O(vocab) scan: the viewer runs it in a worker thread
 from __future__ import annotations
 
 import numpy as np
+
 from spectrace.tracer.tokens import Decoder
 
 

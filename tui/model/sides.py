@@ -12,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import numpy as np
+
 from spectrace.tracer.store import Trace
 
 #: Request-column rows read per chunk while indexing.

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 
 import numpy as np
+
 from spectrace.tracer.align import match_requests
 from spectrace.tracer.compare import NO_DIVERGENCE, first_difference
 from spectrace.tracer.store import Trace

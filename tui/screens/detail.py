@@ -10,13 +10,14 @@ from __future__ import annotations
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
-from spectrace.tracer.store import Trace
-from spectrace.tracer.tokens import Decoder, show
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
+
+from spectrace.tracer.store import Trace
+from spectrace.tracer.tokens import Decoder, show
 
 from ..fmt import divergence_text, explain
 from ..model import STATE_NAMES, Rows, ViewModel, Window

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 from rich.text import Text
-from spectrace.tracer.compare import NO_DIVERGENCE
-from spectrace.tracer.findings import Finding
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, TabbedContent, TabPane
+
+from spectrace.tracer.compare import NO_DIVERGENCE
+from spectrace.tracer.findings import Finding
+from spectrace.tracer.fmt import pct
 
 from ..fmt import divergence_text, explain
 from ..keymap import KEYS, bindings
@@ -127,10 +129,10 @@ class MainScreen(Screen):
             self._on_stage("index")
 
     def on_load_progress(self, msg: LoadProgress) -> None:
-        self.progress = "" if msg.fraction >= 1 else f"{msg.stage} {100 * msg.fraction:.0f}%"
+        self.progress = "" if msg.fraction >= 1 else f"{msg.stage} {pct(msg.fraction, 0)}"
         self._refresh_title()
         if self.view.rows is None and msg.fraction < 1:
-            self.view.clear_rows(f"{msg.stage}… {100 * msg.fraction:.0f}%")
+            self.view.clear_rows(f"{msg.stage}… {pct(msg.fraction, 0)}")
 
     def on_model_stage(self, msg: ModelStage) -> None:
         if msg.generation == self.model.generation:

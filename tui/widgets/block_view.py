@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from rich.segment import Segment
 from rich.style import Style
-from spectrace.tracer.tokens import Decoder
 from textual.cache import LRUCache
 from textual.events import Click
 from textual.geometry import Size
@@ -20,6 +19,8 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+
+from spectrace.tracer.tokens import Decoder
 
 from ..fmt import fit, row_note, token
 from ..keymap import VIEW_KEYS, bindings

@@ -11,7 +11,8 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from ..fmt import pct
+from spectrace.tracer.fmt import pct
+
 from ..model import Analysis
 
 BARS = " ▏▎▍▌▋▊▉█"

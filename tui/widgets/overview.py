@@ -12,16 +12,17 @@ import json
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
-from spectrace.tracer.diff_result import CountedAcceptance
-from spectrace.tracer.findings import Finding
-from spectrace.tracer.metrics import CONVENTIONS, Acceptance
-from spectrace.tracer.verdict import verdict
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from ..fmt import SEVERITY_STYLE, pct
+from spectrace.tracer.diff_result import CountedAcceptance
+from spectrace.tracer.findings import Finding
+from spectrace.tracer.fmt import SEVERITY_STYLE, pct
+from spectrace.tracer.metrics import CONVENTIONS, Acceptance
+from spectrace.tracer.verdict import verdict
+
 from ..messages import FindingChosen
 from ..model import Analysis, ViewModel
 

@@ -11,14 +11,16 @@ from collections.abc import Callable
 
 from rich.segment import Segment
 from rich.style import Style
-from spectrace.tracer.compare import NO_DIVERGENCE
-from spectrace.tracer.findings import Finding
 from textual.events import Click
 from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+
+from spectrace.tracer.compare import NO_DIVERGENCE
+from spectrace.tracer.findings import Finding
+from spectrace.tracer.fmt import pct
 
 from ..fmt import fit
 from ..keymap import LIST_KEYS, bindings
@@ -168,7 +170,7 @@ class RequestList(ScrollView, can_focus=True):
 
 def _acc_text(x, y, p: Pair) -> str:
     def one(v) -> str:
-        return "-" if v is None else f"{100 * v:.0f}%"
+        return pct(v, 0)
 
     if x is None and y is None:
         return ""

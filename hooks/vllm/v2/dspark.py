@@ -31,6 +31,7 @@ from __future__ import annotations
 import inspect
 
 import numpy as np
+
 from spectrace.tracer.cli.output import say
 from spectrace.tracer.errors import SpectraceError
 
