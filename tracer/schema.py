@@ -174,5 +174,11 @@ def describe() -> str:
         "Conventions: acceptance rate = accepted / verified drafts; mean acceptance length =",
         "1 + accepted / verified blocks (counts the bonus token, as vLLM does); per-position",
         "acceptance at slot i = share of verified blocks with accepted > i (vLLM's survival curve).",
+        "",
+        "Python: write with spectrace.tracer.store.TraceWriter, read with open_trace (Trace:",
+        ".meta, .requests, .blocks columns as above). Compared: spectrace.tracer.align.align,",
+        "then spectrace.tracer.diff.diff_traces -> DiffResult (typed dataclasses in",
+        "spectrace.tracer.diff_result, per-slot comparisons from spectrace.tracer.compare);",
+        "`spectrace schema --diff` prints the JSON Schema generated from those types.",
     ]
     return "\n".join(lines)
