@@ -61,8 +61,14 @@ def pandas_diff(a: Path, b: Path) -> tuple[float, float, int]:
         t = open_trace(p)
         traces.append(t)
         prompts = {i: t.requests.prompt_ids[i].tobytes() for i in range(len(t.requests))}
-        df = pd.DataFrame({"request": t.blocks.request, "position": t.blocks.position,
-                           "anchor": t.blocks.anchor, "k": t.blocks.k})
+        df = pd.DataFrame(
+            {
+                "request": t.blocks.request,
+                "position": t.blocks.position,
+                "anchor": t.blocks.anchor,
+                "k": t.blocks.k,
+            }
+        )
         df["prompt"] = df["request"].map(prompts)
         for j in range(t.blocks.proposed.shape[1]):
             df[f"p{j}"] = t.blocks.proposed[:, j]
@@ -70,8 +76,10 @@ def pandas_diff(a: Path, b: Path) -> tuple[float, float, int]:
     t1 = time.perf_counter()
     # Content divergence per prompt: first differing index of prompt + output.
     ta, tb = traces
-    full_b = {tb.requests.prompt_ids[i].tobytes(): tb.requests.full_sequence(i)
-              for i in range(len(tb.requests))}
+    full_b = {
+        tb.requests.prompt_ids[i].tobytes(): tb.requests.full_sequence(i)
+        for i in range(len(tb.requests))
+    }
     div = {}
     for i in range(len(ta.requests)):
         key = ta.requests.prompt_ids[i].tobytes()
@@ -94,10 +102,19 @@ def pandas_diff(a: Path, b: Path) -> tuple[float, float, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 5_000_000],
-                    help="blocks per side (1000 per request)")
-    ap.add_argument("--dir", type=Path, default=Path("/tmp/specbench"),
-                    help="where the synthetic pairs are built (and reused)")
+    ap.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[1_000_000, 5_000_000],
+        help="blocks per side (1000 per request)",
+    )
+    ap.add_argument(
+        "--dir",
+        type=Path,
+        default=Path("/tmp/specbench"),
+        help="where the synthetic pairs are built (and reused)",
+    )
     ap.add_argument("--k", type=int, default=8, help="drafts per block")
     args = ap.parse_args()
     prefer_small_pages()  # as the spectrace command does; the pandas baseline shares it
@@ -109,8 +126,7 @@ def main() -> None:
         if not (a.exists() and b.exists()):
             t0 = time.perf_counter()
             make_pair(out, requests=requests, blocks=blocks, k=args.k, concurrency=256)
-            print(f"built {n} blocks per side in {time.perf_counter() - t0:.1f} s",
-                  file=sys.stderr)
+            print(f"built {n} blocks per side in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         else:
             print(f"reusing {a} and {b} (delete them to rebuild)", file=sys.stderr)
         gc.collect()
@@ -121,18 +137,24 @@ def main() -> None:
         t_pd, t_pd_merge, pd_exact = pandas_diff(a, b)
         assert pd_exact == agreement.exact_matches, (pd_exact, agreement)
         rows.append((n, floor, t_diff, t_pd, t_pd_merge, agreement.paired_blocks))
-    print(f"{'blocks/side':>12} {'read floor s':>13} {'full diff s':>12} {'x floor':>8} "
-          f"{'pandas s':>9} {'(merge+cmp)':>12} {'diff/pandas':>12} {'paired':>9}")
+    print(
+        f"{'blocks/side':>12} {'read floor s':>13} {'full diff s':>12} {'x floor':>8} "
+        f"{'pandas s':>9} {'(merge+cmp)':>12} {'diff/pandas':>12} {'paired':>9}"
+    )
     for n, floor, t_diff, t_pd, t_m, paired in rows:
-        print(f"{n:>12,} {floor:>13.2f} {t_diff:>12.2f} {t_diff / floor:>8.2f} {t_pd:>9.2f} "
-              f"{t_m:>12.2f} {t_diff / t_pd:>12.2f} {paired:>9,}")
-    print(f"\nk={args.k}, wall seconds, one run each. read floor: open both traces and read "
-          f"every block column the diff uses. full diff: what `spectrace diff` runs, without "
-          f"printing. x floor: full diff / read floor. pandas: open both traces, read what it "
-          f"needs (request, position, anchor, k, proposed, prompt and output ids), merge on "
-          f"(prompt, position) and compare per slot; (merge+cmp) is its part after the "
-          f"read. diff/pandas < 1: the full diff is faster. paired: blocks paired "
-          f"on matched content (both implementations agree on the exact matches).")
+        print(
+            f"{n:>12,} {floor:>13.2f} {t_diff:>12.2f} {t_diff / floor:>8.2f} {t_pd:>9.2f} "
+            f"{t_m:>12.2f} {t_diff / t_pd:>12.2f} {paired:>9,}"
+        )
+    print(
+        f"\nk={args.k}, wall seconds, one run each. read floor: open both traces and read "
+        f"every block column the diff uses. full diff: what `spectrace diff` runs, without "
+        f"printing. x floor: full diff / read floor. pandas: open both traces, read what it "
+        f"needs (request, position, anchor, k, proposed, prompt and output ids), merge on "
+        f"(prompt, position) and compare per slot; (merge+cmp) is its part after the "
+        f"read. diff/pandas < 1: the full diff is faster. paired: blocks paired "
+        f"on matched content (both implementations agree on the exact matches)."
+    )
 
 
 if __name__ == "__main__":

@@ -67,8 +67,12 @@ def import_spectrace():
     try:
         from spectrace.engine import dspark  # noqa: F401
     except ImportError:
-        for pkg, folder in (("spectrace", None), ("spectrace.engine", "engine"),
-                            ("spectrace.hooks", "hooks"), ("spectrace.tracer", "tracer")):
+        for pkg, folder in (
+            ("spectrace", None),
+            ("spectrace.engine", "engine"),
+            ("spectrace.hooks", "hooks"),
+            ("spectrace.tracer", "tracer"),
+        ):
             if pkg not in sys.modules:
                 m = types.ModuleType(pkg)
                 m.__path__ = [str(ROOT / folder)] if folder else []
@@ -101,26 +105,51 @@ def make_model(name: str, device, dtype) -> tuple[object, int]:
         else:
             print("bench: no bundled engine/models/dspark; using random weights", file=sys.stderr)
             torch.manual_seed(0)
-            model = dspark.DSparkDraftModel(dspark.DSparkConfig(
-                vocab_size=2048, draft_vocab_size=2048, hidden_size=128, intermediate_size=384,
-                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4, head_dim=32,
-                target_hidden_size=128, aux_hidden_state_layer_ids=[1, 2], mask_token_id=2047,
-                block_size=4, markov_rank=32))
+            model = dspark.DSparkDraftModel(
+                dspark.DSparkConfig(
+                    vocab_size=2048,
+                    draft_vocab_size=2048,
+                    hidden_size=128,
+                    intermediate_size=384,
+                    num_hidden_layers=1,
+                    num_attention_heads=4,
+                    num_key_value_heads=4,
+                    head_dim=32,
+                    target_hidden_size=128,
+                    aux_hidden_state_layer_ids=[1, 2],
+                    mask_token_id=2047,
+                    block_size=4,
+                    markov_rank=32,
+                )
+            )
         return model.to(device=device, dtype=dtype).eval(), model.cfg.vocab_size
     if name == "qwen3-8b":
         cfg = dspark.DSparkConfig(
-            vocab_size=151936, draft_vocab_size=32768, hidden_size=4096, intermediate_size=12288,
-            num_hidden_layers=1, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-            target_hidden_size=4096, aux_hidden_state_layer_ids=[2, 18, 33], mask_token_id=151669,
-            block_size=7, markov_rank=256, enable_confidence_head=False, rms_norm_eps=1e-6,
-            rope_theta=1e6, max_position_embeddings=40960)
+            vocab_size=151936,
+            draft_vocab_size=32768,
+            hidden_size=4096,
+            intermediate_size=12288,
+            num_hidden_layers=1,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            target_hidden_size=4096,
+            aux_hidden_state_layer_ids=[2, 18, 33],
+            mask_token_id=151669,
+            block_size=7,
+            markov_rank=256,
+            enable_confidence_head=False,
+            rms_norm_eps=1e-6,
+            rope_theta=1e6,
+            max_position_embeddings=40960,
+        )
         torch.manual_seed(0)
         with torch.device(device):
             model = dspark.DSparkDraftModel(cfg).to(dtype)
             for p in model.parameters():
                 if p.is_floating_point():
                     torch.nn.init.normal_(p, 0.0, 0.02)
-            ids = torch.sort(torch.randperm(cfg.vocab_size)[:cfg.draft_vocab_size]).values
+            ids = torch.sort(torch.randperm(cfg.vocab_size)[: cfg.draft_vocab_size]).values
             model.set_vocab_mapping(ids)
         return model.eval(), cfg.vocab_size
     raise SystemExit(f"bench: unknown config {name!r}")
@@ -144,9 +173,17 @@ class StaticDraftStep:
         n_aux = len(cfg.aux_hidden_state_layer_ids)
         torch.manual_seed(1)
         width = n_aux * cfg.target_hidden_size
-        self.kv = [(torch.empty(batch, ctx, cfg.num_key_value_heads, cfg.head_dim, device=device, dtype=dtype),
-                    torch.empty(batch, ctx, cfg.num_key_value_heads, cfg.head_dim, device=device, dtype=dtype))
-                   for _ in range(cfg.num_hidden_layers)]
+        self.kv = [
+            (
+                torch.empty(
+                    batch, ctx, cfg.num_key_value_heads, cfg.head_dim, device=device, dtype=dtype
+                ),
+                torch.empty(
+                    batch, ctx, cfg.num_key_value_heads, cfg.head_dim, device=device, dtype=dtype
+                ),
+            )
+            for _ in range(cfg.num_hidden_layers)
+        ]
         with torch.no_grad():  # the context cache, filled in chunks of 64 positions
             for c0 in range(0, ctx, 64):
                 c1 = min(ctx, c0 + 64)
@@ -156,12 +193,16 @@ class StaticDraftStep:
                     kc[:, c0:c1] = kk
                     vc[:, c0:c1] = vv
         self.new_states = torch.randn(batch, k + 1, width, device=device, dtype=dtype)
-        self.new_pos = (ctx - k - 1 + torch.arange(k + 1)).to(device)[None].expand(batch, -1).contiguous()
+        self.new_pos = (
+            (ctx - k - 1 + torch.arange(k + 1)).to(device)[None].expand(batch, -1).contiguous()
+        )
         self.new_slot = self.new_pos.clone()
         self.ctx_valid = torch.ones(batch, ctx, dtype=torch.bool, device=device)
         self.anchor = torch.zeros(batch, dtype=torch.int64, device=device)
         self.anchor_pos = torch.full((batch,), ctx, dtype=torch.int64, device=device)
-        self.mask_ids = torch.full((batch, self.nq - 1), cfg.mask_token_id, dtype=torch.int64, device=device)
+        self.mask_ids = torch.full(
+            (batch, self.nq - 1), cfg.mask_token_id, dtype=torch.int64, device=device
+        )
         self.block_ok = torch.ones(batch, self.nq, self.nq, dtype=torch.bool, device=device)
         self.qoff = torch.arange(self.nq, device=device)
         self.koff = torch.arange(1, k + 1, device=device)
@@ -178,9 +219,11 @@ class StaticDraftStep:
             vc.scatter_(1, idx.expand_as(nv), nv)
         q_ids = torch.cat([self.anchor[:, None], self.mask_ids], dim=1)
         q_pos = self.anchor_pos[:, None] + self.qoff
-        mask = torch.cat([self.ctx_valid[:, None, :].expand(b, self.nq, self.c), self.block_ok], dim=2)
+        mask = torch.cat(
+            [self.ctx_valid[:, None, :].expand(b, self.nq, self.c), self.block_ok], dim=2
+        )
         hidden = m.query_forward(self.kv, q_ids, q_pos, mask)
-        base = m.compute_draft_logits(hidden[:, self.off:self.off + self.k])
+        base = m.compute_draft_logits(hidden[:, self.off : self.off + self.k])
         self.draft_tokens.copy_(dspark.sample_sequential(base, self.anchor, m))
         self.sample_pos.copy_((self.anchor_pos[:, None] + self.koff).reshape(-1))
 
@@ -254,11 +297,26 @@ class Runner:
         self.t = 0
         self.events: list = []
 
-    def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states,
-                aux_hidden_states, num_sampled, num_rejected, last_sampled,
-                next_prefill_tokens, temperature, seeds, dp_sync_state=None, dummy_run=False,
-                skip_attn_for_dummy_run=False, mm_inputs=None, is_profile=False,
-                num_speculative_tokens=None):
+    def propose(
+        self,
+        input_batch,
+        attn_metadata,
+        slot_mappings,
+        last_hidden_states,
+        aux_hidden_states,
+        num_sampled,
+        num_rejected,
+        last_sampled,
+        next_prefill_tokens,
+        temperature,
+        seeds,
+        dp_sync_state=None,
+        dummy_run=False,
+        skip_attn_for_dummy_run=False,
+        mm_inputs=None,
+        is_profile=False,
+        num_speculative_tokens=None,
+    ):
         st = self.step_fn
         st.anchor.copy_(last_sampled[input_batch.idx_mapping, 0])  # the prepare kernel's reads
         st.anchor_pos.add_(1)
@@ -266,16 +324,31 @@ class Runner:
             self.graph.replay()
         else:
             st()
-        return st.draft_tokens[:input_batch.num_reqs]
+        return st.draft_tokens[: input_batch.num_reqs]
 
     def run_step(self, propose) -> None:
         i = self.t % self.ns_pool.shape[0]
-        batch = SimpleNamespace(req_ids=list(self.req_ids), num_reqs=len(self.req_ids),
-                                idx_mapping=self.idx_mapping, positions=self.positions,
-                                query_start_loc=self.qsl)
-        out = propose(batch, None, None, None, None, self.ns_pool[i], self.nr_pool[i],
-                      self.last_sampled, self.next_prefill, None, None,
-                      num_speculative_tokens=self.step_fn.k)
+        batch = SimpleNamespace(
+            req_ids=list(self.req_ids),
+            num_reqs=len(self.req_ids),
+            idx_mapping=self.idx_mapping,
+            positions=self.positions,
+            query_start_loc=self.qsl,
+        )
+        out = propose(
+            batch,
+            None,
+            None,
+            None,
+            None,
+            self.ns_pool[i],
+            self.nr_pool[i],
+            self.last_sampled,
+            self.next_prefill,
+            None,
+            None,
+            num_speculative_tokens=self.step_fn.k,
+        )
         self.last_sampled[:, 0].copy_(out[:, -1])  # the next anchors come from this step
         if self.device.type == "cuda":
             ev = torch.cuda.Event()
@@ -295,8 +368,11 @@ class SyncCounter:
     def __enter__(self):
         self._saved = []
         if self.cuda:
-            for owner, name in ((torch.cuda.Event, "synchronize"), (torch.cuda.Stream, "synchronize"),
-                                (torch.cuda, "synchronize")):
+            for owner, name in (
+                (torch.cuda.Event, "synchronize"),
+                (torch.cuda.Stream, "synchronize"),
+                (torch.cuda, "synchronize"),
+            ):
                 orig = getattr(owner, name)
                 self._saved.append((owner, name, orig))
 
@@ -341,9 +417,13 @@ def measure(runner: Runner, propose, steps: int, warmup: int, cuda: bool) -> dic
     else:
         gpu_ms = float("nan")
     wall = (time.perf_counter() - t0) if cuda else wall_loop
-    return {"step_ms": wall / steps * 1e3, "gpu_ms": gpu_ms,
-            "syncs_per_step": (sc.explicit + sc.implicit) / steps,
-            "explicit_syncs": sc.explicit, "implicit_syncs": sc.implicit}
+    return {
+        "step_ms": wall / steps * 1e3,
+        "gpu_ms": gpu_ms,
+        "syncs_per_step": (sc.explicit + sc.implicit) / steps,
+        "explicit_syncs": sc.explicit,
+        "implicit_syncs": sc.implicit,
+    }
 
 
 def bench_one(config: str, batch: int, args, device) -> list[dict]:
@@ -359,8 +439,10 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
     runner = Runner(step, vocab, device, use_graph=cuda and not args.eager)
     if args.sink == "h5":
         tmp = tempfile.mkdtemp(prefix="bench_dspark_")
-        session = hook.Session(Path(tmp) / "bench.h5", {"engine": "bench", "method": "dspark",
-                                                         "k": k, "source": "bench"})
+        session = hook.Session(
+            Path(tmp) / "bench.h5",
+            {"engine": "bench", "method": "dspark", "k": k, "source": "bench"},
+        )
     else:
         session = NullSession()
     spec = SimpleNamespace(propose=runner.propose)
@@ -389,9 +471,16 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
     for mode, rs in runs.items():
         r = {key: statistics.median(x[key] for x in rs) for key in rs[0]}
         r["syncs_per_step"] = max(x["syncs_per_step"] for x in rs)
-        r.update(config=config, batch=batch, k=k, mode=mode, dtype=str(dtype).replace("torch.", ""),
-                 graph=runner.graph is not None, tok_s=batch * k / (r["step_ms"] / 1e3),
-                 repeats=args.repeats)
+        r.update(
+            config=config,
+            batch=batch,
+            k=k,
+            mode=mode,
+            dtype=str(dtype).replace("torch.", ""),
+            graph=runner.graph is not None,
+            tok_s=batch * k / (r["step_ms"] / 1e3),
+            repeats=args.repeats,
+        )
         rows.append(r)
     off, on = rows
     on["capture_host_us"] = host[0] / max(host[1], 1) * 1e6
@@ -400,7 +489,9 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
     on["blocks"] = session.blocks if isinstance(session, NullSession) else session.blocks
     session.close()
     on["overhead_pct"] = (on["step_ms"] - off["step_ms"]) / off["step_ms"] * 100
-    on["gpu_overhead_pct"] = (on["gpu_ms"] - off["gpu_ms"]) / off["gpu_ms"] * 100 if cuda else float("nan")
+    on["gpu_overhead_pct"] = (
+        (on["gpu_ms"] - off["gpu_ms"]) / off["gpu_ms"] * 100 if cuda else float("nan")
+    )
     on["added_syncs_per_step"] = on["syncs_per_step"] - off["syncs_per_step"]
     del model, step, runner
     if cuda:
@@ -428,6 +519,7 @@ def stage_micro(batch: int = 64, k: int = 7, n_iter: int = 2000) -> dict:
     drafts = torch.randint(0, 150000, (batch, k), generator=g).to(dev)
     ring = torch.zeros((batch * 32, 4 + k), dtype=torch.int32, device=dev)
     args = (ns, nr, idx, qsl, pos, last, nxt, drafts)
+
     def jit(i):  # the plain kernel[grid](...) call, as before the direct launch path
         v2_stage.DIRECT = False
         try:
@@ -438,7 +530,7 @@ def stage_micro(batch: int = 64, k: int = 7, n_iter: int = 2000) -> dict:
     ways = {
         "triton": lambda i: v2_stage.stage_triton(ring, (i % 32) * batch, batch, *args),
         "triton jit": jit,
-        "torch": lambda i: v2_stage.stage_torch(ring[(i % 32) * batch:], batch, *args),
+        "torch": lambda i: v2_stage.stage_torch(ring[(i % 32) * batch :], batch, *args),
     }
     static = ring[:batch]
     graph = torch.cuda.CUDAGraph()
@@ -475,23 +567,31 @@ def stage_micro(batch: int = 64, k: int = 7, n_iter: int = 2000) -> dict:
             torch.cuda.synchronize()
             dev_us = e0.elapsed_time(e1) * 1e3 / 500
         out[name] = {"host_us": host_us, "dev_us": dev_us}
-    print("staging launch, batch %d, k %d: %s" % (batch, k, "; ".join(
-        f"{n} host {v['host_us']:.1f} us, device {v['dev_us']:.2f} us" for n, v in out.items())))
+    print(
+        f"staging launch, batch {batch}, k {k}: "
+        + "; ".join(
+            f"{n} host {v['host_us']:.1f} us, device {v['dev_us']:.2f} us" for n, v in out.items()
+        )
+    )
     return out
 
 
 def print_table(rows: list[dict]) -> None:
-    head = (f"{'config':<9} {'batch':>5} {'k':>2} {'mode':<8} {'graph':<5} {'step ms':>9} "
-            f"{'dev ms':>8} {'draft tok/s':>12} {'syncs/step':>10} {'waits':>5} {'overhead':>9} "
-            f"{'tap host us':>11}")
+    head = (
+        f"{'config':<9} {'batch':>5} {'k':>2} {'mode':<8} {'graph':<5} {'step ms':>9} "
+        f"{'dev ms':>8} {'draft tok/s':>12} {'syncs/step':>10} {'waits':>5} {'overhead':>9} "
+        f"{'tap host us':>11}"
+    )
     print(head)
     print("-" * len(head))
     for r in rows:
         ov = f"{r['overhead_pct']:+8.2f}%" if "overhead_pct" in r else ""
-        print(f"{r['config']:<9} {r['batch']:>5} {r['k']:>2} {r['mode']:<8} {str(r['graph']):<5} "
-              f"{r['step_ms']:>9.4f} {r['gpu_ms']:>8.4f} {r['tok_s']:>12.0f} "
-              f"{r['syncs_per_step']:>10.2f} {r.get('sync_waits', ''):>5} {ov:>9} "
-              f"{r.get('capture_host_us', float('nan')):>11.1f}")
+        print(
+            f"{r['config']:<9} {r['batch']:>5} {r['k']:>2} {r['mode']:<8} {str(r['graph']):<5} "
+            f"{r['step_ms']:>9.4f} {r['gpu_ms']:>8.4f} {r['tok_s']:>12.0f} "
+            f"{r['syncs_per_step']:>10.2f} {r.get('sync_waits', ''):>5} {ov:>9} "
+            f"{r.get('capture_host_us', float('nan')):>11.1f}"
+        )
 
 
 def main(argv=None) -> int:
@@ -503,17 +603,26 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=3, help="interleaved off/capture runs (median)")
-    ap.add_argument("--sink", choices=["h5", "null"], default=None,
-                    help="where captured blocks go (default: h5 when h5py imports, else null)")
+    ap.add_argument(
+        "--sink",
+        choices=["h5", "null"],
+        default=None,
+        help="where captured blocks go (default: h5 when h5py imports, else null)",
+    )
     ap.add_argument("--eager", action="store_true", help="no CUDA graph (for comparison)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--no-cpu-fallback", action="store_true")
-    ap.add_argument("--no-micro", action="store_true", help="skip the staging-launch micro "
-                    "benchmark (Triton vs torch ops vs a CUDA graph of them)")
+    ap.add_argument(
+        "--no-micro",
+        action="store_true",
+        help="skip the staging-launch micro "
+        "benchmark (Triton vs torch ops vs a CUDA graph of them)",
+    )
     args = ap.parse_args(argv)
     if args.sink is None:
         try:
             import h5py  # noqa: F401
+
             args.sink = "h5"
         except ImportError:
             args.sink = "null"
@@ -521,13 +630,18 @@ def main(argv=None) -> int:
     batches = [int(b) for b in args.batch.split(",")]
     if torch.cuda.is_available():
         device = torch.device("cuda")
-        print(f"bench: {torch.cuda.get_device_name()} torch {torch.__version__}, sink {args.sink}, "
-              f"ctx {args.ctx}, {args.steps} steps after {args.warmup} warmup, median of "
-              f"{args.repeats} interleaved runs per mode", flush=True)
+        print(
+            f"bench: {torch.cuda.get_device_name()} torch {torch.__version__}, sink {args.sink}, "
+            f"ctx {args.ctx}, {args.steps} steps after {args.warmup} warmup, median of "
+            f"{args.repeats} interleaved runs per mode",
+            flush=True,
+        )
     else:
-        msg = ("bench: no CUDA device: this benchmark measures a CUDA-graph replay and needs a GPU. "
-               "Running a CPU smoke test of the same code instead (eager, tiny, batch 2, "
-               "5 steps); these are not GPU figures.")
+        msg = (
+            "bench: no CUDA device: this benchmark measures a CUDA-graph replay and needs a GPU. "
+            "Running a CPU smoke test of the same code instead (eager, tiny, batch 2, "
+            "5 steps); these are not GPU figures."
+        )
         print(msg, file=sys.stderr)
         if args.no_cpu_fallback:
             return 2
@@ -545,9 +659,11 @@ def main(argv=None) -> int:
     worst = max(caps, key=lambda r: r["overhead_pct"])
     added = max(r["added_syncs_per_step"] for r in caps)
     waits = max(r["sync_waits"] for r in caps)
-    print(f"\ncapture overhead: worst {worst['overhead_pct']:+.2f}% of the step "
-          f"({worst['config']} batch {worst['batch']}); added host syncs per step: {added:+.2f}; "
-          f"ring waits: {waits}")
+    print(
+        f"\ncapture overhead: worst {worst['overhead_pct']:+.2f}% of the step "
+        f"({worst['config']} batch {worst['batch']}); added host syncs per step: {added:+.2f}; "
+        f"ring waits: {waits}"
+    )
     by_cfg = {}
     for r in caps:
         by_cfg.setdefault(r["config"], []).append(r["overhead_pct"])
@@ -556,8 +672,10 @@ def main(argv=None) -> int:
     if micro:  # device work the capture adds per step: one staging kernel (+ a copy per flush)
         dev_us = micro["triton"]["dev_us"]
         offs = {(r["config"], r["batch"]): r["gpu_ms"] for r in rows if r["mode"] == "off"}
-        print(f"  staging kernel device time {dev_us:.2f} us per step (batch 64): " + ", ".join(
-            f"{c} b{b} {dev_us / (ms * 1e3) * 100:.2f}%" for (c, b), ms in offs.items()))
+        print(
+            f"  staging kernel device time {dev_us:.2f} us per step (batch 64): "
+            + ", ".join(f"{c} b{b} {dev_us / (ms * 1e3) * 100:.2f}%" for (c, b), ms in offs.items())
+        )
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "staging_micro": micro}, indent=2))
     ok = device.type != "cuda" or (added <= 0 and waits == 0)

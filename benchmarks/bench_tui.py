@@ -49,8 +49,10 @@ def ensure_traces(d: Path, requests: int, blocks: int) -> tuple[Path, Path]:
 
         t0 = time.perf_counter()
         make_pair(d, requests=requests, blocks=blocks)
-        print(f"generated {requests * blocks:,} blocks a side in "
-              f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        print(
+            f"generated {requests * blocks:,} blocks a side in {time.perf_counter() - t0:.0f} s",
+            file=sys.stderr,
+        )
     return a, b
 
 
@@ -127,9 +129,19 @@ async def _headless(a: Path, b: Path, analysis_timeout: float) -> dict:
 
 def headless(a: Path, b: Path, analysis_timeout: float) -> dict:
     """Run the headless measurement in a child process; returns its figures."""
-    r = subprocess.run([sys.executable, __file__, "--child", str(a), str(b),
-                        "--analysis-timeout", str(analysis_timeout)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            str(a),
+            str(b),
+            "--analysis-timeout",
+            str(analysis_timeout),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode:
         raise SystemExit(f"headless run failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -144,14 +156,28 @@ def tmux_run(a: Path, b: Path) -> dict:
     tm = ["tmux", "-L", sock]
 
     def cap() -> str:
-        return subprocess.run([*tm, "capture-pane", "-p", "-t", "b"], capture_output=True,
-                              text=True).stdout
+        return subprocess.run(
+            [*tm, "capture-pane", "-p", "-t", "b"], capture_output=True, text=True
+        ).stdout
 
     out: dict = {}
     t0 = time.perf_counter()
-    subprocess.run([*tm, "new-session", "-d", "-s", "b", "-x", "160", "-y", "50",
-                    f"{spectrace} view {a} {b} --tab blocks"], check=True,
-                   env={**os.environ, "TERM": "xterm-256color"})
+    subprocess.run(
+        [
+            *tm,
+            "new-session",
+            "-d",
+            "-s",
+            "b",
+            "-x",
+            "160",
+            "-y",
+            "50",
+            f"{spectrace} view {a} {b} --tab blocks",
+        ],
+        check=True,
+        env={**os.environ, "TERM": "xterm-256color"},
+    )
     try:
         while "Overview" not in cap():
             time.sleep(0.005)
@@ -173,8 +199,11 @@ def tmux_run(a: Path, b: Path) -> dict:
                 time.sleep(0.002)
             lat.append(time.perf_counter() - t)
         out["page_key"] = lat
-        pid = int(subprocess.run([*tm, "list-panes", "-t", "b", "-F", "#{pane_pid}"],
-                                 capture_output=True, text=True).stdout.split()[0])
+        pid = int(
+            subprocess.run(
+                [*tm, "list-panes", "-t", "b", "-F", "#{pane_pid}"], capture_output=True, text=True
+            ).stdout.split()[0]
+        )
         procs = [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True)
         viewer = next(p for p in procs if "view" in p.cmdline())  # not the analysis child
         out["rss_mb"] = viewer.memory_info().rss / 2**20
@@ -200,25 +229,33 @@ def main() -> None:
         return
     a, b = ensure_traces(args.dir, args.requests, args.blocks)
     h = headless(a, b, args.analysis_timeout)
-    rows = [("first paint (headless)", f"{h['first_paint_s'] * 1000:.0f} ms"),
-            ("block view ready (headless)", f"{h['blocks_ready_s'] * 1000:.0f} ms"),
-            ("page down while indexing/analysing (headless)", _ms(h["page_busy"])),
-            ("page down, action to view repainted (headless)", _ms(h["page_key"])),
-            ("page down, CPU time of the process", _ms(h["page_cpu"])),
-            ("analysis (child process)", f"{h['analysis_s']:.1f} s, {h['findings']} findings"
-             + (f" ({h['analysis_error']})" if h["analysis_error"] else "")),
-            ("jump to next finding (action to repaint)", _ms(h["jump_finding"])),
-            ("jump to next divergence (action to repaint)", _ms(h["jump_divergence"])),
-            ("RSS after browsing / peak (headless)",
-             f"{h['rss_mb']:.0f} MB / {h['peak_rss_mb']:.0f} MB")]
+    rows = [
+        ("first paint (headless)", f"{h['first_paint_s'] * 1000:.0f} ms"),
+        ("block view ready (headless)", f"{h['blocks_ready_s'] * 1000:.0f} ms"),
+        ("page down while indexing/analysing (headless)", _ms(h["page_busy"])),
+        ("page down, action to view repainted (headless)", _ms(h["page_key"])),
+        ("page down, CPU time of the process", _ms(h["page_cpu"])),
+        (
+            "analysis (child process)",
+            f"{h['analysis_s']:.1f} s, {h['findings']} findings"
+            + (f" ({h['analysis_error']})" if h["analysis_error"] else ""),
+        ),
+        ("jump to next finding (action to repaint)", _ms(h["jump_finding"])),
+        ("jump to next divergence (action to repaint)", _ms(h["jump_divergence"])),
+        (
+            "RSS after browsing / peak (headless)",
+            f"{h['rss_mb']:.0f} MB / {h['peak_rss_mb']:.0f} MB",
+        ),
+    ]
     if args.tmux and shutil.which("tmux"):
         t = tmux_run(a, b)
-        rows += [("first paint (tmux, from launch)", f"{t['first_paint_s'] * 1000:.0f} ms"),
-                 ("block view ready (tmux, from launch)",
-                  f"{t['blocks_ready_s'] * 1000:.0f} ms"),
-                 ("analysis done (tmux, from launch)", f"{t['analysis_s']:.1f} s"),
-                 ("page down (tmux, send-keys to screen change)", _ms(t["page_key"])),
-                 ("RSS (tmux)", f"{t['rss_mb']:.0f} MB")]
+        rows += [
+            ("first paint (tmux, from launch)", f"{t['first_paint_s'] * 1000:.0f} ms"),
+            ("block view ready (tmux, from launch)", f"{t['blocks_ready_s'] * 1000:.0f} ms"),
+            ("analysis done (tmux, from launch)", f"{t['analysis_s']:.1f} s"),
+            ("page down (tmux, send-keys to screen change)", _ms(t["page_key"])),
+            ("RSS (tmux)", f"{t['rss_mb']:.0f} MB"),
+        ]
     n = h["rows_first_request"]
     print(f"spectrace view: {a} vs {b} (first request: {n} rows)")
     w = max(len(r[0]) for r in rows)

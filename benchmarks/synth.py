@@ -32,7 +32,8 @@ def _truth(r: np.ndarray, n: int) -> np.ndarray:
     """The reference text of requests ``r``: [len(r), n] ids, a hash of (request, index)."""
     i = np.arange(n, dtype=np.int64)
     return ((r[:, None] * 1_000_003 + i[None, :] * 7919 + 12345) * 2654435761 % VOCAB).astype(
-        np.int32)
+        np.int32
+    )
 
 
 def _quality(pos: np.ndarray, r: np.ndarray, k: int) -> np.ndarray:
@@ -41,9 +42,19 @@ def _quality(pos: np.ndarray, r: np.ndarray, k: int) -> np.ndarray:
     return np.minimum(h % (k + 2), k).astype(np.int64)
 
 
-def write_side(path: Path, side: str, requests: int, blocks: int, k: int, concurrency: int,
-               bug_every: int, bug_slot: int, bug_from: int, diverge_every: int,
-               diverge_at: int) -> int:
+def write_side(
+    path: Path,
+    side: str,
+    requests: int,
+    blocks: int,
+    k: int,
+    concurrency: int,
+    bug_every: int,
+    bug_slot: int,
+    bug_from: int,
+    diverge_every: int,
+    diverge_at: int,
+) -> int:
     """Write one engine's trace; returns the number of blocks written."""
     r = np.arange(requests, dtype=np.int64)
     # Sequential in steps, vectorised over requests.
@@ -71,14 +82,25 @@ def write_side(path: Path, side: str, requests: int, blocks: int, k: int, concur
         P[s], A[s], PR[s] = pos, acc, prop
         pos = pos + acc + 1
     out_len = pos - (PROMPT - 1)  # tokens emitted after the prompt (last bonus included)
-    meta = {"engine": f"synthetic-{side}", "engine_version": "0", "method": "draft_model",
-            "k": k, "source": "reference", "sampling": {"temperature": 0.0},
-            "layout": {"sample_from_anchor": True}, "target_model": "synthetic-target",
-            "draft_model": "synthetic-draft"}
+    meta = {
+        "engine": f"synthetic-{side}",
+        "engine_version": "0",
+        "method": "draft_model",
+        "k": k,
+        "source": "reference",
+        "sampling": {"temperature": 0.0},
+        "layout": {"sample_from_anchor": True},
+        "target_model": "synthetic-target",
+        "draft_model": "synthetic-draft",
+    }
     with TraceWriter(path, meta, flush_interval=0) as w:
         for i in range(requests):
-            w.request(f"{side}-{i}", prompt_ids=truth[i, :PROMPT],
-                      output_ids=truth[i, PROMPT:PROMPT + out_len[i]], finish_reason="length")
+            w.request(
+                f"{side}-{i}",
+                prompt_ids=truth[i, :PROMPT],
+                output_ids=truth[i, PROMPT : PROMPT + out_len[i]],
+                finish_reason="length",
+            )
         waves = [(w0, min(w0 + concurrency, requests)) for w0 in range(0, requests, concurrency)]
         step0 = 0
         for w0, w1 in waves:
@@ -94,13 +116,22 @@ def write_side(path: Path, side: str, requests: int, blocks: int, k: int, concur
             tix = pos_w[:, None].astype(np.int64) + 1 + np.arange(k + 1)[None, :]
             tv = truth[req[:, None].astype(np.int64), tix]
             emit = np.where(np.arange(k + 1)[None, :] <= acc_w[:, None], tv, -1).astype(np.int32)
-            w.add_blocks({
-                "request": req, "step": steps, "position": pos_w.astype(np.int32),
-                "anchor": anchor, "k": np.full(rows, k, np.int16), "proposed": prop_w,
-                "num_verified": np.full(rows, k, np.int16), "verified": prop_w,
-                "accepted": acc_w, "num_emitted": (acc_w + 1).astype(np.int16),
-                "emitted": emit, "t_ns": (steps.astype(np.int64) * 1_000_000),
-            })
+            w.add_blocks(
+                {
+                    "request": req,
+                    "step": steps,
+                    "position": pos_w.astype(np.int32),
+                    "anchor": anchor,
+                    "k": np.full(rows, k, np.int16),
+                    "proposed": prop_w,
+                    "num_verified": np.full(rows, k, np.int16),
+                    "verified": prop_w,
+                    "accepted": acc_w,
+                    "num_emitted": (acc_w + 1).astype(np.int16),
+                    "emitted": emit,
+                    "t_ns": (steps.astype(np.int64) * 1_000_000),
+                }
+            )
             step0 += blocks
         for s in range(0, min(step0, 200)):
             w.add_phase(s, "draft", 1.0 + (s % 7) * 0.1)
@@ -108,14 +139,31 @@ def write_side(path: Path, side: str, requests: int, blocks: int, k: int, concur
     return requests * blocks
 
 
-def make_pair(out: Path, requests: int = 100, blocks: int = 100, k: int = 4,
-              concurrency: int = 64, bug_every: int = 7, bug_slot: int = 2, bug_from: int = 200,
-              diverge_every: int = 5, diverge_at: int = 150) -> tuple[Path, Path]:
+def make_pair(
+    out: Path,
+    requests: int = 100,
+    blocks: int = 100,
+    k: int = 4,
+    concurrency: int = 64,
+    bug_every: int = 7,
+    bug_slot: int = 2,
+    bug_from: int = 200,
+    diverge_every: int = 5,
+    diverge_at: int = 150,
+) -> tuple[Path, Path]:
     """Write ``out/ours.h5`` and ``out/theirs.h5``; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
-    kw = dict(requests=requests, blocks=blocks, k=k, concurrency=concurrency,
-              bug_every=bug_every, bug_slot=bug_slot, bug_from=bug_from,
-              diverge_every=diverge_every, diverge_at=diverge_at)
+    kw = dict(
+        requests=requests,
+        blocks=blocks,
+        k=k,
+        concurrency=concurrency,
+        bug_every=bug_every,
+        bug_slot=bug_slot,
+        bug_from=bug_from,
+        diverge_every=diverge_every,
+        diverge_at=diverge_at,
+    )
     a, b = out / "ours.h5", out / "theirs.h5"
     write_side(a, "ours", **kw)
     write_side(b, "theirs", **kw)
@@ -132,8 +180,10 @@ def main() -> None:
     a = ap.parse_args()
     t0 = time.perf_counter()
     make_pair(a.out, a.requests, a.blocks, a.k)
-    print(f"wrote {a.out}/ours.h5 and theirs.h5: {a.requests * a.blocks} blocks each "
-          f"in {time.perf_counter() - t0:.1f} s")
+    print(
+        f"wrote {a.out}/ours.h5 and theirs.h5: {a.requests * a.blocks} blocks each "
+        f"in {time.perf_counter() - t0:.1f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -30,24 +30,68 @@ PROG = "spectrace-engine"
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of `python -m spectrace.engine`."""
-    ap = argparse.ArgumentParser(prog="python -m spectrace.engine", description="Reference greedy speculative-decoding engine.")
+    ap = argparse.ArgumentParser(
+        prog="python -m spectrace.engine",
+        description="Reference greedy speculative-decoding engine.",
+    )
     ap.add_argument("--method", choices=["draft_model", "ngram", "dspark"], default="draft_model")
-    ap.add_argument("--k", type=int, default=4, help="speculative tokens per step (num_speculative_tokens)")
+    ap.add_argument(
+        "--k", type=int, default=4, help="speculative tokens per step (num_speculative_tokens)"
+    )
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--target", type=Path, default=None, help="target model folder (default: bundled)")
-    ap.add_argument("--draft", type=Path, default=None, help="draft model folder (default: bundled; draft_model, or dspark: a speculators DSpark checkpoint)")
-    ap.add_argument("--prompts", type=Path, default=None, help='JSONL of {"id", "text"} or {"id", "prompt_ids"} (default: bundled)')
-    ap.add_argument("--requests-out", type=Path, default=None, help="write one JSON line per request here")
-    ap.add_argument("--batch-size", type=int, default=None, help="max concurrently running requests (default: all)")
-    ap.add_argument("--prompt-lookup-min", type=int, default=1, help="ngram: shortest n-gram to match")
-    ap.add_argument("--prompt-lookup-max", type=int, default=3, help="ngram: longest n-gram to match")
-    ap.add_argument("--stop-on-eos", action="store_true", help="finish a request at EOS (default: ignore_eos)")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (results may depend on it)")
-    ap.add_argument("--stats", action="store_true", help="print an acceptance summary line to stderr")
-    ap.add_argument("--draft-vocab", type=int, default=None, metavar="N",
-                    help="draft_model/dspark: reduced draft vocabulary of N target ids, mapped with a d2t table")
-    ap.add_argument("--fault", action="append", default=[], metavar="NAME",
-                    help="plant a deliberate bug (repeatable; see --list-faults); off by default")
+    ap.add_argument(
+        "--target", type=Path, default=None, help="target model folder (default: bundled)"
+    )
+    ap.add_argument(
+        "--draft",
+        type=Path,
+        default=None,
+        help="draft model folder (default: bundled; draft_model, or dspark: a speculators DSpark checkpoint)",
+    )
+    ap.add_argument(
+        "--prompts",
+        type=Path,
+        default=None,
+        help='JSONL of {"id", "text"} or {"id", "prompt_ids"} (default: bundled)',
+    )
+    ap.add_argument(
+        "--requests-out", type=Path, default=None, help="write one JSON line per request here"
+    )
+    ap.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="max concurrently running requests (default: all)",
+    )
+    ap.add_argument(
+        "--prompt-lookup-min", type=int, default=1, help="ngram: shortest n-gram to match"
+    )
+    ap.add_argument(
+        "--prompt-lookup-max", type=int, default=3, help="ngram: longest n-gram to match"
+    )
+    ap.add_argument(
+        "--stop-on-eos", action="store_true", help="finish a request at EOS (default: ignore_eos)"
+    )
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (results may depend on it)"
+    )
+    ap.add_argument(
+        "--stats", action="store_true", help="print an acceptance summary line to stderr"
+    )
+    ap.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=None,
+        metavar="N",
+        help="draft_model/dspark: reduced draft vocabulary of N target ids, mapped with a d2t table",
+    )
+    ap.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="plant a deliberate bug (repeatable; see --list-faults); off by default",
+    )
     ap.add_argument("--list-faults", action="store_true", help="list the faults and exit")
     return ap
 
@@ -112,7 +156,9 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(target_dir)
     drafter: Drafter
     if args.method == "draft_model":
-        drafter = DraftModelDrafter(load_model(args.draft or bundled_model_dir("draft")), args.k, args.draft_vocab)
+        drafter = DraftModelDrafter(
+            load_model(args.draft or bundled_model_dir("draft")), args.k, args.draft_vocab
+        )
     elif args.method == "dspark":
         from .dspark import DSparkDrafter, reduce_vocab
         from .dspark_ckpt import load_dspark
@@ -122,7 +168,9 @@ def run(args: argparse.Namespace) -> int:
             dmodel = reduce_vocab(dmodel, args.draft_vocab)
         drafter = DSparkDrafter(dmodel, target, args.k)
     else:
-        drafter = NgramDrafter(args.k, args.prompt_lookup_min, args.prompt_lookup_max, target.max_model_len)
+        drafter = NgramDrafter(
+            args.k, args.prompt_lookup_min, args.prompt_lookup_max, target.max_model_len
+        )
 
     engine = Engine(target, drafter, batch_size=args.batch_size, ignore_eos=not args.stop_on_eos)
     prompts = read_prompts(args.prompts or bundled_prompts_path(), tokenizer)
@@ -135,7 +183,12 @@ def run(args: argparse.Namespace) -> int:
     if args.requests_out:
         with open(args.requests_out, "w") as f:
             for req in requests:
-                rec = {"req_id": req.req_id, "prompt_ids": req.prompt_ids, "output_ids": req.output_ids, "finish_reason": req.finish_reason}
+                rec = {
+                    "req_id": req.req_id,
+                    "prompt_ids": req.prompt_ids,
+                    "output_ids": req.output_ids,
+                    "finish_reason": req.finish_reason,
+                }
                 f.write(json.dumps(rec) + "\n")
     if args.stats:
         s = engine.stats

@@ -22,8 +22,8 @@ Deliberate bugs (``--fault NAME``, see :mod:`.faults`) hook in at ``faults.activ
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
@@ -40,8 +40,12 @@ class Request:
     req_id: str
     prompt_ids: list[int]
     max_tokens: int
-    tokens: list[int] = field(default_factory=list)  # runner view: prompt + every sampled token (untrimmed)
-    output_ids: list[int] = field(default_factory=list)  # scheduler view: committed output (trimmed)
+    tokens: list[int] = field(
+        default_factory=list
+    )  # runner view: prompt + every sampled token (untrimmed)
+    output_ids: list[int] = field(
+        default_factory=list
+    )  # scheduler view: committed output (trimmed)
     pending_drafts: list[int] = field(default_factory=list)  # drafts to verify next step
     prefilled: bool = False
     finish_reason: str | None = None
@@ -74,7 +78,9 @@ class SpecStats:
 # ---------------------------------------------------------------------------- verify
 
 
-def target_argmax(model: torch.nn.Module, sequence: Sequence[int], num_rows: int, prompt_len: int | None = None) -> list[int]:
+def target_argmax(
+    model: torch.nn.Module, sequence: Sequence[int], num_rows: int, prompt_len: int | None = None
+) -> list[int]:
     """Greedy target tokens for the last `num_rows` positions of `sequence`.
 
     One forward over int64 [1, T]; row j of the result predicts position T - num_rows + j + 1.
@@ -97,7 +103,12 @@ def accepted_prefix_len(drafts: Sequence[int], target_tokens: Sequence[int]) -> 
     return n
 
 
-def verify_greedy(model: torch.nn.Module, sequence: Sequence[int], drafts: Sequence[int], prompt_len: int | None = None) -> list[int]:
+def verify_greedy(
+    model: torch.nn.Module,
+    sequence: Sequence[int],
+    drafts: Sequence[int],
+    prompt_len: int | None = None,
+) -> list[int]:
     """Greedy rejection sampling of `drafts` placed after `sequence` (anchor last).
 
     Returns the emitted tokens: the accepted drafts plus one target token (correction or
@@ -141,7 +152,9 @@ class Engine:
             raise ValueError(f"request {req_id}: empty prompt")
         need = len(prompt_ids) + max_tokens + self.drafter.k
         if need > self.target.max_model_len:
-            raise ValueError(f"request {req_id}: prompt + max_tokens + k = {need} > max_model_len {self.target.max_model_len}")
+            raise ValueError(
+                f"request {req_id}: prompt + max_tokens + k = {need} > max_model_len {self.target.max_model_len}"
+            )
         self.waiting.append(Request(req_id, list(prompt_ids), max_tokens))
 
     def run(self) -> list[Request]:
@@ -201,14 +214,18 @@ class Engine:
             emitted = verify_greedy(self.target.model, req.tokens, [], plen)
         elif req.pending_drafts:
             drafts = req.pending_drafts
-            if faults.active("verify_overwrite"):  # the input combine writes the anchor into the last slot
+            if faults.active(
+                "verify_overwrite"
+            ):  # the input combine writes the anchor into the last slot
                 drafts = drafts[:-1] + req.tokens[-1:]
             pos = req.num_tokens  # before write-back; the anchor sits at pos - 1
             emitted = verify_greedy(self.target.model, req.tokens, drafts, plen)
             acc = len(emitted) - 1
             shown_pos = pos + 1 if faults.active("anchor_shift") else pos
             shown_acc = acc + 1 if faults.active("miscount") and acc < len(drafts) else acc
-            self.trace.spectrace(req.req_id, shown_pos, len(drafts), len(emitted), shown_acc, drafts, emitted)
+            self.trace.spectrace(
+                req.req_id, shown_pos, len(drafts), len(emitted), shown_acc, drafts, emitted
+            )
             if faults.active("stale_state") and acc < len(drafts):
                 self._rejected[req.req_id] = list(drafts[acc:])
             self.stats.num_drafts += 1
@@ -252,7 +269,10 @@ class Engine:
             self.trace.update_req(req.req_id, True, req.finished, False, len(drafts))
             if req.finished:
                 continue  # drafts of a finished request are dropped, not installed
-            if faults.active("drop_drafts") and (req.req_id in self._dropped or (row >= 1 and self.stats.num_steps >= faults.DROP_FROM_STEP)):
+            if faults.active("drop_drafts") and (
+                req.req_id in self._dropped
+                or (row >= 1 and self.stats.num_steps >= faults.DROP_FROM_STEP)
+            ):
                 self._dropped.add(req.req_id)  # proposed, never installed again: plain decode steps
                 drafts = []
             req.pending_drafts = list(drafts)

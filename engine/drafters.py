@@ -19,8 +19,9 @@ and speculators define. The faults of :mod:`.faults` hook in at ``faults.active(
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 
@@ -48,8 +49,10 @@ class Proposal:
 
 class Drafter(Protocol):
     """What the engine needs from a drafter: ``propose(sequences) -> Proposal`` with up to k int ids per sequence (tokens), plus the method name and the scheduler lookahead. Mirrors vLLM V1's proposer interface (`propose_draft_token_ids`)."""
+
     method: str
     k: int
+
     @property
     def lookahead(self) -> int:
         """The scheduler's num_lookahead_tokens for this method (vLLM: k / 0)."""
@@ -61,7 +64,9 @@ class Drafter(Protocol):
 # ---------------------------------------------------------------------------- draft model
 
 
-def draft_logits_last(model: torch.nn.Module, ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+def draft_logits_last(
+    model: torch.nn.Module, ids: torch.Tensor, position_ids: torch.Tensor | None = None
+) -> torch.Tensor:
     """Logits of the last position. ids: int64 [1, T] (position_ids: int64 [1, T] or None for
     0..T-1). Returns fp32 [vocab]."""
     return model(input_ids=ids, position_ids=position_ids, use_cache=False).logits[0, -1]
@@ -99,8 +104,11 @@ class DraftModelDrafter:
     d2t: torch.Tensor | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self.vocab_ids, self.d2t = (None, None) if self.draft_vocab is None else reduced_vocab(
-            self.draft.model.get_output_embeddings().weight, self.draft_vocab)
+        self.vocab_ids, self.d2t = (
+            (None, None)
+            if self.draft_vocab is None
+            else reduced_vocab(self.draft.model.get_output_embeddings().weight, self.draft_vocab)
+        )
 
     @property
     def lookahead(self) -> int:
@@ -124,7 +132,7 @@ class DraftModelDrafter:
         """k greedy tokens after `sequence` (ints, anchor last). Adds to `timings` in place."""
         seq = list(sequence)
         if faults.active("wrong_features"):
-            seq = seq[-faults.FEATURE_WINDOW:]
+            seq = seq[-faults.FEATURE_WINDOW :]
         ctx = len(seq)
         n = self.k + faults.active("layout_shift") - faults.active("k_minus_one")
         out: list[int] = []
@@ -162,7 +170,9 @@ class DraftModelDrafter:
 # ---------------------------------------------------------------------------- ngram
 
 
-def ngram_lookup(tokens: Sequence[int], min_n: int, max_n: int, k: int, max_model_len: int) -> list[int]:
+def ngram_lookup(
+    tokens: Sequence[int], min_n: int, max_n: int, k: int, max_model_len: int
+) -> list[int]:
     """vLLM's prompt lookup for one sequence (port of the numba KMP, same branch structure).
 
     Finds the longest n in [min_n, max_n] such that the last n tokens occur earlier in `tokens`;
@@ -221,7 +231,9 @@ class NgramDrafter:
     def propose(self, sequences: Sequence[Sequence[int]]) -> Proposal:
         """Propose drafts for each sequence (prompt + output ids, int); returns a :class:`Proposal` with one list of at most k ids per sequence."""
         drafts = [
-            ngram_lookup(seq, self.min_n, self.max_n, self.k, self.max_model_len) if len(seq) < self.max_model_len else []
+            ngram_lookup(seq, self.min_n, self.max_n, self.k, self.max_model_len)
+            if len(seq) < self.max_model_len
+            else []
             for seq in sequences
         ]
         return Proposal(drafts)

@@ -36,8 +36,8 @@ forward has static shapes and no host synchronisation.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
 
 import torch
 import torch.nn as nn
@@ -102,8 +102,9 @@ def sample_slot_offset(sample_from_anchor: bool) -> int:
     return 0 if sample_from_anchor else 1
 
 
-def block_inputs(anchor: int, anchor_pos: int, k: int, sample_from_anchor: bool,
-                 mask_token_id: int) -> tuple[list[int], list[int]]:
+def block_inputs(
+    anchor: int, anchor_pos: int, k: int, sample_from_anchor: bool, mask_token_id: int
+) -> tuple[list[int], list[int]]:
     """Query ids and positions of one request's block (what vLLM's prepare kernel writes).
 
     Returns:
@@ -131,9 +132,14 @@ class RMSNorm(nn.Module):
         return (xf * self.weight.float()).to(x.dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Neox-style RoPE tables for int positions [..., T]: (cos, sin) fp32 [..., T, head_dim]."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    inv = 1.0 / (
+        theta
+        ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    )
     freqs = positions.to(torch.float32)[..., None] * inv
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
@@ -150,7 +156,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class Attention(nn.Module):
     def __init__(self, cfg: DSparkConfig) -> None:
         super().__init__()
-        h, nh, nkv, d = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        h, nh, nkv, d = (
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         self.nh, self.nkv, self.d = nh, nkv, d
         self.q_proj = nn.Linear(h, nh * d, bias=False)
         self.k_proj = nn.Linear(h, nkv * d, bias=False)
@@ -223,7 +234,9 @@ class DSparkDraftModel(nn.Module):
 
     # -- backbone --------------------------------------------------------------------------
 
-    def context_kv(self, ctx_states: torch.Tensor, ctx_pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def context_kv(
+        self, ctx_states: torch.Tensor, ctx_pos: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per-layer context keys/values (what vLLM precomputes into the draft KV cache).
 
         Args:
@@ -242,8 +255,13 @@ class DSparkDraftModel(nn.Module):
             out.append((apply_rope(k, cos, sin), a.v_proj(c).view(b, t, a.nkv, a.d)))
         return out
 
-    def query_forward(self, kv: list[tuple[torch.Tensor, torch.Tensor]], q_ids: torch.Tensor,
-                      q_pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def query_forward(
+        self,
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        q_ids: torch.Tensor,
+        q_pos: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
         """Run the query block(s) through the decoder layers.
 
         Args:
@@ -270,8 +288,9 @@ class DSparkDraftModel(nn.Module):
                 rep, t = a.nh // a.nkv, keys.shape[1]
                 keys = keys[:, :, :, None, :].expand(b, t, a.nkv, rep, a.d).reshape(b, t, a.nh, a.d)
                 vals = vals[:, :, :, None, :].expand(b, t, a.nkv, rep, a.d).reshape(b, t, a.nh, a.d)
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2),
-                                               vals.transpose(1, 2), attn_mask=attn_mask)
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), keys.transpose(1, 2), vals.transpose(1, 2), attn_mask=attn_mask
+            )
             x = x + a.o_proj(o.transpose(1, 2).reshape(b, m, a.nh * a.d))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)
@@ -297,7 +316,11 @@ class DSparkDraftModel(nn.Module):
     def compute_confidence(self, hidden: torch.Tensor, markov_embed: torch.Tensor) -> torch.Tensor:
         """Acceptance probability per draft: ``sigmoid(proj([hidden, embed]))`` -> [...]."""
         assert self.confidence_head is not None
-        x = torch.cat([hidden, markov_embed], dim=-1) if self.cfg.confidence_head_with_markov else hidden
+        x = (
+            torch.cat([hidden, markov_embed], dim=-1)
+            if self.cfg.confidence_head_with_markov
+            else hidden
+        )
         return torch.sigmoid(self.confidence_head.proj(x.float()).squeeze(-1))
 
     def set_vocab_mapping(self, draft_ids: torch.Tensor) -> None:
@@ -312,8 +335,12 @@ class DSparkDraftModel(nn.Module):
 # ---------------------------------------------------------------------------- sampling
 
 
-def sample_sequential(base_logits: torch.Tensor, anchors: torch.Tensor, model: DSparkDraftModel,
-                      return_embeds: bool = False):
+def sample_sequential(
+    base_logits: torch.Tensor,
+    anchors: torch.Tensor,
+    model: DSparkDraftModel,
+    return_embeds: bool = False,
+):
     """Greedy Markov sampling, exactly as vLLM's ``DSparkSpeculator._sample_sequential``.
 
     Args:
@@ -343,7 +370,9 @@ def sample_sequential(base_logits: torch.Tensor, anchors: torch.Tensor, model: D
 # ---------------------------------------------------------------------------- target features
 
 
-def target_aux_hidden(target: nn.Module, ids: Sequence[int] | torch.Tensor, aux_ids: Sequence[int]) -> torch.Tensor:
+def target_aux_hidden(
+    target: nn.Module, ids: Sequence[int] | torch.Tensor, aux_ids: Sequence[int]
+) -> torch.Tensor:
     """The target's aux hidden states, concatenated per token: fp32 [B, T, n_aux * H_target].
 
     ``ids`` is one sequence (list) or an int64 [B, T] tensor. Aux id 0 is the embedding
@@ -358,6 +387,7 @@ def target_aux_hidden(target: nn.Module, ids: Sequence[int] | torch.Tensor, aux_
     def grab(a):
         def hook(_mod, _inp, out):
             got[a] = out[0] if isinstance(out, tuple) else out
+
         return hook
 
     for a in aux_ids:
@@ -444,13 +474,16 @@ class DSparkDrafter:
         t1 = time.perf_counter()
         with torch.no_grad():
             kv = self.model.context_kv(ctx, torch.arange(p).unsqueeze(0))
-            hidden = self.model.query_forward(kv, torch.tensor([q_ids]), torch.tensor([q_pos]),
-                                              block_mask(p, len(q_ids)))[0]
+            hidden = self.model.query_forward(
+                kv, torch.tensor([q_ids]), torch.tensor([q_pos]), block_mask(p, len(q_ids))
+            )[0]
             off = sample_slot_offset(self.from_anchor)
-            sample_hidden = hidden[off:off + self.k]
+            sample_hidden = hidden[off : off + self.k]
             base = self.model.compute_draft_logits(sample_hidden)
             t2 = time.perf_counter()
-            drafts, embeds = sample_sequential(base[None], torch.tensor([anchor]), self.model, return_embeds=True)
+            drafts, embeds = sample_sequential(
+                base[None], torch.tensor([anchor]), self.model, return_embeds=True
+            )
             conf = None
             if self.model.confidence_head is not None:
                 conf = self.model.compute_confidence(sample_hidden, embeds[0]).tolist()
@@ -466,8 +499,11 @@ class DSparkDrafter:
         timings = ProposeTimings()
         self.last_steps = [self.step(seq, timings) for seq in sequences]
         vocab = self.model.cfg.draft_vocab_size
-        return Proposal([s.drafts for s in self.last_steps], timings,
-                        logits_numel=len(sequences) * self.k * vocab)
+        return Proposal(
+            [s.drafts for s in self.last_steps],
+            timings,
+            logits_numel=len(sequences) * self.k * vocab,
+        )
 
 
 def reduce_vocab(model: DSparkDraftModel, n: int) -> DSparkDraftModel:

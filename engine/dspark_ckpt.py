@@ -41,8 +41,13 @@ from .dspark import DSparkConfig, DSparkDraftModel
 SPECULATORS_VERSION = "0.3.0"
 
 
-def config_dict(cfg: DSparkConfig, k: int | None = None, verifier: str | None = None,
-                verifier_arch: str = "LlamaForCausalLM", write_sample_from_anchor: bool = True) -> dict:
+def config_dict(
+    cfg: DSparkConfig,
+    k: int | None = None,
+    verifier: str | None = None,
+    verifier_arch: str = "LlamaForCausalLM",
+    write_sample_from_anchor: bool = True,
+) -> dict:
     """The speculators ``config.json`` of a DSpark drafter.
 
     Args:
@@ -85,8 +90,14 @@ def config_dict(cfg: DSparkConfig, k: int | None = None, verifier: str | None = 
         },
         "speculators_config": {
             "algorithm": "dspark",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(k),
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": int(k),
+                    "verifier_accept_k": 1,
+                    "accept_tolerance": 0.0,
+                }
+            ],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": verifier, "architectures": [verifier_arch]},
         },
@@ -106,13 +117,17 @@ def config_from_dict(d: dict) -> DSparkConfig:
         ValueError: not a speculators DSpark config, or a head type this reference lacks.
     """
     if d.get("speculators_model_type") != "dspark":
-        raise ValueError(f"not a speculators DSpark config (speculators_model_type="
-                         f"{d.get('speculators_model_type')!r})")
+        raise ValueError(
+            f"not a speculators DSpark config (speculators_model_type="
+            f"{d.get('speculators_model_type')!r})"
+        )
     t = d.get("transformer_layer_config") or {}
     head_type = d.get("markov_head_type", "vanilla")
     if head_type != "vanilla":
-        raise ValueError(f"markov_head_type {head_type!r}: the reference drafter implements "
-                         "only the vanilla head")
+        raise ValueError(
+            f"markov_head_type {head_type!r}: the reference drafter implements "
+            "only the vanilla head"
+        )
     vocab = int(t["vocab_size"])
     return DSparkConfig(
         vocab_size=vocab,
@@ -133,15 +148,24 @@ def config_from_dict(d: dict) -> DSparkConfig:
         enable_confidence_head=bool(d.get("enable_confidence_head", True)),
         confidence_head_with_markov=bool(d.get("confidence_head_with_markov", True)),
         rms_norm_eps=float(t.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(t.get("rope_theta", (t.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
+        rope_theta=float(
+            t.get("rope_theta", (t.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+        ),
         max_position_embeddings=int(t.get("max_position_embeddings", 4096)),
     )
 
 
-def save_dspark(model: DSparkDraftModel, out: str | os.PathLike, *, k: int | None = None,
-                verifier: str | None = None, include_embed: bool = True,
-                include_lm_head: bool = True, write_sample_from_anchor: bool = True,
-                extra_config: dict | None = None) -> Path:
+def save_dspark(
+    model: DSparkDraftModel,
+    out: str | os.PathLike,
+    *,
+    k: int | None = None,
+    verifier: str | None = None,
+    include_embed: bool = True,
+    include_lm_head: bool = True,
+    write_sample_from_anchor: bool = True,
+    extra_config: dict | None = None,
+) -> Path:
     """Write ``config.json`` + ``model.safetensors`` (fp32, flat speculators keys).
 
     ``include_embed``/``include_lm_head`` False leave those weights out (shared from the
@@ -160,7 +184,9 @@ def save_dspark(model: DSparkDraftModel, out: str | os.PathLike, *, k: int | Non
         state[name] = t.detach().contiguous().clone()
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     os.chmod(out / "model.safetensors", 0o644)  # safetensors writes through a 0600 temp file
-    cfg = config_dict(model.cfg, k=k, verifier=verifier, write_sample_from_anchor=write_sample_from_anchor)
+    cfg = config_dict(
+        model.cfg, k=k, verifier=verifier, write_sample_from_anchor=write_sample_from_anchor
+    )
     cfg.update(extra_config or {})
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     return out

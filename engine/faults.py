@@ -30,8 +30,9 @@ also need ``--draft-vocab N``. Faults are process-wide (one engine per process):
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -58,37 +59,74 @@ class Fault:
 
 
 FAULTS: dict[str, Fault] = {
-    "layout_shift": Fault("layout_shift", "the drafter generates k+1 greedy tokens and returns "
-                          "tokens[1:], as if the anchor were the 1+N bonus slot"),
-    "anchor_shift": Fault("anchor_shift", "[SPECTRACE] pos= is printed one late (pos+1; the chain "
-                          "pos'=pos+ns still holds): the recorded anchor is not the token there"),
-    "verify_overwrite": Fault("verified_differs", "the target verifies the drafts with the last "
-                              "slot overwritten by the previous emitted token (the anchor, #2116)"),
+    "layout_shift": Fault(
+        "layout_shift",
+        "the drafter generates k+1 greedy tokens and returns "
+        "tokens[1:], as if the anchor were the 1+N bonus slot",
+    ),
+    "anchor_shift": Fault(
+        "anchor_shift",
+        "[SPECTRACE] pos= is printed one late (pos+1; the chain "
+        "pos'=pos+ns still holds): the recorded anchor is not the token there",
+    ),
+    "verify_overwrite": Fault(
+        "verified_differs",
+        "the target verifies the drafts with the last "
+        "slot overwritten by the previous emitted token (the anchor, #2116)",
+    ),
     "k_minus_one": Fault("k_mismatch", "the anchor is counted in k: k-1 drafts are proposed"),
     "constant_depth": Fault("constant_drafts", "the step-0 draft is copied into every slot"),
-    "broken_depth": Fault("depth_divergence", "for depth >= 1 the draft loop does not advance "
-                          "positions: every fed draft sits at the anchor's position (stale "
-                          "positions/seq_lens); slot 0 stays right"),
-    "d2t_missing": Fault("vocab_mapping", "reduced draft vocabulary: draft indices are handed out "
-                         "without the d2t mapping to target ids", needs_draft_vocab=True),
-    "d2t_double": Fault("vocab_mapping", "reduced draft vocabulary: the d2t offset is applied "
-                        "twice (modulo the vocabulary)", needs_draft_vocab=True),
-    "drop_drafts": Fault("unverified_drafts", f"a request at batch row >= 1 at step "
-                         f"{DROP_FROM_STEP} or later silently stops proposing: its drafts are "
-                         "proposed but never installed again (installed=0), it continues with "
-                         "plain decode steps"),
-    "miscount": Fault("acceptance_bookkeeping", "acc= is reported one too high (ns instead of "
-                      "ns-1) on blocks with a rejection"),
-    "stale_state": Fault("stale_state", "after a rejection the drafter drafts from a context that "
-                         "still holds the rejected drafts (KV not rolled back)"),
-    "batch_order": Fault("batch_dependence", "batch rows >= 1 draft from the previous row's "
-                         "context (off-by-one row index); row 0 is right"),
-    "repetition": Fault("degenerate_output", f"after {REPEAT_AFTER} output tokens the target "
-                        f"repeats its last {REPEAT_PERIOD} tokens forever"),
-    "wrong_features": Fault("draft_mismatch", f"the draft model sees only the last "
-                            f"{FEATURE_WINDOW} tokens of context"),
-    "content": Fault("content_divergence", f"at output index {CONTENT_AT} the target emits its "
-                     "second-best token instead of the argmax"),
+    "broken_depth": Fault(
+        "depth_divergence",
+        "for depth >= 1 the draft loop does not advance "
+        "positions: every fed draft sits at the anchor's position (stale "
+        "positions/seq_lens); slot 0 stays right",
+    ),
+    "d2t_missing": Fault(
+        "vocab_mapping",
+        "reduced draft vocabulary: draft indices are handed out "
+        "without the d2t mapping to target ids",
+        needs_draft_vocab=True,
+    ),
+    "d2t_double": Fault(
+        "vocab_mapping",
+        "reduced draft vocabulary: the d2t offset is applied twice (modulo the vocabulary)",
+        needs_draft_vocab=True,
+    ),
+    "drop_drafts": Fault(
+        "unverified_drafts",
+        f"a request at batch row >= 1 at step "
+        f"{DROP_FROM_STEP} or later silently stops proposing: its drafts are "
+        "proposed but never installed again (installed=0), it continues with "
+        "plain decode steps",
+    ),
+    "miscount": Fault(
+        "acceptance_bookkeeping",
+        "acc= is reported one too high (ns instead of ns-1) on blocks with a rejection",
+    ),
+    "stale_state": Fault(
+        "stale_state",
+        "after a rejection the drafter drafts from a context that "
+        "still holds the rejected drafts (KV not rolled back)",
+    ),
+    "batch_order": Fault(
+        "batch_dependence",
+        "batch rows >= 1 draft from the previous row's "
+        "context (off-by-one row index); row 0 is right",
+    ),
+    "repetition": Fault(
+        "degenerate_output",
+        f"after {REPEAT_AFTER} output tokens the target "
+        f"repeats its last {REPEAT_PERIOD} tokens forever",
+    ),
+    "wrong_features": Fault(
+        "draft_mismatch", f"the draft model sees only the last {FEATURE_WINDOW} tokens of context"
+    ),
+    "content": Fault(
+        "content_divergence",
+        f"at output index {CONTENT_AT} the target emits its "
+        "second-best token instead of the argmax",
+    ),
 }
 
 _active: frozenset[str] = frozenset()
@@ -148,8 +186,9 @@ def map_draft_index(idx: int, d2t: Sequence[int], vocab_size: int) -> int:
     return idx + d2t[idx]
 
 
-def target_tokens(tokens: list[int], logits: "torch.Tensor", sequence: Sequence[int],
-                  prompt_len: int) -> list[int]:
+def target_tokens(
+    tokens: list[int], logits: torch.Tensor, sequence: Sequence[int], prompt_len: int
+) -> list[int]:
     """The target's greedy tokens after the ``content`` / ``repetition`` faults.
 
     Args:

@@ -86,7 +86,16 @@ class VtTrace:
         stream.write(line + "\n")
 
     # 1. schedule
-    def sched(self, req: str, have: int, num_new: int, computed: int, num_tokens: int, placeholders: int, sched: int) -> None:
+    def sched(
+        self,
+        req: str,
+        have: int,
+        num_new: int,
+        computed: int,
+        num_tokens: int,
+        placeholders: int,
+        sched: int,
+    ) -> None:
         """Print `[spec-sched]` (any VT_SPEC_TRACE value); mirrors scheduler.cpp `Scheduler::schedule`. Counts are tokens."""
         if probes_enabled():
             self._emit(
@@ -95,7 +104,16 @@ class VtTrace:
             )
 
     # 2. verify
-    def spectrace(self, req: str, pos: int, k: int, ns: int, acc: int, draft: Sequence[int], emit: Sequence[int]) -> None:
+    def spectrace(
+        self,
+        req: str,
+        pos: int,
+        k: int,
+        ns: int,
+        acc: int,
+        draft: Sequence[int],
+        emit: Sequence[int],
+    ) -> None:
         """Print one `[SPECTRACE]` verify line (level >= 1); mirrors runner.cpp `sample_tokens_with_rejection`. `pos` = tokens before write-back, ids int."""
         if verify_enabled():
             self._emit(
@@ -107,12 +125,16 @@ class VtTrace:
     def phase(self, pre_ms: float, backbone_ms: float, sample_ms: float, logits: int) -> None:
         """Print `[spec-phase] pre= backbone= sample= logits=` (level >= 1; times in ms, `logits` = numel); mirrors runner.cpp `propose_drafts_block`."""
         if propose_level() >= 1:
-            self._emit(f"[spec-phase] pre={pre_ms:.2f}ms backbone={backbone_ms:.2f}ms sample={sample_ms:.2f}ms logits={logits}")
+            self._emit(
+                f"[spec-phase] pre={pre_ms:.2f}ms backbone={backbone_ms:.2f}ms sample={sample_ms:.2f}ms logits={logits}"
+            )
 
     def propose(self, rows: int, nqpr: int, first: Sequence[int]) -> None:
         """Print `[spec-propose]` for the first proposing row (level >= 1); mirrors runner.cpp `propose_drafts_block`."""
         if propose_level() >= 1:
-            self._emit(f"[spec-propose] rows={rows} nqpr={nqpr} drafts/row={len(first)} first={tight_ids(first)}")
+            self._emit(
+                f"[spec-propose] rows={rows} nqpr={nqpr} drafts/row={len(first)} first={tight_ids(first)}"
+            )
 
     def propose_none(self, num_reqs: int) -> None:
         """Print the `[spec-propose] NO proposing rows` variant (level >= 1)."""
@@ -130,7 +152,9 @@ class VtTrace:
         if probes_enabled():
             self._emit(f"[spec-update] called n={n}")
 
-    def update_req(self, req: str, found: bool, finished: bool, prefill_chunk: bool, drafts: int) -> None:
+    def update_req(
+        self, req: str, found: bool, finished: bool, prefill_chunk: bool, drafts: int
+    ) -> None:
         """Print one `[spec-update] req=` row (any value); mirrors scheduler.cpp `update_draft_token_ids`."""
         if probes_enabled():
             self._emit(

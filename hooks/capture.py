@@ -180,10 +180,15 @@ def _pump(proc: subprocess.Popen, parser: VtTraceParser, fwd: _Forwarder, log) -
             fwd.write(raw, is_trace)
 
 
-def capture_command(cmd: list[str], out: str | os.PathLike,
-                    requests_path: str | os.PathLike | None = None, strict: bool = False,
-                    meta: dict | None = None, log_path: str | os.PathLike | None = None,
-                    forward_trace_lines: bool = True) -> int:
+def capture_command(
+    cmd: list[str],
+    out: str | os.PathLike,
+    requests_path: str | os.PathLike | None = None,
+    strict: bool = False,
+    meta: dict | None = None,
+    log_path: str | os.PathLike | None = None,
+    forward_trace_lines: bool = True,
+) -> int:
     """Run CMD, record its ``VT_SPEC_TRACE`` stderr lines into OUT, return its exit status.
 
     Args:
@@ -209,9 +214,16 @@ def capture_command(cmd: list[str], out: str | os.PathLike,
     level = trace_level(env[ENV_VAR])
     if level == 0:
         say(f"warning: {ENV_VAR}={env[ENV_VAR]!r} prints only the scheduler probes, no drafts")
-    writer = TraceWriter(out, {"source": SOURCE, "engine": DEFAULT_ENGINE,
-                               "command": shlex.join(cmd), "trace_level": level,
-                               **(meta or {})})
+    writer = TraceWriter(
+        out,
+        {
+            "source": SOURCE,
+            "engine": DEFAULT_ENGINE,
+            "command": shlex.join(cmd),
+            "trace_level": level,
+            **(meta or {}),
+        },
+    )
     log = None
     started = time.time()
     try:
@@ -225,8 +237,9 @@ def capture_command(cmd: list[str], out: str | os.PathLike,
         if isinstance(exc, InputError):
             raise
         raise InputError(f"{log_path}: cannot write the log ({exc.strerror or exc})") from None
-    parser = VtTraceParser(writer, strict=strict, source_name=f"{Path(cmd[0]).name} stderr",
-                           trace_level=level or None)
+    parser = VtTraceParser(
+        writer, strict=strict, source_name=f"{Path(cmd[0]).name} stderr", trace_level=level or None
+    )
     try:
         interrupted = _run_parsing(proc, parser, writer, log, forward_trace_lines)
     finally:
@@ -237,8 +250,13 @@ def capture_command(cmd: list[str], out: str | os.PathLike,
     return status
 
 
-def _run_parsing(proc: subprocess.Popen, parser: VtTraceParser, writer: TraceWriter,
-                 log, forward_trace_lines: bool = True) -> int:
+def _run_parsing(
+    proc: subprocess.Popen,
+    parser: VtTraceParser,
+    writer: TraceWriter,
+    log,
+    forward_trace_lines: bool = True,
+) -> int:
     """Pump CMD's stderr into the parser until EOF; returns 0, or the exit status that
     reports a Ctrl-C (130) or a SIGTERM (143) received meanwhile."""
     try:
@@ -250,8 +268,9 @@ def _run_parsing(proc: subprocess.Popen, parser: VtTraceParser, writer: TraceWri
     except BaseException as exc:  # strict ParseError or a bug: keep what was recorded
         _stop(proc)
         parser.abort()
-        writer.update_meta(**_exit_meta(proc.returncode),
-                           aborted=f"{type(exc).__name__}: {exc}"[:300])
+        writer.update_meta(
+            **_exit_meta(proc.returncode), aborted=f"{type(exc).__name__}: {exc}"[:300]
+        )
         writer.close(complete=False)
         if isinstance(exc, SpectraceError):
             say(f"partial trace kept in {writer.partial_path}")
@@ -266,9 +285,14 @@ def _read_fresh_requests(path: str | os.PathLike, started: float):
     return read_requests(p)
 
 
-def _finish_capture(parser: VtTraceParser, writer: TraceWriter,
-                    requests_path: str | os.PathLike | None, returncode: int,
-                    interrupted: int, started: float) -> None:
+def _finish_capture(
+    parser: VtTraceParser,
+    writer: TraceWriter,
+    requests_path: str | os.PathLike | None,
+    returncode: int,
+    interrupted: int,
+    started: float,
+) -> None:
     items: dict = {**_exit_meta(returncode), "interrupted": bool(interrupted)}
     if requests_path is not None:
         try:
@@ -282,8 +306,10 @@ def _finish_capture(parser: VtTraceParser, writer: TraceWriter,
     patched = len(parser.late_patches)
     how = f"killed by signal {-returncode}" if returncode < 0 else f"exit status {returncode}"
     late = f", {patched} anchors resolved from the requests file" if patched else ""
-    say(f"{stats.summary('captured')} -> {path}{late}; command {how}"
-         f"{' (interrupted)' if interrupted else ''}")
+    say(
+        f"{stats.summary('captured')} -> {path}{late}; command {how}"
+        f"{' (interrupted)' if interrupted else ''}"
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -328,8 +354,10 @@ def capture_vllm(cmd: list[str], out: str | os.PathLike) -> int:
 def summarize_traces(files: list[Path], out: Path) -> str:
     """One line: which trace files exist and how many blocks/requests they hold."""
     if not files:
-        return (f"warning: no trace was written to {out} (is spectrace installed in the "
-                f"command's Python environment, so vLLM loads its plugin?)")
+        return (
+            f"warning: no trace was written to {out} (is spectrace installed in the "
+            f"command's Python environment, so vLLM loads its plugin?)"
+        )
     names = ", ".join(str(p) for p in files)
     try:
         with warnings.catch_warnings():

@@ -98,7 +98,9 @@ def engine_modules():
         return dspark, dspark_ckpt, models
 
 
-def greedy_data(target, data: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def greedy_data(
+    target, data: torch.Tensor, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Corpus prompts continued greedily by the target.
 
     Returns:
@@ -111,14 +113,24 @@ def greedy_data(target, data: torch.Tensor, gen: torch.Generator) -> tuple[torch
     with torch.no_grad():
         for b, b0 in enumerate(range(0, GEN_SEQS, GEN_BATCH)):
             n = int(lengths[b])
-            prompts = torch.stack([data[s:s + n] for s in starts[b0:b0 + GEN_BATCH].tolist()])
-            out.append(target.generate(prompts, max_new_tokens=WINDOW - n, min_new_tokens=WINDOW - n,
-                                       do_sample=False, pad_token_id=0, eos_token_id=None))
+            prompts = torch.stack([data[s : s + n] for s in starts[b0 : b0 + GEN_BATCH].tolist()])
+            out.append(
+                target.generate(
+                    prompts,
+                    max_new_tokens=WINDOW - n,
+                    min_new_tokens=WINDOW - n,
+                    do_sample=False,
+                    pad_token_id=0,
+                    eos_token_id=None,
+                )
+            )
             plens.append(torch.full((prompts.shape[0],), n, dtype=torch.int64))
     return torch.cat(out), torch.cat(plens)
 
 
-def make_batch(seqs: torch.Tensor, plen: torch.Tensor, gen: torch.Generator, dspark, cfg, mask_id: int):
+def make_batch(
+    seqs: torch.Tensor, plen: torch.Tensor, gen: torch.Generator, dspark, cfg, mask_id: int
+):
     """One training batch from the greedy sequences; anchors lie in the generated part.
 
     Returns:
@@ -136,7 +148,9 @@ def make_batch(seqs: torch.Tensor, plen: torch.Tensor, gen: torch.Generator, dsp
     q_ids[:, :, 0] = torch.gather(win, 1, p)
     q_ids = q_ids.reshape(BATCH, ANCHORS * q)
     ctx_ok = torch.arange(WINDOW)[None, None, :] < p[:, :, None]  # [B, A, W]
-    ctx_ok = ctx_ok[:, :, None, :].expand(BATCH, ANCHORS, q, WINDOW).reshape(BATCH, ANCHORS * q, WINDOW)
+    ctx_ok = (
+        ctx_ok[:, :, None, :].expand(BATCH, ANCHORS, q, WINDOW).reshape(BATCH, ANCHORS * q, WINDOW)
+    )
     blk = torch.arange(ANCHORS * q) // q
     own = (blk[:, None] == blk[None, :])[None].expand(BATCH, -1, -1)
     return win, p, q_ids, q_pos, torch.cat([ctx_ok, own], dim=2), q
@@ -170,13 +184,26 @@ def main() -> None:
     print(f"corpus: {len(texts)} files, {data.numel()} tokens", flush=True)
 
     cfg = dspark.DSparkConfig(
-        vocab_size=tcfg.vocab_size, draft_vocab_size=tcfg.vocab_size, hidden_size=128,
-        intermediate_size=384, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
-        head_dim=32, target_hidden_size=tcfg.hidden_size, aux_hidden_state_layer_ids=AUX_IDS,
-        mask_token_id=MASK_TOKEN_ID, block_size=K, sample_from_anchor=True, markov_rank=RANK,
-        enable_confidence_head=True, confidence_head_with_markov=True,
-        rms_norm_eps=tcfg.rms_norm_eps, rope_theta=10000.0,
-        max_position_embeddings=tcfg.max_position_embeddings)
+        vocab_size=tcfg.vocab_size,
+        draft_vocab_size=tcfg.vocab_size,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=32,
+        target_hidden_size=tcfg.hidden_size,
+        aux_hidden_state_layer_ids=AUX_IDS,
+        mask_token_id=MASK_TOKEN_ID,
+        block_size=K,
+        sample_from_anchor=True,
+        markov_rank=RANK,
+        enable_confidence_head=True,
+        confidence_head_with_markov=True,
+        rms_norm_eps=tcfg.rms_norm_eps,
+        rope_theta=10000.0,
+        max_position_embeddings=tcfg.max_position_embeddings,
+    )
     torch.manual_seed(SEED)
     model = dspark.DSparkDraftModel(cfg)
     with torch.no_grad():
@@ -187,15 +214,21 @@ def main() -> None:
     model.embed_tokens.weight.requires_grad_(False)
     model.lm_head.weight.requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
-    print(f"dspark: {sum(p.numel() for p in params)} trainable params "
-          f"({sum(p.numel() for p in model.parameters())} total)", flush=True)
+    print(
+        f"dspark: {sum(p.numel() for p in params)} trainable params "
+        f"({sum(p.numel() for p in model.parameters())} total)",
+        flush=True,
+    )
 
     opt = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.95), weight_decay=0.01)
     gen = torch.Generator().manual_seed(SEED)
     t = time.perf_counter()
     seqs, plen = greedy_data(target, data, gen)
-    print(f"greedy data: {seqs.shape[0]} x {seqs.shape[1]} tokens (prompts of 4..{GEN_PROMPT}, "
-          f"the rest greedy), {time.perf_counter() - t:.1f}s", flush=True)
+    print(
+        f"greedy data: {seqs.shape[0]} x {seqs.shape[1]} tokens (prompts of 4..{GEN_PROMPT}, "
+        f"the rest greedy), {time.perf_counter() - t:.1f}s",
+        flush=True,
+    )
     weights = DEPTH_DECAY ** torch.arange(K, dtype=torch.float32)
     weights = weights / weights.sum()
     off = dspark.sample_slot_offset(cfg.sample_from_anchor)
@@ -203,23 +236,30 @@ def main() -> None:
     t0 = time.perf_counter()
     model.train()
     for step in range(args.steps):
-        frac = (step + 1) / warmup if step < warmup else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, args.steps - warmup)))
+        frac = (
+            (step + 1) / warmup
+            if step < warmup
+            else 0.1
+            + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, args.steps - warmup)))
+        )
         for g in opt.param_groups:
             g["lr"] = LR * frac
         win, p, q_ids, q_pos, mask, q = make_batch(seqs, plen, gen, dspark, cfg, MASK_TOKEN_ID)
         with torch.no_grad():
             aux = dspark.target_aux_hidden(target, win, AUX_IDS)  # [B, W, 2H]
-            last = aux[..., -tcfg.hidden_size:]
+            last = aux[..., -tcfg.hidden_size :]
             t_logits = target.lm_head(target.model.norm(last))  # [B, W, V]: predicts pos + 1
         kv = model.context_kv(aux, torch.arange(WINDOW)[None].expand(BATCH, -1))
         hidden = model.query_forward(kv, q_ids, q_pos, mask).view(BATCH, ANCHORS, q, -1)
-        hidden = hidden[:, :, off:off + K]  # [B, A, K, H]
+        hidden = hidden[:, :, off : off + K]  # [B, A, K, H]
         at = p[:, :, None] + torch.arange(K)  # slot j predicts at + 1, conditioned on token at
         prev = torch.gather(win, 1, at.reshape(BATCH, -1)).view(BATCH, ANCHORS, K)
         emb = model.markov_embed(prev)
         keep = (torch.rand(prev.shape, generator=gen) >= MARKOV_DROPOUT).float()[..., None]
         logits = model.compute_draft_logits(hidden) + keep * model.markov_bias(emb)
-        teacher = torch.gather(t_logits, 1, at.reshape(BATCH, -1, 1).expand(-1, -1, t_logits.shape[-1]))
+        teacher = torch.gather(
+            t_logits, 1, at.reshape(BATCH, -1, 1).expand(-1, -1, t_logits.shape[-1])
+        )
         teacher = teacher.view(BATCH, ANCHORS, K, -1).softmax(-1)
         ce = -(teacher * logits.log_softmax(-1)).sum(-1)  # [B, A, K]
         loss = (ce.mean(dim=(0, 1)) * weights).sum()
@@ -234,14 +274,22 @@ def main() -> None:
         opt.step()
         if step % 100 == 0 or step == args.steps - 1:
             acc = " ".join(f"{a:.2f}" for a in hit.mean(dim=(0, 1)).tolist())
-            print(f"[dspark] step {step:4d}/{args.steps} loss {loss.item():.3f} conf {loss_conf.item():.3f} "
-                  f"top1-vs-target per depth [{acc}] {time.perf_counter() - t0:6.1f}s", flush=True)
+            print(
+                f"[dspark] step {step:4d}/{args.steps} loss {loss.item():.3f} conf {loss_conf.item():.3f} "
+                f"top1-vs-target per depth [{acc}] {time.perf_counter() - t0:6.1f}s",
+                flush=True,
+            )
     model.eval()
-    out = dspark_ckpt.save_dspark(model, args.out, k=K, verifier="../target")  # relative to the checkpoint
+    out = dspark_ckpt.save_dspark(
+        model, args.out, k=K, verifier="../target"
+    )  # relative to the checkpoint
     sha = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()[:16]
     size = (out / "model.safetensors").stat().st_size
-    print(f"wrote {out}: {size / 1e6:.2f} MB, model.safetensors sha256 {sha}; "
-          f"total {time.perf_counter() - t_all:.1f}s", flush=True)
+    print(
+        f"wrote {out}: {size / 1e6:.2f} MB, model.safetensors sha256 {sha}; "
+        f"total {time.perf_counter() - t_all:.1f}s",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -59,8 +59,12 @@ BATCH = 32  # windows per step
 SEED_TARGET = 1234
 SEED_DRAFT = 5678
 
-TARGET_SHAPE = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4)
-DRAFT_SHAPE = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=1, num_attention_heads=2)
+TARGET_SHAPE = dict(
+    hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4
+)
+DRAFT_SHAPE = dict(
+    hidden_size=64, intermediate_size=192, num_hidden_layers=1, num_attention_heads=2
+)
 
 PROMPTS = [
     "def fibonacci(n):\n",
@@ -151,7 +155,11 @@ def train_model(cfg: LlamaConfig, data: torch.Tensor, steps: int, seed: int, lr:
     t0 = time.perf_counter()
     for step in range(steps):
         # Linear warmup then cosine decay to 10% of lr.
-        frac = (step + 1) / warmup if step < warmup else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+        frac = (
+            (step + 1) / warmup
+            if step < warmup
+            else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+        )
         for group in opt.param_groups:
             group["lr"] = lr * frac
         starts = torch.randint(0, data.numel() - SEQ_LEN - 1, (BATCH,), generator=gen)
@@ -162,7 +170,10 @@ def train_model(cfg: LlamaConfig, data: torch.Tensor, steps: int, seed: int, lr:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % 100 == 0 or step == steps - 1:
-            print(f"[{label}] step {step:4d}/{steps} loss {loss.item():.3f} {time.perf_counter() - t0:6.1f}s", flush=True)
+            print(
+                f"[{label}] step {step:4d}/{steps} loss {loss.item():.3f} {time.perf_counter() - t0:6.1f}s",
+                flush=True,
+            )
     model.eval()
     return model
 
@@ -205,7 +216,9 @@ def sha256(path: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent.parent / "engine")
+    ap.add_argument(
+        "--out-dir", type=Path, default=Path(__file__).resolve().parent.parent / "engine"
+    )
     ap.add_argument("--target-steps", type=int, default=700)
     ap.add_argument("--draft-steps", type=int, default=700)
     args = ap.parse_args()
@@ -245,8 +258,12 @@ def main() -> None:
         )
 
     prompts_path = args.out_dir / "prompts.jsonl"
-    prompts_path.write_text("".join(json.dumps({"id": f"p{i}", "text": p}) + "\n" for i, p in enumerate(PROMPTS)))
-    print(f"wrote {prompts_path} ({len(PROMPTS)} prompts); total {time.perf_counter() - t_all:.1f}s")
+    prompts_path.write_text(
+        "".join(json.dumps({"id": f"p{i}", "text": p}) + "\n" for i, p in enumerate(PROMPTS))
+    )
+    print(
+        f"wrote {prompts_path} ({len(PROMPTS)} prompts); total {time.perf_counter() - t_all:.1f}s"
+    )
 
 
 if __name__ == "__main__":

@@ -32,15 +32,23 @@ def simulate(writer, req_id, prompt, output, drafter, miscount=None):
         while acc < len(drafts) and pos + 1 + acc < len(seq) and drafts[acc] == seq[pos + 1 + acc]:
             acc += 1
         recorded = acc if miscount is None or step != miscount else acc + 1
-        writer.add_block(req_id, step, pos, seq[pos], drafts, verified=drafts,
-                         accepted=recorded, emitted=seq[pos + 1: pos + 2 + acc])
+        writer.add_block(
+            req_id,
+            step,
+            pos,
+            seq[pos],
+            drafts,
+            verified=drafts,
+            accepted=recorded,
+            emitted=seq[pos + 1 : pos + 2 + acc],
+        )
         positions.append(pos)
         pos, step = pos + acc + 1, step + 1
     return positions
 
 
 PROMPT = [1, 2, 3]
-OUTPUT = list(range(10, 30))   # 20 output tokens
+OUTPUT = list(range(10, 30))  # 20 output tokens
 
 
 def oracle(good_slots, truth=PROMPT + OUTPUT):
@@ -48,12 +56,14 @@ def oracle(good_slots, truth=PROMPT + OUTPUT):
 
     Like a real drafter it depends only on the anchor position, never on the output.
     """
+
     def drafter(seq, pos):
         out = []
         for j in range(K):
             true = truth[pos + 1 + j] if pos + 1 + j < len(truth) else 0
             out.append(true if j in good_slots(pos) else 1000 + j)
         return out
+
     return drafter
 
 
@@ -68,15 +78,18 @@ def test_identical_traces_agree(tmp_path):
     pa = make(tmp_path / "a.h5", "ours-0", full)
     make(tmp_path / "b.h5", "theirs-0", full)
     al = align(open_trace(tmp_path / "a.h5"), open_trace(tmp_path / "b.h5"))
-    assert al.matched_by == ["prompt"]           # different ids, same prompt
+    assert al.matched_by == ["prompt"]  # different ids, same prompt
     assert al.divergence.tolist() == [NO_DIVERGENCE]
     r = diff_traces(al)
     assert not r.diverged
     assert r.agreement.paired_blocks == len(pa)
     assert r.agreement.exact_matches == len(pa)
     assert r.coverage.ours_coverage == 1.0
-    out = subprocess.run([SPECTRACE, "diff", str(tmp_path / "a.h5"), str(tmp_path / "b.h5")],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [SPECTRACE, "diff", str(tmp_path / "a.h5"), str(tmp_path / "b.h5")],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     assert "no divergence" in out.stdout
 
@@ -105,20 +118,28 @@ def test_pairs_only_common_anchor_positions(tmp_path):
 def test_content_divergence_excludes_later_blocks(tmp_path):
     good = oracle(lambda p: {0, 1, 2})
     make(tmp_path / "a.h5", "a", good)
-    other = OUTPUT[:9] + [99] + OUTPUT[10:]             # differs at output index 9
+    other = OUTPUT[:9] + [99] + OUTPUT[10:]  # differs at output index 9
     pb = make(tmp_path / "b.h5", "b", good, output=other)
     al = align(open_trace(tmp_path / "a.h5"), open_trace(tmp_path / "b.h5"))
     d = len(PROMPT) + 9
     assert al.divergence.tolist() == [d]
     r = diff_traces(al)
-    assert r.content_divergence == [ContentDivergence(
-        ours_req="a", theirs_req="b", position=d, prompt_len=3, ours_token=OUTPUT[9],
-        theirs_token=99)]
+    assert r.content_divergence == [
+        ContentDivergence(
+            ours_req="a",
+            theirs_req="b",
+            position=d,
+            prompt_len=3,
+            ours_token=OUTPUT[9],
+            theirs_token=99,
+        )
+    ]
     assert r.coverage.theirs_on_matched_content == sum(p < d for p in pb) == 3
     assert r.agreement.paired_blocks == 3
     # The paired blocks agree, but differing content is an error finding of its own.
     assert [(f.kind, f.severity, f.position) for f in r.findings] == [
-        ("content_divergence", "error", d)]
+        ("content_divergence", "error", d)
+    ]
     assert r.diverged
 
 
@@ -152,8 +173,11 @@ def test_requests_match_by_prompt_regardless_of_order(tmp_path):
 def test_json_output_and_exit_code(tmp_path):
     make(tmp_path / "a.h5", "a", oracle(lambda p: {0}))
     make(tmp_path / "b.h5", "b", oracle(lambda p: {1}))
-    out = subprocess.run([SPECTRACE, "diff", "--format", "json", str(tmp_path / "a.h5"),
-                          str(tmp_path / "b.h5")], capture_output=True, text=True)
+    out = subprocess.run(
+        [SPECTRACE, "diff", "--format", "json", str(tmp_path / "a.h5"), str(tmp_path / "b.h5")],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 1
     doc = json.loads(out.stdout)
     assert doc["schema"] == SCHEMA and doc["diverged"] is True
@@ -171,9 +195,16 @@ def test_vectorised_pairing_scales(tmp_path):
         with TraceWriter(tmp_path / f"{name}.h5", {"k": 4}, flush_interval=0) as w:
             for r in range(4):
                 w.request(f"r{r}", prompt_ids=[r])
-            w.add_blocks({"request": np.arange(n) % 4, "position": np.arange(n) // 4 + 1,
-                          "anchor": np.zeros(n), "k": np.full(n, 4), "proposed": p,
-                          "accepted": np.zeros(n)})
+            w.add_blocks(
+                {
+                    "request": np.arange(n) % 4,
+                    "position": np.arange(n) // 4 + 1,
+                    "anchor": np.zeros(n),
+                    "k": np.full(n, 4),
+                    "proposed": p,
+                    "accepted": np.zeros(n),
+                }
+            )
     r = diff_traces(align(open_trace(tmp_path / "a.h5"), open_trace(tmp_path / "b.h5")))
     assert r.agreement.paired_blocks == n and r.agreement.exact_matches == n
 
@@ -185,12 +216,18 @@ def test_json_output_validates_against_its_schema(tmp_path):
     make(tmp_path / "a.h5", "a", oracle(lambda p: {0}))
     other = OUTPUT[:5] + [77] + OUTPUT[6:]
     make(tmp_path / "b.h5", "b", oracle(lambda p: {1}), output=other)
-    out = subprocess.run([SPECTRACE, "diff", "--format", "json", str(tmp_path / "a.h5"),
-                          str(tmp_path / "b.h5")], capture_output=True, text=True)
+    out = subprocess.run(
+        [SPECTRACE, "diff", "--format", "json", str(tmp_path / "a.h5"), str(tmp_path / "b.h5")],
+        capture_output=True,
+        text=True,
+    )
     doc = json.loads(out.stdout)
     assert doc["findings"] and doc["content_divergence"] and doc["examples"]
-    schema = json.loads(subprocess.run([SPECTRACE, "schema", "--diff"], capture_output=True,
-                                       text=True, check=True).stdout)
+    schema = json.loads(
+        subprocess.run(
+            [SPECTRACE, "schema", "--diff"], capture_output=True, text=True, check=True
+        ).stdout
+    )
     jsonschema.validate(doc, schema)
     doc["findings"][0]["kind"] = "not_a_kind"
     with pytest.raises(jsonschema.ValidationError):
@@ -201,23 +238,30 @@ def test_text_report_lists_ten_content_divergences(tmp_path):
     # 12 requests whose outputs differ from output token 5 on: ten lines, then a count.
     full = oracle(lambda p: {0})
     for side, bump in (("a", 0), ("b", 1)):
-        with TraceWriter(tmp_path / f"{side}.h5", {"k": K, "engine": side},
-                         flush_interval=0) as w:
+        with TraceWriter(tmp_path / f"{side}.h5", {"k": K, "engine": side}, flush_interval=0) as w:
             for r in range(12):
                 out = OUTPUT[:5] + [t + bump for t in OUTPUT[5:]]
                 simulate(w, f"{side}-{r}", [r + 100] + PROMPT, out, full)
-    out = subprocess.run([SPECTRACE, "diff", str(tmp_path / "a.h5"), str(tmp_path / "b.h5")],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [SPECTRACE, "diff", str(tmp_path / "a.h5"), str(tmp_path / "b.h5")],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 1, out.stderr
     lines = out.stdout.splitlines()
     listed = [ln for ln in lines if ln.startswith("  content diverges: ")]
     assert len(listed) == 10
-    assert listed[0].startswith("  content diverges: request a-0 / b-0 at position 9 "
-                                "(output token 5): ours 15, theirs 16")
+    assert listed[0].startswith(
+        "  content diverges: request a-0 / b-0 at position 9 (output token 5): ours 15, theirs 16"
+    )
     assert "  ... and 2 more requests diverge (--format json lists every one)" in lines
-    doc = json.loads(subprocess.run(
-        [SPECTRACE, "diff", "--format", "json", str(tmp_path / "a.h5"), str(tmp_path / "b.h5")],
-        capture_output=True, text=True).stdout)
+    doc = json.loads(
+        subprocess.run(
+            [SPECTRACE, "diff", "--format", "json", str(tmp_path / "a.h5"), str(tmp_path / "b.h5")],
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     assert len(doc["content_divergence"]) == 12
 
 
@@ -230,9 +274,18 @@ def test_reader_leaving_early_keeps_the_verdict(tmp_path):
     make(tmp_path / "c.h5", "c-0", oracle(lambda p: set()))  # every draft differs
     for other, verdict in (("b", 0), ("c", 1)):
         for fmt in ("text", "json"):
-            p = subprocess.Popen([SPECTRACE, "diff", "--format", fmt, str(tmp_path / "a.h5"),
-                                  str(tmp_path / f"{other}.h5")], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE)
+            p = subprocess.Popen(
+                [
+                    SPECTRACE,
+                    "diff",
+                    "--format",
+                    fmt,
+                    str(tmp_path / "a.h5"),
+                    str(tmp_path / f"{other}.h5"),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
             p.stdout.read(1)
             p.stdout.close()  # the reader leaves after one byte
             assert p.wait(timeout=60) == verdict, (other, fmt, p.stderr.read())
@@ -265,15 +318,24 @@ def test_nothing_compared_is_never_a_pass(tmp_path):
     with TraceWriter(tmp_path / "empty.h5", {"k": K}, flush_interval=0):
         pass
     make(tmp_path / "other.h5", "o-0", oracle(lambda p: {0}), prompt=[7, 7, 7])
-    cases = [("empty.h5", "a.h5", "ours has no draft blocks: nothing to compare"),
-             ("a.h5", "empty.h5", "theirs has no draft blocks: nothing to compare"),
-             ("a.h5", "other.h5", "no request of ours matches one of theirs (compare the "
-                                  "prompts): the traces are of different jobs")]
+    cases = [
+        ("empty.h5", "a.h5", "ours has no draft blocks: nothing to compare"),
+        ("a.h5", "empty.h5", "theirs has no draft blocks: nothing to compare"),
+        (
+            "a.h5",
+            "other.h5",
+            "no request of ours matches one of theirs (compare the "
+            "prompts): the traces are of different jobs",
+        ),
+    ]
     for ours, theirs, reason in cases:
         r = diff_traces(align(open_trace(tmp_path / ours), open_trace(tmp_path / theirs)))
         assert r.diverged and r.reasons == [reason], (ours, theirs, r.reasons)
-        out = subprocess.run([SPECTRACE, "diff", str(tmp_path / ours), str(tmp_path / theirs)],
-                             capture_output=True, text=True)
+        out = subprocess.run(
+            [SPECTRACE, "diff", str(tmp_path / ours), str(tmp_path / theirs)],
+            capture_output=True,
+            text=True,
+        )
         assert out.returncode == 1, out.stderr
         assert reason in out.stdout
 
@@ -282,8 +344,9 @@ TRACES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 
 
 def _diff_json(a, b) -> dict:
-    out = subprocess.run([SPECTRACE, "diff", "--format", "json", str(a), str(b)],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [SPECTRACE, "diff", "--format", "json", str(a), str(b)], capture_output=True, text=True
+    )
     assert out.returncode in (0, 1), out.stderr
     return json.loads(out.stdout)
 
@@ -302,19 +365,22 @@ def test_generated_schema_holds_for_bundled_and_faulty_pairs(tmp_path):
 
     make(tmp_path / "a.h5", "a", shifted)
     make(tmp_path / "b.h5", "b", full)
-    schema = json.loads(subprocess.run([SPECTRACE, "schema", "--diff"], capture_output=True,
-                                       text=True, check=True).stdout)
-    bundled = _diff_json(os.path.join(TRACES, "reference.h5"),
-                         os.path.join(TRACES, "vllm.h5"))
+    schema = json.loads(
+        subprocess.run(
+            [SPECTRACE, "schema", "--diff"], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    bundled = _diff_json(os.path.join(TRACES, "reference.h5"), os.path.join(TRACES, "vllm.h5"))
     faulty = _diff_json(tmp_path / "a.h5", tmp_path / "b.h5")
     assert faulty["diverged"] and faulty["examples"]
     assert faulty["examples"][0]["ours"] == truth[4:6]  # the first paired block: anchor 2
     assert [f["kind"] for f in faulty["findings"] if f["severity"] == "error"][0] in (
-        "layout_shift", "k_mismatch")
+        "layout_shift",
+        "k_mismatch",
+    )
     for doc in (bundled, faulty):
         jsonschema.validate(doc, schema)
-    for key, part in (("coverage", "paired"), ("agreement", "shift_plus_one"),
-                      (None, "examples")):
+    for key, part in (("coverage", "paired"), ("agreement", "shift_plus_one"), (None, "examples")):
         doc = json.loads(json.dumps(faulty))
         del (doc[key] if key else doc)[part]
         with pytest.raises(jsonschema.ValidationError, match=repr(part)):
@@ -334,8 +400,10 @@ def test_diff_result_from_json_rebuilds_the_typed_result():
     assert all(isinstance(f, Finding) for f in r.findings)
     assert all(isinstance(e, Example) for e in r.examples)
     assert r.agreement.paired_blocks == doc["agreement"]["paired_blocks"]
-    assert r.acceptance.ours.matched_content.recorded.blocks == \
-        doc["acceptance"]["ours"]["matched_content"]["recorded"]["blocks"]
+    assert (
+        r.acceptance.ours.matched_content.recorded.blocks
+        == doc["acceptance"]["ours"]["matched_content"]["recorded"]["blocks"]
+    )
     with pytest.raises(ValueError):
         DiffResult.from_json(doc | {"schema": "spectrace.diff/0"})
     with pytest.raises(TypeError):

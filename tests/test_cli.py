@@ -31,19 +31,31 @@ def test_every_severity_has_a_style():
 
 
 def test_the_group_has_every_command():
-    assert set(cli.commands) == {"capture", "check", "demo", "diff", "import", "info",
-                                 "inspect-draft", "schema", "view"}
+    assert set(cli.commands) == {
+        "capture",
+        "check",
+        "demo",
+        "diff",
+        "import",
+        "info",
+        "inspect-draft",
+        "schema",
+        "view",
+    }
     assert set(cli.commands["capture"].commands) == {"vt", "vllm"}
     assert set(cli.commands["import"].commands) == {"vt"}
 
 
-@pytest.mark.parametrize("exc, code", [
-    (KeyboardInterrupt(), 130),
-    (InputError("x"), 2),
-    (TraceFormatError("x"), 2),
-    (SpectraceError("x"), 3),
-    (BrokenPipeError(), 0),
-])
+@pytest.mark.parametrize(
+    "exc, code",
+    [
+        (KeyboardInterrupt(), 130),
+        (InputError("x"), 2),
+        (TraceFormatError("x"), 2),
+        (SpectraceError("x"), 3),
+        (BrokenPipeError(), 0),
+    ],
+)
 def test_failures_map_to_exit_codes(exc, code):
     assert _exit_code(exc) == code
 
@@ -52,8 +64,10 @@ def test_main_exits_with_the_code_and_one_line(capsys, tmp_path):
     with pytest.raises(SystemExit) as ex:
         main(["bogus"])
     assert ex.value.code == ExitCode.INPUT == 2
-    assert capsys.readouterr().err == \
-        "spectrace: error: No such command 'bogus'. (see 'spectrace --help')\n"
+    assert (
+        capsys.readouterr().err
+        == "spectrace: error: No such command 'bogus'. (see 'spectrace --help')\n"
+    )
     missing = tmp_path / "missing.h5"
     with pytest.raises(SystemExit) as ex:
         main(["info", str(missing)])
@@ -77,7 +91,8 @@ def test_an_internal_error_is_exit_3_with_one_line(capsys, monkeypatch):
     assert e.value.code == 3
     assert capsys.readouterr().err == (
         "spectrace: internal error: ZeroDivisionError: division by zero (a spectrace bug; "
-        "rerun with SPECTRACE_DEBUG=1 for the traceback and report it)\n")
+        "rerun with SPECTRACE_DEBUG=1 for the traceback and report it)\n"
+    )
     monkeypatch.setenv("SPECTRACE_DEBUG", "1")
     with pytest.raises(ZeroDivisionError):
         main(["info", str(BUNDLED)])

@@ -32,18 +32,35 @@ SPECTRACE_RE = re.compile(
     r"^\[SPECTRACE\] req=(\S+) pos=(\d+) k=(\d+) ns=(\d+) acc=(\d+) draft=\[ ((?:-?\d+ )*)\] emit=\[ ((?:-?\d+ )*)\]$"
 )
 FAMILY_RES = {
-    "sched": re.compile(r"^\[spec-sched\] req=(\S+) have=(\d+) num_new=(\d+) computed=(\d+) NumTokens=(\d+) placeholders=(\d+) -> sched=(\d+)$"),
+    "sched": re.compile(
+        r"^\[spec-sched\] req=(\S+) have=(\d+) num_new=(\d+) computed=(\d+) NumTokens=(\d+) placeholders=(\d+) -> sched=(\d+)$"
+    ),
     "verify": SPECTRACE_RE,
-    "phase": re.compile(r"^\[spec-phase\] pre=(\d+\.\d\d)ms backbone=(\d+\.\d\d)ms sample=(\d+\.\d\d)ms logits=(\d+)$"),
-    "propose": re.compile(r"^\[spec-propose\] rows=(\d+) nqpr=(\d+) drafts/row=(\d+) first=\[((?:\d+ )*)\]$"),
+    "phase": re.compile(
+        r"^\[spec-phase\] pre=(\d+\.\d\d)ms backbone=(\d+\.\d\d)ms sample=(\d+\.\d\d)ms logits=(\d+)$"
+    ),
+    "propose": re.compile(
+        r"^\[spec-propose\] rows=(\d+) nqpr=(\d+) drafts/row=(\d+) first=\[((?:\d+ )*)\]$"
+    ),
     "post_step": re.compile(r"^\[spec-post_step\] pulled=1 rows=(\d+)$"),
     "called": re.compile(r"^\[spec-update\] called n=(\d+)$"),
-    "update": re.compile(r"^\[spec-update\] req=(\S+) found=1 finished=([01]) prefill_chunk=0 drafts=(\d+)$"),
+    "update": re.compile(
+        r"^\[spec-update\] req=(\S+) found=1 finished=([01]) prefill_chunk=0 drafts=(\d+)$"
+    ),
     "install": re.compile(r"^\[spec-install\] req=(\S+) installed=(\d+) lookahead=(\d+)$"),
 }
 # One engine step, as family letters: sched* verify* [phase propose] post_step called (update install?)*
 STEP_ORDER_RE = re.compile(r"(S*V*(?:HP)?TC(?:UI?)+)+")
-LETTER = {"sched": "S", "verify": "V", "phase": "H", "propose": "P", "post_step": "T", "called": "C", "update": "U", "install": "I"}
+LETTER = {
+    "sched": "S",
+    "verify": "V",
+    "phase": "H",
+    "propose": "P",
+    "post_step": "T",
+    "called": "C",
+    "update": "U",
+    "install": "I",
+}
 PROBE_FAMILIES = {"sched", "post_step", "called", "update", "install"}
 
 
@@ -62,16 +79,39 @@ def classify(line: str) -> tuple[str, re.Match]:
     raise AssertionError(f"unexpected stderr line: {line!r}")
 
 
-def run_engine(tmp_path: Path, method: str, env_value: str | None, extra: list[str] = (), num_prompts: int = NUM_PROMPTS, max_tokens: int = MAX_TOKENS):
+def run_engine(
+    tmp_path: Path,
+    method: str,
+    env_value: str | None,
+    extra: list[str] = (),
+    num_prompts: int = NUM_PROMPTS,
+    max_tokens: int = MAX_TOKENS,
+):
     """Run the engine on the first `num_prompts` bundled prompts; returns (requests, stderr lines)."""
     prompts = tmp_path / f"prompts_{method}.jsonl"
-    prompts.write_text("".join(bundled_prompts_path().read_text().splitlines(keepends=True)[:num_prompts]))
+    prompts.write_text(
+        "".join(bundled_prompts_path().read_text().splitlines(keepends=True)[:num_prompts])
+    )
     out = tmp_path / f"requests_{method}_{env_value}.jsonl"
     env = {k: v for k, v in os.environ.items() if k != "VT_SPEC_TRACE"}
     if env_value is not None:
         env["VT_SPEC_TRACE"] = env_value
-    cmd = [sys.executable, "-m", "spectrace.engine", "--method", method, "--k", str(K), "--max-tokens", str(max_tokens),
-           "--prompts", str(prompts), "--requests-out", str(out), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "spectrace.engine",
+        "--method",
+        method,
+        "--k",
+        str(K),
+        "--max-tokens",
+        str(max_tokens),
+        "--prompts",
+        str(prompts),
+        "--requests-out",
+        str(out),
+        *extra,
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.splitlines()) == num_prompts
@@ -85,7 +125,16 @@ def blocks_by_req(lines: list[str]) -> dict[str, list[dict]]:
         m = SPECTRACE_RE.match(line)
         if m:
             req, pos, k, ns, acc, draft, emit = m.groups()
-            out.setdefault(req, []).append(dict(pos=int(pos), k=int(k), ns=int(ns), acc=int(acc), draft=ids(draft), emit=ids(emit)))
+            out.setdefault(req, []).append(
+                dict(
+                    pos=int(pos),
+                    k=int(k),
+                    ns=int(ns),
+                    acc=int(acc),
+                    draft=ids(draft),
+                    emit=ids(emit),
+                )
+            )
     return out
 
 
@@ -95,17 +144,17 @@ def greedy(model, prefix: list[int], n: int) -> list[int]:
     with torch.no_grad():
         for _ in range(n):
             seq.append(int(torch.argmax(model(input_ids=torch.tensor([seq])).logits[0, -1])))
-    return seq[len(prefix):]
+    return seq[len(prefix) :]
 
 
 def brute_ngram(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
     """Longest suffix n-gram (max_n..min_n) that also occurs earlier; earliest occurrence wins."""
     total = len(tokens)
     for n in range(min(max_n, total - 1), min_n - 1, -1):
-        suffix = tokens[total - n:]
+        suffix = tokens[total - n :]
         for start in range(0, total - n):
-            if tokens[start:start + n] == suffix:
-                return tokens[start + n:start + n + k]
+            if tokens[start : start + n] == suffix:
+                return tokens[start + n : start + n + k]
     return []
 
 
@@ -113,7 +162,10 @@ def brute_ngram(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
 def models():
     torch.set_num_threads(1)  # the engine's default; GEMM results may depend on it
     load = transformers.LlamaForCausalLM.from_pretrained
-    return {name: load(bundled_model_dir(name), dtype=torch.float32).eval() for name in ("target", "draft")}
+    return {
+        name: load(bundled_model_dir(name), dtype=torch.float32).eval()
+        for name in ("target", "draft")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +184,9 @@ def ngram_run(module_tmp):
     return run_engine(module_tmp, "ngram", "1", ["--batch-size", "1"])
 
 
-def expected_blocks(full: list[int], prompt_len: int, max_tokens: int, propose) -> list[tuple[int, list[int]]]:
+def expected_blocks(
+    full: list[int], prompt_len: int, max_tokens: int, propose
+) -> list[tuple[int, list[int]]]:
     """(pos, drafts) of every verified block, replayed from the final stream.
 
     After prefill the context holds prompt + 1 token; a step with drafts emits acc + 1 tokens
@@ -191,13 +245,17 @@ def test_block_invariants(run, request):
             assert b["emit"][: b["acc"]] == b["draft"][: b["acc"]]
             if b["acc"] < b["k"]:
                 assert b["emit"][b["acc"]] != b["draft"][b["acc"]]
-            assert full[b["pos"]: b["pos"] + b["ns"]] == b["emit"][: len(full) - b["pos"]]  # trimmed at max_tokens
+            assert (
+                full[b["pos"] : b["pos"] + b["ns"]] == b["emit"][: len(full) - b["pos"]]
+            )  # trimmed at max_tokens
             if prev is not None:
                 assert full[b["pos"] - 1] == prev["emit"][-1] or b["pos"] > prev["pos"] + prev["ns"]
                 if run == "draft_run":
                     assert b["pos"] == prev["pos"] + prev["ns"]
                 else:
-                    assert b["pos"] >= prev["pos"] + prev["ns"]  # gaps are plain decodes (no drafts)
+                    assert (
+                        b["pos"] >= prev["pos"] + prev["ns"]
+                    )  # gaps are plain decodes (no drafts)
             prev = b
         if run == "draft_run":
             assert prev["pos"] + prev["ns"] >= len(full)  # the last block reaches max_tokens
@@ -212,7 +270,9 @@ def test_draft_model_proposals_and_acceptance(draft_run, models):
     for req in requests:
         full = req["prompt_ids"] + req["output_ids"]
         full = full + greedy(models["target"], full, K)  # the stream continues past max_tokens
-        exp = expected_blocks(full, len(req["prompt_ids"]), MAX_TOKENS, lambda ctx: greedy(models["draft"], ctx, K))
+        exp = expected_blocks(
+            full, len(req["prompt_ids"]), MAX_TOKENS, lambda ctx: greedy(models["draft"], ctx, K)
+        )
         got = blocks[req["req_id"]]
         assert [(b["pos"], b["draft"]) for b in got] == exp
         for b in got:
@@ -260,14 +320,16 @@ def test_ngram_proposals_match_brute_force(ngram_run):
     for req in requests:
         full = req["prompt_ids"] + req["output_ids"]
         full = full + [-1] * K  # past max_tokens only the block boundaries matter, not the ids
-        exp = expected_blocks(full, len(req["prompt_ids"]), MAX_TOKENS, lambda ctx: brute_ngram(ctx, 1, 3, K))
+        exp = expected_blocks(
+            full, len(req["prompt_ids"]), MAX_TOKENS, lambda ctx: brute_ngram(ctx, 1, 3, K)
+        )
         assert [(b["pos"], b["draft"]) for b in blocks[req["req_id"]]] == exp
 
 
 def test_ngram_lookup_equals_brute_force_on_random_sequences():
     """The numba port agrees with the brute force, including short and empty results."""
     gen = torch.Generator().manual_seed(0)
-    for trial in range(3000):
+    for _trial in range(3000):
         n = int(torch.randint(1, 30, (1,), generator=gen))
         vocab = int(torch.randint(2, 6, (1,), generator=gen))
         seq = torch.randint(0, vocab, (n,), generator=gen).tolist()
@@ -275,7 +337,9 @@ def test_ngram_lookup_equals_brute_force_on_random_sequences():
         hi = lo + int(torch.randint(0, 3, (1,), generator=gen))
         assert ngram_lookup(seq, lo, hi, K, 512) == brute_ngram(seq, lo, hi, K), (seq, lo, hi)
     assert ngram_lookup([1, 2, 3, 1, 2], 1, 3, 4, 512) == [3, 1, 2]
-    assert ngram_lookup([1, 2, 3, 1, 2], 1, 3, 4, 6) == [3]  # room for one token before max_model_len
+    assert ngram_lookup([1, 2, 3, 1, 2], 1, 3, 4, 6) == [
+        3
+    ]  # room for one token before max_model_len
     assert ngram_lookup([5, 6, 7], 1, 3, 4, 512) == []
 
 
@@ -294,8 +358,17 @@ def test_unset_prints_nothing(module_tmp):
 
 @pytest.mark.parametrize(
     "value,verify,level,probes",
-    [(None, False, 0, False), ("", False, 0, True), ("0", False, 0, True), ("01", False, 0, True),
-     ("1", True, 1, True), ("2", True, 2, True), ("yes", True, 1, True), ("-1", True, 1, True), (" 3x", True, 3, True)],
+    [
+        (None, False, 0, False),
+        ("", False, 0, True),
+        ("0", False, 0, True),
+        ("01", False, 0, True),
+        ("1", True, 1, True),
+        ("2", True, 2, True),
+        ("yes", True, 1, True),
+        ("-1", True, 1, True),
+        (" 3x", True, 3, True),
+    ],
 )
 def test_latch_semantics(monkeypatch, value, verify, level, probes):
     """§1 of the reference page: verify latch, propose level (atoi, <= 0 -> 1), probes on any value."""
@@ -305,7 +378,11 @@ def test_latch_semantics(monkeypatch, value, verify, level, probes):
         monkeypatch.setenv("VT_SPEC_TRACE", value)
     vt_trace.reset_latches()
     try:
-        assert (vt_trace.verify_enabled(), vt_trace.propose_level(), vt_trace.probes_enabled()) == (verify, level, probes)
+        assert (vt_trace.verify_enabled(), vt_trace.propose_level(), vt_trace.probes_enabled()) == (
+            verify,
+            level,
+            probes,
+        )
         monkeypatch.setenv("VT_SPEC_TRACE", "5")  # latched: later changes are ignored
         assert vt_trace.propose_level() == level
     finally:

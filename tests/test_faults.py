@@ -38,12 +38,18 @@ DRAFT_VOCAB = 1024
 VOCAB = 2048
 VLLM_TRACE = Path(__file__).resolve().parents[1] / "traces" / "vllm.h5"
 
-SPECTRACE_RE = re.compile(r"^\[SPECTRACE\] req=(\S+) pos=(\d+) k=(\d+) ns=(\d+) acc=(\d+) "
-                          r"draft=\[ ((?:-?\d+ )*)\] emit=\[ ((?:-?\d+ )*)\]$")
-PROPOSE_RE = re.compile(r"^\[spec-propose\] rows=\d+ nqpr=\d+ drafts/row=\d+ "
-                        r"first=\[((?:-?\d+ )*)\]$")
-UPDATE_RE = re.compile(r"^\[spec-update\] req=(\S+) found=\d finished=([01]) "
-                       r"prefill_chunk=\d drafts=(\d+)$")
+SPECTRACE_RE = re.compile(
+    r"^\[SPECTRACE\] req=(\S+) pos=(\d+) k=(\d+) ns=(\d+) acc=(\d+) "
+    r"draft=\[ ((?:-?\d+ )*)\] emit=\[ ((?:-?\d+ )*)\]$"
+)
+PROPOSE_RE = re.compile(
+    r"^\[spec-propose\] rows=\d+ nqpr=\d+ drafts/row=\d+ "
+    r"first=\[((?:-?\d+ )*)\]$"
+)
+UPDATE_RE = re.compile(
+    r"^\[spec-update\] req=(\S+) found=\d finished=([01]) "
+    r"prefill_chunk=\d drafts=(\d+)$"
+)
 INSTALL_RE = re.compile(r"^\[spec-install\] req=(\S+) installed=(\d+) lookahead=\d+$")
 
 
@@ -116,8 +122,18 @@ def parse_blocks(lines: list[str]) -> list[Block]:
             rows.append(m.group(1))
         elif m := SPECTRACE_RE.match(line):
             req, pos, k, ns, acc, draft, emit = m.groups()
-            b = Block(n, req, int(pos), int(k), int(ns), int(acc), _ids(draft), _ids(emit),
-                      rows.index(req), last.get(req))
+            b = Block(
+                n,
+                req,
+                int(pos),
+                int(k),
+                int(ns),
+                int(acc),
+                _ids(draft),
+                _ids(emit),
+                rows.index(req),
+                last.get(req),
+            )
             blocks.append(b)
             last[req] = b
     assert fresh and blocks
@@ -135,9 +151,29 @@ def common(ours: Run, theirs: Run) -> list[tuple[Block, Block]]:
 
 def _capture(tmp: Path, name: str, args: list[str]) -> tuple[str, subprocess.CompletedProcess]:
     h5, req, log = tmp / f"{name}.h5", tmp / f"{name}.requests.jsonl", tmp / f"{name}.log"
-    cmd = [SPECTRACE, "capture", "-o", str(h5), "--requests", str(req), "--log", str(log), "--",
-           sys.executable, "-m", "spectrace.engine", "--method", "draft_model", "--k", str(K),
-           "--max-tokens", str(MAX_TOKENS), "--requests-out", str(req), *args]
+    cmd = [
+        SPECTRACE,
+        "capture",
+        "-o",
+        str(h5),
+        "--requests",
+        str(req),
+        "--log",
+        str(log),
+        "--",
+        sys.executable,
+        "-m",
+        "spectrace.engine",
+        "--method",
+        "draft_model",
+        "--k",
+        str(K),
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--requests-out",
+        str(req),
+        *args,
+    ]
     return name, subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 
@@ -150,16 +186,22 @@ def runs(tmp_path_factory) -> dict[str, Run]:
     for name, proc in done:
         assert proc.returncode == 0, f"{name}: {proc.stderr[-2000:]}"
         lines = (tmp / f"{name}.log").read_text().splitlines()
-        requests = [json.loads(x) for x in
-                    (tmp / f"{name}.requests.jsonl").read_text().splitlines()]
-        out[name] = Run(name, tmp / f"{name}.h5", lines, {r["req_id"]: r for r in requests},
-                        parse_blocks(lines))
+        requests = [
+            json.loads(x) for x in (tmp / f"{name}.requests.jsonl").read_text().splitlines()
+        ]
+        out[name] = Run(
+            name, tmp / f"{name}.h5", lines, {r["req_id"]: r for r in requests}, parse_blocks(lines)
+        )
     return out
 
 
 def spectrace_diff(ours: Path, theirs: Path) -> dict:
-    proc = subprocess.run([SPECTRACE, "diff", "--format", "json", str(ours), str(theirs)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [SPECTRACE, "diff", "--format", "json", str(ours), str(theirs)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     assert proc.returncode == int(doc["diverged"])
@@ -170,8 +212,10 @@ def spectrace_diff(ours: Path, theirs: Path) -> dict:
 def diffs(runs) -> dict[str, dict]:
     """``spectrace diff`` of every fault run against its clean run, and clean vs clean."""
     pairs = {name: (name, reference_of(name)) for name in FAULTS}
-    pairs |= {"clean/clean": ("clean", "clean"),
-              "clean_vocab/clean_vocab": ("clean_vocab", "clean_vocab")}
+    pairs |= {
+        "clean/clean": ("clean", "clean"),
+        "clean_vocab/clean_vocab": ("clean_vocab", "clean_vocab"),
+    }
     with ThreadPoolExecutor(max_workers=2) as pool:
         docs = pool.map(lambda p: spectrace_diff(runs[p[0]].h5, runs[p[1]].h5), pairs.values())
         return dict(zip(pairs, docs))
@@ -185,8 +229,9 @@ def first_error(doc: dict, kind: str) -> dict:
     errs = errors(doc)
     summary = [(f["kind"], f["message"]) for f in doc["findings"]]
     assert errs, f"no error finding; findings: {summary}"
-    assert errs[0]["kind"] == kind, \
+    assert errs[0]["kind"] == kind, (
         f"first error is {errs[0]['kind']}, expected {kind}; findings: {summary}"
+    )
     return errs[0]
 
 
@@ -208,18 +253,29 @@ def test_every_diff_fits_the_generated_schema_and_the_types(diffs):
 
 def test_registry_covers_every_finding_kind():
     assert {f.kind for f in FAULTS.values()} == set(KINDS)
-    proc = subprocess.run([sys.executable, "-m", "spectrace.engine", "--list-faults"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spectrace.engine", "--list-faults"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0
     assert [line.split()[0] for line in proc.stdout.splitlines()] == list(FAULTS)
 
 
 def test_bad_fault_configurations_are_refused():
-    for args in (["--fault", "nope"], ["--fault", "d2t_missing"],
-                 ["--method", "ngram", "--fault", "layout_shift"],
-                 ["--method", "ngram", "--draft-vocab", "8"]):
-        proc = subprocess.run([sys.executable, "-m", "spectrace.engine", *args],
-                              capture_output=True, text=True, timeout=60)
+    for args in (
+        ["--fault", "nope"],
+        ["--fault", "d2t_missing"],
+        ["--method", "ngram", "--fault", "layout_shift"],
+        ["--method", "ngram", "--draft-vocab", "8"],
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "spectrace.engine", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 2 and "error:" in proc.stderr, args
 
 
@@ -237,7 +293,7 @@ def test_faults_are_off_by_default(runs):
     """The clean run is plain greedy speculative decoding: the block invariants hold."""
     r = runs["clean"]
     for b in r.blocks:
-        assert b.k == K and b.acc == b.ns - 1 and b.emit[:b.acc] == b.draft[:b.acc]
+        assert b.k == K and b.acc == b.ns - 1 and b.emit[: b.acc] == b.draft[: b.acc]
         assert r.full(b.req)[b.pos - 1] == (b.prev.emit[-1] if b.prev else r.full(b.req)[b.pos - 1])
     assert {b.row for b in r.blocks} >= {0, 1}
 
@@ -274,8 +330,12 @@ def test_verify_overwrite(runs, diffs):
     for line in r.lines:
         if m := PROPOSE_RE.match(line):
             proposal, first_row = _ids(m.group(1)), None
-        elif (m := UPDATE_RE.match(line)) and proposal is not None and first_row is None \
-                and int(m.group(3)) > 0:
+        elif (
+            (m := UPDATE_RE.match(line))
+            and proposal is not None
+            and first_row is None
+            and int(m.group(3)) > 0
+        ):
             first_row = m.group(1) if m.group(2) == "0" else ""
             if first_row:
                 nxt[first_row] = proposal
@@ -305,7 +365,8 @@ def test_constant_depth(runs, diffs):
     assert all(len(set(b.draft)) == 1 for b in ours)
     assert f["evidence"]["blocks"] == f["evidence"]["eligible"] == len(ours)
     assert f["evidence"]["reference_rate"] == pytest.approx(
-        sum(len(set(b.draft)) == 1 for b in clean) / len(clean))
+        sum(len(set(b.draft)) == 1 for b in clean) / len(clean)
+    )
 
 
 def test_broken_depth(runs, diffs):
@@ -315,7 +376,8 @@ def test_broken_depth(runs, diffs):
     s0 = [(o, t) for o, t in pairs if o.draft[0] == t.draft[0]]
     assert f["evidence"]["per_position"][0] == 1.0
     assert f["evidence"]["slot1_given_slot0"] == pytest.approx(
-        sum(o.draft[1] == t.draft[1] for o, t in s0) / len(s0))
+        sum(o.draft[1] == t.draft[1] for o, t in s0) / len(s0)
+    )
 
 
 def _draft_vocab() -> list[int]:
@@ -334,8 +396,10 @@ def test_d2t(runs, diffs, name):
     table = _draft_vocab()
     index = {t: i for i, t in enumerate(table)}
     # target = i + d2t[i] = table[i]; missing hands out i, double i + 2 * d2t[i] (mod vocab).
-    expect = {"d2t_missing": lambda t: index[t],
-              "d2t_double": lambda t: (2 * t - index[t]) % VOCAB}[name]
+    expect = {
+        "d2t_missing": lambda t: index[t],
+        "d2t_double": lambda t: (2 * t - index[t]) % VOCAB,
+    }[name]
     pairs = common(runs[name], runs["clean_vocab"])
     slots = [(o.draft[i], t.draft[i]) for o, t in pairs for i in range(K)]
     assert all(t in index and o == expect(t) for o, t in slots)
@@ -350,8 +414,9 @@ def test_d2t(runs, diffs, name):
 def test_drop_drafts(runs, diffs):
     f = first_error(diffs["drop_drafts"], "unverified_drafts")
     r = runs["drop_drafts"]
-    dropped = {m.group(1) for line in r.lines
-               if (m := INSTALL_RE.match(line)) and m.group(2) == "0"}
+    dropped = {
+        m.group(1) for line in r.lines if (m := INSTALL_RE.match(line)) and m.group(2) == "0"
+    }
     assert dropped == {b.req for b in r.blocks if b.row >= 1}  # every row >= 1 request stops
     assert set(f["evidence"]["requests_stopping"]) == dropped
     first = min((r.last_of(q) for q in dropped), key=lambda b: b.line)
@@ -376,7 +441,8 @@ def test_stale_state(runs, diffs):
     assert all(o.draft == t.draft for o, t in other)  # the context is right after full acceptance
     assert f["evidence"]["blocks_after_rejection"] == len(after)
     assert f["evidence"]["after_rejection"] == pytest.approx(
-        sum(o.draft != t.draft for o, t in after) / len(after))
+        sum(o.draft != t.draft for o, t in after) / len(after)
+    )
     assert f["evidence"]["otherwise"] == 0.0
 
 
@@ -391,7 +457,8 @@ def test_batch_order(runs, diffs):
     assert (ev["blocks_low"], ev["blocks_high"]) == (len(low), len(high))
     assert ev["mismatch_rate_low"] == 0.0
     assert ev["mismatch_rate_high"] == pytest.approx(
-        sum(o.draft != t.draft for o, t in high) / len(high))
+        sum(o.draft != t.draft for o, t in high) / len(high)
+    )
 
 
 def _loop(out: list[int]) -> tuple[int, int] | None:
@@ -445,8 +512,9 @@ def test_content(runs, diffs):
 
 
 VLLM_FAULTS = [n for n, f in FAULTS.items() if not f.needs_draft_vocab]
-needs_vllm = pytest.mark.skipif(not VLLM_TRACE.exists(),
-                                reason=f"no real vLLM capture at {VLLM_TRACE}")
+needs_vllm = pytest.mark.skipif(
+    not VLLM_TRACE.exists(), reason=f"no real vLLM capture at {VLLM_TRACE}"
+)
 
 
 @needs_vllm

@@ -30,18 +30,36 @@ V, H, HT, R, K = 256, 64, 96, 16, 4
 
 
 def tiny_cfg(**kw) -> DSparkConfig:
-    base = dict(vocab_size=V, draft_vocab_size=V, hidden_size=H, intermediate_size=128,
-                num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-                target_hidden_size=HT, aux_hidden_state_layer_ids=[1, 3], mask_token_id=V - 1,
-                block_size=K, sample_from_anchor=True, markov_rank=R)
+    base = dict(
+        vocab_size=V,
+        draft_vocab_size=V,
+        hidden_size=H,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        target_hidden_size=HT,
+        aux_hidden_state_layer_ids=[1, 3],
+        mask_token_id=V - 1,
+        block_size=K,
+        sample_from_anchor=True,
+        markov_rank=R,
+    )
     base.update(kw)
     return DSparkConfig(**base)
 
 
 def write_target(path: Path, **kw) -> Path:
     path.mkdir(parents=True, exist_ok=True)
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": V,
-           "hidden_size": HT, "num_hidden_layers": 4, "num_attention_heads": 3}
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": V,
+        "hidden_size": HT,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 3,
+    }
     cfg.update(kw)
     (path / "config.json").write_text(json.dumps(cfg))
     return path
@@ -81,8 +99,9 @@ def reduced_model() -> DSparkDraftModel:
     return reduce_vocab(DSparkDraftModel(tiny_cfg()), 100)
 
 
-def verdicts(ckpt: Path, target: Path | None = None,
-             k: int | None = None) -> dict[str, list[tuple[str, str]]]:
+def verdicts(
+    ckpt: Path, target: Path | None = None, k: int | None = None
+) -> dict[str, list[tuple[str, str]]]:
     rep = insp.inspect_draft(ckpt, target, k)
     out: dict[str, list[tuple[str, str]]] = {}
     for v in rep.verdicts:
@@ -114,9 +133,22 @@ def target(tmp_path) -> Path:
 def test_clean_checkpoint_has_no_warning(tmp_path, target):
     v = verdicts(build(tmp_path), target)
     assert set(levels(v).values()) <= {"ok", "info"}, v
-    for check in ("format", "method", "layout", "vocab", "d2t", "markov", "confidence",
-                  "aux_layers", "fc", "attention", "block_size", "embed_tokens", "lm_head",
-                  "mask_token"):
+    for check in (
+        "format",
+        "method",
+        "layout",
+        "vocab",
+        "d2t",
+        "markov",
+        "confidence",
+        "aux_layers",
+        "fc",
+        "attention",
+        "block_size",
+        "embed_tokens",
+        "lm_head",
+        "mask_token",
+    ):
         assert check in v, check
 
 
@@ -132,8 +164,17 @@ def test_bundled_dspark_checkpoint_is_clean():
     ckpt = REPO / "engine" / "models" / "dspark"
     if not (ckpt / "config.json").exists():
         pytest.skip("no bundled DSpark checkpoint")
-    p = subprocess.run([SPECTRACE, "inspect-draft", str(ckpt), "--target",
-                        str(REPO / "engine" / "models" / "target")], capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            SPECTRACE,
+            "inspect-draft",
+            str(ckpt),
+            "--target",
+            str(REPO / "engine" / "models" / "target"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "0 errors, 0 warnings" in p.stdout
 
@@ -307,21 +348,30 @@ def test_target_hidden_mismatch(tmp_path):
 
 def test_cli_exit_codes_and_json(tmp_path, target):
     ckpt = build(tmp_path)
-    p = subprocess.run([SPECTRACE, "inspect-draft", str(ckpt), "--target", str(target)],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [SPECTRACE, "inspect-draft", str(ckpt), "--target", str(target)],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0 and p.stdout.startswith("checkpoint ")
     edit_config(ckpt, drop=["mask_token_id"])
-    p = subprocess.run([SPECTRACE, "inspect-draft", str(ckpt), "--target", str(target),
-                        "--format", "json"], capture_output=True, text=True)
+    p = subprocess.run(
+        [SPECTRACE, "inspect-draft", str(ckpt), "--target", str(target), "--format", "json"],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 1
     doc = json.loads(p.stdout)
     assert doc["schema"] == "spectrace.inspect-draft/1" and doc["errors"] == 1
-    p = subprocess.run([SPECTRACE, "inspect-draft", str(tmp_path / "nope")],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [SPECTRACE, "inspect-draft", str(tmp_path / "nope")], capture_output=True, text=True
+    )
     assert p.returncode == 2 and p.stderr.startswith("spectrace: error:")
 
 
 def test_inspector_imports_no_torch():
-    code = ("import sys; import spectrace.tracer.checkpoint, spectrace.tracer.cli.main; "
-            "assert 'torch' not in sys.modules and 'safetensors' not in sys.modules")
+    code = (
+        "import sys; import spectrace.tracer.checkpoint, spectrace.tracer.cli.main; "
+        "assert 'torch' not in sys.modules and 'safetensors' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -36,14 +36,18 @@ def _modules() -> dict[str, Path]:
 
 
 MODULES = _modules()
-HEADLESS = sorted(m for m in MODULES if m.startswith("spectrace.tracer")
-                  and not m.startswith("spectrace.tracer.cli") and not m.endswith("__main__"))
+HEADLESS = sorted(
+    m
+    for m in MODULES
+    if m.startswith("spectrace.tracer")
+    and not m.startswith("spectrace.tracer.cli")
+    and not m.endswith("__main__")
+)
 TUI_MODEL = sorted(m for m in MODULES if m.startswith("spectrace.tui.model"))
 
 
 def _loaded(module: str, heavy: tuple[str, ...]) -> list[str]:
-    code = (f"import sys, {module}; "
-            f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
+    code = f"import sys, {module}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return eval(r.stdout)
 
@@ -74,11 +78,12 @@ def _imports(module: str) -> set[str]:
             base = node.module or ""
             if node.level:
                 anchor = pkg.split(".")
-                anchor = anchor[:len(anchor) - (node.level - 1)]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
             # ``from pkg import sub`` imports the submodule when there is one.
-            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
-                     for a in node.names]
+            names = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names
+            ]
         else:
             continue
         found.update(n for n in names if n in MODULES and n != module)
@@ -137,10 +142,12 @@ def test_function_level_imports_count():
 
 def _long_functions(path: Path) -> list[str]:
     tree = ast.parse(path.read_text())
-    return [f"{path.relative_to(ROOT)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
-            for n in ast.walk(tree)
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    return [
+        f"{path.relative_to(ROOT)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES
+    ]
 
 
 def test_no_function_over_80_lines():
@@ -148,6 +155,9 @@ def test_no_function_over_80_lines():
 
 
 def test_no_module_over_500_lines():
-    long = [f"{m} ({n} lines)" for m, p in MODULES.items()
-            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES and m not in LONG_MODULES]
+    long = [
+        f"{m} ({n} lines)"
+        for m, p in MODULES.items()
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES and m not in LONG_MODULES
+    ]
     assert long == []

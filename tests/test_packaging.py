@@ -48,19 +48,28 @@ def _sources():
 
 
 def test_no_bare_top_level_imports():
-    bad = [f"{p.relative_to(ROOT)}:{line}: import {mod}"
-           for p in _sources() for mod, line in _imports(p)
-           if mod.split(".")[0] in TOP]
+    bad = [
+        f"{p.relative_to(ROOT)}:{line}: import {mod}"
+        for p in _sources()
+        for mod, line in _imports(p)
+        if mod.split(".")[0] in TOP
+    ]
     assert bad == []
 
 
 def test_layers_import_only_downward():
     """hooks never import engine/tui; tracer (but the CLI) never imports hooks/tui/engine."""
     bad = []
-    for top, banned in (("hooks", ("engine", "tui")), ("tracer", ("hooks", "tui", "engine")),
-                        ("tui", ("hooks", "engine"))):
+    for top, banned in (
+        ("hooks", ("engine", "tui")),
+        ("tracer", ("hooks", "tui", "engine")),
+        ("tui", ("hooks", "engine")),
+    ):
         for p in (ROOT / top).rglob("*.py"):
-            if top == "tracer" and (p.parent.name == "cli" or p.relative_to(ROOT).as_posix() == "tracer/testing/plugin.py"):
+            if top == "tracer" and (
+                p.parent.name == "cli"
+                or p.relative_to(ROOT).as_posix() == "tracer/testing/plugin.py"
+            ):
                 continue  # composition roots import inside commands/fixtures only
             for mod, line in _imports(p):
                 parts = mod.split(".")
@@ -70,28 +79,34 @@ def test_layers_import_only_downward():
 
 
 def test_tracer_is_import_light():
-    code = ("import sys, spectrace.tracer.cli.main, spectrace.tracer.store, "
-            "spectrace.tracer.align, spectrace.tracer.diff, spectrace.tracer.metrics, "
-            "spectrace.tracer.cli.report, spectrace.tracer.pytest_plugin; "
-            "print(sorted(m for m in ('torch', 'vllm', 'textual', 'transformers') "
-            "if m in sys.modules))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       check=True)
+    code = (
+        "import sys, spectrace.tracer.cli.main, spectrace.tracer.store, "
+        "spectrace.tracer.align, spectrace.tracer.diff, spectrace.tracer.metrics, "
+        "spectrace.tracer.cli.report, spectrace.tracer.pytest_plugin; "
+        "print(sorted(m for m in ('torch', 'vllm', 'textual', 'transformers') "
+        "if m in sys.modules))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]"
 
 
 def test_entry_points_are_declared():
     proj = _pyproject()["project"]
     assert proj["scripts"]["spectrace"] == "spectrace.tracer.cli.main:main"
-    assert proj["entry-points"]["vllm.general_plugins"]["spectrace"] == \
-        "spectrace.hooks.vllm:register"
+    assert (
+        proj["entry-points"]["vllm.general_plugins"]["spectrace"] == "spectrace.hooks.vllm:register"
+    )
     assert proj["entry-points"]["pytest11"]["spectrace"] == "spectrace.tracer.pytest_plugin"
     assert set(proj["optional-dependencies"]) >= {"engine", "vllm", "test"}
 
 
 def test_module_entry_and_version():
-    r = subprocess.run([sys.executable, "-m", "spectrace.tracer", "--version"],
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "spectrace.tracer", "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     from importlib.metadata import version
 
     assert r.stdout.strip() == f"spectrace, version {version('spectrace')}"

@@ -55,54 +55,56 @@ def tester(pytester):
 
 
 def test_matching_drafts_pass(tester):
-    tester.makepyfile('''
+    tester.makepyfile("""
         from conftest import make, good
         def test_it(tmp_path, spectrace_assert_drafts_match):
             a = make(tmp_path / "a.h5", good, req_id="ours-1")
             b = make(tmp_path / "b.h5", good, req_id="theirs-7")
             spectrace_assert_drafts_match(a, b)
-    ''')
+    """)
     tester.runpytest_subprocess("-q").assert_outcomes(passed=1)
 
 
 def test_failure_text_names_block_finding_and_command(tester):
-    tester.makepyfile('''
+    tester.makepyfile("""
         from conftest import make, good, bad_slot2
         def test_it(tmp_path, spectrace_assert_drafts_match):
             a = make(tmp_path / "a.h5", bad_slot2)
             b = make(tmp_path / "b.h5", good)
             spectrace_assert_drafts_match(a, b)
-    ''')
+    """)
     r = tester.runpytest_subprocess("-q")
     r.assert_outcomes(failed=1)
     # Ours accepts 2 per block (slot 2 is wrong): anchors 2, 5, 8, ..., 20; theirs accepts 3:
     # anchors 2, 6, 10, 14, 18. They pair at 2 and 14, and differ in slot 2 at both.
-    r.stdout.fnmatch_lines([
-        "spectrace: drafts do not match: drafts match in 0 of 2 paired blocks (0.0%), "
-        "required 100.0%; 1 error finding(s), at most 0 allowed",
-        "  first divergent block: request r0, position 2, slot 2",
-        "    ours:   [10, 11, 999]",
-        "    theirs: [10, 11, 12]",
-        "  first error finding: draft_mismatch: proposals differ at matched anchors in 2 of 2 "
-        "paired blocks (100%), from slot 0 in 0% of them, with no shift or mapping pattern",
-        "  inspect: spectrace view */a.h5 */b.h5",
-    ])
+    r.stdout.fnmatch_lines(
+        [
+            "spectrace: drafts do not match: drafts match in 0 of 2 paired blocks (0.0%), "
+            "required 100.0%; 1 error finding(s), at most 0 allowed",
+            "  first divergent block: request r0, position 2, slot 2",
+            "    ours:   [10, 11, 999]",
+            "    theirs: [10, 11, 12]",
+            "  first error finding: draft_mismatch: proposals differ at matched anchors in 2 of 2 "
+            "paired blocks (100%), from slot 0 in 0% of them, with no shift or mapping pattern",
+            "  inspect: spectrace view */a.h5 */b.h5",
+        ]
+    )
 
 
 def test_tolerances_and_ignores(tester):
-    tester.makepyfile('''
+    tester.makepyfile("""
         from conftest import make, good, bad_slot2
         def test_it(tmp_path, spectrace_assert_drafts_match):
             a = make(tmp_path / "a.h5", bad_slot2)
             b = make(tmp_path / "b.h5", good)
             spectrace_assert_drafts_match(a, b, min_agreement=0.0, ignore={"draft_mismatch"})
             spectrace_assert_drafts_match(a, a, positions=range(5, 9))
-    ''')
+    """)
     tester.runpytest_subprocess("-q").assert_outcomes(passed=1)
 
 
 def test_no_vacuous_pass_when_content_diverged_first(tester):
-    tester.makepyfile('''
+    tester.makepyfile("""
         from conftest import make, good, OUTPUT
         def test_it(tmp_path, spectrace_assert_drafts_match):
             # Theirs decodes one token before drafting, and it differs from ours: the only
@@ -111,24 +113,28 @@ def test_no_vacuous_pass_when_content_diverged_first(tester):
             a = make(tmp_path / "a.h5", good)
             b = make(tmp_path / "b.h5", good, output=other, skip=1)
             spectrace_assert_drafts_match(a, b, max_error_findings=5)
-    ''')
+    """)
     r = tester.runpytest_subprocess("-q")
     r.assert_outcomes(failed=1)
-    r.stdout.fnmatch_lines([
-        "spectrace: drafts do not match: no comparable blocks: the content diverged at "
-        "position 3 before any block both engines drafted from",
-    ])
+    r.stdout.fnmatch_lines(
+        [
+            "spectrace: drafts do not match: no comparable blocks: the content diverged at "
+            "position 3 before any block both engines drafted from",
+        ]
+    )
 
 
 def test_golden_cycle(tester, monkeypatch):
-    tester.makepyfile(test_engine='''
+    tester.makepyfile(
+        test_engine="""
         import os
         from conftest import make, good, bad_slot2
         def test_drafts(tmp_path, spectrace_regression):
             drafter = bad_slot2 if os.environ.get("BROKEN") else good
             spectrace_regression.check(make(tmp_path / "run.h5", drafter,
                                             req_id=str(os.getpid())))
-    ''')
+    """
+    )
     golden = tester.path / "test_engine" / "test_drafts.h5"
     obtained = tester.path / "test_engine" / "test_drafts.obtained.h5"
     r = tester.runpytest_subprocess("-q")  # 1. missing golden: written, fails
@@ -140,8 +146,13 @@ def test_golden_cycle(tester, monkeypatch):
     monkeypatch.setenv("BROKEN", "1")
     r = tester.runpytest_subprocess("-q")  # 3. drafts moved: obtained written, fails
     r.assert_outcomes(failed=1)
-    r.stdout.fnmatch_lines(["*drafts do not match*", "*obtained trace: *test_drafts.obtained.h5",
-                            "*accept it with --spectrace-regen"])
+    r.stdout.fnmatch_lines(
+        [
+            "*drafts do not match*",
+            "*obtained trace: *test_drafts.obtained.h5",
+            "*accept it with --spectrace-regen",
+        ]
+    )
     assert obtained.exists()
     r = tester.runpytest_subprocess("-q", "--spectrace-regen")  # 4. regen: rewritten, fails
     r.assert_outcomes(failed=1)
@@ -151,10 +162,12 @@ def test_golden_cycle(tester, monkeypatch):
 
 
 def test_loading_the_plugin_is_light():
-    code = ("import sys, time; t = time.perf_counter(); import spectrace.tracer.pytest_plugin; "
-            "dt = time.perf_counter() - t; "
-            "print(sorted(m for m in ('torch', 'vllm', 'textual', 'h5py', 'numpy') "
-            "if m in sys.modules))")
+    code = (
+        "import sys, time; t = time.perf_counter(); import spectrace.tracer.pytest_plugin; "
+        "dt = time.perf_counter() - t; "
+        "print(sorted(m for m in ('torch', 'vllm', 'textual', 'h5py', 'numpy') "
+        "if m in sys.modules))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]"
 
@@ -166,23 +179,29 @@ def test_entry_point_module_exposes_the_whole_plugin():
     from spectrace.tracer.testing import plugin
 
     names = {n for n in vars(plugin) if n.startswith(("spectrace_", "pytest_"))}
-    assert names == {"pytest_addoption", "spectrace_load", "spectrace_assert_drafts_match",
-                     "spectrace_regression", "spectrace_capture_cmd", "spectrace_capture_vllm"}
+    assert names == {
+        "pytest_addoption",
+        "spectrace_load",
+        "spectrace_assert_drafts_match",
+        "spectrace_regression",
+        "spectrace_capture_cmd",
+        "spectrace_capture_vllm",
+    }
     assert all(getattr(pytest_plugin, n) is getattr(plugin, n) for n in names)
 
 
 def test_log_loads_through_the_parser(tester):
     log = ROOT / "tests" / "hooks" / "data" / "vt_sync_dflash.log"
     req = ROOT / "tests" / "hooks" / "data" / "vt_sync_dflash.requests.jsonl"
-    tester.makepyfile(f'''
+    tester.makepyfile(f"""
         def test_it(spectrace_load):
             t = spectrace_load({str(log)!r}, requests={str(req)!r})
             assert t.meta["source"] == "vt_spec_trace" and len(t.blocks) > 0
-    ''')
+    """)
     tester.runpytest_subprocess("-q").assert_outcomes(passed=1)
 
 
-GUIDE_TEST = '''
+GUIDE_TEST = """
 import sys
 
 def test_drafts_match_upstream(tmp_path, spectrace_capture_cmd, spectrace_assert_drafts_match):
@@ -191,7 +210,7 @@ def test_drafts_match_upstream(tmp_path, spectrace_capture_cmd, spectrace_assert
         [sys.executable, "-m", "spectrace.engine", "--method", "draft_model", "--k", "4",
          "--max-tokens", "64", "--requests-out", requests, *FAULT], requests=requests)
     spectrace_assert_drafts_match(ours, "{golden}")
-'''
+"""
 
 
 def test_reference_engine_against_the_real_vllm_golden(pytester):
@@ -200,14 +219,17 @@ def test_reference_engine_against_the_real_vllm_golden(pytester):
     pytester.makepyfile(test_ci="FAULT = []\n" + GUIDE_TEST.format(golden=golden))
     pytester.runpytest_subprocess("-q").assert_outcomes(passed=1)
     # Break the engine: the failure names the block and the bug class.
-    pytester.makepyfile(test_ci='FAULT = ["--fault", "layout_shift"]\n' +
-                        GUIDE_TEST.format(golden=golden))
+    pytester.makepyfile(
+        test_ci='FAULT = ["--fault", "layout_shift"]\n' + GUIDE_TEST.format(golden=golden)
+    )
     r = pytester.runpytest_subprocess("-q")
     r.assert_outcomes(failed=1)
-    r.stdout.fnmatch_lines([
-        "spectrace: drafts do not match: drafts match in 0 of * paired blocks (0.0%)*",
-        "  first divergent block: request 0, position 10, slot 0",
-        "  first error finding: layout_shift: draft layout shifted by 1 slot: ours[[]i[]] "
-        "equals theirs[[]i+1[]]*",
-        "  inspect: spectrace view */test_drafts_match_upstream0/ours.h5 */traces/vllm.h5",
-    ])
+    r.stdout.fnmatch_lines(
+        [
+            "spectrace: drafts do not match: drafts match in 0 of * paired blocks (0.0%)*",
+            "  first divergent block: request 0, position 10, slot 0",
+            "  first error finding: layout_shift: draft layout shifted by 1 slot: ours[[]i[]] "
+            "equals theirs[[]i+1[]]*",
+            "  inspect: spectrace view */test_drafts_match_upstream0/ours.h5 */traces/vllm.h5",
+        ]
+    )

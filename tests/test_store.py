@@ -117,8 +117,9 @@ for i in range(100000):
 def test_sigkill_keeps_every_flushed_block(tmp_path):
     """A writer killed with SIGKILL leaves a .partial that opens with all flushed rows."""
     path = tmp_path / "k.h5"
-    p = subprocess.Popen([sys.executable, "-c", _SLOW_WRITER, str(path)],
-                         stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_WRITER, str(path)], stdout=subprocess.PIPE, text=True
+    )
     written = 0
     t0 = time.monotonic()
     while time.monotonic() - t0 < 1.5:  # several flush intervals
@@ -133,8 +134,11 @@ def test_sigkill_keeps_every_flushed_block(tmp_path):
     assert 0 < n <= written and written - n < 60
     assert t.blocks.position.tolist() == list(range(n))
     assert t.blocks.anchor.tolist() == [i % 7 for i in range(n)]
-    r = subprocess.run([SPECTRACE, "info", "--format", "json", str(path) + ".partial"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [SPECTRACE, "info", "--format", "json", str(path) + ".partial"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["blocks"] == n
     assert "not closed cleanly" in r.stderr
@@ -145,9 +149,16 @@ def test_bulk_append_matches_row_append(tmp_path):
     prop = rng.integers(0, 100, (50, 4)).astype(np.int32)
     with TraceWriter(tmp_path / "a.h5", {"k": 4}, flush_interval=0) as w:
         w.request("r")
-        w.add_blocks({"request": np.zeros(50, np.int32), "position": np.arange(50),
-                      "anchor": np.arange(50), "k": np.full(50, 4), "proposed": prop,
-                      "accepted": np.ones(50)})
+        w.add_blocks(
+            {
+                "request": np.zeros(50, np.int32),
+                "position": np.arange(50),
+                "anchor": np.arange(50),
+                "k": np.full(50, 4),
+                "proposed": prop,
+                "accepted": np.ones(50),
+            }
+        )
     t = open_trace(tmp_path / "a.h5")
     assert (t.blocks.proposed == prop).all()
     assert t.blocks.num_verified.tolist() == [-1] * 50
@@ -168,9 +179,15 @@ def test_torn_last_chunk_is_cut_off(tmp_path):
     w = TraceWriter(path, {"k": 2}, flush_interval=0, flush_rows=10**9)
     w.request("r")
     n = 20000  # two 16384-row chunks in the 1-D columns
-    w.add_blocks({"request": np.zeros(n, np.int32), "position": np.arange(n),
-                  "anchor": np.arange(n) % 97, "k": np.full(n, 2),
-                  "proposed": np.arange(2 * n).reshape(n, 2) % 89})
+    w.add_blocks(
+        {
+            "request": np.zeros(n, np.int32),
+            "position": np.arange(n),
+            "anchor": np.arange(n) % 97,
+            "k": np.full(n, 2),
+            "proposed": np.arange(2 * n).reshape(n, 2) % 89,
+        }
+    )
     w.close(complete=False)
     partial = tmp_path / "torn.h5.partial"
     with h5py.File(partial, "r") as f:
@@ -211,6 +228,7 @@ def test_verified_same_lets_the_reader_skip_verified(tmp_path):
     t = open_trace(path)
     assert t.blocks.verified is t.blocks.proposed
     assert t.blocks.verified.tolist() == [[1, 2, 3], [4, 5, -1]]
+
 
 def test_patch_blocks_writes_flushed_rows_before_close(tmp_path):
     w = TraceWriter(tmp_path / "p.h5", {}, flush_interval=0, flush_rows=1)
@@ -270,10 +288,16 @@ def test_files_without_verified_same_still_read(tmp_path):
 def _big_trace(path, n=40000):
     with TraceWriter(path, {"k": 3}, flush_interval=0) as w:
         w.request("r")
-        w.add_blocks({"request": np.zeros(n, np.int32), "position": np.arange(n),
-                      "anchor": np.arange(n) % 101, "k": np.full(n, 3),
-                      "proposed": (np.arange(3 * n).reshape(n, 3) % 97).astype(np.int32),
-                      "accepted": np.arange(n) % 4})
+        w.add_blocks(
+            {
+                "request": np.zeros(n, np.int32),
+                "position": np.arange(n),
+                "anchor": np.arange(n) % 101,
+                "k": np.full(n, 3),
+                "proposed": (np.arange(3 * n).reshape(n, 3) % 97).astype(np.int32),
+                "accepted": np.arange(n) % 4,
+            }
+        )
     return path
 
 
@@ -318,11 +342,16 @@ def test_unreadable_files_say_what_they_are(tmp_path):
     ref = ROOT / "traces" / "reference.h5"
     cut = tmp_path / "cut.h5"
     cut.write_bytes(ref.read_bytes()[:100000])
-    with pytest.raises(TraceFormatError, match=rf"cut\.h5: truncated HDF5 file \(100000 of "
-                                               rf"{ref.stat().st_size} bytes"):
+    with pytest.raises(
+        TraceFormatError,
+        match=rf"cut\.h5: truncated HDF5 file \(100000 of "
+        rf"{ref.stat().st_size} bytes",
+    ):
         open_trace(cut)
-    with pytest.raises(TraceFormatError, match="a VT_SPEC_TRACE log, not a trace file: "
-                                               "convert it with `spectrace import vt"):
+    with pytest.raises(
+        TraceFormatError,
+        match="a VT_SPEC_TRACE log, not a trace file: convert it with `spectrace import vt",
+    ):
         open_trace(ROOT / "traces" / "reference.vt.log")
 
 
@@ -350,8 +379,12 @@ def test_prefetch_threads_stop_at_exit(tmp_path):
     # An error on the main thread while a prefetch thread is inside an h5py read: the exit
     # handler stops and joins the thread before h5py's own handler runs (it once hung).
     path = _big_trace(tmp_path / "x.h5", n=200000)
-    r = subprocess.run([sys.executable, "-c", _PREFETCH_THEN_RAISE, str(path)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", _PREFETCH_THEN_RAISE, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1, r.stderr
     assert r.stderr == "input error while the columns are read\n"
 
@@ -366,6 +399,8 @@ def test_trace_file_names(tmp_path):
     (tmp_path / "c.h5").write_bytes(b"")
     assert resolve_paths(tmp_path / "b.h5") == [tmp_path / "b.h5.partial"]
     assert resolve_paths([str(tmp_path / "c.h5"), tmp_path / "*.partial"]) == [
-        tmp_path / "c.h5", tmp_path / "b.h5.partial"]
+        tmp_path / "c.h5",
+        tmp_path / "b.h5.partial",
+    ]
     with pytest.raises(InputError, match=r"d\.h5: no such file"):
         resolve_paths(tmp_path / "d.h5")

@@ -81,8 +81,11 @@ def match_requests(a: Trace, b: Trace) -> tuple[np.ndarray, np.ndarray, list[str
             by_prompt.setdefault(rb.prompt_ids[j].astype(np.int32).tobytes(), []).append(j)
     left_a = []
     for i in range(len(ra)):
-        cands = by_prompt.get(ra.prompt_ids[i].astype(np.int32).tobytes()) \
-            if len(ra.prompt_ids[i]) else None
+        cands = (
+            by_prompt.get(ra.prompt_ids[i].astype(np.int32).tobytes())
+            if len(ra.prompt_ids[i])
+            else None
+        )
         if cands:
             j = cands.pop(0)
             free_b.discard(j)
@@ -109,8 +112,9 @@ def match_requests(a: Trace, b: Trace) -> tuple[np.ndarray, np.ndarray, list[str
     return req_a, req_b, [p[2] for p in pairs]
 
 
-def _pair_blocks(a: Trace, b: Trace, pob_a: np.ndarray, comp_a: np.ndarray,
-                 comp_b: np.ndarray, req_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _pair_blocks(
+    a: Trace, b: Trace, pob_a: np.ndarray, comp_a: np.ndarray, comp_b: np.ndarray, req_b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Paired block indices ``(ia, ib)``, sorted by (pair, position).
 
     Our comparable blocks in (request, position) order are in (pair, position) order (pairs
@@ -168,17 +172,26 @@ def align(a: Trace, b: Trace) -> Alignment:
         pob = _pair_of_block(t, req)
         return pob, _comparable(pob, t.blocks.position, divergence, common_len, known)
 
-    (pob_a, comp_a), (pob_b, comp_b) = in_parallel([lambda: side(a, req_a),
-                                                    lambda: side(b, req_b)])
+    (pob_a, comp_a), (pob_b, comp_b) = in_parallel([lambda: side(a, req_a), lambda: side(b, req_b)])
     ia, ib = _pair_blocks(a, b, pob_a, comp_a, comp_b, req_b)
     return Alignment(
-        a=a, b=b, req_a=req_a, req_b=req_b, matched_by=matched_by,
+        a=a,
+        b=b,
+        req_a=req_a,
+        req_b=req_b,
+        matched_by=matched_by,
         unmatched_a=np.setdiff1d(np.arange(len(a.requests)), req_a),
         unmatched_b=np.setdiff1d(np.arange(len(b.requests)), req_b),
-        divergence=divergence, content_known=known, common_len=common_len,
-        pair_of_block_a=pob_a, pair_of_block_b=pob_b,
-        comparable_a=comp_a, comparable_b=comp_b,
-        ia=ia, ib=ib)
+        divergence=divergence,
+        content_known=known,
+        common_len=common_len,
+        pair_of_block_a=pob_a,
+        pair_of_block_b=pob_b,
+        comparable_a=comp_a,
+        comparable_b=comp_b,
+        ia=ia,
+        ib=ib,
+    )
 
 
 def _pair_of_block(t: Trace, req: np.ndarray) -> np.ndarray:
@@ -188,8 +201,13 @@ def _pair_of_block(t: Trace, req: np.ndarray) -> np.ndarray:
     return lookup[r] if len(r) else np.zeros(0, np.int64)
 
 
-def _comparable(pob: np.ndarray, pos: np.ndarray, divergence: np.ndarray,
-                common_len: np.ndarray, known: np.ndarray) -> np.ndarray:
+def _comparable(
+    pob: np.ndarray,
+    pos: np.ndarray,
+    divergence: np.ndarray,
+    common_len: np.ndarray,
+    known: np.ndarray,
+) -> np.ndarray:
     out = np.zeros(len(pob), bool)
     limit = comparable_limit(divergence, common_len, known)
     for c in chunks(len(pob)):

@@ -28,11 +28,15 @@ def per_request_acceptance(t: Trace) -> dict[str, list[int]]:
     acc = b.accepted.astype(np.int64)
     _, checked = drafts_checked(t)
     known = acc >= 0
-    return {"blocks": np.bincount(req, minlength=n).tolist(),
-            "accepted": np.bincount(req[known], weights=acc[known], minlength=n)
-            .astype(np.int64).tolist(),
-            "checked": np.bincount(req[known], weights=np.maximum(checked[known], 0),
-                                   minlength=n).astype(np.int64).tolist()}
+    return {
+        "blocks": np.bincount(req, minlength=n).tolist(),
+        "accepted": np.bincount(req[known], weights=acc[known], minlength=n)
+        .astype(np.int64)
+        .tolist(),
+        "checked": np.bincount(req[known], weights=np.maximum(checked[known], 0), minlength=n)
+        .astype(np.int64)
+        .tolist(),
+    }
 
 
 def acceptance_along(t: Trace, buckets: int = 96) -> dict:
@@ -82,5 +86,7 @@ def differing_per_pair(al: Alignment, bad: np.ndarray) -> list[dict]:
         positions = al.a.blocks.position[ia[bad]][first]
         for p, x in zip(u.tolist(), positions.tolist()):
             first_bad[p] = int(x)
-    return [{"bad": int(nbad[p]), "paired": int(npaired[p]), "first_bad": first_bad[p]}
-            for p in range(m)]
+    return [
+        {"bad": int(nbad[p]), "paired": int(npaired[p]), "first_bad": first_bad[p]}
+        for p in range(m)
+    ]

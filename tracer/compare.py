@@ -57,8 +57,9 @@ def first_difference(x: np.ndarray, y: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else NO_DIVERGENCE
 
 
-def comparable_limit(divergence: np.ndarray, common_len: np.ndarray,
-                     content_known: np.ndarray) -> np.ndarray:
+def comparable_limit(
+    divergence: np.ndarray, common_len: np.ndarray, content_known: np.ndarray
+) -> np.ndarray:
     """Per request pair, the first anchor position that is no longer comparable.
 
     Args:
@@ -133,8 +134,9 @@ def present_counts(ka: np.ndarray, kb: np.ndarray, w: int) -> np.ndarray:
     return len(kmin) - np.cumsum(np.bincount(kmin, minlength=w + 1))[:w]
 
 
-def slot_equal(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray,
-               out: np.ndarray | None = None) -> np.ndarray:
+def slot_equal(
+    pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray, out: np.ndarray | None = None
+) -> np.ndarray:
     """Per-slot equality of paired proposals.
 
     Args:
@@ -208,8 +210,9 @@ def first_slot_from_prefix(prefix: np.ndarray, ka: np.ndarray, kb: np.ndarray) -
     return np.where(prefix < np.maximum(ka, kb), prefix, -1)
 
 
-def shift_equal(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray,
-                s: int) -> np.ndarray:
+def shift_equal(
+    pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray, s: int
+) -> np.ndarray:
     """Shifted slot equality: ``ours[j] == theirs[j + s]`` with both slots present.
 
     Args:
@@ -270,8 +273,14 @@ class BlockComparison:
     first_slot: np.ndarray
 
 
-def compare_blocks(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray,
-                   anchor_a: np.ndarray, anchor_b: np.ndarray) -> BlockComparison:
+def compare_blocks(
+    pa: np.ndarray,
+    pb: np.ndarray,
+    ka: np.ndarray,
+    kb: np.ndarray,
+    anchor_a: np.ndarray,
+    anchor_b: np.ndarray,
+) -> BlockComparison:
     """Compare n paired blocks (row i of ours with row i of theirs).
 
     Args:
@@ -286,9 +295,14 @@ def compare_blocks(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarra
     prefix = common_prefix(eq)
     exact = exact_match(prefix, ka, kb)
     anchor_eq = anchors_equal(anchor_a, anchor_b)
-    return BlockComparison(eq=eq, prefix=prefix, exact=exact, anchor_eq=anchor_eq,
-                           divergent=~exact | ~anchor_eq,
-                           first_slot=first_slot_from_prefix(prefix, ka, kb))
+    return BlockComparison(
+        eq=eq,
+        prefix=prefix,
+        exact=exact,
+        anchor_eq=anchor_eq,
+        divergent=~exact | ~anchor_eq,
+        first_slot=first_slot_from_prefix(prefix, ka, kb),
+    )
 
 
 @dataclass
@@ -325,9 +339,16 @@ class PairedComparison:
     counts: SlotCounts
 
 
-def compare_paired(prop_a: np.ndarray, prop_b: np.ndarray, ia: np.ndarray, ib: np.ndarray,
-                   k_a: np.ndarray, k_b: np.ndarray, anchor_a: np.ndarray,
-                   anchor_b: np.ndarray) -> PairedComparison:
+def compare_paired(
+    prop_a: np.ndarray,
+    prop_b: np.ndarray,
+    ia: np.ndarray,
+    ib: np.ndarray,
+    k_a: np.ndarray,
+    k_b: np.ndarray,
+    anchor_a: np.ndarray,
+    anchor_b: np.ndarray,
+) -> PairedComparison:
     """:func:`compare_blocks` of rows ``ia`` of ours with rows ``ib`` of theirs, gathered and
     compared in chunks on worker threads, with the per-slot counts of the same pass.
 
@@ -367,9 +388,19 @@ def compare_paired(prop_a: np.ndarray, prop_b: np.ndarray, ia: np.ndarray, ib: n
     exact = exact_match(prefix, ka, kb)
     first = first_slot_from_prefix(prefix, ka, kb)
     anchor_eq = anchors_equal(anchor_a[ia], anchor_b[ib])
-    blocks = BlockComparison(eq=eq, prefix=prefix, exact=exact, anchor_eq=anchor_eq,
-                             divergent=~exact | ~anchor_eq, first_slot=first)
-    return PairedComparison(ka=ka, kb=kb, blocks=blocks,
-                            counts=SlotCounts(equal=counts[0], present=present,
-                                              shift_plus=counts[1, :-1],
-                                              shift_minus=counts[2, :-1]))
+    blocks = BlockComparison(
+        eq=eq,
+        prefix=prefix,
+        exact=exact,
+        anchor_eq=anchor_eq,
+        divergent=~exact | ~anchor_eq,
+        first_slot=first,
+    )
+    return PairedComparison(
+        ka=ka,
+        kb=kb,
+        blocks=blocks,
+        counts=SlotCounts(
+            equal=counts[0], present=present, shift_plus=counts[1, :-1], shift_minus=counts[2, :-1]
+        ),
+    )

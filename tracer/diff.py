@@ -63,17 +63,23 @@ def nothing_compared(al: Alignment) -> str:
     a, b = al.a, al.b
     empty = [side for side, t in (("ours", a), ("theirs", b)) if len(t.blocks) == 0]
     if empty:
-        return (f"{' and '.join(empty)} {'has' if len(empty) == 1 else 'have'} no draft "
-                f"blocks: nothing to compare")
+        return (
+            f"{' and '.join(empty)} {'has' if len(empty) == 1 else 'have'} no draft "
+            f"blocks: nothing to compare"
+        )
     if al.pairs == 0:
         ta, tb = a.meta.get("target_model"), b.meta.get("target_model")
         models = f"; target models {ta} vs {tb}" if ta and tb and ta != tb else ""
-        return (f"no request of ours matches one of theirs (compare the prompts): the traces "
-                f"are of different jobs{models}")
+        return (
+            f"no request of ours matches one of theirs (compare the prompts): the traces "
+            f"are of different jobs{models}"
+        )
     div = al.divergence[al.divergence != NO_DIVERGENCE]
     if len(div):
-        return (f"no comparable blocks: the content diverged at position {int(div.min())} "
-                f"before any block both engines drafted from")
+        return (
+            f"no comparable blocks: the content diverged at position {int(div.min())} "
+            f"before any block both engines drafted from"
+        )
     return "no comparable blocks: the engines never drafted from the same anchor position"
 
 
@@ -102,15 +108,28 @@ def diff_traces(al: Alignment, examples: int = 5, decoder: Decoder | None = None
     pc = compare_alignment(al)
     bad = pc.blocks.divergent
     kmax = int(max(a.blocks.k.max(initial=0), b.blocks.k.max(initial=0)))
-    acc_a, acc_b = in_parallel([lambda: _acceptance(a, al.comparable_a, kmax),
-                                lambda: _acceptance(b, al.comparable_b, kmax)])
+    acc_a, acc_b = in_parallel(
+        [
+            lambda: _acceptance(a, al.comparable_a, kmax),
+            lambda: _acceptance(b, al.comparable_b, kmax),
+        ]
+    )
     found = detect_pair(al, pc, decoder)
     reasons = _reasons(al, bad, found)
     return DiffResult(
-        diverged=bool(reasons), reasons=reasons, findings=found,
-        ours=_side(a), theirs=_side(b), requests=_requests(al), coverage=_coverage(al),
-        agreement=_agreement(al, pc), acceptance=AcceptanceBySide(ours=acc_a, theirs=acc_b),
-        content_divergence=_content(al), examples=_examples(al, pc, examples), bad=bad)
+        diverged=bool(reasons),
+        reasons=reasons,
+        findings=found,
+        ours=_side(a),
+        theirs=_side(b),
+        requests=_requests(al),
+        coverage=_coverage(al),
+        agreement=_agreement(al, pc),
+        acceptance=AcceptanceBySide(ours=acc_a, theirs=acc_b),
+        content_divergence=_content(al),
+        examples=_examples(al, pc, examples),
+        bad=bad,
+    )
 
 
 def _reasons(al: Alignment, bad: np.ndarray, found: list[Finding]) -> list[str]:
@@ -124,8 +143,10 @@ def _reasons(al: Alignment, bad: np.ndarray, found: list[Finding]) -> list[str]:
         reasons.append(nothing_compared(al))
     errors = [f for f in found if f.severity == "error"]
     if errors:
-        reasons.insert(0, f"{len(errors)} error finding{'s' if len(errors) > 1 else ''}, "
-                          f"first: {errors[0].kind}")
+        reasons.insert(
+            0,
+            f"{len(errors)} error finding{'s' if len(errors) > 1 else ''}, first: {errors[0].kind}",
+        )
     return reasons
 
 
@@ -138,32 +159,48 @@ def _agreement(al: Alignment, pc: PairedComparison) -> Agreement:
     P = len(c.exact)
     known = anchors_known(al.a.blocks.anchor[al.ia], al.b.blocks.anchor[al.ib])
     return Agreement(
-        paired_blocks=P, anchor_mismatches=int((~c.anchor_eq).sum()),
-        anchors_unknown=int((~known).sum()), exact_matches=int(c.exact.sum()),
+        paired_blocks=P,
+        anchor_mismatches=int((~c.anchor_eq).sum()),
+        anchors_unknown=int((~known).sum()),
+        exact_matches=int(c.exact.sum()),
         exact_match_rate=float(c.exact.mean()) if P else None,
         k_mismatches=int((pc.ka != pc.kb).sum()),
         mean_common_prefix=float(c.prefix.mean()) if P else None,
-        per_position=_share(n.equal, n.present), per_position_blocks=n.present.tolist(),
+        per_position=_share(n.equal, n.present),
+        per_position_blocks=n.present.tolist(),
         # Shift s = ±1 among the blocks with slots j and j+1 on both sides.
         shift_plus_one=_share(n.shift_plus, n.present[1:]),
-        shift_minus_one=_share(n.shift_minus, n.present[1:]))
+        shift_minus_one=_share(n.shift_minus, n.present[1:]),
+    )
 
 
 def _coverage(al: Alignment) -> Coverage:
     P = len(al.ia)
     ca, cb = int(al.comparable_a.sum()), int(al.comparable_b.sum())
-    return Coverage(ours_blocks=len(al.a.blocks), theirs_blocks=len(al.b.blocks),
-                    ours_on_matched_content=ca, theirs_on_matched_content=cb, paired=P,
-                    ours_coverage=P / ca if ca else None,
-                    theirs_coverage=P / cb if cb else None)
+    return Coverage(
+        ours_blocks=len(al.a.blocks),
+        theirs_blocks=len(al.b.blocks),
+        ours_on_matched_content=ca,
+        theirs_on_matched_content=cb,
+        paired=P,
+        ours_coverage=P / ca if ca else None,
+        theirs_coverage=P / cb if cb else None,
+    )
 
 
 def _side(t: Trace) -> SideSummary:
     m = t.meta
-    return SideSummary(files=[str(p) for p in t.paths], engine=m.get("engine"),
-                       engine_version=m.get("engine_version"), method=m.get("method"),
-                       k=m.get("k"), source=m.get("source"), status=t.status,
-                       requests=len(t.requests), blocks=len(t.blocks))
+    return SideSummary(
+        files=[str(p) for p in t.paths],
+        engine=m.get("engine"),
+        engine_version=m.get("engine_version"),
+        method=m.get("method"),
+        k=m.get("k"),
+        source=m.get("source"),
+        status=t.status,
+        requests=len(t.requests),
+        blocks=len(t.blocks),
+    )
 
 
 def _acceptance(t: Trace, comparable: np.ndarray, kmax: int) -> EngineAcceptance:
@@ -174,19 +211,20 @@ def _acceptance(t: Trace, comparable: np.ndarray, kmax: int) -> EngineAcceptance
         by_acc, ver = acceptance_counts(acc, checked, comparable, 2)  # 1: matched content
         matched[name] = Acceptance.from_counts(by_acc[1], ver[1], kmax)
         every[name] = Acceptance.from_counts(by_acc.sum(axis=0), ver.sum(), kmax)
-    return EngineAcceptance(matched_content=CountedAcceptance(**matched),
-                            all_content=CountedAcceptance(**every))
+    return EngineAcceptance(
+        matched_content=CountedAcceptance(**matched), all_content=CountedAcceptance(**every)
+    )
 
 
 def _requests(al: Alignment) -> RequestMatch:
     return RequestMatch(
         matched=al.pairs,
-        matched_by=MatchedBy(**{k: al.matched_by.count(k) for k in ("prompt", "req_id",
-                                                                     "order")}),
+        matched_by=MatchedBy(**{k: al.matched_by.count(k) for k in ("prompt", "req_id", "order")}),
         unmatched_ours=[al.a.requests.req_id[i] for i in al.unmatched_a],
         unmatched_theirs=[al.b.requests.req_id[i] for i in al.unmatched_b],
         content_diverged=int((al.divergence != NO_DIVERGENCE).sum()),
-        content_unknown=int((~al.content_known).sum()))
+        content_unknown=int((~al.content_known).sum()),
+    )
 
 
 def _content(al: Alignment) -> list[ContentDivergence]:
@@ -194,10 +232,16 @@ def _content(al: Alignment) -> list[ContentDivergence]:
     for p in np.flatnonzero(al.divergence != NO_DIVERGENCE):
         i, j, d = int(al.req_a[p]), int(al.req_b[p]), int(al.divergence[p])
         sa, sb = al.a.requests.full_sequence(i), al.b.requests.full_sequence(j)
-        out.append(ContentDivergence(
-            ours_req=al.a.requests.req_id[i], theirs_req=al.b.requests.req_id[j], position=d,
-            prompt_len=len(al.a.requests.prompt_ids[i]), ours_token=int(sa[d]),
-            theirs_token=int(sb[d])))
+        out.append(
+            ContentDivergence(
+                ours_req=al.a.requests.req_id[i],
+                theirs_req=al.b.requests.req_id[j],
+                position=d,
+                prompt_len=len(al.a.requests.prompt_ids[i]),
+                ours_token=int(sa[d]),
+                theirs_token=int(sb[d]),
+            )
+        )
     return out
 
 
@@ -208,11 +252,17 @@ def _examples(al: Alignment, pc: PairedComparison, n: int) -> list[Example]:
     for x in np.flatnonzero(pc.blocks.divergent)[:n]:
         i, j = int(al.ia[x]), int(al.ib[x])
         first = int(pc.blocks.first_slot[x])
-        out.append(Example(
-            ours_req=al.a.requests.req_id[a.request[i]],
-            theirs_req=al.b.requests.req_id[b.request[j]],
-            position=int(a.position[i]), anchor_ours=int(a.anchor[i]),
-            anchor_theirs=int(b.anchor[j]), anchor_equal=bool(pc.blocks.anchor_eq[x]),
-            ours=a.proposed[i, :pc.ka[x]].tolist(), theirs=b.proposed[j, :pc.kb[x]].tolist(),
-            first_differing_slot=first if first >= 0 else None))
+        out.append(
+            Example(
+                ours_req=al.a.requests.req_id[a.request[i]],
+                theirs_req=al.b.requests.req_id[b.request[j]],
+                position=int(a.position[i]),
+                anchor_ours=int(a.anchor[i]),
+                anchor_theirs=int(b.anchor[j]),
+                anchor_equal=bool(pc.blocks.anchor_eq[x]),
+                ours=a.proposed[i, : pc.ka[x]].tolist(),
+                theirs=b.proposed[j, : pc.kb[x]].tolist(),
+                first_differing_slot=first if first >= 0 else None,
+            )
+        )
     return out

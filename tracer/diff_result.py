@@ -111,8 +111,7 @@ class Coverage:
 
     def on_matched_content(self, side: str) -> int:
         """``side``'s blocks on matched content (``ours`` | ``theirs``)."""
-        return self.ours_on_matched_content if side == "ours" else \
-            self.theirs_on_matched_content
+        return self.ours_on_matched_content if side == "ours" else self.theirs_on_matched_content
 
 
 @dataclass

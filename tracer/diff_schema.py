@@ -16,8 +16,11 @@ from .typed_json import json_schema
 
 def diff_schema() -> dict:
     """The JSON Schema of a ``spectrace.diff/1`` document, generated from the types."""
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID,
-            "title": "spectrace diff report"} | json_schema(DiffResult)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": "spectrace diff report",
+    } | json_schema(DiffResult)
 
 
 SCHEMA: dict = diff_schema()

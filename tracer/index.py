@@ -19,7 +19,6 @@ def memo(trace: Trace, key: str, fn):
     return trace.cache[key]
 
 
-
 def sequence_index(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Concatenate every request's prompt + output ids for vectorised gathers.
 
@@ -28,7 +27,6 @@ def sequence_index(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         (tokens). A request with unknown output ids has length 0.
     """
     return memo(trace, "sequence_index", lambda: _sequence_index(trace))
-
 
 
 def _sequence_index(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -45,7 +43,6 @@ def _sequence_index(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return flat, start, length
 
 
-
 def block_order(trace: Trace) -> tuple[np.ndarray, np.ndarray, int, int]:
     """Blocks sorted by (request, position), ties in record order (memoised).
 
@@ -55,7 +52,6 @@ def block_order(trace: Trace) -> tuple[np.ndarray, np.ndarray, int, int]:
         ``np.searchsorted(keys, key)`` finds a (request, position) in O(log n).
     """
     return memo(trace, "block_order", lambda: _block_order(trace))
-
 
 
 def _block_order(trace: Trace) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -70,7 +66,6 @@ def _block_order(trace: Trace) -> tuple[np.ndarray, np.ndarray, int, int]:
     return order, key[order], stride, pmin
 
 
-
 def drafts_checked(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """The drafts the target checked per block: verified ids where recorded, else proposed.
 
@@ -78,7 +73,6 @@ def drafts_checked(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
         ``(ids, n)``: ids int32 [blocks, kmax] (-1 padded), n int64 [blocks] (tokens).
     """
     return memo(trace, "drafts_checked", lambda: _drafts_checked(trace))
-
 
 
 def _drafts_checked(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
@@ -92,9 +86,9 @@ def _drafts_checked(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
         return prop, b.k.astype(np.int64)
     w = max(prop.shape[1], ver.shape[1])
     ids = np.full((len(nv), w), -1, np.int32)
-    ids[:, :prop.shape[1]] = prop
+    ids[:, : prop.shape[1]] = prop
     if has_v.any():
         ids[has_v] = -1
-        ids[has_v, :ver.shape[1]] = ver[has_v]
+        ids[has_v, : ver.shape[1]] = ver[has_v]
     n = np.where(has_v, nv, b.k.astype(np.int64))
     return ids, n

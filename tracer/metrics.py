@@ -43,7 +43,6 @@ def recompute_accepted(trace: Trace) -> np.ndarray:
     return memo(trace, "recompute_accepted", lambda: _recompute_accepted(trace))
 
 
-
 def _recompute_accepted(trace: Trace) -> np.ndarray:
     b = trace.blocks
     flat, start, length = sequence_index(trace)
@@ -55,7 +54,7 @@ def _recompute_accepted(trace: Trace) -> np.ndarray:
         """Fill ``out`` for the row slices ``cs``."""
         for c in cs:
             req, first = req_all[c], pos_all[c].astype(np.int64) + 1  # first target position
-            room = np.minimum(n[c], length[req] - first)                 # checkable slots
+            room = np.minimum(n[c], length[req] - first)  # checkable slots
             base = start[req] + first
             o = out[c]
             # Slot by slot over the blocks still matching: the work shrinks with the
@@ -75,10 +74,9 @@ def _recompute_accepted(trace: Trace) -> np.ndarray:
     return out
 
 
-
-def acceptance_counts(accepted: np.ndarray, verified: np.ndarray,
-                      group: np.ndarray | None = None,
-                      groups: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def acceptance_counts(
+    accepted: np.ndarray, verified: np.ndarray, group: np.ndarray | None = None, groups: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
     """Per group, blocks per accepted count and verified drafts of known blocks (chunked).
 
     Args:
@@ -99,7 +97,6 @@ def acceptance_counts(accepted: np.ndarray, verified: np.ndarray,
         v = np.maximum(verified[c], 0)[known]
         ver += np.bincount(g[known], weights=v, minlength=groups).astype(np.int64)
     return by_acc.reshape(groups, A), ver
-
 
 
 @dataclass
@@ -124,8 +121,7 @@ class Acceptance:
     per_position: list[Rate]
 
     @classmethod
-    def from_counts(cls, by_accepted: np.ndarray, verified_tokens: int,
-                    kmax: int) -> Acceptance:
+    def from_counts(cls, by_accepted: np.ndarray, verified_tokens: int, kmax: int) -> Acceptance:
         """The figures of one group of :func:`acceptance_counts` (int64 [A + 1] blocks per
         accepted count, verified drafts), with a ``kmax``-slot per-position curve."""
         nblk = int(by_accepted.sum())
@@ -134,17 +130,20 @@ class Acceptance:
         # Survival curve: blocks with accepted > i = total - blocks with accepted <= i.
         cum = np.cumsum(by_accepted)
         above = [nblk - int(cum[min(i, len(cum) - 1)]) for i in range(kmax)]
-        return cls(blocks=nblk, verified_tokens=tot_ver, accepted_tokens=tot_acc,
-                   acceptance_rate=tot_acc / tot_ver if tot_ver else None,
-                   mean_acceptance_length=1 + tot_acc / nblk if nblk else None,
-                   per_position=[(float(x / nblk) if nblk else None) for x in above])
+        return cls(
+            blocks=nblk,
+            verified_tokens=tot_ver,
+            accepted_tokens=tot_acc,
+            acceptance_rate=tot_acc / tot_ver if tot_ver else None,
+            mean_acceptance_length=1 + tot_acc / nblk if nblk else None,
+            per_position=[(float(x / nblk) if nblk else None) for x in above],
+        )
 
 
 def acceptance_from_counts(by_accepted: np.ndarray, verified_tokens: int, kmax: int) -> dict:
     """:func:`acceptance` figures of one group of :func:`acceptance_counts`, as a dict
     (the keys of :class:`Acceptance`)."""
     return to_json(Acceptance.from_counts(by_accepted, verified_tokens, kmax))
-
 
 
 def acceptance(accepted: np.ndarray, verified: np.ndarray, kmax: int | None = None) -> dict:
@@ -165,10 +164,11 @@ def acceptance(accepted: np.ndarray, verified: np.ndarray, kmax: int | None = No
     return acceptance_from_counts(by_acc[0], ver[0], int(kmax))
 
 
-CONVENTIONS = ("acceptance rate = accepted/verified drafts; mean acceptance length = "
-               "1 + accepted/verified blocks (bonus token counted); per-position acceptance at "
-               "slot i = share of verified blocks with accepted > i")
-
+CONVENTIONS = (
+    "acceptance rate = accepted/verified drafts; mean acceptance length = "
+    "1 + accepted/verified blocks (bonus token counted); per-position acceptance at "
+    "slot i = share of verified blocks with accepted > i"
+)
 
 
 def trace_summary(trace: Trace) -> dict:

@@ -10,14 +10,18 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 #: Threads for :func:`in_parallel` (the cores we may use).
-WORKERS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                     else (os.cpu_count() or 1)))
+WORKERS = max(
+    1,
+    min(
+        4,
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
+    ),
+)
 
 
 #: Rows per chunk of the block-wise loops: temporaries of a few MB stay in cache and are
 #: reused by the allocator, where whole-column temporaries (tens of MB) cost page faults.
 CHUNK = 1 << 18
-
 
 
 def in_parallel(calls: list):
@@ -33,14 +37,12 @@ def in_parallel(calls: list):
         return list(pool.map(lambda c: c(), calls))
 
 
-
 def each_chunk(n: int, fn) -> list:
     """Call ``fn(list_of_slices)`` on :data:`WORKERS` interleaved shares of ``chunks(n)``, in
     parallel; ``fn`` writes its rows in place and may return a partial result (listed)."""
     cs = list(chunks(n))
     shares = [cs[i::WORKERS] for i in range(min(WORKERS, max(len(cs), 1)))]
     return in_parallel([lambda share=share: fn(share) for share in shares])
-
 
 
 def chunks(n: int, size: int = CHUNK):

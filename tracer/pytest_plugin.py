@@ -19,6 +19,12 @@ from .testing.plugin import (
     spectrace_regression,
 )
 
-__all__ = ["Regression", "pytest_addoption", "spectrace_assert_drafts_match",
-           "spectrace_capture_cmd", "spectrace_capture_vllm", "spectrace_load",
-           "spectrace_regression"]
+__all__ = [
+    "Regression",
+    "pytest_addoption",
+    "spectrace_assert_drafts_match",
+    "spectrace_capture_cmd",
+    "spectrace_capture_vllm",
+    "spectrace_load",
+    "spectrace_regression",
+]

@@ -71,8 +71,13 @@ class Column:
 REQUEST_COLUMNS: tuple[Column, ...] = (
     Column("req_id", "str", "engine request id (internal vLLM ids keep their suffix)"),
     Column("prompt_ids", "int32", "prompt token ids (ragged; empty when unknown)", vlen=True),
-    Column("output_ids", "int32", "output token ids as returned to the user, trimmed at "
-           "stop/max_tokens (ragged; empty when unknown)", vlen=True),
+    Column(
+        "output_ids",
+        "int32",
+        "output token ids as returned to the user, trimmed at "
+        "stop/max_tokens (ragged; empty when unknown)",
+        vlen=True,
+    ),
     Column("finish_reason", "str", "length | stop | abort | unfinished | '' when unknown"),
 )
 
@@ -82,28 +87,55 @@ BLOCK_COLUMNS: tuple[Column, ...] = (
     Column("position", "int32", "absolute index of the anchor in prompt + output (tokens)"),
     Column("anchor", "int32", "anchor token id (the last verified / bonus token)"),
     Column("k", "int16", "number of proposed ids in this block (may be < configured k)"),
-    Column("proposed", "int32", "ids the drafter proposed, for positions position+1..; -1 pad",
-           width="k", fill=PAD),
-    Column("num_verified", "int16", "number of drafts the target verified; -1 unknown",
-           fill=PAD),
-    Column("verified", "int32", "ids the target actually consumed; -1 pad", width="k",
-           fill=PAD),
-    Column("accepted", "int16", "accepted drafts as recorded by the engine; -1 unknown",
-           fill=PAD),
-    Column("num_emitted", "int16", "tokens the target emitted in this block "
-           "(accepted + 1 bonus/correction); -1 unknown", fill=PAD),
+    Column(
+        "proposed",
+        "int32",
+        "ids the drafter proposed, for positions position+1..; -1 pad",
+        width="k",
+        fill=PAD,
+    ),
+    Column("num_verified", "int16", "number of drafts the target verified; -1 unknown", fill=PAD),
+    Column("verified", "int32", "ids the target actually consumed; -1 pad", width="k", fill=PAD),
+    Column("accepted", "int16", "accepted drafts as recorded by the engine; -1 unknown", fill=PAD),
+    Column(
+        "num_emitted",
+        "int16",
+        "tokens the target emitted in this block (accepted + 1 bonus/correction); -1 unknown",
+        fill=PAD,
+    ),
     Column("emitted", "int32", "emitted ids; -1 pad", width="k+1", fill=PAD),
     Column("t_ns", "int64", "wall-clock time the block was recorded (ns since the epoch)"),
-    Column("batch_row", "int16", "row of the request in the proposing step's batch; -1 unknown",
-           fill=PAD, optional=True),
-    Column("batch_size", "int16", "rows in the proposing step's batch; -1 unknown", fill=PAD,
-           optional=True),
-    Column("proposal_source", "int8", "where `proposed` comes from: 1 the drafter's output, "
-           "0 a copy of `verified` (the engine printed no proposal), -1 unknown", fill=PAD,
-           optional=True),
-    Column("verified_same", "int8", "1 when the stored `verified` row equals the `proposed` "
-           "row slot for slot (-1 pads included), else 0; written by the store itself so "
-           "that readers can skip reading `verified` (1.1)", optional=True, derived=True),
+    Column(
+        "batch_row",
+        "int16",
+        "row of the request in the proposing step's batch; -1 unknown",
+        fill=PAD,
+        optional=True,
+    ),
+    Column(
+        "batch_size",
+        "int16",
+        "rows in the proposing step's batch; -1 unknown",
+        fill=PAD,
+        optional=True,
+    ),
+    Column(
+        "proposal_source",
+        "int8",
+        "where `proposed` comes from: 1 the drafter's output, "
+        "0 a copy of `verified` (the engine printed no proposal), -1 unknown",
+        fill=PAD,
+        optional=True,
+    ),
+    Column(
+        "verified_same",
+        "int8",
+        "1 when the stored `verified` row equals the `proposed` "
+        "row slot for slot (-1 pads included), else 0; written by the store itself so "
+        "that readers can skip reading `verified` (1.1)",
+        optional=True,
+        derived=True,
+    ),
 )
 
 #: Values of the ``proposal_source`` block column.
@@ -173,7 +205,8 @@ def describe() -> str:
         "",
         "Conventions: acceptance rate = accepted / verified drafts; mean acceptance length =",
         "1 + accepted / verified blocks (counts the bonus token, as vLLM does); per-position",
-        "acceptance at slot i = share of verified blocks with accepted > i (vLLM's survival curve).",
+        "acceptance at slot i = share of verified blocks with accepted > i (vLLM's survival",
+        "curve).",
         "",
         "Python: write with spectrace.tracer.store.TraceWriter, read with open_trace (Trace:",
         ".meta, .requests, .blocks columns as above). Compared: spectrace.tracer.align.align,",

@@ -69,8 +69,11 @@ def decoder_for(explicit: str | Path | None, *metas: dict) -> Decoder | None:
     for meta in metas:
         for key in ("tokenizer", "target_model"):
             cand = meta.get(key) if meta else None
-            if cand and (Path(cand) / "tokenizer.json").is_file() or (
-                    cand and str(cand).endswith(".json") and Path(cand).is_file()):
+            if (
+                cand
+                and (Path(cand) / "tokenizer.json").is_file()
+                or (cand and str(cand).endswith(".json") and Path(cand).is_file())
+            ):
                 try:
                     return Decoder(cand)
                 except InputError:

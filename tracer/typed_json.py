@@ -38,8 +38,9 @@ class Constraint:
 def _fields(cls: type) -> list[tuple[str, Any]]:
     """``(name, annotation)`` of the serialised fields of dataclass ``cls``, in order."""
     hints = _hints(cls)
-    return [(f.name, hints[f.name]) for f in dataclasses.fields(cls)
-            if f.metadata.get("json", True)]
+    return [
+        (f.name, hints[f.name]) for f in dataclasses.fields(cls) if f.metadata.get("json", True)
+    ]
 
 
 @functools.cache
@@ -129,8 +130,11 @@ def _schema_of(tp: Any) -> dict:
         return {"type": "array", "items": json_schema(typing.get_args(tp)[0])}
     if origin is dict:
         item = typing.get_args(tp)[1]
-        return {"type": "object"} if item is Any else \
-            {"type": "object", "additionalProperties": json_schema(item)}
+        return (
+            {"type": "object"}
+            if item is Any
+            else {"type": "object", "additionalProperties": json_schema(item)}
+        )
     if tp is Any:
         return {}
     if tp in _SCALARS:
@@ -202,8 +206,12 @@ def attribute_docs(cls: type) -> dict[str, str]:
             names = [n.strip() for n in m.group(2).split(",")]
             for n in names:
                 out[n] = m.group(3).strip()
-        elif line.strip() and names and indent is not None and \
-                len(line) - len(line.lstrip()) > indent:
+        elif (
+            line.strip()
+            and names
+            and indent is not None
+            and len(line) - len(line.lstrip()) > indent
+        ):
             for n in names:
                 out[n] += " " + line.strip()
         elif line.strip():

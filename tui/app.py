@@ -42,10 +42,17 @@ class SpectraceApp(App[None]):
     COMMANDS = App.COMMANDS | {SpectraceCommands}
     CSS = "Screen { background: $surface; }"
 
-    def __init__(self, ours: Spec, theirs: Spec | None = None, *,
-                 decoder: Decoder | None = None, follow: bool = False,
-                 follow_interval: float = 1.0, analysis: str = "auto",
-                 start_tab: str = "overview") -> None:
+    def __init__(
+        self,
+        ours: Spec,
+        theirs: Spec | None = None,
+        *,
+        decoder: Decoder | None = None,
+        follow: bool = False,
+        follow_interval: float = 1.0,
+        analysis: str = "auto",
+        start_tab: str = "overview",
+    ) -> None:
         super().__init__()
         self.spec_a = _specs(ours)
         self.spec_b = _specs(theirs) if theirs is not None else None
@@ -106,8 +113,9 @@ class SpectraceApp(App[None]):
     def _start(self, model: ViewModel) -> None:
         # The analysis starts once the block index is read, so the two do not compete for
         # the CPU before the block view has its first rows.
-        self.run_worker(lambda: self._load(model), thread=True, group="load",
-                        exclusive=True, name="load")
+        self.run_worker(
+            lambda: self._load(model), thread=True, group="load", exclusive=True, name="load"
+        )
 
     def _load(self, model: ViewModel) -> None:
         worker = get_current_worker()
@@ -115,8 +123,10 @@ class SpectraceApp(App[None]):
         gen = model.generation
         model.load_requests()
         main.post_message(ModelStage("requests", gen))
-        ok = model.load_index(lambda: worker.is_cancelled,
-                              lambda x: main.post_message(LoadProgress("indexing blocks", x)))
+        ok = model.load_index(
+            lambda: worker.is_cancelled,
+            lambda x: main.post_message(LoadProgress("indexing blocks", x)),
+        )
         if not ok:
             return
         main.post_message(LoadProgress("indexing blocks", 1.0))
@@ -133,12 +143,15 @@ class SpectraceApp(App[None]):
         try:
             blocks = len(model.a.blocks) + (len(model.b.blocks) if model.b is not None else 0)
             child = self.analysis_mode == "process" or (
-                self.analysis_mode == "auto" and blocks > SUBPROCESS_BLOCKS)
+                self.analysis_mode == "auto" and blocks > SUBPROCESS_BLOCKS
+            )
             if child:
                 tok = str(self.decoder.path) if self.decoder is not None else None
-                an = analyse_in_child([str(p) for p in model.a.paths],
-                                      [str(p) for p in model.b.paths] if model.b else None,
-                                      tok)
+                an = analyse_in_child(
+                    [str(p) for p in model.a.paths],
+                    [str(p) for p in model.b.paths] if model.b else None,
+                    tok,
+                )
             else:
                 an = analyse(model.a, model.b, self.decoder)
         except Exception as exc:  # shown in the overview; the block view keeps working
@@ -158,8 +171,9 @@ class SpectraceApp(App[None]):
         if not self._analysing and self.analysis_mode != "off":
             self._analysing = True
             model = self.model
-            self.run_worker(lambda: self._analyse(model), thread=True, group="analysis",
-                            name="analysis")
+            self.run_worker(
+                lambda: self._analyse(model), thread=True, group="analysis", name="analysis"
+            )
 
     # -- follow --------------------------------------------------------------------------------
 
@@ -191,9 +205,16 @@ class SpectraceApp(App[None]):
         self._start(model)
 
 
-def make_app(ours: Spec, theirs: Spec | None = None, *, tokenizer: str | Path | None = None,
-             follow: bool = False, follow_interval: float = 1.0, analysis: str = "auto",
-             start_tab: str = "overview") -> SpectraceApp:
+def make_app(
+    ours: Spec,
+    theirs: Spec | None = None,
+    *,
+    tokenizer: str | Path | None = None,
+    follow: bool = False,
+    follow_interval: float = 1.0,
+    analysis: str = "auto",
+    start_tab: str = "overview",
+) -> SpectraceApp:
     """Build the viewer for one trace (``theirs`` None) or a pair.
 
     Args:
@@ -210,8 +231,14 @@ def make_app(ours: Spec, theirs: Spec | None = None, *, tokenizer: str | Path | 
         InputError: a missing or foreign trace file, or an unusable tokenizer.
     """
     probe: list[Trace] = []
-    app = SpectraceApp(ours, theirs, follow=follow, follow_interval=follow_interval,
-                       analysis=analysis, start_tab=start_tab)
+    app = SpectraceApp(
+        ours,
+        theirs,
+        follow=follow,
+        follow_interval=follow_interval,
+        analysis=analysis,
+        start_tab=start_tab,
+    )
     probe.append(app.model.a)
     if app.model.b is not None:
         probe.append(app.model.b)

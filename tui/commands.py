@@ -36,19 +36,30 @@ class SpectraceCommands(Provider):
             return []
         out: list[tuple[str, Callable[[], object], str]] = []
         for k in palette_keys():
-            out.append((k.description, partial(screen.run_action, k.action),
-                        f"{k.hint} ({k.label})"))
+            out.append(
+                (k.description, partial(screen.run_action, k.action), f"{k.hint} ({k.label})")
+            )
         for i, f in enumerate(screen.findings):
-            out.append((f"Finding: {f.kind} ({finding_where(f)})",
-                        partial(screen.post_message, FindingChosen(i)), f.message))
+            out.append(
+                (
+                    f"Finding: {f.kind} ({finding_where(f)})",
+                    partial(screen.post_message, FindingChosen(i)),
+                    f.message,
+                )
+            )
         if screen.model.requests_ready:
             for p in screen.model.pairs[:MAX_REQUESTS]:
-                out.append((f"Request {p.label}", partial(screen.post_message, JumpTo(p.index)),
-                            p.matched_by))
+                out.append(
+                    (
+                        f"Request {p.label}",
+                        partial(screen.post_message, JumpTo(p.index)),
+                        p.matched_by,
+                    )
+                )
         return out
 
     async def discover(self) -> Hits:
-        for name, cb, help_text in self._hits()[:len(palette_keys()) + 20]:
+        for name, cb, help_text in self._hits()[: len(palette_keys()) + 20]:
             yield DiscoveryHit(name, cb, help=help_text)
 
     async def search(self, query: str) -> Hits:

@@ -17,6 +17,7 @@ from .model import S_SHIFT, Pair, Window
 #: Shown for an absent id (padding) in cells.
 EMPTY = "·"
 
+
 def fit(text: str, width: int) -> str:
     """``text`` padded or cut (with ``…``) to exactly ``width`` terminal cells."""
     if width <= 0:
@@ -75,8 +76,15 @@ def row_note(win: Window, i: int, paired_view: bool) -> str:
     return "same"
 
 
-def explain(win: Window, i: int, pair: Pair, decoder: Decoder | None, divergence: int,
-            findings: list | None = None, next_ids=None) -> str:
+def explain(
+    win: Window,
+    i: int,
+    pair: Pair,
+    decoder: Decoder | None,
+    divergence: int,
+    findings: list | None = None,
+    next_ids=None,
+) -> str:
     """One or two sentences saying what row ``i`` of ``win`` shows and why it matters.
 
     ``next_ids`` (optional): the ids the output actually has after the anchor, to say which
@@ -102,45 +110,67 @@ def explain(win: Window, i: int, pair: Pair, decoder: Decoder | None, divergence
         if a["unverified"][i].all() and a["k"][i]:
             parts.append("The target did not verify these drafts.")
     elif not win.comparable[i] and pos >= divergence:
-        parts.append(f"{head} Past the content divergence at {divergence}: the two engines' "
-                     f"texts differ from there on, so their drafts are not comparable.")
+        parts.append(
+            f"{head} Past the content divergence at {divergence}: the two engines' "
+            f"texts differ from there on, so their drafts are not comparable."
+        )
     elif not win.comparable[i]:
-        parts.append(f"{head} The request's final proposal: drafted after the last common "
-                     f"token and never verified, so it compares with nothing.")
+        parts.append(
+            f"{head} The request's final proposal: drafted after the last common "
+            f"token and never verified, so it compares with nothing."
+        )
     elif not win.paired[i]:
         who, other = ("ours", "theirs") if a["has"][i] else ("theirs", "ours")
         side = a if a["has"][i] else b
-        parts.append(f"{head} Only {who} drafted from here ({drafts(side)}): {other} "
-                     f"accepted a different number of drafts earlier and skipped this "
-                     f"position, so there is nothing to compare.")
+        parts.append(
+            f"{head} Only {who} drafted from here ({drafts(side)}): {other} "
+            f"accepted a different number of drafts earlier and skipped this "
+            f"position, so there is nothing to compare."
+        )
     elif not win.anchor_eq[i]:
-        parts.append(f"{head} ANCHORS DIFFER: ours {quoted(decoder, int(a['anchor'][i]))}, "
-                     f"theirs {quoted(decoder, int(b['anchor'][i]))} at the same position "
-                     f"on identical content: a position or anchor bookkeeping bug.")
+        parts.append(
+            f"{head} ANCHORS DIFFER: ours {quoted(decoder, int(a['anchor'][i]))}, "
+            f"theirs {quoted(decoder, int(b['anchor'][i]))} at the same position "
+            f"on identical content: a position or anchor bookkeeping bug."
+        )
     elif win.bad[i]:
         j = int(win.first_diff[i])
         ka, kb = int(a["k"][i]), int(b["k"][i])
         if j >= min(ka, kb):
-            parts.append(f"{head} Ours proposed {ka} drafts, theirs {kb}; the common "
-                         f"{min(ka, kb)} agree.")
+            parts.append(
+                f"{head} Ours proposed {ka} drafts, theirs {kb}; the common {min(ka, kb)} agree."
+            )
         else:
-            parts.append(f"{head} DRAFTS DIFFER from slot {j}: ours {ids(a, j)}, theirs "
-                         f"{ids(b, j)}.")
+            parts.append(
+                f"{head} DRAFTS DIFFER from slot {j}: ours {ids(a, j)}, theirs {ids(b, j)}."
+            )
             if next_ids is not None and j < len(next_ids):
                 truth = int(next_ids[j])
-                right = [n for n, sd in (("ours", a), ("theirs", b))
-                         if int(sd["proposed"][i, j]) == truth]
-                verdict = (f"{right[0]} drafted it" if len(right) == 1 else
-                           "neither drafted it" if not right else "both drafted it")
+                right = [
+                    n
+                    for n, sd in (("ours", a), ("theirs", b))
+                    if int(sd["proposed"][i, j]) == truth
+                ]
+                verdict = (
+                    f"{right[0]} drafted it"
+                    if len(right) == 1
+                    else "neither drafted it"
+                    if not right
+                    else "both drafted it"
+                )
                 parts.append(f"The text continues with {quoted(decoder, truth)}: {verdict}.")
             sh = [jj for jj in range(min(ka, kb)) if a["state"][i, jj] == S_SHIFT]
             if sh:
-                parts.append(f"Slot(s) {', '.join(map(str, sh))} match the other side one "
-                             f"slot off: a shift (layout or anchor offset).")
+                parts.append(
+                    f"Slot(s) {', '.join(map(str, sh))} match the other side one "
+                    f"slot off: a shift (layout or anchor offset)."
+                )
         parts.append(f"Ours: {drafts(a)}; theirs: {drafts(b)}.")
     else:
-        parts.append(f"{head} Both engines proposed the same {int(a['k'][i])} drafts. "
-                     f"Ours: {drafts(a)}; theirs: {drafts(b)}.")
+        parts.append(
+            f"{head} Both engines proposed the same {int(a['k'][i])} drafts. "
+            f"Ours: {drafts(a)}; theirs: {drafts(b)}."
+        )
     parts += _verified_differs(win, i)
     for f in findings or []:
         parts.append(f"Finding ({f.kind}): {f.message}")
@@ -155,6 +185,8 @@ def _verified_differs(win: Window, i: int) -> list[str]:
             continue
         vd = [int(j) for j in range(sd["vdiff"].shape[1]) if sd["vdiff"][i, j]]
         if vd:
-            out.append(f"{name.capitalize()} verified ids differ from the proposed ones at "
-                       f"slot(s) {', '.join(map(str, vd))}.")
+            out.append(
+                f"{name.capitalize()} verified ids differ from the proposed ones at "
+                f"slot(s) {', '.join(map(str, vd))}."
+            )
     return out

@@ -23,8 +23,10 @@ def patch_runner(module: ModuleType, kind: str) -> None:
     cls = getattr(module, "GPUModelRunner", None)
     if cls is None:
         if kind == "v1":
-            say(f"WARNING {module.__name__} has no GPUModelRunner (vLLM {vllm_version()}): "
-                "the V1 runner is not traced")
+            say(
+                f"WARNING {module.__name__} has no GPUModelRunner (vLLM {vllm_version()}): "
+                "the V1 runner is not traced"
+            )
         return
     wrap_init(cls, functools.partial(_attach_guarded, kind=kind))
 
@@ -73,8 +75,10 @@ def attach(runner, kind: str | None = None) -> Session | None:
     if not hasattr(runner, "drafter"):
         return None  # V1 creates the drafter on the last PP rank only
     if getattr(runner, "use_async_scheduling", False):
-        say("WARNING the V1 runner with async scheduling keeps drafts on the device; "
-            "spectrace does not record this configuration (use --no-async-scheduling)")
+        say(
+            "WARNING the V1 runner with async scheduling keeps drafts on the device; "
+            "spectrace does not record this configuration (use --no-async-scheduling)"
+        )
         return None
     return V1Recorder(runner, path, base_meta(runner, "v1", dp_rank)).session
 

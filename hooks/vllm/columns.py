@@ -78,8 +78,12 @@ class ColumnWriter:
             parts, self._cols, self._rows = self._cols, [], 0
             if self._writes is None:
                 self._writes = queue.Queue()
-                threading.Thread(target=self._loop, args=(self._writer(), self._writes),
-                                 name="spectrace-columns", daemon=True).start()
+                threading.Thread(
+                    target=self._loop,
+                    args=(self._writer(), self._writes),
+                    name="spectrace-columns",
+                    daemon=True,
+                ).start()
             self._writes.put(concat_columns(parts))
         if wait and self._writes is not None:
             self._writes.join()

@@ -44,8 +44,9 @@ def require_attrs(obj: object, names: Iterable[str], what: str, hint: str = "") 
     """
     missing = [a for a in names if not hasattr(obj, a)]
     if missing:
-        raise SpecTraceLayoutError(f"vLLM {vllm_version()}: {what} lacks "
-                                   f"{', '.join(missing)}{hint}")
+        raise SpecTraceLayoutError(
+            f"vLLM {vllm_version()}: {what} lacks {', '.join(missing)}{hint}"
+        )
 
 
 def is_warmup(req_id: str) -> bool:

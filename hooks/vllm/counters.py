@@ -20,8 +20,12 @@ from spectrace.tracer.cli.output import say
 from .paths import counters_handoff_path, output_path, trace_path
 
 #: The counters compared at close: vLLM's ``vllm:spec_decode_<name>`` metrics.
-COUNTER_NAMES = ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
-                 "num_accepted_tokens_per_pos")
+COUNTER_NAMES = (
+    "num_drafts",
+    "num_draft_tokens",
+    "num_accepted_tokens",
+    "num_accepted_tokens_per_pos",
+)
 
 
 @dataclass
@@ -34,9 +38,9 @@ class VllmCounters:
     k: int
     dp_rank: int
     stats: object = None
-    local: bool = False       # the trace writer is in this process
+    local: bool = False  # the trace writer is in this process
     handed_off: bool = False  # written for the worker at engine-core shutdown
-    broken: bool = False      # counting failed: no counters to compare with
+    broken: bool = False  # counting failed: no counters to compare with
 
     def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         """Count one verified draft of one request (``SpecDecodingStats.observe_draft``)."""
@@ -44,8 +48,9 @@ class VllmCounters:
             from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
             self.stats = SpecDecodingStats.new(self.k)
-        self.stats.observe_draft(num_draft_tokens=num_draft_tokens,
-                                 num_accepted_tokens=num_accepted_tokens)
+        self.stats.observe_draft(
+            num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_tokens
+        )
 
     def as_dict(self) -> dict | None:
         """The four counters (:data:`COUNTER_NAMES`; ``num_accepted_tokens_per_pos`` a list
@@ -57,16 +62,19 @@ class VllmCounters:
             "num_drafts": int(getattr(st, "num_drafts", 0)),
             "num_draft_tokens": int(getattr(st, "num_draft_tokens", 0)),
             "num_accepted_tokens": int(getattr(st, "num_accepted_tokens", 0)),
-            "num_accepted_tokens_per_pos": [int(x) for x in getattr(
-                st, "num_accepted_tokens_per_pos", [0] * self.k)],
+            "num_accepted_tokens_per_pos": [
+                int(x) for x in getattr(st, "num_accepted_tokens_per_pos", [0] * self.k)
+            ],
         }
 
 
 def fmt_counts(d: dict) -> str:
     """``12 drafts / 48 draft tokens / 20 accepted, per position [9, 6, 3, 2]``."""
-    return (f"{d.get('num_drafts')} drafts / {d.get('num_draft_tokens')} draft tokens / "
-            f"{d.get('num_accepted_tokens')} accepted, per position "
-            f"{d.get('num_accepted_tokens_per_pos')}")
+    return (
+        f"{d.get('num_drafts')} drafts / {d.get('num_draft_tokens')} draft tokens / "
+        f"{d.get('num_accepted_tokens')} accepted, per position "
+        f"{d.get('num_accepted_tokens_per_pos')}"
+    )
 
 
 def hand_off(c: VllmCounters) -> Path | None:

@@ -45,11 +45,15 @@ def file_totals(path: str | os.PathLike, k: int) -> dict:
     kmax = max(int(k), by_acc.shape[1] - 1)
     fig = acceptance_from_counts(by_acc[0], int(verified[0]), kmax)
     n = fig["blocks"]
-    return {"num_drafts": n, "num_draft_tokens": fig["verified_tokens"],
-            "num_accepted_tokens": fig["accepted_tokens"],
-            "num_accepted_tokens_per_pos": [0 if s is None else round(s * n)
-                                            for s in fig["per_position"]],
-            "blocks": blocks}
+    return {
+        "num_drafts": n,
+        "num_draft_tokens": fig["verified_tokens"],
+        "num_accepted_tokens": fig["accepted_tokens"],
+        "num_accepted_tokens_per_pos": [
+            0 if s is None else round(s * n) for s in fig["per_position"]
+        ],
+        "blocks": blocks,
+    }
 
 
 def flushed_totals(writer: TraceWriter, k: int) -> dict:
@@ -71,25 +75,38 @@ def cross_check(trace: dict, vllm: dict | None) -> dict:
         ``vllm``, ``trace``, ``mismatch`` (the names that differ) and ``source``.
     """
     if vllm is None:
-        return {"status": "unavailable", "trace": trace, "vllm": None, "mismatch": [],
-                "source": "vLLM's counters did not reach the writing process (the engine "
-                          "core did not shut down cleanly)"}
+        return {
+            "status": "unavailable",
+            "trace": trace,
+            "vllm": None,
+            "mismatch": [],
+            "source": "vLLM's counters did not reach the writing process (the engine "
+            "core did not shut down cleanly)",
+        }
     diff = [name for name in COUNTER_NAMES if trace.get(name) != vllm.get(name)]
-    return {"status": "mismatch" if diff else "ok", "trace": trace, "vllm": vllm,
-            "mismatch": diff,
-            "source": "vLLM Scheduler.make_spec_decoding_stats (engine core): the numbers "
-                      "behind the vllm:spec_decode_* counters"}
+    return {
+        "status": "mismatch" if diff else "ok",
+        "trace": trace,
+        "vllm": vllm,
+        "mismatch": diff,
+        "source": "vLLM Scheduler.make_spec_decoding_stats (engine core): the numbers "
+        "behind the vllm:spec_decode_* counters",
+    }
 
 
 def report(path: Path, checks: dict) -> None:
     """One stderr line about a cross-check (a ``WARNING`` unless it passed)."""
     t = checks["trace"]
     if checks["status"] == "ok":
-        say(f"{path}: {t['blocks']} blocks; totals match vLLM's spec-decode counters "
-            f"({fmt_counts(t)})")
+        say(
+            f"{path}: {t['blocks']} blocks; totals match vLLM's spec-decode counters "
+            f"({fmt_counts(t)})"
+        )
     elif checks["status"] == "mismatch":
-        say(f"WARNING {path}: trace totals differ from vLLM's spec-decode counters in "
+        say(
+            f"WARNING {path}: trace totals differ from vLLM's spec-decode counters in "
             f"{', '.join(checks['mismatch'])}: trace {fmt_counts(t)} vs vLLM "
-            f"{fmt_counts(checks['vllm'])}")
+            f"{fmt_counts(checks['vllm'])}"
+        )
     else:
         say(f"WARNING {path}: not cross-checked: {checks['source']}; trace {fmt_counts(t)}")

@@ -42,17 +42,21 @@ SPEC_COUNTERS = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m spectrace.hooks.vllm.driver",
-                                description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m spectrace.hooks.vllm.driver", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--target", required=True, help="target model directory (HF format)")
     p.add_argument("--draft", help="draft model directory (method draft_model)")
     p.add_argument("--method", choices=("draft_model", "ngram"), default="draft_model")
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--prompts", required=True, help='JSONL file, one {"id", "text"} per line')
-    p.add_argument("--num-prompts", type=int, default=0,
-                   help="use N prompts: the first N, or the file cycled when N is larger "
-                        "(0: all)")
+    p.add_argument(
+        "--num-prompts",
+        type=int,
+        default=0,
+        help="use N prompts: the first N, or the file cycled when N is larger (0: all)",
+    )
     p.add_argument("--prompt-lookup-max", type=int, default=3, help="ngram only")
     p.add_argument("--prompt-lookup-min", type=int, default=1, help="ngram only")
     p.add_argument("--temperature", type=float, default=0.0)
@@ -96,18 +100,22 @@ def read_prompts(path: str, limit: int = 0) -> list[dict]:
         raise SystemExit(ExitCode.INPUT)
     if limit > 0:
         n = len(prompts)
-        prompts = [dict(prompts[i % n], id=prompts[i % n]["id"] + (f"#{i // n}" if i >= n
-                                                                   else ""))
-                   for i in range(limit)]
+        prompts = [
+            dict(prompts[i % n], id=prompts[i % n]["id"] + (f"#{i // n}" if i >= n else ""))
+            for i in range(limit)
+        ]
     return prompts
 
 
 def speculative_config(args: argparse.Namespace) -> dict:
     """The ``speculative_config`` dict passed to ``vllm.LLM``."""
     if args.method == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": args.k,
-                "prompt_lookup_max": args.prompt_lookup_max,
-                "prompt_lookup_min": args.prompt_lookup_min}
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": args.k,
+            "prompt_lookup_max": args.prompt_lookup_max,
+            "prompt_lookup_min": args.prompt_lookup_min,
+        }
     return {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.k}
 
 
@@ -142,11 +150,22 @@ def main(argv: list[str] | None = None) -> int:
     import vllm
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=args.target, tokenizer=args.target, dtype=args.dtype,
-              max_model_len=args.max_model_len, enforce_eager=True, seed=args.seed,
-              speculative_config=speculative_config(args), disable_log_stats=False)
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
-                            ignore_eos=True, seed=args.seed if args.temperature > 0 else None)
+    llm = LLM(
+        model=args.target,
+        tokenizer=args.target,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        enforce_eager=True,
+        seed=args.seed,
+        speculative_config=speculative_config(args),
+        disable_log_stats=False,
+    )
+    params = SamplingParams(
+        temperature=args.temperature,
+        max_tokens=args.max_tokens,
+        ignore_eos=True,
+        seed=args.seed if args.temperature > 0 else None,
+    )
     outputs = llm.generate([p["text"] for p in prompts], params, use_tqdm=False)
     if args.counters_out:
         doc = {
@@ -154,11 +173,16 @@ def main(argv: list[str] | None = None) -> int:
             "method": args.method,
             "k": args.k,
             "counters": spec_counters(llm.get_metrics()),
-            "requests": [{"id": p["id"], "request_id": o.request_id,
-                          "prompt_token_ids": list(o.prompt_token_ids or []),
-                          "token_ids": list(o.outputs[0].token_ids),
-                          "finish_reason": o.outputs[0].finish_reason}
-                         for p, o in zip(prompts, outputs)],
+            "requests": [
+                {
+                    "id": p["id"],
+                    "request_id": o.request_id,
+                    "prompt_token_ids": list(o.prompt_token_ids or []),
+                    "token_ids": list(o.outputs[0].token_ids),
+                    "finish_reason": o.outputs[0].finish_reason,
+                }
+                for p, o in zip(prompts, outputs)
+            ],
         }
         tmp = args.counters_out + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:

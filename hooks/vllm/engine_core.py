@@ -35,8 +35,10 @@ def patch_scheduler(module: ModuleType) -> None:
     make = cls.__dict__.get("make_spec_decoding_stats")
     params = list(inspect.signature(make).parameters) if make else []
     if make is None or any(p not in params for p in _NEEDED):
-        say(f"WARNING vLLM {vllm_version()}: Scheduler.make_spec_decoding_stats "
-            "not found or changed; traces will not be cross-checked against vLLM's counters")
+        say(
+            f"WARNING vLLM {vllm_version()}: Scheduler.make_spec_decoding_stats "
+            "not found or changed; traces will not be cross-checked against vLLM's counters"
+        )
         return
     cls.make_spec_decoding_stats = _counting(make)
     wrap_init(cls, _attach_counters)
@@ -48,8 +50,10 @@ def _attach_counters(sched) -> None:
     cfg = getattr(sched, "vllm_config", None)
     if cfg is None or getattr(cfg, "speculative_config", None) is None:
         return
-    c = VllmCounters(k=int(cfg.speculative_config.num_speculative_tokens or 0),
-                     dp_rank=int(cfg.parallel_config.data_parallel_rank or 0))
+    c = VllmCounters(
+        k=int(cfg.speculative_config.num_speculative_tokens or 0),
+        dp_rank=int(cfg.parallel_config.data_parallel_rank or 0),
+    )
     sched._spectrace_counters = c
     out = output_path()
     session = registry.waiting_for_counters(trace_path(out, c.dp_rank)) if out else None
@@ -112,5 +116,7 @@ def _unclaimed(handoff, c: VllmCounters) -> None:
     handoff.unlink(missing_ok=True)
     counted = c.as_dict()
     if counted and counted["num_drafts"]:
-        say(f"WARNING {trace_of_handoff(handoff)}: no worker closed the trace to cross-check "
-            f"it; vLLM counted {fmt_counts(counted)}")
+        say(
+            f"WARNING {trace_of_handoff(handoff)}: no worker closed the trace to cross-check "
+            f"it; vLLM counted {fmt_counts(counted)}"
+        )

@@ -14,8 +14,9 @@ class BlockSink(Protocol):
     """Where joined blocks go: :class:`~spectrace.hooks.vllm.session.Session` (or a
     :class:`~spectrace.tracer.store.TraceWriter`)."""
 
-    def add_block(self, req_id: str, step: int, position: int, anchor: int,
-                  proposed: Sequence[int], **kw) -> None: ...
+    def add_block(
+        self, req_id: str, step: int, position: int, anchor: int, proposed: Sequence[int], **kw
+    ) -> None: ...
 
 
 @dataclass
@@ -49,22 +50,34 @@ class BlockJoiner:
         self.open: dict[str, OpenBlock] = {}
         self.verified_mismatch = 0
 
-    def propose(self, req_id: str, step: int, position: int, anchor: int,
-                proposed: Sequence[int], t_ns: int | None = None, batch_row: int = -1,
-                batch_size: int = -1) -> None:
+    def propose(
+        self,
+        req_id: str,
+        step: int,
+        position: int,
+        anchor: int,
+        proposed: Sequence[int],
+        t_ns: int | None = None,
+        batch_row: int = -1,
+        batch_size: int = -1,
+    ) -> None:
         """Open a block; a still-open older proposal of ``req_id`` is written unverified.
 
         ``batch_row``/``batch_size``: the request's row and the rows of the proposing step.
         """
         if req_id in self.open:
             self.drop(req_id)
-        self.open[req_id] = OpenBlock(int(step), int(position), int(anchor),
-                                      [int(t) for t in proposed],
-                                      time.time_ns() if t_ns is None else int(t_ns),
-                                      int(batch_row), int(batch_size))
+        self.open[req_id] = OpenBlock(
+            int(step),
+            int(position),
+            int(anchor),
+            [int(t) for t in proposed],
+            time.time_ns() if t_ns is None else int(t_ns),
+            int(batch_row),
+            int(batch_size),
+        )
 
-    def verdict(self, req_id: str, verified: Sequence[int] | None,
-                emitted: Sequence[int]) -> bool:
+    def verdict(self, req_id: str, verified: Sequence[int] | None, emitted: Sequence[int]) -> bool:
         """Close ``req_id``'s open block with the ids the target verified and the tokens it
         emitted (accepted = len(emitted) - 1). Without verified ids the block is written
         unverified. Returns False when no block was open."""
@@ -75,14 +88,20 @@ class BlockJoiner:
             self._write(req_id, o)
             return True
         verified = [int(t) for t in verified]
-        if verified != o.proposed[:len(verified)]:
+        if verified != o.proposed[: len(verified)]:
             self.verified_mismatch += 1
-        self._write(req_id, o, verified=verified, accepted=len(emitted) - 1,
-                    emitted=[int(t) for t in emitted])
+        self._write(
+            req_id,
+            o,
+            verified=verified,
+            accepted=len(emitted) - 1,
+            emitted=[int(t) for t in emitted],
+        )
         return True
 
-    def verdict_counts(self, req_id: str, num_verified: int, accepted: int,
-                       bonus: int) -> list[int] | None:
+    def verdict_counts(
+        self, req_id: str, num_verified: int, accepted: int, bonus: int
+    ) -> list[int] | None:
         """Close ``req_id``'s block from counts (the V2 ``propose`` arguments): verified =
         the first ``num_verified`` proposed ids, emitted = the first ``accepted`` proposed
         ids + ``bonus``. Returns the emitted ids, or None when no block was open."""
@@ -93,8 +112,9 @@ class BlockJoiner:
             self._write(req_id, o)
             return None
         emitted = o.proposed[:accepted] + [int(bonus)]
-        self._write(req_id, o, verified=o.proposed[:num_verified], accepted=int(accepted),
-                    emitted=emitted)
+        self._write(
+            req_id, o, verified=o.proposed[:num_verified], accepted=int(accepted), emitted=emitted
+        )
         return emitted
 
     def drop(self, req_id: str) -> None:
@@ -108,9 +128,20 @@ class BlockJoiner:
         for req_id in list(self.open):
             self.drop(req_id)
 
-    def _write(self, req_id: str, o: OpenBlock, verified=None, accepted: int = -1,
-               emitted=None) -> None:
-        self.sink.add_block(req_id, o.step, o.position, o.anchor, o.proposed,
-                            verified=verified, accepted=accepted, emitted=emitted, t_ns=o.t_ns,
-                            batch_row=o.batch_row, batch_size=o.batch_size,
-                            proposal_source=1)  # the drafter's own output, read in the worker
+    def _write(
+        self, req_id: str, o: OpenBlock, verified=None, accepted: int = -1, emitted=None
+    ) -> None:
+        self.sink.add_block(
+            req_id,
+            o.step,
+            o.position,
+            o.anchor,
+            o.proposed,
+            verified=verified,
+            accepted=accepted,
+            emitted=emitted,
+            t_ns=o.t_ns,
+            batch_row=o.batch_row,
+            batch_size=o.batch_size,
+            proposal_source=1,
+        )  # the drafter's own output, read in the worker

@@ -38,14 +38,18 @@ def base_meta(runner, runner_kind: str, dp_rank: int) -> dict:
         "backends": backends,
         "method": getattr(sc, "method", None),
         "k": k,
-        "layout": {"runner": f"{runner_kind} {type(runner).__name__}",
-                   "query_slots_per_request": 1 + k},
+        "layout": {
+            "runner": f"{runner_kind} {type(runner).__name__}",
+            "query_slots_per_request": 1 + k,
+        },
         "target_model": getattr(mc, "model", None),
-        "draft_model": (None if getattr(sc, "method", None) in MODEL_FREE_METHODS
-                        else getattr(draft_cfg, "model", None) or getattr(sc, "model", None)),
+        "draft_model": (
+            None
+            if getattr(sc, "method", None) in MODEL_FREE_METHODS
+            else getattr(draft_cfg, "model", None) or getattr(sc, "model", None)
+        ),
         "tokenizer": getattr(mc, "tokenizer", None),
-        "max_num_seqs": getattr(getattr(runner, "scheduler_config", None), "max_num_seqs",
-                                None),
+        "max_num_seqs": getattr(getattr(runner, "scheduler_config", None), "max_num_seqs", None),
         "enforce_eager": getattr(mc, "enforce_eager", None),
         "dtype": str(getattr(mc, "dtype", "")).replace("torch.", ""),
         "engine_seed": getattr(mc, "seed", None),
@@ -59,11 +63,14 @@ def base_meta(runner, runner_kind: str, dp_rank: int) -> dict:
         "command": shlex.join(str(a) for a in argv),
         "argv": argv,
         "req_id_format": "vLLM internal request id: '<external id>-<8 random chars>'",
-        "checks": {"status": "pending",
-                   "note": "replaced by the cross-check against vLLM's counters when the "
-                           "trace closes"},
+        "checks": {
+            "status": "pending",
+            "note": "replaced by the cross-check against vLLM's counters when the trace closes",
+        },
     }
     if runner_kind == "v1" and getattr(sc, "method", None) == "ngram":
-        meta["ngram"] = {"prompt_lookup_min": getattr(sc, "prompt_lookup_min", None),
-                         "prompt_lookup_max": getattr(sc, "prompt_lookup_max", None)}
+        meta["ngram"] = {
+            "prompt_lookup_min": getattr(sc, "prompt_lookup_min", None),
+            "prompt_lookup_max": getattr(sc, "prompt_lookup_max", None),
+        }
     return meta

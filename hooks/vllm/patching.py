@@ -46,8 +46,7 @@ def _apply(name: str, module: ModuleType) -> None:
     try:
         patch(module)
     except Exception as exc:  # never break vLLM's import of its own module
-        say(f"ERROR could not patch {name} (vLLM {vllm_version()}): "
-            f"{type(exc).__name__}: {exc}")
+        say(f"ERROR could not patch {name} (vLLM {vllm_version()}): {type(exc).__name__}: {exc}")
 
 
 class _PostImportFinder(importlib.abc.MetaPathFinder):

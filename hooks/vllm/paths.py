@@ -41,7 +41,7 @@ def counters_handoff_path(trace: str | os.PathLike) -> Path:
 
 def trace_of_handoff(handoff: Path) -> Path:
     """The trace a hand-off file belongs to (the inverse of :func:`counters_handoff_path`)."""
-    return handoff.with_name(handoff.name[:-len(HANDOFF_SUFFIX)])
+    return handoff.with_name(handoff.name[: -len(HANDOFF_SUFFIX)])
 
 
 def written_traces(out: str | os.PathLike, since: float = 0.0) -> list[Path]:
@@ -60,8 +60,11 @@ def written_traces(out: str | os.PathLike, since: float = 0.0) -> list[Path]:
     stem = out.name[:-3] if out.name.endswith(".h5") else out.name
     found = []
     for p in sorted(out.parent.glob(f"{stem}*.h5*")):
-        rest = p.name[len(stem):]
-        if (rest.startswith(".h5") or rest.startswith(".")) and p.is_file() and \
-                p.stat().st_mtime >= since:
+        rest = p.name[len(stem) :]
+        if (
+            (rest.startswith(".h5") or rest.startswith("."))
+            and p.is_file()
+            and p.stat().st_mtime >= since
+        ):
             found.append(p)
     return found

@@ -47,12 +47,14 @@ def register() -> None:
         os.environ[ENV_OUT] = os.path.abspath(out)
         if _is_main_process():  # the driver; its spawned children inherit this
             os.environ[ENV_DRIVER_ARGV] = json.dumps(list(getattr(sys, "orig_argv", sys.argv)))
-        on_import({
-            V1_RUNNER_MODULE: _patch_v1_runner,
-            V2_RUNNER_MODULE: _patch_v2_runner,
-            SCHEDULER_MODULE: _patch_scheduler,
-            ENGINE_CORE_MODULE: _patch_engine_core,
-        })
+        on_import(
+            {
+                V1_RUNNER_MODULE: _patch_v1_runner,
+                V2_RUNNER_MODULE: _patch_v2_runner,
+                SCHEDULER_MODULE: _patch_scheduler,
+                ENGINE_CORE_MODULE: _patch_engine_core,
+            }
+        )
 
 
 def _is_main_process() -> bool:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def trim_output(tokens: Sequence[int], sampling_params, num_prompt_tokens: int,
-                max_model_len: int | None) -> tuple[list[int], str | None]:
+def trim_output(
+    tokens: Sequence[int], sampling_params, num_prompt_tokens: int, max_model_len: int | None
+) -> tuple[list[int], str | None]:
     """Cut a worker-side output at the first stop condition, as the scheduler does.
 
     Mirrors ``vllm/v1/core/sched/utils.py:check_stop`` (vLLM 0.32): EOS (unless
@@ -25,14 +26,26 @@ def trim_output(tokens: Sequence[int], sampling_params, num_prompt_tokens: int,
     for n, t in enumerate(tokens, 1):
         if (eos is not None and t == eos) or t in stops:
             return tokens[:n], "stop"
-        if (max_model_len and num_prompt_tokens + n >= max_model_len) or \
-                (max_tokens is not None and n >= max_tokens):
+        if (max_model_len and num_prompt_tokens + n >= max_model_len) or (
+            max_tokens is not None and n >= max_tokens
+        ):
             return tokens[:n], "length"
     return tokens, None
 
 
-_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
-                  "frequency_penalty", "repetition_penalty", "max_tokens", "ignore_eos", "n")
+_SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "max_tokens",
+    "ignore_eos",
+    "n",
+)
 
 
 def sampling_meta(sampling_params) -> dict:

@@ -80,8 +80,9 @@ class Session:
 
     # -- requests ----------------------------------------------------------------------------
 
-    def see_request(self, req_id: str, prompt_ids: Sequence[int] | None,
-                    sampling_params=None) -> None:
+    def see_request(
+        self, req_id: str, prompt_ids: Sequence[int] | None, sampling_params=None
+    ) -> None:
         """Register a request at first sight (prompt ids, sampling parameters)."""
         if req_id in self._seen or self.closed:
             return
@@ -94,8 +95,9 @@ class Session:
             elif s != self._sampling and not self.meta.get("sampling_varies"):
                 self.meta["sampling_varies"] = True
                 self.writer.update_meta(sampling_varies=True)
-        self._rows[req_id] = self.writer.request(req_id, prompt_ids=list(prompt_ids or []),
-                                                 finish_reason="")
+        self._rows[req_id] = self.writer.request(
+            req_id, prompt_ids=list(prompt_ids or []), finish_reason=""
+        )
 
     def seen(self, req_id: str) -> bool:
         """True once ``req_id`` was registered (:meth:`see_request`)."""
@@ -108,8 +110,9 @@ class Session:
             row = self._rows[req_id] = self.writer.request(req_id)
         return row
 
-    def finish_request(self, req_id: str, output_ids: Sequence[int] | None,
-                       finish_reason: str) -> None:
+    def finish_request(
+        self, req_id: str, output_ids: Sequence[int] | None, finish_reason: str
+    ) -> None:
         """Record a request's final output; its open proposal is written unverified."""
         if self.closed:
             return
@@ -117,8 +120,7 @@ class Session:
         if req_id in self._finished:
             return
         self._finished.add(req_id)
-        self.writer.request(req_id, output_ids=list(output_ids or []),
-                            finish_reason=finish_reason)
+        self.writer.request(req_id, output_ids=list(output_ids or []), finish_reason=finish_reason)
 
     # -- blocks ------------------------------------------------------------------------------
 
@@ -166,8 +168,7 @@ class Session:
 
     def fail(self, exc: BaseException, where: str) -> None:
         """A recording error: raise in strict mode, else disable this session (one line)."""
-        msg = (f"{where}: {type(exc).__name__}: {exc} (vLLM {vllm_version()}, "
-               f"trace {self.path})")
+        msg = f"{where}: {type(exc).__name__}: {exc} (vLLM {vllm_version()}, trace {self.path})"
         if strict():
             say(f"ERROR {msg}")
             raise exc
@@ -205,8 +206,7 @@ class Session:
         checks = cross_check(flushed_totals(self._writer, int(self.meta.get("k") or 0)), vllm)
         self._writer.update_meta(checks=checks)
         if self.joiner.verified_mismatch:
-            self._writer.update_meta(
-                verified_not_prefix_of_proposed=self.joiner.verified_mismatch)
+            self._writer.update_meta(verified_not_prefix_of_proposed=self.joiner.verified_mismatch)
         return checks
 
     def _vllm_counters(self) -> dict | None:

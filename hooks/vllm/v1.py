@@ -10,8 +10,13 @@ from .common import SpecTraceLayoutError, is_warmup, require_attrs, vllm_version
 from .sampling import trim_output
 from .session import Session, close_on_shutdown
 
-_V1_RUNNER_ATTRS = ("sample_tokens", "execute_model_state", "requests", "_draft_token_ids",
-                    "shutdown")
+_V1_RUNNER_ATTRS = (
+    "sample_tokens",
+    "execute_model_state",
+    "requests",
+    "_draft_token_ids",
+    "shutdown",
+)
 _V1_BATCH_ATTRS = ("req_ids", "token_ids_cpu", "num_tokens_no_spec")
 
 
@@ -42,7 +47,8 @@ class V1Recorder:
             raise SpecTraceLayoutError(
                 f"vLLM {vllm_version()}: V1 {type(runner).__name__} lacks "
                 f"{', '.join(missing)}; known layout: vLLM 0.32 V1 runner "
-                "(sample_tokens + execute_model_state + _draft_token_ids)")
+                "(sample_tokens + execute_model_state + _draft_token_ids)"
+            )
         self.runner = runner
         self.session = Session(path, meta)
         self.session.on_close(self._finalize_requests)
@@ -76,6 +82,7 @@ class V1Recorder:
         r.sample_tokens = sample_tokens
         r.shutdown = close_on_shutdown(orig_shutdown, self.session)
         if orig_removed is not None:
+
             @functools.wraps(orig_removed)
             def _on_request_state_removed(req_id, req_state, *args, **kwargs):
                 if self.session.active and req_state is not None and not is_warmup(req_id):
@@ -105,11 +112,12 @@ class V1Recorder:
             if len(counts) != len(req_ids) or sum(counts) != len(flat):
                 raise RuntimeError(
                     f"spec-decode metadata does not match the batch ({len(counts)} rows, "
-                    f"{sum(counts)} drafts vs {len(req_ids)} requests, {len(flat)} ids)")
+                    f"{sum(counts)} drafts vs {len(req_ids)} requests, {len(flat)} ids)"
+                )
             o = 0
             for req_id, n in zip(req_ids, counts):
                 if n:
-                    verified[req_id] = flat[o:o + n]
+                    verified[req_id] = flat[o : o + n]
                 o += n
         return req_ids, verified
 
@@ -122,7 +130,8 @@ class V1Recorder:
         if out_ids is None or not isinstance(sampled, list):
             raise SpecTraceLayoutError(
                 f"vLLM {vllm_version()}: V1 sample_tokens returned "
-                f"{type(out).__name__} without req_ids / sampled_token_ids lists")
+                f"{type(out).__name__} without req_ids / sampled_token_ids lists"
+            )
         emitted = {rid: sampled[i] for i, rid in enumerate(out_ids) if i < len(sampled)}
         live = [rid for rid in req_ids if not is_warmup(rid)]
         if not live:
@@ -131,8 +140,11 @@ class V1Recorder:
         for rid in live:
             state = requests.get(rid)
             if state is not None:
-                s.see_request(rid, getattr(state, "prompt_token_ids", None),
-                              getattr(state, "sampling_params", None))
+                s.see_request(
+                    rid,
+                    getattr(state, "prompt_token_ids", None),
+                    getattr(state, "sampling_params", None),
+                )
             if rid in s.joiner.open:
                 s.joiner.verdict(rid, verified.get(rid), emitted.get(rid) or [])
         self._open_proposals(req_ids, emitted)
@@ -163,20 +175,26 @@ class V1Recorder:
             if anchor != int(emitted[rid][-1]):
                 raise RuntimeError(
                     f"request {rid}: anchor {anchor} at position {pos} is not the last "
-                    f"emitted token {emitted[rid][-1]}")
-            s.joiner.propose(rid, s.step, pos, anchor, prop, batch_row=i,
-                             batch_size=len(req_ids))
+                    f"emitted token {emitted[rid][-1]}"
+                )
+            s.joiner.propose(rid, s.step, pos, anchor, prop, batch_row=i, batch_size=len(req_ids))
 
     # -- requests --------------------------------------------------------------------------
 
     def _finish(self, req_id: str, state, final: bool) -> None:
         s = self.session
-        s.see_request(req_id, getattr(state, "prompt_token_ids", None),
-                      getattr(state, "sampling_params", None))
+        s.see_request(
+            req_id,
+            getattr(state, "prompt_token_ids", None),
+            getattr(state, "sampling_params", None),
+        )
         prompt = getattr(state, "prompt_token_ids", None) or []
-        ids, reason = trim_output(getattr(state, "output_token_ids", []) or [],
-                                  getattr(state, "sampling_params", None), len(prompt),
-                                  getattr(self.runner, "max_model_len", None))
+        ids, reason = trim_output(
+            getattr(state, "output_token_ids", []) or [],
+            getattr(state, "sampling_params", None),
+            len(prompt),
+            getattr(self.runner, "max_model_len", None),
+        )
         if reason is None:
             # Finished without a token-level stop condition: aborted, or a stop string
             # (applied by the front end). At shutdown: still running.

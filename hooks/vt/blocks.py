@@ -54,7 +54,6 @@ class Chain:
     lineno: int
 
 
-
 def block_problems(b: Block) -> list[tuple[str, str]]:
     """The invariants a ``[SPECTRACE]`` block breaks, as ``(kind, message)`` pairs:
     ``acc != max(ns-1, 0)``, ``len(emit) != ns``, ``len(draft) != k``, ``acc > k`` and
@@ -71,9 +70,14 @@ def block_problems(b: Block) -> list[tuple[str, str]]:
         out.append(("acc > k", f"{r}: acc={b.acc} > k={b.k}"))
     n = min(b.acc, len(b.draft.ids), len(b.emit.ids))
     if b.draft.ids[:n] != b.emit.ids[:n]:
-        out.append(("emit != draft", f"{r}: emit[:acc] {b.emit.ids[:n]} differs from "
-                                     f"draft[:acc] {b.draft.ids[:n]}"))
+        out.append(
+            (
+                "emit != draft",
+                f"{r}: emit[:acc] {b.emit.ids[:n]} differs from draft[:acc] {b.draft.ids[:n]}",
+            )
+        )
     return out
+
 
 def ids_match(first: Ids, draft: Ids) -> bool:
     """Equal lists; with ``...`` lists (doc excerpts): every id known on both sides agrees
@@ -97,7 +101,7 @@ def choose_join(p: Proposal, blocks: list[Block]) -> tuple[int | None, str]:
     first = p.first.ids
     for i, b in enumerate(blocks):
         d = b.draft.ids
-        if b.draft.complete and 0 < len(d) < len(first) and first[:len(d)] == d:
+        if b.draft.complete and 0 < len(d) < len(first) and first[: len(d)] == d:
             return i, "truncated"
     best, best_score = None, 0
     for i, b in enumerate(blocks):

@@ -28,9 +28,13 @@ def _open_log(log: str | os.PathLike) -> tuple[Iterable[str], str, Callable[[], 
     return fh, str(log), fh.close
 
 
-def import_log(log: str | os.PathLike, out: str | os.PathLike,
-               requests_path: str | os.PathLike | None = None, strict: bool = False,
-               meta: dict | None = None) -> ImportStats:
+def import_log(
+    log: str | os.PathLike,
+    out: str | os.PathLike,
+    requests_path: str | os.PathLike | None = None,
+    strict: bool = False,
+    meta: dict | None = None,
+) -> ImportStats:
     """Import a ``VT_SPEC_TRACE`` log (what ``spectrace import vt`` runs).
 
     Args:

@@ -8,8 +8,13 @@ from collections.abc import Iterable
 ENV_VAR = "VT_SPEC_TRACE"
 
 #: The lowest propose-side level at which each line family prints.
-FAMILY_LEVEL = {"SPECTRACE": 1, "spec-propose": 1, "spec-phase": 1, "spec-phase-dev": 2,
-                "fwd-ops": 3}
+FAMILY_LEVEL = {
+    "SPECTRACE": 1,
+    "spec-propose": 1,
+    "spec-phase": 1,
+    "spec-phase-dev": 2,
+    "fwd-ops": 3,
+}
 
 
 def trace_level(value: str | None) -> int:

@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 
 from spectrace.tracer import schema
 
-_TAG_RE = re.compile(r"\[\s*(SPECTRACE|spec-propose|spec-phase-dev|spec-phase|fwd-ops|"
-                     r"spec-sched|spec-update|spec-install|spec-post_step)\s*\]")
+_TAG_RE = re.compile(
+    r"\[\s*(SPECTRACE|spec-propose|spec-phase-dev|spec-phase|fwd-ops|"
+    r"spec-sched|spec-update|spec-install|spec-post_step)\s*\]"
+)
 _FIELD_RE = re.compile(r"([A-Za-z_][\w/]*)\s*=\s*(\[[^\]]*\]|[^\s\[\]]+)")
 _UNTERMINATED_RE = re.compile(r"=\s*\[[^\]]*$")
 _INT_RE = re.compile(r"[+-]?\d+")
@@ -33,21 +35,41 @@ _TAGLESS = (
 # Canonical field lists per family variant: (name, kind). Kinds: str, int, ms (F2 + "ms"),
 # pct (F1 + "%"), ids_sp ("[ " ids "]"), ids ("[" ids "]"), arrow (a "->" token before it).
 _F = tuple[tuple[str, str], ...]
-_SPECTRACE: _F = (("req", "str"), ("pos", "int"), ("k", "int"), ("ns", "int"), ("acc", "int"),
-                  ("draft", "ids_sp"), ("emit", "ids_sp"))
+_SPECTRACE: _F = (
+    ("req", "str"),
+    ("pos", "int"),
+    ("k", "int"),
+    ("ns", "int"),
+    ("acc", "int"),
+    ("draft", "ids_sp"),
+    ("emit", "ids_sp"),
+)
 _PROPOSE: _F = (("rows", "int"), ("nqpr", "int"), ("drafts/row", "int"), ("first", "ids"))
 _PHASE: _F = (("pre", "ms"), ("backbone", "ms"), ("sample", "ms"), ("logits", "int"))
 _PHASE_OLD: _F = (("backbone", "ms"), ("sample", "ms"), ("logits", "int"))
 _PHASE_DSPARK: _F = (("backbone", "ms"), ("sequential", "ms"), ("k", "int"), ("logits", "int"))
 _DEV: _F = (("pre", "ms"), ("fwd", "ms"), ("select", "ms"), ("walk", "ms"))
 _FWD_OPS: _F = (("P", "int"), ("Tq", "int"), ("L", "int"), ("total", "ms")) + tuple(
-    (n, "pct") for n in ("norm", "conv", "qkv", "qknorm_rope", "ctx_scatter", "attn", "o_proj",
-                         "mlp", "head"))
-_SCHED: _F = (("req", "str"), ("have", "int"), ("num_new", "int"), ("computed", "int"),
-              ("NumTokens", "int"), ("placeholders", "int"), ("sched", "arrow"))
+    (n, "pct")
+    for n in ("norm", "conv", "qkv", "qknorm_rope", "ctx_scatter", "attn", "o_proj", "mlp", "head")
+)
+_SCHED: _F = (
+    ("req", "str"),
+    ("have", "int"),
+    ("num_new", "int"),
+    ("computed", "int"),
+    ("NumTokens", "int"),
+    ("placeholders", "int"),
+    ("sched", "arrow"),
+)
 _UPDATE_CALLED: _F = (("n", "int"),)
-_UPDATE_REQ: _F = (("req", "str"), ("found", "int"), ("finished", "int"),
-                   ("prefill_chunk", "int"), ("drafts", "int"))
+_UPDATE_REQ: _F = (
+    ("req", "str"),
+    ("found", "int"),
+    ("finished", "int"),
+    ("prefill_chunk", "int"),
+    ("drafts", "int"),
+)
 _INSTALL: _F = (("req", "str"), ("installed", "int"), ("lookahead", "int"))
 _POST_STEP: _F = (("pulled", "int"), ("rows", "int"))
 
@@ -123,7 +145,7 @@ def parse_line(line: str) -> Record | None:
         if fast is not None:
             return fast
     family = m.group(1)
-    rec = _parse_payload(family, text[m.end():])
+    rec = _parse_payload(family, text[m.end() :])
     canonical = _render(rec)
     if canonical is not None and canonical == text:
         return rec
@@ -134,8 +156,15 @@ def parse_line(line: str) -> Record | None:
 def _canonical_regex(family: str, variant: str, fields: _F) -> re.Pattern:
     # The exact engine format as one regex (the fast path for the common, canonical line).
     num = r"(-?(?:0|[1-9]\d*))"
-    pat = {"str": r"(\S+)", "int": num, "arrow": num, "ms": r"(-?\d+\.\d\d)ms",
-           "pct": r"(-?\d+\.\d)%", "ids_sp": r"\[ ((?:-?\d+ )*)\]", "ids": r"\[((?:-?\d+ )*)\]"}
+    pat = {
+        "str": r"(\S+)",
+        "int": num,
+        "arrow": num,
+        "ms": r"(-?\d+\.\d\d)ms",
+        "pct": r"(-?\d+\.\d)%",
+        "ids_sp": r"\[ ((?:-?\d+ )*)\]",
+        "ids": r"\[((?:-?\d+ )*)\]",
+    }
     parts = [re.escape(f"[{family}]")] + (["called"] if variant == "called" else [])
     for name, kind in fields:
         parts.append(("-> " if kind == "arrow" else "") + re.escape(name) + "=" + pat[kind])
@@ -144,11 +173,16 @@ def _canonical_regex(family: str, variant: str, fields: _F) -> re.Pattern:
 
 _CANONICAL: dict[str, list[tuple[str, _F, re.Pattern]]] = {}
 for _fam, _variants in {
-        "SPECTRACE": [("", _SPECTRACE)], "spec-propose": [("", _PROPOSE)],
-        "spec-phase": [("pre", _PHASE), ("old", _PHASE_OLD), ("dspark", _PHASE_DSPARK)],
-        "spec-phase-dev": [("", _DEV)], "fwd-ops": [("", _FWD_OPS)], "spec-sched": [("", _SCHED)],
-        "spec-update": [("req", _UPDATE_REQ), ("called", _UPDATE_CALLED)],
-        "spec-install": [("", _INSTALL)], "spec-post_step": [("", _POST_STEP)]}.items():
+    "SPECTRACE": [("", _SPECTRACE)],
+    "spec-propose": [("", _PROPOSE)],
+    "spec-phase": [("pre", _PHASE), ("old", _PHASE_OLD), ("dspark", _PHASE_DSPARK)],
+    "spec-phase-dev": [("", _DEV)],
+    "fwd-ops": [("", _FWD_OPS)],
+    "spec-sched": [("", _SCHED)],
+    "spec-update": [("req", _UPDATE_REQ), ("called", _UPDATE_CALLED)],
+    "spec-install": [("", _INSTALL)],
+    "spec-post_step": [("", _POST_STEP)],
+}.items():
     _CANONICAL[_fam] = [(v, f, _canonical_regex(_fam, v, f)) for v, f in _variants]
 
 
@@ -239,9 +273,15 @@ def _fields_of(rec: Record) -> _F:
         return {"pre": _PHASE, "old": _PHASE_OLD, "dspark": _PHASE_DSPARK}[rec.variant]
     if f == "spec-update":
         return _UPDATE_CALLED if rec.variant == "called" else _UPDATE_REQ
-    return {"SPECTRACE": _SPECTRACE, "spec-propose": _PROPOSE, "spec-phase-dev": _DEV,
-            "fwd-ops": _FWD_OPS, "spec-sched": _SCHED, "spec-install": _INSTALL,
-            "spec-post_step": _POST_STEP}[f]
+    return {
+        "SPECTRACE": _SPECTRACE,
+        "spec-propose": _PROPOSE,
+        "spec-phase-dev": _DEV,
+        "fwd-ops": _FWD_OPS,
+        "spec-sched": _SCHED,
+        "spec-install": _INSTALL,
+        "spec-post_step": _POST_STEP,
+    }[f]
 
 
 def _convert(name: str, value: str, kind: str | None):
@@ -332,5 +372,7 @@ def phase_rows(rec: Record) -> list[tuple[str, object]]:
         return [(f"dev.{n}", v[n]) for n, _ in _DEV if n in v]
     total = v["total"]  # [fwd-ops]: shares of total, stored as ms
     return [("fwd-ops.total", total)] + [
-        (f"fwd-ops.{n}", total * v[n] / 100.0) for n, kind in _FWD_OPS
-        if kind == "pct" and isinstance(v.get(n), float)]
+        (f"fwd-ops.{n}", total * v[n] / 100.0)
+        for n, kind in _FWD_OPS
+        if kind == "pct" and isinstance(v.get(n), float)
+    ]

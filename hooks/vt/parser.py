@@ -98,8 +98,14 @@ class VtTraceParser:
     its join (at most the rest of one step's ``[SPECTRACE]`` lines).
     """
 
-    def __init__(self, writer: TraceWriter, *, strict: bool = False, source_name: str = "<log>",
-                 trace_level: int | None = None) -> None:
+    def __init__(
+        self,
+        writer: TraceWriter,
+        *,
+        strict: bool = False,
+        source_name: str = "<log>",
+        trace_level: int | None = None,
+    ) -> None:
         self.writer = writer
         self.strict = strict
         self.stats = ImportStats(source=source_name)
@@ -153,8 +159,10 @@ class VtTraceParser:
             self.stats.families[rec.family] += 1
             if rec.edits:
                 self.stats.edited += 1
-                self._problem("edited", f"{rec.family} line differs from the engine's format "
-                                        f"({'; '.join(rec.edits)})")
+                self._problem(
+                    "edited",
+                    f"{rec.family} line differs from the engine's format ({'; '.join(rec.edits)})",
+                )
             self._dispatch(rec)  # record first: a strict failure never drops the block
         if self._error is not None:
             err, self._error = self._error, None
@@ -301,8 +309,9 @@ class VtTraceParser:
         first: Ids = rec.values["first"]
         per_row = rec.values.get("drafts/row", len(first.ids))
         if first.complete and per_row != len(first.ids):
-            self._violation("drafts/row", f"drafts/row={per_row} but first=[…] holds "
-                                          f"{len(first.ids)} ids")
+            self._violation(
+                "drafts/row", f"drafts/row={per_row} but first=[…] holds {len(first.ids)} ids"
+            )
         if isinstance(rec.values.get("nqpr"), int):
             self.stats.probes[f"nqpr={rec.values['nqpr']}"] += 1
         self.stats.k_max = max(self.stats.k_max, per_row)
@@ -330,15 +339,21 @@ class VtTraceParser:
         if once:
             self._seen.add(once)
         key = {"spec-post_step": "post_step", "spec-install": "install"}.get(
-            f, "update_called" if rec.variant == "called" else "update_rows")
+            f, "update_called" if rec.variant == "called" else "update_rows"
+        )
         self.stats.probes[key] += 1
         if key != "update_rows":
             return
         self._payload.setdefault(v["req"], len(self._payload))
         p = self._proposal
         # The payload lists batch rows in order: its first drafting row is propose_rows[0].
-        if p is not None and p.step == self._step and p.hint is None and \
-                v["drafts"] > 0 and v.get("prefill_chunk", 0) == 0:
+        if (
+            p is not None
+            and p.step == self._step
+            and p.hint is None
+            and v["drafts"] > 0
+            and v.get("prefill_chunk", 0) == 0
+        ):
             p.hint, p.hint_finished = v["req"], v.get("finished", 0) == 1
 
     # -- blocks ------------------------------------------------------------------------------
@@ -354,13 +369,25 @@ class VtTraceParser:
         self._reqs.add(req)
         self.stats.k_max = max(self.stats.k_max, k)
         anchor = self._chain_anchor(req, v["pos"])
-        self._chains[req] = Chain(v["pos"], ns, emit.ids[-1] if emit.complete and emit.ids
-                                   else schema.PAD, self._lineno)
+        self._chains[req] = Chain(
+            v["pos"], ns, emit.ids[-1] if emit.complete and emit.ids else schema.PAD, self._lineno
+        )
         row = self._prev_payload.get(req)
-        return Block(self._lineno, req, self._step - 1, v["pos"], k, acc, draft, emit, ns,
-                      anchor, self._sched.pop(req, None),
-                      schema.PAD if row is None else row,
-                      len(self._prev_payload) if row is not None else schema.PAD)
+        return Block(
+            self._lineno,
+            req,
+            self._step - 1,
+            v["pos"],
+            k,
+            acc,
+            draft,
+            emit,
+            ns,
+            anchor,
+            self._sched.pop(req, None),
+            schema.PAD if row is None else row,
+            len(self._prev_payload) if row is not None else schema.PAD,
+        )
 
     def _chain_anchor(self, req: str, pos: int) -> int:
         prev = self._chains.get(req)
@@ -368,18 +395,27 @@ class VtTraceParser:
         expected = prev.pos + prev.ns if prev is not None else pos
         if pos > expected:  # steps without drafts print no [SPECTRACE] line (ngram, k=0)
             self.stats.chain_gaps += 1
-            self.stats.note("chain gap", self._lineno,
-                            f"req={req} pos={pos}: {pos - expected} tokens decoded without "
-                            f"drafts since line {prev.lineno}")
+            self.stats.note(
+                "chain gap",
+                self._lineno,
+                f"req={req} pos={pos}: {pos - expected} tokens decoded without "
+                f"drafts since line {prev.lineno}",
+            )
         elif pos < expected:
-            self._violation("chain break", f"req={req} pos={pos}, expected {expected} "
-                                           f"(pos={prev.pos} ns={prev.ns} at line "
-                                           f"{prev.lineno}; a reused request id?)")
+            self._violation(
+                "chain break",
+                f"req={req} pos={pos}, expected {expected} "
+                f"(pos={prev.pos} ns={prev.ns} at line "
+                f"{prev.lineno}; a reused request id?)",
+            )
         elif prev is not None and prev.last != schema.PAD:
             if from_req != schema.PAD and from_req != prev.last:
-                self._violation("anchor mismatch", f"req={req}: previous emit[-1]={prev.last} "
-                                                   f"but the requests file has {from_req} at "
-                                                   f"position {pos - 1}")
+                self._violation(
+                    "anchor mismatch",
+                    f"req={req}: previous emit[-1]={prev.last} "
+                    f"but the requests file has {from_req} at "
+                    f"position {pos - 1}",
+                )
                 self.stats.anchors["requests"] += 1
                 return from_req
             self.stats.anchors["chain"] += 1
@@ -402,8 +438,11 @@ class VtTraceParser:
             if idx is None:
                 self.stats.joins[kind] += 1
                 if kind == "unjoined":
-                    self.stats.note(kind, p.lineno, "[spec-propose] first=[…] matches no "
-                                                    "[SPECTRACE] draft of the next step")
+                    self.stats.note(
+                        kind,
+                        p.lineno,
+                        "[spec-propose] first=[…] matches no [SPECTRACE] draft of the next step",
+                    )
             else:
                 self._join(p, blocks[idx], kind)
             self._proposal = None
@@ -418,9 +457,12 @@ class VtTraceParser:
             why = ""
             if kind == "truncated" and b.sched and b.sched[1] < b.sched[0]:
                 why = f" (explained by [spec-sched] have={b.sched[0]} sched={b.sched[1]})"
-            self.stats.note("proposed != verified", b.lineno,
-                            f"req={b.req} pos={b.pos}: proposed {p.first.ids} (line "
-                            f"{p.lineno}), verified {b.draft.ids} [{kind} join]{why}")
+            self.stats.note(
+                "proposed != verified",
+                b.lineno,
+                f"req={b.req} pos={b.pos}: proposed {p.first.ids} (line "
+                f"{p.lineno}), verified {b.draft.ids} [{kind} join]{why}",
+            )
             self.stats.joins["proposed != verified"] += 1
         self._proposal = None
 
@@ -431,12 +473,21 @@ class VtTraceParser:
         self.stats.proposed_source["propose_line" if b.proposed is not None else "verified"] += 1
         if not b.draft.complete or not b.emit.complete:
             self.stats.probes["ellipsis_blocks"] += 1
-        self.writer.add_block(b.req, b.step, b.pos - 1, b.anchor, proposed, verified=verified,
-                              accepted=b.acc, emitted=emitted, batch_row=b.batch_row,
-                              batch_size=b.batch_size,
-                              proposal_source=schema.PROPOSAL_FROM_DRAFTER
-                              if b.proposed is not None
-                              else schema.PROPOSAL_COPIED_FROM_VERIFIED)
+        self.writer.add_block(
+            b.req,
+            b.step,
+            b.pos - 1,
+            b.anchor,
+            proposed,
+            verified=verified,
+            accepted=b.acc,
+            emitted=emitted,
+            batch_row=b.batch_row,
+            batch_size=b.batch_size,
+            proposal_source=schema.PROPOSAL_FROM_DRAFTER
+            if b.proposed is not None
+            else schema.PROPOSAL_COPIED_FROM_VERIFIED,
+        )
         if b.anchor == schema.PAD:
             self._unresolved.append((self._rows, b.req, b.pos))
         self._rows += 1
@@ -464,12 +515,16 @@ class VtTraceParser:
 
     def _update_meta(self) -> None:
         s = self.stats
-        s.trace_level = self.trace_level if self.trace_level is not None else (
-            max(self._levels_seen) if self._levels_seen else (0 if s.trace_lines else None))
+        s.trace_level = (
+            self.trace_level
+            if self.trace_level is not None
+            else (max(self._levels_seen) if self._levels_seen else (0 if s.trace_lines else None))
+        )
         meta = self.writer.meta
         imp = s.to_meta()
-        imp["trace_level_source"] = "configured" if self.trace_level is not None else \
-            "inferred (lower bound)"
+        imp["trace_level_source"] = (
+            "configured" if self.trace_level is not None else "inferred (lower bound)"
+        )
         items = {"import": imp, "k": meta.get("k") or s.k_max}
         if meta.get("trace_level") is None and s.trace_level is not None:
             items["trace_level"] = s.trace_level

@@ -59,8 +59,9 @@ def _request_from_json(line: str, where: str) -> RequestRecord:
     ids = {}
     for key in ("prompt_ids", "output_ids"):
         v = obj.get(key, [])
-        if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                              for t in v):
+        if not isinstance(v, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in v
+        ):
             raise InputError(f"{where}: {key} must be a list of integer token ids")
         ids[key] = v
     reason = obj.get("finish_reason") or ""

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 #: How many offending line numbers each statistic keeps.
 MAX_EXAMPLES = 20
 
+
 @dataclass
 class ImportStats:
     """What a parse found: counts, and the first offending line numbers of each kind.
@@ -79,8 +80,10 @@ class ImportStats:
                 parts.append(f"{self.joins['proposed != verified']} proposed != verified")
         if self.phases:
             parts.append(f"{self.phases} phase timings")
-        return (f"{verb} {_plural(self.blocks, 'block')} of {_plural(self.requests, 'request')} "
-                f"from {self.source} ({', '.join(parts)})")
+        return (
+            f"{verb} {_plural(self.blocks, 'block')} of {_plural(self.requests, 'request')} "
+            f"from {self.source} ({', '.join(parts)})"
+        )
 
     def _first_line(self) -> int:
         lines = [ex[0][0] for k, ex in self.examples.items() if k in self.violations and ex]
@@ -89,14 +92,24 @@ class ImportStats:
     def to_meta(self) -> dict:
         """The statistics as a JSON-ready dict (stored as ``meta["import"]``)."""
         return {
-            "source": self.source, "lines": self.lines, "trace_lines": self.trace_lines,
-            "blocks": self.blocks, "requests": self.requests, "steps": self.steps,
-            "k_max": self.k_max, "chain_gaps": self.chain_gaps, "malformed": self.malformed,
+            "source": self.source,
+            "lines": self.lines,
+            "trace_lines": self.trace_lines,
+            "blocks": self.blocks,
+            "requests": self.requests,
+            "steps": self.steps,
+            "k_max": self.k_max,
+            "chain_gaps": self.chain_gaps,
+            "malformed": self.malformed,
             "edited": self.edited,
-            "violations": dict(self.violations), "examples": self.examples,
-            "families": dict(self.families), "probes": dict(self.probes),
-            "joins": dict(self.joins), "proposed_source": dict(self.proposed_source),
-            "anchors": dict(self.anchors), "phases": self.phases,
+            "violations": dict(self.violations),
+            "examples": self.examples,
+            "families": dict(self.families),
+            "probes": dict(self.probes),
+            "joins": dict(self.joins),
+            "proposed_source": dict(self.proposed_source),
+            "anchors": dict(self.anchors),
+            "phases": self.phases,
         }
 
 

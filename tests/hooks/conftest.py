@@ -15,13 +15,33 @@ def _make_propose(body):
     ``body(input_batch, num_sampled, num_rejected, last_sampled, next_prefill_tokens,
     num_speculative_tokens)`` and returns what ``body`` returns (the drafts)."""
 
-    def propose(input_batch, attn_metadata, slot_mappings, last_hidden_states,
-                aux_hidden_states, num_sampled, num_rejected, last_sampled,
-                next_prefill_tokens, temperature, seeds, dp_sync_state=None, dummy_run=False,
-                skip_attn_for_dummy_run=False, mm_inputs=None, is_profile=False,
-                num_speculative_tokens=None):
-        return body(input_batch, num_sampled, num_rejected, last_sampled, next_prefill_tokens,
-                    num_speculative_tokens)
+    def propose(
+        input_batch,
+        attn_metadata,
+        slot_mappings,
+        last_hidden_states,
+        aux_hidden_states,
+        num_sampled,
+        num_rejected,
+        last_sampled,
+        next_prefill_tokens,
+        temperature,
+        seeds,
+        dp_sync_state=None,
+        dummy_run=False,
+        skip_attn_for_dummy_run=False,
+        mm_inputs=None,
+        is_profile=False,
+        num_speculative_tokens=None,
+    ):
+        return body(
+            input_batch,
+            num_sampled,
+            num_rejected,
+            last_sampled,
+            next_prefill_tokens,
+            num_speculative_tokens,
+        )
 
     return propose
 
@@ -32,8 +52,9 @@ def make_propose():
     return _make_propose
 
 
-def _v2_batch(req_ids, idx_mapping, positions, query_start_loc, device="cpu",
-              idx_dtype=None, **extra):
+def _v2_batch(
+    req_ids, idx_mapping, positions, query_start_loc, device="cpu", idx_dtype=None, **extra
+):
     """A V2 ``InputBatch`` stand-in with the attributes the hook reads: ``req_ids``,
     ``num_reqs``, ``idx_mapping`` (int32 unless ``idx_dtype``), ``positions`` (int64) and
     ``query_start_loc`` (int32), as tensors on ``device``; ``extra`` attributes as given."""
@@ -41,10 +62,13 @@ def _v2_batch(req_ids, idx_mapping, positions, query_start_loc, device="cpu",
 
     dev = torch.device(device)
     return SimpleNamespace(
-        req_ids=list(req_ids), num_reqs=len(req_ids),
+        req_ids=list(req_ids),
+        num_reqs=len(req_ids),
         idx_mapping=torch.tensor(idx_mapping, dtype=idx_dtype or torch.int32, device=dev),
         positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-        query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=dev), **extra)
+        query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=dev),
+        **extra,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -62,4 +86,3 @@ def _sampling(max_tokens=None, **kw):
 def sampling():
     """``sampling(max_tokens, **more)`` -> greedy ``SamplingParams`` without stop tokens."""
     return _sampling
-

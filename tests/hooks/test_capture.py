@@ -50,7 +50,9 @@ def _spectrace(*args, **kw) -> subprocess.CompletedProcess:
 
 
 def test_forwards_stderr_and_returns_exit_status(tmp_path):
-    child = _child(tmp_path, """
+    child = _child(
+        tmp_path,
+        """
         print("to stdout", flush=True)
         err("vllm.cpp: request a has outgrown the draft speculative context (4096 tokens)")
         for i in range(3):
@@ -60,21 +62,41 @@ def test_forwards_stderr_and_returns_exit_status(tmp_path):
                 "output_ids": [0, 7, 1, 7, 2, 7]}
         open(sys.argv[1], "w").write(json.dumps(reqs) + "\\n")
         sys.exit(3)
-    """)
+    """,
+    )
     out, reqs, log = tmp_path / "t.h5", tmp_path / "r.jsonl", tmp_path / "raw.log"
     env = {k: v for k, v in os.environ.items() if k != "VT_SPEC_TRACE"}
-    r = _spectrace("capture", "-o", str(out), "--requests", str(reqs), "--log", str(log), "--",
-                   PY, str(child), str(reqs), env=env)
+    r = _spectrace(
+        "capture",
+        "-o",
+        str(out),
+        "--requests",
+        str(reqs),
+        "--log",
+        str(log),
+        "--",
+        PY,
+        str(child),
+        str(reqs),
+        env=env,
+    )
     assert r.returncode == 3
     assert r.stdout == "to stdout\n"
     lines = r.stderr.splitlines()
-    expected = ["vllm.cpp: request a has outgrown the draft speculative context (4096 tokens)",
-                _block(0), _block(1), _block(2), "env VT_SPEC_TRACE=1"]
+    expected = [
+        "vllm.cpp: request a has outgrown the draft speculative context (4096 tokens)",
+        _block(0),
+        _block(1),
+        _block(2),
+        "env VT_SPEC_TRACE=1",
+    ]
     assert lines[:5] == expected  # every line forwarded, trace lines too, in order
     assert len(lines) == 6 and lines[5].startswith(
-        "spectrace: captured 3 blocks of 1 request from python")
-    assert lines[5].endswith(f"-> {out}, 1 anchors resolved from the requests file; "
-                             f"command exit status 3")
+        "spectrace: captured 3 blocks of 1 request from python"
+    )
+    assert lines[5].endswith(
+        f"-> {out}, 1 anchors resolved from the requests file; command exit status 3"
+    )
     assert log.read_text().splitlines() == expected
     t = open_trace(out)
     assert t.status == "complete"
@@ -89,11 +111,14 @@ def test_forwards_stderr_and_returns_exit_status(tmp_path):
 
 
 def test_keeps_the_users_trace_level(tmp_path, capfd):
-    child = _child(tmp_path, """
+    child = _child(
+        tmp_path,
+        """
         err("level " + os.environ["VT_SPEC_TRACE"])
         err("[spec-phase-dev] pre=1.00ms fwd=2.00ms select=3.00ms walk=4.00ms")
         err("[spec-phase] pre=0.50ms backbone=0.25ms sample=9.00ms logits=9")
-    """)
+    """,
+    )
     os.environ["VT_SPEC_TRACE"] = "2"
     try:
         assert capture_command([PY, str(child)], tmp_path / "t.h5") == 0
@@ -106,8 +131,20 @@ def test_keeps_the_users_trace_level(tmp_path, capfd):
     assert t.phases()["level"].tolist() == [2] * 7
 
 
-@pytest.mark.parametrize("value,level", [(None, 0), ("", 0), ("0", 0), ("01", 0), ("1", 1),
-                                         ("3", 3), ("yes", 1), ("-1", 1), (" 2x", 2)])
+@pytest.mark.parametrize(
+    "value,level",
+    [
+        (None, 0),
+        ("", 0),
+        ("0", 0),
+        ("01", 0),
+        ("1", 1),
+        ("3", 3),
+        ("yes", 1),
+        ("-1", 1),
+        (" 2x", 2),
+    ],
+)
 def test_trace_level_latch(value, level):
     assert trace_level(value) == level
 
@@ -119,17 +156,21 @@ def test_command_that_cannot_start(tmp_path):
     r = _spectrace("capture", "-o", str(tmp_path / "t.h5"), "--", "/nonexistent/engine")
     assert r.returncode == 2
     assert r.stderr.splitlines() == [
-        "spectrace: error: /nonexistent/engine: cannot run this command (No such file or "
-        "directory)"]
+        "spectrace: error: /nonexistent/engine: cannot run this command (No such file or directory)"
+    ]
 
 
 def test_missing_requests_file_is_a_warning(tmp_path, capfd):
     child = _child(tmp_path, "err(block(0))\nsys.exit(0)\n")
-    assert capture_command([PY, str(child)], tmp_path / "t.h5",
-                           requests_path=tmp_path / "nope.jsonl") == 0
+    assert (
+        capture_command([PY, str(child)], tmp_path / "t.h5", requests_path=tmp_path / "nope.jsonl")
+        == 0
+    )
     err = capfd.readouterr().err.splitlines()
-    assert err[1] == (f"spectrace: warning: {tmp_path / 'nope.jsonl'}: no such requests file; "
-                      f"first-block anchors stay unknown (-1)")
+    assert err[1] == (
+        f"spectrace: warning: {tmp_path / 'nope.jsonl'}: no such requests file; "
+        f"first-block anchors stay unknown (-1)"
+    )
     t = open_trace(tmp_path / "t.h5")
     assert t.blocks.anchor.tolist() == [-1]
     assert "no such requests file" in t.meta["requests_error"]
@@ -147,14 +188,20 @@ def test_stale_requests_file_is_ignored(tmp_path, capfd):
 
 
 def test_strict_stops_the_command_and_keeps_partial(tmp_path):
-    child = _child(tmp_path, """
+    child = _child(
+        tmp_path,
+        """
         err(block(0))
         err("[SPECTRACE] req=a pos=x")
         time.sleep(30)
-    """)
+    """,
+    )
     t0 = time.monotonic()
-    with pytest.raises(ParseError, match=rf"^{Path(PY).name} stderr:2: malformed trace line: "
-                                         r"pos=x is not an integer$"):
+    with pytest.raises(
+        ParseError,
+        match=rf"^{Path(PY).name} stderr:2: malformed trace line: "
+        r"pos=x is not an integer$",
+    ):
         capture_command([PY, str(child)], tmp_path / "t.h5", strict=True)
     assert time.monotonic() - t0 < 15  # the child was terminated, not waited for
     with pytest.warns(TraceWarning):
@@ -167,26 +214,36 @@ def _signalled(tmp_path, sig: int, on_signal: str) -> tuple[subprocess.Popen, st
     must forward it); the child runs ``on_signal`` (Python lines) in its handler. Returns the
     process and the stderr that followed block 0."""
     handler = "".join(f"\n            {line.strip()}" for line in on_signal.strip().splitlines())
-    child = _child(tmp_path, f"""
+    child = _child(
+        tmp_path,
+        f"""
         import signal
         def stop(*_):{handler}
         signal.signal({int(sig)}, stop)
         err(block(0))
         time.sleep(30)
-    """)
-    proc = subprocess.Popen([SPECTRACE, "capture", "-o", str(tmp_path / "t.h5"), "--", PY,
-                             str(child)], stderr=subprocess.PIPE, text=True)
+    """,
+    )
+    proc = subprocess.Popen(
+        [SPECTRACE, "capture", "-o", str(tmp_path / "t.h5"), "--", PY, str(child)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stderr.readline().strip() == _block(0)
     proc.send_signal(sig)
     return proc, proc.stderr.read()
 
 
 def test_sigint_is_forwarded_and_exit_is_130(tmp_path):
-    proc, rest = _signalled(tmp_path, signal.SIGINT, """
+    proc, rest = _signalled(
+        tmp_path,
+        signal.SIGINT,
+        """
         err("child: stopping")
         err(block(1))
         sys.exit(1)
-    """)
+    """,
+    )
     assert proc.wait(timeout=20) == 130
     assert rest.splitlines()[:2] == ["child: stopping", _block(1)]
     t = open_trace(tmp_path / "t.h5")
@@ -196,10 +253,14 @@ def test_sigint_is_forwarded_and_exit_is_130(tmp_path):
 def test_sigterm_is_forwarded_and_the_trace_is_finished(tmp_path):
     """`timeout` and CI stop with SIGTERM: the child gets it, every block is kept and the
     trace is renamed as after a normal exit; the status reports the signal (143)."""
-    proc, rest = _signalled(tmp_path, signal.SIGTERM, """
+    proc, rest = _signalled(
+        tmp_path,
+        signal.SIGTERM,
+        """
         err(block(1))
         sys.exit(0)
-    """)
+    """,
+    )
     assert proc.wait(timeout=20) == 143
     assert _block(1) in rest.splitlines() and "spectrace: captured 2 blocks" in rest
     t = open_trace(tmp_path / "t.h5")  # the final name: no .partial left
@@ -221,17 +282,21 @@ def test_kill_9_of_spectrace_keeps_every_flushed_block(tmp_path):
     """Every block flushed (background flush, 1 s) before a SIGKILL of spectrace survives."""
     pidfile, marker = tmp_path / "child.pid", tmp_path / "printed"
     n = 12
-    child = _child(tmp_path, f"""
+    child = _child(
+        tmp_path,
+        f"""
         open({str(pidfile)!r}, "w").write(str(os.getpid()))
         for i in range({n}):
             err(block(i))
             time.sleep(0.02)
         open({str(marker)!r}, "w").write("done")
         time.sleep(60)
-    """)
+    """,
+    )
     out = tmp_path / "t.h5"
-    proc = subprocess.Popen([SPECTRACE, "capture", "-o", str(out), "--", PY, str(child)],
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [SPECTRACE, "capture", "-o", str(out), "--", PY, str(child)], stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 20
         while not marker.exists():
@@ -261,7 +326,9 @@ def test_kill_9_of_spectrace_keeps_every_flushed_block(tmp_path):
 
 def test_capture_vllm_sets_out_and_reports_files(tmp_path, capfd, monkeypatch):
     # A stand-in for a vLLM script whose plugin writes OUT and a DP-rank sibling.
-    child = _child(tmp_path, """
+    child = _child(
+        tmp_path,
+        """
         from spectrace.tracer.store import TraceWriter
         out = os.environ["SPECTRACE_OUT"]
         assert os.path.isabs(out)
@@ -271,7 +338,8 @@ def test_capture_vllm_sets_out_and_reports_files(tmp_path, capfd, monkeypatch):
                     w.add_block("r" + str(i), 0, 5, 1, [2, 3])
         print("generated", flush=True)
         sys.exit(4)
-    """)
+    """,
+    )
     (tmp_path / "other.h5").write_text("not ours")
     monkeypatch.chdir(tmp_path)
     status = capture_vllm([PY, str(child)], "run.h5")
@@ -280,7 +348,8 @@ def test_capture_vllm_sets_out_and_reports_files(tmp_path, capfd, monkeypatch):
     assert cap.out == "generated\n"
     assert cap.err.splitlines() == [
         f"spectrace: wrote {tmp_path / 'run.dp1.h5'}, {tmp_path / 'run.h5'}: 3 blocks of "
-        f"3 requests; command exit status 4"]  # r0 is in both files
+        f"3 requests; command exit status 4"
+    ]  # r0 is in both files
     assert written_traces(tmp_path / "run.h5") == [tmp_path / "run.dp1.h5", tmp_path / "run.h5"]
 
 
@@ -292,7 +361,9 @@ def test_capture_vllm_without_plugin_output_warns(tmp_path, capfd):
 
 
 def test_capture_vllm_forwards_sigint(tmp_path):
-    child = _child(tmp_path, """
+    child = _child(
+        tmp_path,
+        """
         import signal
         def stop(*_):
             print("child: stopping", flush=True)
@@ -300,10 +371,14 @@ def test_capture_vllm_forwards_sigint(tmp_path):
         signal.signal(signal.SIGINT, stop)
         print("ready", flush=True)
         time.sleep(30)
-    """)
-    proc = subprocess.Popen([SPECTRACE, "capture", "vllm", "-o", str(tmp_path / "run.h5"), "--",
-                             PY, str(child)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    """,
+    )
+    proc = subprocess.Popen(
+        [SPECTRACE, "capture", "vllm", "-o", str(tmp_path / "run.h5"), "--", PY, str(child)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline() == "ready\n"
     proc.send_signal(signal.SIGINT)  # to spectrace only: it must forward it
     out, err = proc.communicate(timeout=20)

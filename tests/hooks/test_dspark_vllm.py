@@ -125,13 +125,38 @@ def ref_traces(ckpts, tmp_path_factory) -> dict[str, Path]:
     procs = {}
     for name in E2E:
         h5, req = root / f"ref_{name}.h5", root / f"ref_{name}.requests.jsonl"
-        cmd = [SPECTRACE, "capture", "-o", str(h5), "--requests", str(req),
-               "--meta", "engine=spectrace-reference", "--meta", "method=dspark",
-               "--meta", f"k={K}", "--", sys.executable, "-m", "spectrace.engine",
-               "--method", "dspark", "--draft", str(ckpts[name]), "--k", str(K),
-               "--max-tokens", str(MAX_TOKENS), "--requests-out", str(req)]
-        procs[name] = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True), h5)
+        cmd = [
+            SPECTRACE,
+            "capture",
+            "-o",
+            str(h5),
+            "--requests",
+            str(req),
+            "--meta",
+            "engine=spectrace-reference",
+            "--meta",
+            "method=dspark",
+            "--meta",
+            f"k={K}",
+            "--",
+            sys.executable,
+            "-m",
+            "spectrace.engine",
+            "--method",
+            "dspark",
+            "--draft",
+            str(ckpts[name]),
+            "--k",
+            str(K),
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--requests-out",
+            str(req),
+        ]
+        procs[name] = (
+            subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+            h5,
+        )
     out = {}
     for name, (p, h5) in procs.items():
         stdout, stderr = p.communicate(timeout=300)
@@ -157,8 +182,13 @@ def vllm_mods(tmp_path_factory):
     if not model_parallel_is_initialized():
         init = tmp_path_factory.mktemp("dist") / "init"
         with set_current_vllm_config(VllmConfig()):
-            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                         distributed_init_method=f"file://{init}")
+            init_distributed_environment(
+                world_size=1,
+                rank=0,
+                local_rank=0,
+                backend="gloo",
+                distributed_init_method=f"file://{init}",
+            )
             ensure_model_parallel_initialized(1, 1)
     return speculator, qwen3_dspark
 
@@ -197,20 +227,29 @@ def build_vllm_model(q3, ckpt: Path):
         if d.get("enable_confidence_head"):
             with_markov = bool(d.get("confidence_head_with_markov"))
             inner.confidence_head = q3.DSparkConfidenceHead(
-                h + (r if with_markov else 0), prefix="model.confidence_head", bias=True,
-                with_markov=with_markov)
+                h + (r if with_markov else 0),
+                prefix="model.confidence_head",
+                bias=True,
+                with_markov=with_markov,
+            )
         model.model = inner
         model.lm_head = ParallelLMHead(vd, h, prefix="lm_head")
         model.logits_processor = LogitsProcessor(vd, scale=d.get("logit_scale", 1.0))
-        model.draft_id_to_target_id = (nn.Parameter(torch.zeros(vd, dtype=torch.long),
-                                                    requires_grad=False) if vd < vocab else None)
+        model.draft_id_to_target_id = (
+            nn.Parameter(torch.zeros(vd, dtype=torch.long), requires_grad=False)
+            if vd < vocab
+            else None
+        )
     params = dict(model.named_parameters())
     loaded = set()
     for name, w in load_file(str(ckpt / "model.safetensors")).items():
         if "t2d" in name:  # the renaming of Qwen3DSparkForCausalLM.load_weights
             continue
-        name = name.replace("d2t", "draft_id_to_target_id") if "d2t" in name else (
-            name if "lm_head" in name else "model." + name)
+        name = (
+            name.replace("d2t", "draft_id_to_target_id")
+            if "d2t" in name
+            else (name if "lm_head" in name else "model." + name)
+        )
         if name in params:
             p = params[name]
             getattr(p, "weight_loader", default_weight_loader)(p, w)
@@ -235,8 +274,10 @@ def build_speculator(spec_mod, model, k: int, sample_from_anchor: bool):
     spec.sample_indices = torch.zeros(MAX_REQS * k, dtype=torch.int64)
     spec.sample_idx_mapping = torch.zeros(MAX_REQS * k, dtype=torch.int64)
     spec.sample_pos = torch.zeros(MAX_REQS * k, dtype=torch.int64)
-    spec.input_buffers = SimpleNamespace(input_ids=torch.zeros(MAX_REQS * nq, dtype=torch.int32),
-                                         positions=torch.zeros(MAX_REQS * nq, dtype=torch.int64))
+    spec.input_buffers = SimpleNamespace(
+        input_ids=torch.zeros(MAX_REQS * nq, dtype=torch.int32),
+        positions=torch.zeros(MAX_REQS * nq, dtype=torch.int64),
+    )
     spec._anchor_idx = torch.arange(MAX_REQS, dtype=torch.int64) * nq
     spec.draft_tokens = torch.zeros((MAX_REQS, k), dtype=torch.int64)
     spec.draft_logits = None
@@ -262,8 +303,16 @@ class V2Harness:
         conf_err: largest |vLLM confidence - reference confidence|.
     """
 
-    def __init__(self, spec, ref_model, target, mask_id: int, prompts: list[list[int]],
-                 make_propose, v2_batch):
+    def __init__(
+        self,
+        spec,
+        ref_model,
+        target,
+        mask_id: int,
+        prompts: list[list[int]],
+        make_propose,
+        v2_batch,
+    ):
         self.batch = v2_batch
         self.spec, self.ref, self.target, self.mask_id = spec, ref_model, target, mask_id
         self.k = spec.num_speculative_steps
@@ -278,8 +327,12 @@ class V2Harness:
         self.blocks = self.equal = 0
         self.conf_err = 0.0
         # what vLLM's scheduler would count (Scheduler.make_spec_decoding_stats)
-        self.counters = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
-                         "num_accepted_tokens_per_pos": [0] * self.k}
+        self.counters = {
+            "num_drafts": 0,
+            "num_draft_tokens": 0,
+            "num_accepted_tokens": 0,
+            "num_accepted_tokens_per_pos": [0] * self.k,
+        }
         self._base = None
         orig = spec.model.compute_draft_logits
 
@@ -291,12 +344,22 @@ class V2Harness:
         # vLLM 0.32's propose signature, set on the instance the runner calls (the tap wraps it)
         spec.propose = make_propose(self._propose)
 
-    def _propose(self, input_batch, num_sampled, num_rejected, last_sampled,
-                 next_prefill_tokens, num_speculative_tokens):
+    def _propose(
+        self,
+        input_batch,
+        num_sampled,
+        num_rejected,
+        last_sampled,
+        next_prefill_tokens,
+        num_speculative_tokens,
+    ):
         spec, k, n = self.spec, self.k, input_batch.num_reqs
-        hidden_rows = [self._prepare_row(input_batch, i, rid, num_sampled, num_rejected,
-                                         last_sampled, next_prefill_tokens)
-                       for i, rid in enumerate(input_batch.req_ids[:n])]
+        hidden_rows = [
+            self._prepare_row(
+                input_batch, i, rid, num_sampled, num_rejected, last_sampled, next_prefill_tokens
+            )
+            for i, rid in enumerate(input_batch.req_ids[:n])
+        ]
         head_hidden = torch.cat(hidden_rows)  # [n * nq, H]
         with torch.inference_mode():
             spec._sample_sequential(n, head_hidden)  # vLLM's code (wrapped by DSparkTap)
@@ -304,20 +367,22 @@ class V2Harness:
         # the reference sampler on the same anchors and vLLM's own base logits
         anchors = spec.input_buffers.input_ids[spec._anchor_idx[:n]]
         with torch.no_grad():
-            ref, emb = sample_sequential(self._base.reshape(n, k, -1), anchors, self.ref,
-                                         return_embeds=True)
+            ref, emb = sample_sequential(
+                self._base.reshape(n, k, -1), anchors, self.ref, return_embeds=True
+            )
         self.blocks += n
         self.equal += int((ref == drafts).all(dim=1).sum())
         if spec.use_confidence_head:
             with torch.no_grad():
-                sh = head_hidden[spec.sample_indices[:n * k]].view(n, k, -1)
+                sh = head_hidden[spec.sample_indices[: n * k]].view(n, k, -1)
                 conf = self.ref.compute_confidence(sh, emb)
             err = (conf - spec.draft_token_confidence_probs[:n]).abs().max()
             self.conf_err = max(self.conf_err, float(err))
         return drafts
 
-    def _prepare_row(self, input_batch, i, rid, num_sampled, num_rejected, last_sampled,
-                     next_prefill_tokens):
+    def _prepare_row(
+        self, input_batch, i, rid, num_sampled, num_rejected, last_sampled, next_prefill_tokens
+    ):
         """Row i as the DFlash prepare kernel (SAMPLE_FROM_ANCHOR branch) leaves it, in torch;
         returns the draft backbone's hidden states of its query slots (the reference model
         over the target's hidden states)."""
@@ -327,25 +392,26 @@ class V2Harness:
         slot = int(input_batch.idx_mapping[i])
         nr = int(num_rejected[i])
         q_end = int(input_batch.query_start_loc[i + 1])
-        anchor = int(last_sampled[slot, 0] if int(num_sampled[i]) > 0
-                     else next_prefill_tokens[0, slot])
+        anchor = int(
+            last_sampled[slot, 0] if int(num_sampled[i]) > 0 else next_prefill_tokens[0, slot]
+        )
         pos = int(input_batch.positions[q_end - 1 - nr]) + 1
         ids, qpos = block_inputs(anchor, pos, k, spec.sample_from_anchor, self.mask_id)
-        spec.input_buffers.input_ids[i * nq:(i + 1) * nq] = torch.tensor(ids)
-        spec.input_buffers.positions[i * nq:(i + 1) * nq] = torch.tensor(qpos)
+        spec.input_buffers.input_ids[i * nq : (i + 1) * nq] = torch.tensor(ids)
+        spec.input_buffers.positions[i * nq : (i + 1) * nq] = torch.tensor(qpos)
         j = torch.arange(k)
-        spec.sample_indices[i * k:(i + 1) * k] = i * nq + off + j
-        spec.sample_pos[i * k:(i + 1) * k] = pos + 1 + j
-        spec.sample_idx_mapping[i * k:(i + 1) * k] = slot
+        spec.sample_indices[i * k : (i + 1) * k] = i * nq + off + j
+        spec.sample_pos[i * k : (i + 1) * k] = pos + 1 + j
+        spec.sample_idx_mapping[i * k : (i + 1) * k] = slot
         seq = self.tokens[rid]
         assert seq[-1] == anchor and len(seq) - 1 == pos, (rid, anchor, pos)
         with torch.no_grad():
-            ctx = target_aux_hidden(self.target.model, seq[:-1],
-                                    self.ref.cfg.aux_hidden_state_layer_ids)
+            ctx = target_aux_hidden(
+                self.target.model, seq[:-1], self.ref.cfg.aux_hidden_state_layer_ids
+            )
             kv = self.ref.context_kv(ctx, torch.arange(pos)[None])
             mask = torch.ones((1, nq, pos + nq), dtype=torch.bool)
-            return self.ref.query_forward(kv, torch.tensor([ids]), torch.tensor([qpos]),
-                                          mask)[0]
+            return self.ref.query_forward(kv, torch.tensor([ids]), torch.tensor([qpos]), mask)[0]
 
     def step(self, flip: bool) -> list[str]:
         rids = [r for r in self.rids if len(self.out[r]) < MAX_TOKENS]
@@ -375,12 +441,23 @@ class V2Harness:
             self.out[rid].extend(emitted)
             self.last_sampled[self.slot[rid], 0] = emitted[-1]
         slots = [self.slot[r] for r in rids]
-        batch = self.batch(rids, slots, positions, qsl, idx_dtype=torch.int64,
-                           idx_mapping_np=np.array(slots))
-        drafts = self.spec.propose(batch, {}, {}, None, None, torch.tensor(ns, dtype=torch.int32),
-                                   torch.tensor(nr, dtype=torch.int32), self.last_sampled,
-                                   self.next_prefill, torch.zeros(MAX_REQS), torch.zeros(MAX_REQS),
-                                   num_speculative_tokens=self.k)
+        batch = self.batch(
+            rids, slots, positions, qsl, idx_dtype=torch.int64, idx_mapping_np=np.array(slots)
+        )
+        drafts = self.spec.propose(
+            batch,
+            {},
+            {},
+            None,
+            None,
+            torch.tensor(ns, dtype=torch.int32),
+            torch.tensor(nr, dtype=torch.int32),
+            self.last_sampled,
+            self.next_prefill,
+            torch.zeros(MAX_REQS),
+            torch.zeros(MAX_REQS),
+            num_speculative_tokens=self.k,
+        )
         for i, rid in enumerate(rids):
             self.pending[rid] = [int(t) for t in drafts[i]]
         return [r for r in rids if len(self.out[r]) >= MAX_TOKENS]
@@ -397,17 +474,28 @@ def run_vllm_side(vllm_mods, ckpt: Path, target, out: Path, fakes) -> dict:
     ref = load_dspark(ckpt, target.model)
     spec = build_speculator(spec_mod, build_vllm_model(q3, ckpt), K, sfa)
     tok = load_tokenizer(bundled_model_dir("target"))
-    prompts = [encode_prompt(tok, json.loads(line)["text"])
-               for line in bundled_prompts_path().read_text().splitlines() if line.strip()]
+    prompts = [
+        encode_prompt(tok, json.loads(line)["text"])
+        for line in bundled_prompts_path().read_text().splitlines()
+        if line.strip()
+    ]
     make_propose, v2_batch, sampling = fakes
     h = V2Harness(spec, ref, target, ref.cfg.mask_token_id, prompts, make_propose, v2_batch)
     import vllm
 
-    session = Session(out, {"engine": "vllm", "engine_version": vllm.__version__,
-                            "method": "dspark", "k": K, "source": "vllm-hook",
-                            "trace_level": "vllm-v2 (CPU harness)",
-                            "tokenizer": str(bundled_model_dir("target")),
-                            "layout": {"runner": "v2 harness"}})
+    session = Session(
+        out,
+        {
+            "engine": "vllm",
+            "engine_version": vllm.__version__,
+            "method": "dspark",
+            "k": K,
+            "source": "vllm-hook",
+            "trace_level": "vllm-v2 (CPU harness)",
+            "tokenizer": str(bundled_model_dir("target")),
+            "layout": {"runner": "v2 harness"},
+        },
+    )
     tap = ProposeTap(spec, session, max_model_len=target.max_model_len)
     dtap = DSparkTap(spec, tap, session, inner=True)
     params = sampling(max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.0)
@@ -421,20 +509,32 @@ def run_vllm_side(vllm_mods, ckpt: Path, target, out: Path, fakes) -> dict:
         flip = not flip
     session.counters = SimpleNamespace(as_dict=lambda: h.counters)  # the close-time cross-check
     session.close()
-    return {"sfa": sfa, "blocks": h.blocks, "equal": h.equal, "conf_err": h.conf_err,
-            "inner": dtap.summary(), "layout": dtap.layout, "counters": h.counters}
+    return {
+        "sfa": sfa,
+        "blocks": h.blocks,
+        "equal": h.equal,
+        "conf_err": h.conf_err,
+        "inner": dtap.summary(),
+        "layout": dtap.layout,
+        "counters": h.counters,
+    }
 
 
 def spectrace_diff(ours: Path, theirs: Path) -> dict:
-    p = subprocess.run([SPECTRACE, "diff", "--format", "json", str(ours), str(theirs)],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [SPECTRACE, "diff", "--format", "json", str(ours), str(theirs)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode in (0, 1), p.stderr
     return json.loads(p.stdout)
 
 
 @pytest.fixture(scope="module")
-def vllm_runs(vllm_mods, ckpts, target, tmp_path_factory, ref_traces, make_propose, v2_batch,
-              sampling) -> dict[str, dict]:
+def vllm_runs(
+    vllm_mods, ckpts, target, tmp_path_factory, ref_traces, make_propose, v2_batch, sampling
+) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("dspark_vllm")
     out = {}
     for name in VARIANTS:
@@ -462,8 +562,12 @@ def test_harness_signature_is_vllms(vllm_mods, make_propose):
 
 def test_vllm_reads_the_layouts(vllm_mods, ckpts):
     """vLLM's config code: an explicit flag is kept, a missing one means the 1+N layout."""
-    assert [vllm_layout(ckpts[n]) for n in ("anchor", "bonus", "reduced", "noflag")] == \
-        [True, False, True, False]
+    assert [vllm_layout(ckpts[n]) for n in ("anchor", "bonus", "reduced", "noflag")] == [
+        True,
+        False,
+        True,
+        False,
+    ]
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -471,8 +575,10 @@ def test_vllm_sampler_equals_reference(vllm_runs, name):
     """Same anchors, same base logits: vLLM's ``_sample_sequential`` and the reference
     sampler give identical drafts on every block; the inner record agrees with propose."""
     r = vllm_runs[name]
-    print(f"{name}: sample_from_anchor={r['sfa']} {r['equal']}/{r['blocks']} blocks identical, "
-          f"confidence max |diff| {r['conf_err']:.2e}, inner check {r['inner']}")
+    print(
+        f"{name}: sample_from_anchor={r['sfa']} {r['equal']}/{r['blocks']} blocks identical, "
+        f"confidence max |diff| {r['conf_err']:.2e}, inner check {r['inner']}"
+    )
     assert r["blocks"] > 40 and r["equal"] == r["blocks"]
     assert r["conf_err"] < 1e-5
     assert r["inner"]["status"] == "ok" and r["inner"]["steps_mismatched"] == 0

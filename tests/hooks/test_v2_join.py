@@ -53,10 +53,20 @@ def step(spec: Spec, rows: list[tuple], device: str) -> None:
     dev = torch.device(device)
     batch = spec.batch([r[0] for r in rows], [SLOTS[r[0]] for r in rows], positions, qsl, dev)
     spec.drafts = torch.tensor([r[5] for r in rows], dtype=torch.int64, device=dev)
-    spec.propose(batch, None, None, None, None,
-                 torch.tensor([r[1] for r in rows], dtype=torch.int32, device=dev),
-                 torch.tensor([r[2] for r in rows], dtype=torch.int32, device=dev),
-                 last.to(dev), nxt.to(dev), None, None, num_speculative_tokens=K)
+    spec.propose(
+        batch,
+        None,
+        None,
+        None,
+        None,
+        torch.tensor([r[1] for r in rows], dtype=torch.int32, device=dev),
+        torch.tensor([r[2] for r in rows], dtype=torch.int32, device=dev),
+        last.to(dev),
+        nxt.to(dev),
+        None,
+        None,
+        num_speculative_tokens=K,
+    )
 
 
 def run_scenario(path, device: str, fakes, **tap_kw) -> ProposeTap:
@@ -68,20 +78,50 @@ def run_scenario(path, device: str, fakes, **tap_kw) -> ProposeTap:
     params = sampling(max_tokens=6)
     for rid in "abc":
         tap.add_request(rid, [1, 2], params)
-    step(spec, [("a", 0, 0, 100, 0, [7, 7, 7]),             # a prefill: drafts unused
-                ("b", 1, 0, 200, 5, [21, 22, 23])], device)  # b opens P_b0
-    step(spec, [("b", 3, 1, 203, 8, [31, 32, -1]),          # closes P_b0, opens P_b1 (k 2)
-                ("a", 1, 0, 101, 4, [11, -1, 13])], device)  # opens P_a1 (interior -1)
-    step(spec, [("a", 2, 2, 111, 6, [41, 42, 43]),          # closes P_a1, opens P_a2
-                ("c", 0, 0, 300, 0, [1, 2, 3]),             # c prefill
-                ("b", 1, 2, 210, 9, [-1, -1, -1])], device)  # closes P_b1, opens nothing
-    tap.drop_later("a")                                      # preempted: P_a2 unverified
-    step(spec, [("c", 1, 0, 301, 20, [51, 52, 53]),         # opens P_c3
-                ("b", 1, 0, 211, 10, [61, 62, 63])], device)  # opens P_b3
-    tap.finish_later("b")                                    # finished: P_b3 unverified
-    step(spec, [("c", 4, 0, 305, 24, [71, 72, 73]),         # closes P_c3, opens P_c4
-                ("a", 0, 0, 400, 0, [9, 9, 9]),             # a re-prefills
-                ("_warmup_z", 1, 0, 5, 5, [5, 5, 5])], device)  # warmup row: skipped
+    step(
+        spec,
+        [
+            ("a", 0, 0, 100, 0, [7, 7, 7]),  # a prefill: drafts unused
+            ("b", 1, 0, 200, 5, [21, 22, 23]),
+        ],
+        device,
+    )  # b opens P_b0
+    step(
+        spec,
+        [
+            ("b", 3, 1, 203, 8, [31, 32, -1]),  # closes P_b0, opens P_b1 (k 2)
+            ("a", 1, 0, 101, 4, [11, -1, 13]),
+        ],
+        device,
+    )  # opens P_a1 (interior -1)
+    step(
+        spec,
+        [
+            ("a", 2, 2, 111, 6, [41, 42, 43]),  # closes P_a1, opens P_a2
+            ("c", 0, 0, 300, 0, [1, 2, 3]),  # c prefill
+            ("b", 1, 2, 210, 9, [-1, -1, -1]),
+        ],
+        device,
+    )  # closes P_b1, opens nothing
+    tap.drop_later("a")  # preempted: P_a2 unverified
+    step(
+        spec,
+        [
+            ("c", 1, 0, 301, 20, [51, 52, 53]),  # opens P_c3
+            ("b", 1, 0, 211, 10, [61, 62, 63]),
+        ],
+        device,
+    )  # opens P_b3
+    tap.finish_later("b")  # finished: P_b3 unverified
+    step(
+        spec,
+        [
+            ("c", 4, 0, 305, 24, [71, 72, 73]),  # closes P_c3, opens P_c4
+            ("a", 0, 0, 400, 0, [9, 9, 9]),  # a re-prefills
+            ("_warmup_z", 1, 0, 5, 5, [5, 5, 5]),
+        ],
+        device,
+    )  # warmup row: skipped
     step(spec, [("a", 1, 0, 401, 30, [81, 82, -1])], device)  # opens P_a5
     session.close()  # a and c still running: P_a5, P_c4 unverified
     return tap
@@ -99,9 +139,11 @@ EXPECTED = [
     ("a", 5, 30, 401, [81, 82], None, -1, None, 0, 1),
     ("c", 4, 24, 305, [71, 72, 73], None, -1, None, 0, 3),
 ]
-OUTPUTS = {"a": ([101, 11, 111, 401], "unfinished"),
-           "b": ([200, 21, 22, 203, 210, 211], "length"),
-           "c": ([301, 51, 52, 53, 305], "unfinished")}
+OUTPUTS = {
+    "a": ([101, 11, 111, 401], "unfinished"),
+    "b": ([200, 21, 22, 203, 210, 211], "length"),
+    "c": ([301, 51, 52, 53, 305], "unfinished"),
+}
 
 
 def pad(ids, width):
@@ -114,22 +156,39 @@ def check_trace(path, tap: ProposeTap) -> None:
         names = list(t.requests.req_id)
         got = []
         for i in range(len(b)):
-            ver = None if b.num_verified[i] < 0 else b.verified[i][:b.num_verified[i]].tolist()
-            em = None if b.num_emitted[i] < 0 else b.emitted[i][:b.num_emitted[i]].tolist()
-            got.append((names[b.request[i]], int(b.step[i]), int(b.position[i]),
-                        int(b.anchor[i]), b.proposed[i][:b.k[i]].tolist(), ver,
-                        int(b.accepted[i]), em, int(b.batch_row[i]), int(b.batch_size[i])))
+            ver = None if b.num_verified[i] < 0 else b.verified[i][: b.num_verified[i]].tolist()
+            em = None if b.num_emitted[i] < 0 else b.emitted[i][: b.num_emitted[i]].tolist()
+            got.append(
+                (
+                    names[b.request[i]],
+                    int(b.step[i]),
+                    int(b.position[i]),
+                    int(b.anchor[i]),
+                    b.proposed[i][: b.k[i]].tolist(),
+                    ver,
+                    int(b.accepted[i]),
+                    em,
+                    int(b.batch_row[i]),
+                    int(b.batch_size[i]),
+                )
+            )
         assert got == EXPECTED
         assert b.proposed.shape[1] == K and b.emitted.shape[1] == K + 1
         assert b.proposed[2].tolist() == [31, 32, -1]
         assert b.verified[3].tolist() == [-1, -1, -1] and b.emitted[3].tolist() == [-1] * 4
         assert (b.proposal_source == 1).all()
-        outs = {r: (o.tolist(), f) for r, o, f in zip(names, t.requests.output_ids,
-                                                       t.requests.finish_reason)}
+        outs = {
+            r: (o.tolist(), f)
+            for r, o, f in zip(names, t.requests.output_ids, t.requests.finish_reason)
+        }
         assert outs == OUTPUTS
         assert t.meta["checks"]["trace"] == {
-            "num_drafts": 4, "num_draft_tokens": 11, "num_accepted_tokens": 6,
-            "num_accepted_tokens_per_pos": [3, 2, 1], "blocks": 8}
+            "num_drafts": 4,
+            "num_draft_tokens": 11,
+            "num_accepted_tokens": 6,
+            "num_accepted_tokens_per_pos": [3, 2, 1],
+            "blocks": 8,
+        }
     assert tap.session.blocks == 8 and tap.sync_waits == 0
     assert tap.session.step == 6
 
@@ -154,14 +213,34 @@ def test_chunked_join_by_hand_cuda(tmp_path, fakes, flush_steps):
 
 def test_join_chunk_carry_in_and_out():
     """One chunk: request 7 closes a carried proposal; both rows open one that stays open."""
-    rows = np.array([[2, 1, 50, 12, 60, 61, -1],     # 7: nv 2, acc 1 on the carry [40, 41];
-                                                     #    opens [60, 61]
-                     [1, 0, 70, 3, 80, -1, 82]],     # 9: no carry; opens [80, -1, 82]
-                    dtype=np.int32)
-    carry = Proposals(np.array([4]), np.array([10]), np.array([33]), np.array([[40, 41, -1]]),
-                      np.array([2]), np.array([111]), np.array([0]), np.array([1]))
-    res = join_chunk(np.array([7, 9]), rows, np.array([5, 5]), np.array([0, 1]),
-                     np.array([2, 2]), np.array([222, 222]), np.array([7]), carry)
+    rows = np.array(
+        [
+            [2, 1, 50, 12, 60, 61, -1],  # 7: nv 2, acc 1 on the carry [40, 41];
+            #    opens [60, 61]
+            [1, 0, 70, 3, 80, -1, 82],
+        ],  # 9: no carry; opens [80, -1, 82]
+        dtype=np.int32,
+    )
+    carry = Proposals(
+        np.array([4]),
+        np.array([10]),
+        np.array([33]),
+        np.array([[40, 41, -1]]),
+        np.array([2]),
+        np.array([111]),
+        np.array([0]),
+        np.array([1]),
+    )
+    res = join_chunk(
+        np.array([7, 9]),
+        rows,
+        np.array([5, 5]),
+        np.array([0, 1]),
+        np.array([2, 2]),
+        np.array([222, 222]),
+        np.array([7]),
+        carry,
+    )
     b = res.blocks
     assert b["request"].tolist() == [7] and b["step"].tolist() == [4]
     assert b["proposed"].tolist() == [[40, 41]] and b["verified"].tolist() == [[40, 41]]

@@ -67,16 +67,32 @@ def _make_tiny_models(root: Path) -> tuple[Path, Path]:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train([str(f) for f in files], trainers.BpeTrainer(
-        vocab_size=2048, special_tokens=["<s>", "</s>", "<unk>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>")
+    tok.train(
+        [str(f) for f in files],
+        trainers.BpeTrainer(
+            vocab_size=2048,
+            special_tokens=["<s>", "</s>", "<unk>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=2048, hidden_size=128, intermediate_size=256,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                      head_dim=32, max_position_embeddings=512, bos_token_id=0,
-                      eos_token_id=1, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=2048,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=32,
+        max_position_embeddings=512,
+        bos_token_id=0,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
         model.lm_head.weight.mul_(20.0)  # peaky logits: a non-degenerate greedy text
@@ -102,17 +118,41 @@ def models(tmp_path_factory) -> SimpleNamespace:
     if BUNDLED_PROMPTS.exists():
         prompts.write_text("".join(BUNDLED_PROMPTS.read_text().splitlines(True)[:NUM_PROMPTS]))
     else:
-        prompts.write_text("".join(json.dumps({"id": f"p{i}", "text": t}) + "\n"
-                                   for i, t in enumerate(OWN_PROMPTS)))
+        prompts.write_text(
+            "".join(
+                json.dumps({"id": f"p{i}", "text": t}) + "\n" for i, t in enumerate(OWN_PROMPTS)
+            )
+        )
     return SimpleNamespace(target=target, draft=draft, prompts=prompts, root=root)
 
 
-def _driver_cmd(models, method: str, counters: Path, max_tokens: int = MAX_TOKENS,
-                num_prompts: int = 0, max_model_len: int = 512) -> list[str]:
-    cmd = [sys.executable, "-m", "spectrace.hooks.vllm.driver", "--target", str(models.target),
-           "--method", method, "--k", str(K), "--max-tokens", str(max_tokens),
-           "--prompts", str(models.prompts), "--counters-out", str(counters),
-           "--max-model-len", str(max_model_len)]
+def _driver_cmd(
+    models,
+    method: str,
+    counters: Path,
+    max_tokens: int = MAX_TOKENS,
+    num_prompts: int = 0,
+    max_model_len: int = 512,
+) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "spectrace.hooks.vllm.driver",
+        "--target",
+        str(models.target),
+        "--method",
+        method,
+        "--k",
+        str(K),
+        "--max-tokens",
+        str(max_tokens),
+        "--prompts",
+        str(models.prompts),
+        "--counters-out",
+        str(counters),
+        "--max-model-len",
+        str(max_model_len),
+    ]
     if method == "draft_model":
         cmd += ["--draft", str(models.draft)]
     else:
@@ -140,16 +180,26 @@ def runs(models):
             name = f"{method}-{'inproc' if inproc else 'mp'}"
             out = models.root / f"{name}.h5"
             counters = models.root / f"{name}.json"
-            proc = subprocess.run(_driver_cmd(models, method, counters), env=_env(out, inproc),
-                                  cwd=models.root, capture_output=True, text=True, timeout=400)
+            proc = subprocess.run(
+                _driver_cmd(models, method, counters),
+                env=_env(out, inproc),
+                cwd=models.root,
+                capture_output=True,
+                text=True,
+                timeout=400,
+            )
             if proc.returncode != 0:
                 cache[key] = f"{name} failed:\n{proc.stderr[-4000:]}"  # fail once, not per test
             else:
                 with warnings.catch_warnings():
                     warnings.simplefilter("error", TraceWarning)  # a clean close is required
                     trace = open_trace(out)
-                cache[key] = SimpleNamespace(name=name, trace=trace, stderr=proc.stderr,
-                                             vllm=json.loads(counters.read_text()))
+                cache[key] = SimpleNamespace(
+                    name=name,
+                    trace=trace,
+                    stderr=proc.stderr,
+                    vllm=json.loads(counters.read_text()),
+                )
         if isinstance(cache[key], str):
             pytest.fail(cache[key])
         return cache[key]
@@ -166,8 +216,12 @@ CONFIG_IDS = ["draft_model-mp", "ngram-mp", "draft_model-inproc", "ngram-inproc"
 
 def each_config(test):
     """A slow vLLM test run once per capture configuration (method, in-process or not)."""
-    marks = (pytest.mark.parametrize("method,inproc", CONFIGS, ids=CONFIG_IDS),
-             pytest.mark.slow, pytest.mark.vllm, needs_vllm)
+    marks = (
+        pytest.mark.parametrize("method,inproc", CONFIGS, ids=CONFIG_IDS),
+        pytest.mark.slow,
+        pytest.mark.vllm,
+        needs_vllm,
+    )
     for mark in marks:
         test = mark(test)
     return test
@@ -183,9 +237,12 @@ def totals(trace) -> dict:
     nv = trace.blocks.num_verified.astype(np.int64)
     acc = trace.blocks.accepted.astype(np.int64)
     ver = nv > 0
-    return {"num_drafts": int(ver.sum()), "num_draft_tokens": int(nv[ver].sum()),
-            "num_accepted_tokens": int(acc[ver].sum()),
-            "num_accepted_tokens_per_pos": [int((acc[ver] > i).sum()) for i in range(K)]}
+    return {
+        "num_drafts": int(ver.sum()),
+        "num_draft_tokens": int(nv[ver].sum()),
+        "num_accepted_tokens": int(acc[ver].sum()),
+        "num_accepted_tokens_per_pos": [int((acc[ver] > i).sum()) for i in range(K)],
+    }
 
 
 def blocks_by_prompt(trace) -> dict[tuple, list[tuple]]:
@@ -196,9 +253,17 @@ def blocks_by_prompt(trace) -> dict[tuple, list[tuple]]:
         rows = np.flatnonzero(b["request"] == i)
         rows = rows[np.argsort(b["position"][rows], kind="stable")]
         out[tuple(trace.requests.prompt_ids[i].tolist())] = [
-            (int(b["position"][j]), int(b["anchor"][j]), _ids(b["proposed"][j]),
-             int(b["num_verified"][j]), _ids(b["verified"][j]), int(b["accepted"][j]),
-             _ids(b["emitted"][j])) for j in rows]
+            (
+                int(b["position"][j]),
+                int(b["anchor"][j]),
+                _ids(b["proposed"][j]),
+                int(b["num_verified"][j]),
+                _ids(b["verified"][j]),
+                int(b["accepted"][j]),
+                _ids(b["emitted"][j]),
+            )
+            for j in rows
+        ]
     return out
 
 
@@ -228,8 +293,8 @@ def check_chain(trace) -> int:
                 assert ver == prop[:nv], "the target verified the drafter's proposal"
                 if acc < nv:  # greedy: the target's token differs from the rejected draft
                     assert em[acc] != ver[acc]
-                cont = seq[pos + 1:pos + 1 + len(em)].tolist()
-                assert cont == list(em[:len(cont)]), "emitted tokens continue the sequence"
+                cont = seq[pos + 1 : pos + 1 + len(em)].tolist()
+                assert cont == list(em[: len(cont)]), "emitted tokens continue the sequence"
                 if x + 1 < len(rows):
                     nxt = rows[x + 1]
                     if b["step"][nxt] == b["step"][j] + 1:
@@ -265,9 +330,15 @@ def test_outputs_equal_request_outputs(runs, method, inproc):
     r = runs(method, inproc)
     t = r.trace
     assert len(t.requests) == len(r.vllm["requests"]) == NUM_PROMPTS
-    ours = {tuple(p.tolist()): (rid, o.tolist(), f) for rid, p, o, f in zip(
-        t.requests.req_id, t.requests.prompt_ids, t.requests.output_ids,
-        t.requests.finish_reason)}
+    ours = {
+        tuple(p.tolist()): (rid, o.tolist(), f)
+        for rid, p, o, f in zip(
+            t.requests.req_id,
+            t.requests.prompt_ids,
+            t.requests.output_ids,
+            t.requests.finish_reason,
+        )
+    }
     for req in r.vllm["requests"]:
         rid, out, reason = ours[tuple(req["prompt_token_ids"])]
         assert rid.startswith(req["request_id"] + "-")  # internal id = external + suffix
@@ -350,10 +421,15 @@ def test_sigkill_leaves_readable_partial(models):
         # 64 requests running to max_model_len (~30k tokens, several seconds even on an idle
         # machine): far longer than the wait below.
         proc = subprocess.Popen(
-            _driver_cmd(models, "draft_model", models.root / "killed.json", max_tokens=4096,
-                        num_prompts=64),
-            env=_env(out, inproc=False), cwd=models.root, stdout=subprocess.DEVNULL,
-            stderr=err, start_new_session=True)
+            _driver_cmd(
+                models, "draft_model", models.root / "killed.json", max_tokens=4096, num_prompts=64
+            ),
+            env=_env(out, inproc=False),
+            cwd=models.root,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 300
         while not partial.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -415,14 +491,18 @@ def _session_with_blocks(path: Path) -> Session:
     s = Session(path, {"k": K, "dp_rank": 0})
     s.see_request("r-1", [5, 6], None)
     s.joiner.propose("r-1", 0, 1, 6, [7, 8, 1, 2])
-    s.joiner.verdict("r-1", [7, 8, 1, 2], [7, 8, 9])    # accepted 2
-    s.joiner.propose("r-1", 1, 4, 9, [3, 3, 3, 3])      # never verified
+    s.joiner.verdict("r-1", [7, 8, 1, 2], [7, 8, 9])  # accepted 2
+    s.joiner.propose("r-1", 1, 4, 9, [3, 3, 3, 3])  # never verified
     s.finish_request("r-1", [7, 8, 9], "length")
     return s
 
 
-VLLM_OK = {"num_drafts": 1, "num_draft_tokens": 4, "num_accepted_tokens": 2,
-           "num_accepted_tokens_per_pos": [1, 1, 0, 0]}
+VLLM_OK = {
+    "num_drafts": 1,
+    "num_draft_tokens": 4,
+    "num_accepted_tokens": 2,
+    "num_accepted_tokens_per_pos": [1, 1, 0, 0],
+}
 
 
 def test_cross_check_with_counters_in_the_same_process(tmp_path, capsys):
@@ -481,8 +561,13 @@ def test_cross_check_counts_what_the_file_holds(tmp_path, capsys, monkeypatch):
     with open_trace(tmp_path / "t.h5") as t:
         checks = t.meta["checks"]
     assert checks["status"] == "mismatch"
-    assert checks["trace"] == {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
-                               "num_accepted_tokens_per_pos": [0, 0, 0, 0], "blocks": 1}
+    assert checks["trace"] == {
+        "num_drafts": 0,
+        "num_draft_tokens": 0,
+        "num_accepted_tokens": 0,
+        "num_accepted_tokens_per_pos": [0, 0, 0, 0],
+        "blocks": 1,
+    }
     assert checks["mismatch"] == list(COUNTER_NAMES)
     assert capsys.readouterr().err.startswith("spectrace: WARNING")
     assert not list(tmp_path.glob(".spectrace-check-*"))  # the read-back copy is removed
@@ -498,17 +583,24 @@ def test_file_totals_by_hand(tmp_path):
     w.close()
     # per position i: verified blocks with more than i accepted (the list grows past k = 2)
     assert file_totals(tmp_path / "t.h5", k=2) == {
-        "num_drafts": 3, "num_draft_tokens": 9, "num_accepted_tokens": 5,
-        "num_accepted_tokens_per_pos": [2, 2, 1], "blocks": 4}
+        "num_drafts": 3,
+        "num_draft_tokens": 9,
+        "num_accepted_tokens": 5,
+        "num_accepted_tokens_per_pos": [2, 2, 1],
+        "blocks": 4,
+    }
 
 
 def test_importing_the_plugin_loads_the_standard_library_only():
     """vLLM imports the entry point in every process it starts: it must stay cheap."""
-    code = ("import sys; from spectrace.hooks.vllm import register; "
-            "print(sorted(m for m in ('numpy', 'h5py', 'torch', 'vllm', 'rich', 'click') "
-            "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, check=True).stdout
+    code = (
+        "import sys; from spectrace.hooks.vllm import register; "
+        "print(sorted(m for m in ('numpy', 'h5py', 'torch', 'vllm', 'rich', 'click') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     assert out.strip() == "[]"
 
 
@@ -543,8 +635,10 @@ class FakeSpeculator:
 def test_fake_propose_has_the_real_v2_signature(make_propose):
     if not HAS_VLLM:
         pytest.skip("vllm is not installed")
-    src = Path(importlib.util.find_spec("vllm").origin).parent / \
-        "v1/worker/gpu/spec_decode/speculator.py"
+    src = (
+        Path(importlib.util.find_spec("vllm").origin).parent
+        / "v1/worker/gpu/spec_decode/speculator.py"
+    )
     tree = ast.parse(src.read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "BaseSpeculator")
     fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "propose")
@@ -561,13 +655,19 @@ class V2Sim:
     The row order flips every step (the V2 runner re-sorts batches); slots stay fixed.
     """
 
-    def __init__(self, spec, targets: dict[str, list[int]], prompts: dict[str, list[int]],
-                 max_tokens: int, v2_batch):
+    def __init__(
+        self,
+        spec,
+        targets: dict[str, list[int]],
+        prompts: dict[str, list[int]],
+        max_tokens: int,
+        v2_batch,
+    ):
         self.spec, self.targets, self.prompts = spec, targets, prompts
         self.batch = v2_batch
         self.max_tokens = max_tokens
         self.slot = {rid: s for s, rid in enumerate(targets)}
-        self.out = {rid: [] for rid in targets}        # emitted so far
+        self.out = {rid: [] for rid in targets}  # emitted so far
         self.pending = {rid: None for rid in targets}  # drafts awaiting verification
         self.last_sampled = torch.zeros((8, 1), dtype=torch.int64)
         self.next_prefill = torch.zeros((1, 8), dtype=torch.int32)
@@ -581,9 +681,19 @@ class V2Sim:
     def _call(self, rids, ns, nr, positions, qsl, **kw):
         batch = self.batch(rids, [self.slot.get(r, 7) for r in rids], positions, qsl)
         return self.spec.propose(
-            batch, {}, {}, torch.zeros(len(positions), 4), None,
-            torch.tensor(ns, dtype=torch.int32), torch.tensor(nr, dtype=torch.int32),
-            self.last_sampled, self.next_prefill, torch.zeros(8), torch.zeros(8), **kw)
+            batch,
+            {},
+            {},
+            torch.zeros(len(positions), 4),
+            None,
+            torch.tensor(ns, dtype=torch.int32),
+            torch.tensor(nr, dtype=torch.int32),
+            self.last_sampled,
+            self.next_prefill,
+            torch.zeros(8),
+            torch.zeros(8),
+            **kw,
+        )
 
     def dummy(self, rids, **kw) -> None:
         """A call the tap must ignore (dummy/profile run, warmup ids); state is unchanged."""
@@ -613,7 +723,7 @@ class V2Sim:
                 acc = 0
                 while acc < len(drafts) and drafts[acc] == tgt[base + acc]:
                     acc += 1
-                self.out[rid] += tgt[base:base + acc + 1]
+                self.out[rid] += tgt[base : base + acc + 1]
                 ns.append(acc + 1)
                 nr.append(len(drafts) - acc)
             qsl.append(len(positions))
@@ -645,10 +755,10 @@ def test_v2_propose_tap_joins_blocks_by_request(tmp_path, make_propose, v2_batch
     params = sampling(max_tokens=9)
     for rid in targets:
         tap.add_request(rid, prompts[rid], params)
-    sim.dummy(["_warmup_0", "_warmup_1"])          # warmup ids: ignored
-    sim.step(prefill_chunk=frozenset({"b-2"}))    # b still prefilling: no token, no block
-    sim.dummy(["a-1", "b-2"], dummy_run=True)      # dummy run: ignored
-    sim.dummy(["a-1"], is_profile=True)            # profile run: ignored
+    sim.dummy(["_warmup_0", "_warmup_1"])  # warmup ids: ignored
+    sim.step(prefill_chunk=frozenset({"b-2"}))  # b still prefilling: no token, no block
+    sim.dummy(["a-1", "b-2"], dummy_run=True)  # dummy run: ignored
+    sim.dummy(["a-1"], is_profile=True)  # profile run: ignored
     steps = 1
     while any(len(o) < 9 for o in sim.out.values()):
         sim.step()

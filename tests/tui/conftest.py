@@ -21,9 +21,9 @@ from spectrace.tui.model import ViewModel
 HERE = Path(__file__).resolve()
 K = 3
 PROMPT = [1, 2, 3]
-OUTPUT = list(range(10, 50))                       # 40 output tokens
+OUTPUT = list(range(10, 50))  # 40 output tokens
 TRUTH = PROMPT + OUTPUT
-R2_OUTPUT = OUTPUT[:9] + [99] + OUTPUT[10:]         # content diverges at position 12
+R2_OUTPUT = OUTPUT[:9] + [99] + OUTPUT[10:]  # content diverges at position 12
 
 
 def simulate(writer, req_id, prompt, output, drafter, step0=0):
@@ -34,11 +34,19 @@ def simulate(writer, req_id, prompt, output, drafter, step0=0):
     while pos + 1 < len(seq):
         drafts = drafter(seq, pos)
         acc = 0
-        while acc < len(drafts) and pos + 1 + acc < len(seq) and \
-                drafts[acc] == seq[pos + 1 + acc]:
+        while acc < len(drafts) and pos + 1 + acc < len(seq) and drafts[acc] == seq[pos + 1 + acc]:
             acc += 1
-        writer.add_block(req_id, step, pos, seq[pos], drafts, verified=drafts, accepted=acc,
-                         emitted=seq[pos + 1: pos + 2 + acc], t_ns=step)
+        writer.add_block(
+            req_id,
+            step,
+            pos,
+            seq[pos],
+            drafts,
+            verified=drafts,
+            accepted=acc,
+            emitted=seq[pos + 1 : pos + 2 + acc],
+            t_ns=step,
+        )
         writer.add_phase(step, "draft", 1.5)
         positions.append(pos)
         pos, step = pos + acc + 1, step + 1
@@ -47,9 +55,13 @@ def simulate(writer, req_id, prompt, output, drafter, step0=0):
 
 def oracle(good, wrong=lambda pos, j: 1000 + j, truth=TRUTH):
     """Drafts equal to ``truth`` in the slots ``good(pos)``, ``wrong(pos, j)`` elsewhere."""
+
     def drafter(seq, pos):
-        return [truth[pos + 1 + j] if pos + 1 + j < len(truth) and j in good(pos)
-                else wrong(pos, j) for j in range(K)]
+        return [
+            truth[pos + 1 + j] if pos + 1 + j < len(truth) and j in good(pos) else wrong(pos, j)
+            for j in range(K)
+        ]
+
     return drafter
 
 
@@ -75,18 +87,25 @@ def make_pair(tmp, *, single=False):
     """Write ``ours.h5`` and ``theirs.h5`` (and ``tokenizer.json``) under ``tmp``; returns
     their paths (theirs None with ``single``). See the module docstring."""
     tokp = make_tokenizer(tmp / "tokenizer.json")
-    meta = {"k": K, "method": "draft_model", "engine_version": "1", "tokenizer": str(tokp),
-            "sampling": {"temperature": 0.0}}
-    with TraceWriter(tmp / "ours.h5", {**meta, "engine": "ours-engine"},
-                     flush_interval=0) as w:
+    meta = {
+        "k": K,
+        "method": "draft_model",
+        "engine_version": "1",
+        "tokenizer": str(tokp),
+        "sampling": {"temperature": 0.0},
+    }
+    with TraceWriter(tmp / "ours.h5", {**meta, "engine": "ours-engine"}, flush_interval=0) as w:
         simulate(w, "r0", PROMPT, OUTPUT, oracle(good_ours))
         simulate(w, "r1", [4, 5, 6], OUTPUT, oracle(good_ours), step0=100)
         simulate(w, "r2", [7, 8, 9], OUTPUT, oracle(good_ours), step0=200)
         simulate(w, "solo", [9, 9, 9], OUTPUT[:6], oracle(good_ours), step0=300)
     if single:
         return tmp / "ours.h5", None
-    with TraceWriter(tmp / "theirs.h5", {**meta, "engine": "theirs-engine",
-                                         "engine_version": "2"}, flush_interval=0) as w:
+    with TraceWriter(
+        tmp / "theirs.h5",
+        {**meta, "engine": "theirs-engine", "engine_version": "2"},
+        flush_interval=0,
+    ) as w:
         simulate(w, "q0", PROMPT, OUTPUT, oracle(good_theirs))
         simulate(w, "q1", [4, 5, 6], OUTPUT, oracle(good_ours), step0=100)
         simulate(w, "q2", [7, 8, 9], R2_OUTPUT, oracle(good_ours), step0=200)
@@ -95,8 +114,9 @@ def make_pair(tmp, *, single=False):
 
 def loaded_model(a, b=None) -> ViewModel:
     """A :class:`ViewModel` of trace paths ``a`` (and ``b``) with every stage loaded."""
-    vm = ViewModel(open_trace(a, lazy_requests=True),
-                   open_trace(b, lazy_requests=True) if b else None)
+    vm = ViewModel(
+        open_trace(a, lazy_requests=True), open_trace(b, lazy_requests=True) if b else None
+    )
     vm.load_requests()
     vm.load_index()
     vm.load_divergence()
@@ -124,6 +144,14 @@ def load_model():
 @pytest.fixture
 def sim():
     """The simulator and its constants (K, PROMPT, OUTPUT, TRUTH, simulate, oracle, ...)."""
-    return SimpleNamespace(K=K, PROMPT=PROMPT, OUTPUT=OUTPUT, TRUTH=TRUTH, simulate=simulate,
-                           oracle=oracle, good_ours=good_ours, make_pair=make_pair,
-                           here=HERE)
+    return SimpleNamespace(
+        K=K,
+        PROMPT=PROMPT,
+        OUTPUT=OUTPUT,
+        TRUTH=TRUTH,
+        simulate=simulate,
+        oracle=oracle,
+        good_ours=good_ours,
+        make_pair=make_pair,
+        here=HERE,
+    )

@@ -75,8 +75,7 @@ def assert_agree(a: Path, b: Path, load_model) -> tuple[int, int]:
         past += int((win.paired & ~win.comparable).sum())
         assert [g for g, m in zip(got, mask) if m] == bad[p.index], p.label
         assert an.per_pair[p.index]["bad"] == int(mask.sum()) == len(bad[p.index])
-        assert vm.rows(p.index, divergent_only=True).base.tolist() == \
-            np.flatnonzero(mask).tolist()
+        assert vm.rows(p.index, divergent_only=True).base.tolist() == np.flatnonzero(mask).tolist()
     assert _walk(vm, forward=True) == all_bad
     assert _walk(vm, forward=False) == all_bad[::-1]
     return len(all_bad), past
@@ -95,8 +94,7 @@ def _write(path: Path, engine: str, r_slot1: int, finals: tuple[list[int], list[
     with TraceWriter(path, {"k": 2, "engine": engine}, flush_interval=0) as w:
         w.request("r", prompt_ids=[1, 2, 3], output_ids=[10, 11, 12, 13], finish_reason="length")
         w.add_block("r", 0, 2, 3, [10, 11], verified=[10, 11], accepted=2, emitted=[10, 11, 12])
-        w.add_block("r", 1, 5, 12, [13, r_slot1], verified=[13, r_slot1], accepted=1,
-                    emitted=[13])
+        w.add_block("r", 1, 5, 12, [13, r_slot1], verified=[13, r_slot1], accepted=1, emitted=[13])
         w.add_block("r", 2, 6, 13, finals[0])
         w.request("s", prompt_ids=[4, 5, 6], output_ids=[20, 21], finish_reason="length")
         w.add_block("s", 0, 2, 6, [20, 21], verified=[20, 21], accepted=2, emitted=[20, 21])
@@ -122,7 +120,7 @@ def test_final_proposals_by_hand(final_pair, load_model):
     r, s = vm.rows(0), vm.rows(1)
     assert r.pos.tolist() == [2, 5, 6] and s.pos.tolist() == [2, 4]
     assert vm.bad_mask(r).tolist() == [False, True, False]
-    assert vm.bad_mask(s).tolist() == [False, False]      # only the final proposals differ
+    assert vm.bad_mask(s).tolist() == [False, False]  # only the final proposals differ
     assert vm.next_divergent(0, -1) == (0, 1)
     assert vm.next_divergent(0, 1) is None
     assert vm.next_divergent(1, 1 << 62, forward=False) == (0, 1)
@@ -131,7 +129,7 @@ def test_final_proposals_by_hand(final_pair, load_model):
     assert (win.a["state"][2] == S_PAST).all() and (win.b["state"][2] == S_PAST).all()
     assert row_note(win, 2, True) == "final proposal"
     assert row_note(win, 1, True) == "≠ slot 1"
-    assert assert_agree(a, b, load_model) == (1, 2)    # r@6 and s@4 are not comparable
+    assert assert_agree(a, b, load_model) == (1, 2)  # r@6 and s@4 are not comparable
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,7 +141,7 @@ def test_final_proposals_by_hand(final_pair, load_model):
 def test_bundled_pair(order, load_model):
     names = order.split("-")
     a, b = (ROOT / "traces" / f"{n}.h5" for n in names)
-    assert assert_agree(a, b, load_model)[0] == 0   # `spectrace diff`: no differing block
+    assert assert_agree(a, b, load_model)[0] == 0  # `spectrace diff`: no differing block
 
 
 # --------------------------------------------------------------------------------------------
@@ -158,9 +156,29 @@ FAULTS = {"layout_shift": "differ", "anchor_shift": "differ", "content": "past"}
 
 def _capture(tmp: Path, name: str, args: list[str]) -> subprocess.CompletedProcess:
     h5, req, log = tmp / f"{name}.h5", tmp / f"{name}.requests.jsonl", tmp / f"{name}.log"
-    cmd = [SPECTRACE, "capture", "-o", str(h5), "--requests", str(req), "--log", str(log), "--",
-           sys.executable, "-m", "spectrace.engine", "--method", "draft_model", "--k", "4",
-           "--max-tokens", "64", "--requests-out", str(req), *args]
+    cmd = [
+        SPECTRACE,
+        "capture",
+        "-o",
+        str(h5),
+        "--requests",
+        str(req),
+        "--log",
+        str(log),
+        "--",
+        sys.executable,
+        "-m",
+        "spectrace.engine",
+        "--method",
+        "draft_model",
+        "--k",
+        "4",
+        "--max-tokens",
+        "64",
+        "--requests-out",
+        str(req),
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 

@@ -35,10 +35,16 @@ SIZE = (140, 40)
 def screen_text(app) -> str:
     """The screen as plain text (what a person reads)."""
     w, h = app.size
-    con = Console(width=w, height=h, file=io.StringIO(), record=True, force_terminal=True,
-                  color_system="truecolor", legacy_windows=False)
-    con.print(app.screen._compositor.render_update(full=True,
-                                                   screen_stack=app._background_screens))
+    con = Console(
+        width=w,
+        height=h,
+        file=io.StringIO(),
+        record=True,
+        force_terminal=True,
+        color_system="truecolor",
+        legacy_windows=False,
+    )
+    con.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
     return con.export_text()
 
 
@@ -68,10 +74,12 @@ async def keys(pilot, *names: str) -> None:
 
 def drive(app, script, size=SIZE):
     """Run ``script(pilot)`` against ``app`` headless; returns its result."""
+
     async def go():
         async with app.run_test(size=size) as pilot:
             await settle(pilot)
             return await script(pilot)
+
     return asyncio.run(go())
 
 
@@ -133,7 +141,7 @@ def test_next_and_previous_divergence(pair):
         seen.append(cursor(app))
         await keys(pilot, "N")
         seen.append(cursor(app))
-        await keys(pilot, "G", "n")         # past the last divergent block: stays
+        await keys(pilot, "G", "n")  # past the last divergent block: stays
         seen.append(cursor(app))
         return seen, text
 
@@ -214,9 +222,9 @@ def test_search_token_id_and_text(pair):
         return first, second, cursor(app)
 
     (first, hl), second, third = drive(make_app(*pair), script)
-    assert first == ("r0/q0", 20) and hl          # theirs proposes 1001 first at 20
+    assert first == ("r0/q0", 20) and hl  # theirs proposes 1001 first at 20
     assert second[1] > first[1]
-    assert 38 <= third[1] < 48                      # a row holding t48 (drafted or emitted)
+    assert 38 <= third[1] < 48  # a row holding t48 (drafted or emitted)
 
 
 def test_requests_pane_selects_a_request(pair):
@@ -268,7 +276,7 @@ def test_block_detail_modal(pair):
     for head in ("ours proposed", "ours verified", "ours emitted", "theirs proposed"):
         assert head in body
     assert "1001 't1001'" in body and "29 't29'" in body
-    assert "t26⟦t27⟧" in body                       # the context, anchor marked
+    assert "t26⟦t27⟧" in body  # the context, anchor marked
     assert "draft 1.500 ms (level 1)" in body
     assert after == "MainScreen"
 
@@ -370,8 +378,13 @@ def test_follow_mode_tails_a_growing_trace(tmp_path, sim):
     proc = subprocess.Popen([sys.executable, str(script_path)])
     try:
         _wait_file(tmp_path / "ready1")
-        app = make_app(tmp_path / "live.h5", follow=True, follow_interval=0.05,
-                       analysis="off", start_tab="blocks")
+        app = make_app(
+            tmp_path / "live.h5",
+            follow=True,
+            follow_interval=0.05,
+            analysis="off",
+            start_tab="blocks",
+        )
 
         async def wait_for(pilot, cond, what):
             for _ in range(400):
@@ -450,8 +463,9 @@ def test_cli_in_tmux(pair):
     tmux = ["tmux", "-L", session]
 
     def capture() -> str:
-        return subprocess.run([*tmux, "capture-pane", "-p", "-t", session],
-                              capture_output=True, text=True).stdout
+        return subprocess.run(
+            [*tmux, "capture-pane", "-p", "-t", session], capture_output=True, text=True
+        ).stdout
 
     def wait(needle: str, timeout: float = 30) -> str:
         t0 = time.time()
@@ -463,8 +477,22 @@ def test_cli_in_tmux(pair):
         raise AssertionError(f"{needle!r} not on screen:\n{capture()}")
 
     env = {**os.environ, "TERM": "xterm-256color"}
-    subprocess.run([*tmux, "new-session", "-d", "-s", session, "-x", "140", "-y", "40",
-                    f"{SPECTRACE} view {a} {b}"], check=True, env=env)
+    subprocess.run(
+        [
+            *tmux,
+            "new-session",
+            "-d",
+            "-s",
+            session,
+            "-x",
+            "140",
+            "-y",
+            "40",
+            f"{SPECTRACE} view {a} {b}",
+        ],
+        check=True,
+        env=env,
+    )
     try:
         wait("First divergent block")
         subprocess.run([*tmux, "send-keys", "-t", session, "2"], check=True)
@@ -486,8 +514,9 @@ def test_cli_in_tmux(pair):
 
 
 def test_view_refuses_without_a_terminal(pair):
-    r = subprocess.run([SPECTRACE, "view", str(pair[0])], capture_output=True, text=True,
-                       stdin=subprocess.DEVNULL)
+    r = subprocess.run(
+        [SPECTRACE, "view", str(pair[0])], capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
     assert r.returncode == 2 and r.stderr.startswith("spectrace: error: view needs a terminal")
     r = subprocess.run([SPECTRACE, "view", "/nonexistent.h5"], capture_output=True, text=True)
     assert r.returncode == 2 and "no such file" in r.stderr

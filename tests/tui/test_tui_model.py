@@ -36,9 +36,12 @@ def vm(pair, load_model):
 def test_pairs_rows_and_states(vm, sim):
     K = sim.K
     assert [(p.label, p.matched_by) for p in vm.pairs] == [
-        ("r0/q0", "prompt"), ("r1/q1", "prompt"), ("r2/q2", "prompt"), ("solo", "ours only")]
-    assert [p.divergence for p in vm.pairs] == [NO_DIVERGENCE, NO_DIVERGENCE, 12,
-                                                NO_DIVERGENCE]
+        ("r0/q0", "prompt"),
+        ("r1/q1", "prompt"),
+        ("r2/q2", "prompt"),
+        ("solo", "ours only"),
+    ]
+    assert [p.divergence for p in vm.pairs] == [NO_DIVERGENCE, NO_DIVERGENCE, 12, NO_DIVERGENCE]
     rows = vm.rows(0)
     t = vm.a
     mine = set(t.blocks.position[t.blocks.request == 0].tolist())
@@ -47,7 +50,7 @@ def test_pairs_rows_and_states(vm, sim):
     only_a = [r for r in range(len(rows)) if rows.ib[r] < 0]
     assert {int(rows.pos[r]) for r in only_a} == mine - theirs
     win = vm.window(rows, 0)
-    i = int(np.searchsorted(win.pos, 2))                 # first anchor: identical
+    i = int(np.searchsorted(win.pos, 2))  # first anchor: identical
     assert win.paired[i] and not win.bad[i]
     assert win.a["state"][i].tolist() == [S_EQUAL] * K
     bad = np.flatnonzero(win.bad)
@@ -70,8 +73,7 @@ def test_bad_rows_match_the_diff(vm, pair):
     total = sum(int(vm.bad_mask(vm.rows(p.index)).sum()) for p in vm.pairs)
     res = diff_traces(align(open_trace(pair[0]), open_trace(pair[1])))
     assert total == res.agreement.paired_blocks - res.agreement.exact_matches
-    assert [d["bad"] for d in an.per_pair] == [int(vm.bad_mask(vm.rows(p)).sum())
-                                               for p in range(3)]
+    assert [d["bad"] for d in an.per_pair] == [int(vm.bad_mask(vm.rows(p)).sum()) for p in range(3)]
     first = an.per_pair[0]["first_bad"]
     assert vm.next_divergent(0, -1) == (0, vm.rows(0).row_of_position(first))
     # Filtered rows hold exactly the divergent ones, with their unfiltered row numbers.
@@ -81,7 +83,7 @@ def test_bad_rows_match_the_diff(vm, pair):
 
 
 def test_search_and_block_detail(vm, sim):
-    hit = vm.search(0, -1, np.array([1001]))              # a wrong id of slot 1
+    hit = vm.search(0, -1, np.array([1001]))  # a wrong id of slot 1
     assert hit is not None
     rows = vm.rows(hit[0])
     ids = []
@@ -120,7 +122,7 @@ def test_read_rows_matches_columns_across_files(tmp_path, pair):
     for name in ("request", "position", "proposed", "emitted", "accepted"):
         col = getattr(full.blocks, name)
         assert np.array_equal(lazy.read_rows(name, 0, n), col), name
-        assert np.array_equal(lazy.read_rows(name, n - 3, n + 5), col[n - 3:]), name
+        assert np.array_equal(lazy.read_rows(name, n - 3, n + 5), col[n - 3 :]), name
     assert lazy.requests.req_id == full.requests.req_id
     for i in range(len(full.requests)):
         assert lazy.requests.output_ids[i].tolist() == full.requests.output_ids[i].tolist()
@@ -147,7 +149,7 @@ def test_view_model_inputs(tmp_path, bad_spec):
 
 
 def test_search_query_ids(pair):
-    dec = Decoder(pair[0].parent / "tokenizer.json")   # token i decodes to "t<i>", 0..1199
+    dec = Decoder(pair[0].parent / "tokenizer.json")  # token i decodes to "t<i>", 0..1199
     assert query_ids("#42", None).tolist() == [42]
     assert query_ids(" 7 ", dec).tolist() == [7]
     # "T119" (case-folded): t119 and t1190..t1199.

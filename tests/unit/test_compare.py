@@ -27,8 +27,12 @@ KA, KB = np.array([3, 4, 2, 2]), np.array([3, 3, 1, 2])
 
 def test_compare_blocks_by_hand():
     c = compare_blocks(PA, PB, KA, KB, np.array([10, -1, 7, 3]), np.array([10, 5, 8, 3]))
-    assert c.eq.tolist() == [[True, True, False, False], [True, True, True, False],
-                             [True, False, False, False], [True, True, False, False]]
+    assert c.eq.tolist() == [
+        [True, True, False, False],
+        [True, True, True, False],
+        [True, False, False, False],
+        [True, True, False, False],
+    ]
     assert c.prefix.tolist() == [2, 3, 1, 2]
     assert c.exact.tolist() == [False, False, False, True]
     assert c.anchor_eq.tolist() == [True, True, False, True]  # row 1: ours unknown
@@ -56,31 +60,52 @@ def test_shift_equal_both_directions():
 def test_comparability_and_first_difference():
     assert first_difference(np.array([1, 2, 3]), np.array([1, 2, 4])) == 2
     assert first_difference(np.array([1, 2]), np.array([1, 2, 3])) == NO_DIVERGENCE
-    limit = comparable_limit(np.array([NO_DIVERGENCE, 5, NO_DIVERGENCE]),
-                             np.array([10, 8, 6]), np.array([True, True, False]))
+    limit = comparable_limit(
+        np.array([NO_DIVERGENCE, 5, NO_DIVERGENCE]),
+        np.array([10, 8, 6]),
+        np.array([True, True, False]),
+    )
     # Known content: stop before the last common token (the final, never-verified proposal).
     assert limit.tolist() == [9, 5, NO_DIVERGENCE]
     got = comparable(np.array([8, 9, 4, 5, 100, 3]), np.array([0, 0, 1, 1, 2, -1]), limit)
     assert got.tolist() == [True, False, True, False, True, False]
 
 
-EQ = [[True, True, False, False], [True, True, True, False],
-      [True, False, False, False], [True, True, False, False]]
+EQ = [
+    [True, True, False, False],
+    [True, True, True, False],
+    [True, False, False, False],
+    [True, True, False, False],
+]
 
 
 def test_presence_by_hand():
     # min(KA, KB) = [3, 3, 1, 2]: slot j is on both sides where it is below that.
     assert slots_present(KA, KB, 4).tolist() == [[True, True, True, False]] * 2 + [
-        [True, False, False, False], [True, True, False, False]]
+        [True, False, False, False],
+        [True, True, False, False],
+    ]
     assert present_counts(KA, KB, 4).tolist() == [4, 3, 2, 0]
     assert anchors_known(np.array([10, -1, 7, 3]), np.array([10, 5, 8, 3])).tolist() == [
-        True, False, True, True]
+        True,
+        False,
+        True,
+        True,
+    ]
     # s = +1: ours' slot j (KA > j) and theirs' slot j + 1 (KB > j + 1).
     assert shift_present(KA, KB, 4, 1).tolist() == [
-        [True, True, False], [True, True, False], [False, False, False], [True, False, False]]
+        [True, True, False],
+        [True, True, False],
+        [False, False, False],
+        [True, False, False],
+    ]
     # s = -1: theirs' slot j (KB > j) and ours' slot j + 1 (KA > j + 1).
     assert shift_present(KA, KB, 4, -1).tolist() == [
-        [True, True, False], [True, True, True], [True, False, False], [True, False, False]]
+        [True, True, False],
+        [True, True, True],
+        [True, False, False],
+        [True, False, False],
+    ]
 
 
 def test_slot_equal_fills_a_row_slice():
@@ -93,7 +118,11 @@ def test_slot_equal_fills_a_row_slice():
 def test_first_slot_from_prefix():
     # Prefixes [2, 3, 1, 2]; the longer proposals [3, 4, 2, 2]: row 3 has no differing slot.
     assert first_slot_from_prefix(np.array([2, 3, 1, 2], np.int16), KA, KB).tolist() == [
-        2, 3, 1, -1]
+        2,
+        3,
+        1,
+        -1,
+    ]
 
 
 def test_compare_paired_gathers_rows_and_counts_slots():

@@ -11,8 +11,9 @@ from spectrace.tracer.typed_json import json_schema
 
 
 def _k_mismatch(**evidence) -> Finding:
-    return Finding("k_mismatch", "error", "k differs", side="ours", request="r", position=4,
-                   evidence=evidence)
+    return Finding(
+        "k_mismatch", "error", "k differs", side="ours", request="r", position=4, evidence=evidence
+    )
 
 
 def test_every_kind_has_an_evidence_type():
@@ -22,10 +23,16 @@ def test_every_kind_has_an_evidence_type():
 def test_finding_json_round_trip_and_validation():
     f = _k_mismatch(blocks=3, typical_difference=-1, ours_k=[3], theirs_k=[4])
     doc = f.to_json()
-    assert doc == {"kind": "k_mismatch", "severity": "error", "message": "k differs",
-                   "side": "ours", "request": "r", "position": 4, "slot": None,
-                   "evidence": {"blocks": 3, "typical_difference": -1, "ours_k": [3],
-                                "theirs_k": [4]}}
+    assert doc == {
+        "kind": "k_mismatch",
+        "severity": "error",
+        "message": "k differs",
+        "side": "ours",
+        "request": "r",
+        "position": 4,
+        "slot": None,
+        "evidence": {"blocks": 3, "typical_difference": -1, "ours_k": [3], "theirs_k": [4]},
+    }
     assert Finding.from_json(doc) == f
     with pytest.raises(ValueError):
         Finding.from_json(doc | {"side": "neither"})

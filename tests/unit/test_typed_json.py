@@ -37,29 +37,42 @@ class Outer:
 
 
 def test_schema_by_hand():
-    inner = {"type": "object", "description": "A part.", "required": ["n", "a", "b"],
-             "properties": {
-                 "n": {"type": "integer", "minimum": 0,
-                       "description": "a count, over two lines."},
-                 "a": {"type": ["string", "null"], "description": "two names."},
-                 "b": {"type": "array", "items": {"type": ["integer", "string"]},
-                       "description": "two names."}}}
+    inner = {
+        "type": "object",
+        "description": "A part.",
+        "required": ["n", "a", "b"],
+        "properties": {
+            "n": {"type": "integer", "minimum": 0, "description": "a count, over two lines."},
+            "a": {"type": ["string", "null"], "description": "two names."},
+            "b": {
+                "type": "array",
+                "items": {"type": ["integer", "string"]},
+                "description": "two names.",
+            },
+        },
+    }
     assert json_schema(Outer) == {
-        "type": "object", "description": "The whole.",
+        "type": "object",
+        "description": "The whole.",
         "required": ["tag", "parts", "rate", "extra"],
         "properties": {
             "tag": {"const": "x/1"},
             "parts": {"type": "array", "items": inner},
             "rate": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
-            "extra": {"type": "object", "additionalProperties": {"type": "integer"}}}}
+            "extra": {"type": "object", "additionalProperties": {"type": "integer"}},
+        },
+    }
 
 
 def test_round_trip_keeps_order_and_types():
-    value = Outer(parts=[Inner(n=2, a=None, b=[1, "7:x"])], rate=0.5, extra={"q": 3},
-                  hidden=9)
+    value = Outer(parts=[Inner(n=2, a=None, b=[1, "7:x"])], rate=0.5, extra={"q": 3}, hidden=9)
     doc = to_json(value)
-    assert doc == {"tag": "x/1", "parts": [{"n": 2, "a": None, "b": [1, "7:x"]}],
-                   "rate": 0.5, "extra": {"q": 3}}
+    assert doc == {
+        "tag": "x/1",
+        "parts": [{"n": 2, "a": None, "b": [1, "7:x"]}],
+        "rate": 0.5,
+        "extra": {"q": 3},
+    }
     assert list(doc) == ["tag", "parts", "rate", "extra"]
     back = from_json(Outer, doc)
     assert back == Outer(parts=[Inner(n=2, a=None, b=[1, "7:x"])], rate=0.5, extra={"q": 3})
@@ -74,5 +87,8 @@ def test_from_json_refuses_missing_and_unknown_keys():
 
 
 def test_attribute_docs():
-    assert attribute_docs(Inner) == {"n": "a count, over two lines.", "a": "two names.",
-                                     "b": "two names."}
+    assert attribute_docs(Inner) == {
+        "n": "a count, over two lines.",
+        "a": "two names.",
+        "b": "two names.",
+    }

@@ -54,8 +54,10 @@ class Draft:
     def dense(self) -> bool:
         """A dense DSpark config: no speculators model type, DSpark architecture or keys."""
         d = self.config
-        return self.model_type is None and (any("DSpark" in a for a in self.architectures)
-                                            or any(key.startswith("dspark_") for key in d))
+        return self.model_type is None and (
+            any("DSpark" in a for a in self.architectures)
+            or any(key.startswith("dspark_") for key in d)
+        )
 
     @property
     def is_dspark(self) -> bool:
@@ -101,8 +103,7 @@ class Vocab:
         return v_draft is not None and v_target is not None and v_draft < v_target
 
 
-def load_draft(ckpt_dir: str | os.PathLike,
-               target_dir: str | os.PathLike | None = None) -> Draft:
+def load_draft(ckpt_dir: str | os.PathLike, target_dir: str | os.PathLike | None = None) -> Draft:
     """Read a checkpoint folder's config and safetensors headers, and its target's config.
 
     Raises:

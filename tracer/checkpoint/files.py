@@ -16,8 +16,17 @@ import numpy as np
 
 from ..errors import InputError
 
-_NP_DTYPES = {"I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?",
-              "F64": "<f8", "F32": "<f4", "F16": "<f2"}
+_NP_DTYPES = {
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "i1",
+    "U8": "u1",
+    "BOOL": "?",
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+}
 
 
 @dataclass
@@ -93,7 +102,7 @@ def read_tensors(ckpt: Path) -> tuple[dict[str, TensorInfo], list[str]]:
     tensors: dict[str, TensorInfo] = {}
     for name in files:
         for k, v in read_header(ckpt / name).items():
-            tensors[k[len("model."):] if k.startswith("model.") else k] = v
+            tensors[k[len("model.") :] if k.startswith("model.") else k] = v
     return tensors, files
 
 
@@ -133,6 +142,7 @@ def target_layer_types(t: dict) -> list[str] | None:
             return [str(x) for x in v]
     interval = t.get("full_attention_interval")
     if isinstance(interval, int) and interval > 0 and isinstance(n, int):
-        return ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                for i in range(n)]
+        return [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)
+        ]
     return None

@@ -18,9 +18,13 @@ def check_format(rep: Report, dr: Draft) -> None:
     tensors = dr.tensors
     dtypes = sorted({t.dtype for t in tensors.values()})
     n_params = sum(int(np.prod(t.shape)) if t.shape else 1 for t in tensors.values())
-    rep.add("format", "ok", f"config.json + {', '.join(dr.files)} ({len(tensors)} tensors, "
-            f"{n_params / 1e6:.2f} M values, {'/'.join(dtypes)}); headers only"
-            + (f"; target {dr.target_path} ({dr.target_note})" if dr.target_note else ""))
+    rep.add(
+        "format",
+        "ok",
+        f"config.json + {', '.join(dr.files)} ({len(tensors)} tensors, "
+        f"{n_params / 1e6:.2f} M values, {'/'.join(dtypes)}); headers only"
+        + (f"; target {dr.target_path} ({dr.target_note})" if dr.target_note else ""),
+    )
 
 
 def check_method(rep: Report, dr: Draft) -> None:
@@ -28,22 +32,43 @@ def check_method(rep: Report, dr: Draft) -> None:
     vLLM loads it as."""
     d, smt, archs = dr.config, dr.model_type, dr.architectures
     if smt == "dspark":
-        vllm_arch = [a for a in archs if a in ("Qwen3DSparkModel", "Qwen3OmniDSparkModel")] \
-            or ["Qwen3DSparkModel"]
-        rep.add("method", "ok", f"dspark (speculators {d.get('speculators_version', '?')}), "
-                f"architectures {archs or 'none'} -> vLLM loads {vllm_arch[0]}")
+        vllm_arch = [a for a in archs if a in ("Qwen3DSparkModel", "Qwen3OmniDSparkModel")] or [
+            "Qwen3DSparkModel"
+        ]
+        rep.add(
+            "method",
+            "ok",
+            f"dspark (speculators {d.get('speculators_version', '?')}), "
+            f"architectures {archs or 'none'} -> vLLM loads {vllm_arch[0]}",
+        )
         if dr.transformer_layer_config is None:
-            rep.add("method", "error", "speculators config without transformer_layer_config: "
-                    "vLLM's SpeculatorsConfig refuses it")
+            rep.add(
+                "method",
+                "error",
+                "speculators config without transformer_layer_config: "
+                "vLLM's SpeculatorsConfig refuses it",
+            )
     elif dr.dense:
-        rep.add("method", "ok", f"dspark (dense config, model_type {d.get('model_type')!r}), "
-                f"architectures {archs or 'none'} -> vLLM loads Qwen3DSparkModel")
+        rep.add(
+            "method",
+            "ok",
+            f"dspark (dense config, model_type {d.get('model_type')!r}), "
+            f"architectures {archs or 'none'} -> vLLM loads Qwen3DSparkModel",
+        )
     elif smt is not None:
-        rep.add("method", "warn", f"speculators_model_type {smt!r}: not DSpark; only the generic "
-                "checks (vocabulary, d2t, aux layers, attention, embeddings) apply")
+        rep.add(
+            "method",
+            "warn",
+            f"speculators_model_type {smt!r}: not DSpark; only the generic "
+            "checks (vocabulary, d2t, aux layers, attention, embeddings) apply",
+        )
     else:
-        rep.add("method", "error", "neither a speculators config (speculators_model_type) nor a "
-                "dense DSpark config (dspark_* keys): unknown draft format")
+        rep.add(
+            "method",
+            "error",
+            "neither a speculators config (speculators_model_type) nor a "
+            "dense DSpark config (dspark_* keys): unknown draft format",
+        )
 
 
 def check_layout(rep: Report, dr: Draft) -> bool:
@@ -58,23 +83,40 @@ def check_layout(rep: Report, dr: Draft) -> bool:
     d = dr.config
     if dr.model_type == "dspark":
         if "sample_from_anchor" not in d:
-            rep.add("layout", "warn", "sample_from_anchor missing: speculators drafts such a "
-                    "checkpoint in the anchor layout (default true), but vLLM 0.32 loads a "
-                    "speculators checkpoint without it in the 1+N layout "
-                    "(sample_from_anchor=false): every draft shifts one slot; write it explicitly")
+            rep.add(
+                "layout",
+                "warn",
+                "sample_from_anchor missing: speculators drafts such a "
+                "checkpoint in the anchor layout (default true), but vLLM 0.32 loads a "
+                "speculators checkpoint without it in the 1+N layout "
+                "(sample_from_anchor=false): every draft shifts one slot; write it explicitly",
+            )
             return True
         sfa = bool(d["sample_from_anchor"])
-        rep.add("layout", "ok", "sample_from_anchor=true: N query slots, the anchor predicts "
-                "draft 0" if sfa else "sample_from_anchor=false: the 1+N fill-in block, the "
-                "anchor is the bonus slot and mask j predicts draft j")
+        rep.add(
+            "layout",
+            "ok",
+            "sample_from_anchor=true: N query slots, the anchor predicts draft 0"
+            if sfa
+            else "sample_from_anchor=false: the 1+N fill-in block, the "
+            "anchor is the bonus slot and mask j predicts draft j",
+        )
         return sfa
     if dr.dense:
         bonus = d.get("dspark_bonus_anchor")
         sfa = not bool(bonus) if bonus is not None else bool(d.get("sample_from_anchor", True))
-        how = ("(dspark_bonus_anchor)" if bonus is not None else
-               "(explicit)" if "sample_from_anchor" in d else "(vLLM's default for dense configs)")
-        rep.add("layout", "ok" if bonus is not None or "sample_from_anchor" in d else "info",
-                f"sample_from_anchor={str(sfa).lower()} " + how)
+        how = (
+            "(dspark_bonus_anchor)"
+            if bonus is not None
+            else "(explicit)"
+            if "sample_from_anchor" in d
+            else "(vLLM's default for dense configs)"
+        )
+        rep.add(
+            "layout",
+            "ok" if bonus is not None or "sample_from_anchor" in d else "info",
+            f"sample_from_anchor={str(sfa).lower()} " + how,
+        )
         return sfa
     return bool(d.get("sample_from_anchor", False))
 
@@ -86,22 +128,33 @@ def check_block_size(rep: Report, dr: Draft, k: int | None, sfa: bool) -> None:
     bs = d.get("block_size") or d.get("dspark_block_size")
     methods = (d.get("speculators_config") or {}).get("proposal_methods") or [{}]
     k_cfg = methods[0].get("speculative_tokens") if isinstance(methods[0], dict) else None
-    k_eff, k_src = (k, "--k") if k is not None else \
-        (k_cfg, "speculative_tokens") if k_cfg else (None, None)
+    k_eff, k_src = (
+        (k, "--k") if k is not None else (k_cfg, "speculative_tokens") if k_cfg else (None, None)
+    )
     if not isinstance(bs, int) or bs <= 0:
-        rep.add("block_size", "warn", "no block_size: speculators' default is 8; vLLM takes k "
-                "from the serving config")
+        rep.add(
+            "block_size",
+            "warn",
+            "no block_size: speculators' default is 8; vLLM takes k from the serving config",
+        )
         return
     trained = bs if sfa else bs - 1
     shape = f"block_size {bs} ({'N slots' if sfa else '1+N: anchor + ' + str(bs - 1) + ' masks'})"
     if k_eff is None:
         rep.add("block_size", "info", f"{shape}: k = {trained} expected; no k given")
     elif k_eff > trained:
-        rep.add("block_size", "error", f"k {k_eff} ({k_src}) > {trained} drafts the {shape} "
-                "was trained for")
+        rep.add(
+            "block_size",
+            "error",
+            f"k {k_eff} ({k_src}) > {trained} drafts the {shape} was trained for",
+        )
     elif k_eff < trained:
-        rep.add("block_size", "warn", f"k {k_eff} ({k_src}) < {trained} of the trained "
-                f"{shape}: the non-causal query block is narrower than in training")
+        rep.add(
+            "block_size",
+            "warn",
+            f"k {k_eff} ({k_src}) < {trained} of the trained "
+            f"{shape}: the non-causal query block is narrower than in training",
+        )
     else:
         rep.add("block_size", "ok", f"k {k_eff} ({k_src}) = the {trained} drafts of {shape}")
 
@@ -114,7 +167,10 @@ def check_mask_token(rep: Report, dr: Draft, vocab: Vocab) -> None:
     if mask is None:
         rep.add("mask_token", "error", "no mask_token_id: vLLM has no id for the mask query slots")
     elif not isinstance(mask, int) or v_in is None or not 0 <= mask < v_in:
-        rep.add("mask_token", "error", f"mask_token_id {mask!r} outside the input vocabulary "
-                f"[0, {v_in})")
+        rep.add(
+            "mask_token",
+            "error",
+            f"mask_token_id {mask!r} outside the input vocabulary [0, {v_in})",
+        )
     else:
         rep.add("mask_token", "ok", f"mask_token_id {mask}")

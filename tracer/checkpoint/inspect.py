@@ -18,8 +18,9 @@ from .shapes import (
 from .vocab import check_d2t, check_embed_tokens, check_lm_head, check_t2d, check_vocab
 
 
-def inspect_draft(ckpt_dir: str | os.PathLike, target_dir: str | os.PathLike | None = None,
-                  k: int | None = None) -> Report:
+def inspect_draft(
+    ckpt_dir: str | os.PathLike, target_dir: str | os.PathLike | None = None, k: int | None = None
+) -> Report:
     """Inspect a draft checkpoint folder; see :mod:`spectrace.tracer.checkpoint` for the checks.
 
     Args:

@@ -52,9 +52,14 @@ class Report:
 
     def to_json(self) -> dict:
         """The ``spectrace.inspect-draft/1`` document."""
-        return {"schema": SCHEMA, "checkpoint": self.checkpoint, "target": self.target,
-                "errors": self.errors, "warnings": self.warnings,
-                "verdicts": [v.to_json() for v in self.verdicts]}
+        return {
+            "schema": SCHEMA,
+            "checkpoint": self.checkpoint,
+            "target": self.target,
+            "errors": self.errors,
+            "warnings": self.warnings,
+            "verdicts": [v.to_json() for v in self.verdicts],
+        }
 
     def text(self) -> str:
         """The human report: a header line, one line per verdict, a verdict line."""
@@ -63,6 +68,8 @@ class Report:
         for v in self.verdicts:
             level = v.level.upper() if v.level == "error" else v.level
             lines.append(f"  {level:<5}  {v.check:<13} {v.message}")
-        lines.append(f"verdict: {self.errors} error{'s' * (self.errors != 1)}, "
-                     f"{self.warnings} warning{'s' * (self.warnings != 1)}")
+        lines.append(
+            f"verdict: {self.errors} error{'s' * (self.errors != 1)}, "
+            f"{self.warnings} warning{'s' * (self.warnings != 1)}"
+        )
         return "\n".join(lines)

@@ -24,31 +24,46 @@ def check_markov(rep: Report, dr: Draft, vocab: Vocab) -> None:
     rank, tensors = dr.markov_rank, dr.tensors
     w1 = tensors.get("markov_head.markov_w1.weight")
     w2 = tensors.get("markov_head.markov_w2.weight")
-    extra = sorted(n for n in tensors if n.startswith("markov_head.")
-                   and not n.startswith(("markov_head.markov_w1.", "markov_head.markov_w2.")))
+    extra = sorted(
+        n
+        for n in tensors
+        if n.startswith("markov_head.")
+        and not n.startswith(("markov_head.markov_w1.", "markov_head.markov_w2."))
+    )
     if head_type != "vanilla" or extra:
-        rep.add("markov", "error", f"markov_head_type {head_type!r}"
-                + (f" with {', '.join(extra[:3])}" if extra else "")
-                + ": vLLM's Qwen3 DSpark implements only the vanilla head (markov_w1/markov_w2); "
-                "gate_proj/joint_proj have no module there, so loading fails")
+        rep.add(
+            "markov",
+            "error",
+            f"markov_head_type {head_type!r}"
+            + (f" with {', '.join(extra[:3])}" if extra else "")
+            + ": vLLM's Qwen3 DSpark implements only the vanilla head (markov_w1/markov_w2); "
+            "gate_proj/joint_proj have no module there, so loading fails",
+        )
     if w1 is None or w2 is None:
-        rep.add("markov", "error", "markov_head.markov_w1/markov_w2 missing: vLLM's Qwen3 "
-                "DSpark always builds the Markov head; its tables would stay uninitialised")
+        rep.add(
+            "markov",
+            "error",
+            "markov_head.markov_w1/markov_w2 missing: vLLM's Qwen3 "
+            "DSpark always builds the Markov head; its tables would stay uninitialised",
+        )
         return
     r = rank if isinstance(rank, int) else w1.shape[-1]
     problems = []
     if vocab.v_in is not None and w1.shape != (vocab.v_in, r):
         problems.append(f"markov_w1 {list(w1.shape)} != [{vocab.v_in}, {r}] (input vocab, rank)")
     if vocab.v_draft is not None and w2.shape != (vocab.v_draft, r):
-        problems.append(f"markov_w2 {list(w2.shape)} != [{vocab.v_draft}, {r}] "
-                        "(draft vocab, rank)")
+        problems.append(f"markov_w2 {list(w2.shape)} != [{vocab.v_draft}, {r}] (draft vocab, rank)")
     if rank is not None and not isinstance(rank, int) or r <= 0:
         problems.append(f"markov_rank {rank!r}")
     if problems:
         rep.add("markov", "error", "; ".join(problems))
     elif head_type == "vanilla" and not extra:
-        rep.add("markov", "ok", f"vanilla head, rank {r}: markov_w1 {list(w1.shape)} over the "
-                f"target vocabulary, markov_w2 {list(w2.shape)} over the draft vocabulary")
+        rep.add(
+            "markov",
+            "ok",
+            f"vanilla head, rank {r}: markov_w1 {list(w1.shape)} over the "
+            f"target vocabulary, markov_w2 {list(w2.shape)} over the draft vocabulary",
+        )
 
 
 def check_confidence(rep: Report, dr: Draft) -> None:
@@ -59,25 +74,39 @@ def check_confidence(rep: Report, dr: Draft) -> None:
     cb = dr.tensors.get("confidence_head.proj.bias")
     enabled = bool(d.get("enable_confidence_head", False))
     if cw is None:
-        rep.add("confidence", "info", "enabled in config.json but no weights: vLLM drops the "
-                "head" if enabled else "none")
+        rep.add(
+            "confidence",
+            "info",
+            "enabled in config.json but no weights: vLLM drops the head" if enabled else "none",
+        )
         return
     with_markov = bool(d.get("confidence_head_with_markov", False))
     r = dr.markov_rank if isinstance(dr.markov_rank, int) else 0
     want = (1, (hidden or 0) + (r if with_markov else 0))
     if not enabled:
-        rep.add("confidence", "info", "weights present but enable_confidence_head is false: "
-                "vLLM drops them")
+        rep.add(
+            "confidence",
+            "info",
+            "weights present but enable_confidence_head is false: vLLM drops them",
+        )
     elif cw.shape != want:
-        rep.add("confidence", "error", f"confidence_head.proj.weight {list(cw.shape)} != "
-                f"{list(want)} (hidden {hidden}"
-                + (f" + rank {r}, confidence_head_with_markov" if with_markov else "") + ")")
+        rep.add(
+            "confidence",
+            "error",
+            f"confidence_head.proj.weight {list(cw.shape)} != "
+            f"{list(want)} (hidden {hidden}"
+            + (f" + rank {r}, confidence_head_with_markov" if with_markov else "")
+            + ")",
+        )
     elif cb is None:
-        rep.add("confidence", "warn", "confidence_head.proj.bias missing: vLLM's head has a "
-                "bias")
+        rep.add("confidence", "warn", "confidence_head.proj.bias missing: vLLM's head has a bias")
     else:
-        rep.add("confidence", "ok", f"proj {list(cw.shape)} + bias"
-                + (" over [hidden, markov embedding]" if with_markov else " over hidden"))
+        rep.add(
+            "confidence",
+            "ok",
+            f"proj {list(cw.shape)} + bias"
+            + (" over [hidden, markov embedding]" if with_markov else " over hidden"),
+        )
 
 
 def aux_layer_ids(dr: Draft) -> list | None:
@@ -100,8 +129,11 @@ def check_aux_layers(rep: Report, dr: Draft) -> list[int]:
     aux = aux_layer_ids(dr)
     t_layers = (dr.target or {}).get("num_hidden_layers")
     if not isinstance(aux, list) or not aux:
-        rep.add("aux_layers", "error" if dr.is_dspark else "info",
-                "no aux_hidden_state_layer_ids: the drafter has no target features to read")
+        rep.add(
+            "aux_layers",
+            "error" if dr.is_dspark else "info",
+            "no aux_hidden_state_layer_ids: the drafter has no target features to read",
+        )
         return []
     aux = [int(a) for a in aux]
     notes, level = [], "ok"
@@ -111,13 +143,21 @@ def check_aux_layers(rep: Report, dr: Draft) -> list[int]:
     if aux != sorted(aux):
         notes.append("not ascending")
     if t_layers is None:
-        rep.add("aux_layers", "info", f"ids {aux} (output of target layers "
-                f"{[a - 1 for a in aux]}); no target config: layer count unknown")
+        rep.add(
+            "aux_layers",
+            "info",
+            f"ids {aux} (output of target layers "
+            f"{[a - 1 for a in aux]}); no target config: layer count unknown",
+        )
         return aux
     out_of = [a for a in aux if a < 0 or a > t_layers]
     if out_of:
-        rep.add("aux_layers", "error", f"ids {out_of} outside 0..{t_layers}: the target has "
-                f"{t_layers} layers (id a taps the output of layer a - 1)")
+        rep.add(
+            "aux_layers",
+            "error",
+            f"ids {out_of} outside 0..{t_layers}: the target has "
+            f"{t_layers} layers (id a taps the output of layer a - 1)",
+        )
         return aux
     if 0 in aux:
         notes.append("id 0 taps the embedding output")
@@ -126,8 +166,12 @@ def check_aux_layers(rep: Report, dr: Draft) -> list[int]:
     if hybrid:
         notes.append(hybrid)
         level = "warn"
-    rep.add("aux_layers", level, f"ids {aux} of a {t_layers}-layer target (outputs of "
-            f"layers {[a - 1 for a in aux]})" + (f"; {'; '.join(notes)}" if notes else ""))
+    rep.add(
+        "aux_layers",
+        level,
+        f"ids {aux} of a {t_layers}-layer target (outputs of "
+        f"layers {[a - 1 for a in aux]})" + (f"; {'; '.join(notes)}" if notes else ""),
+    )
     return aux
 
 
@@ -135,19 +179,23 @@ def _hybrid_note(aux: list[int], tcfg: dict | None, t_layers: int) -> str | None
     """For a hybrid linear/full-attention target: which layer each id taps, and the ids a
     reader counting only full-attention layers would use instead; None for other targets."""
     types = target_layer_types(tcfg) if tcfg is not None else None
-    if not (types and len(types) >= t_layers
-            and any(any(x in ty for x in _LINEAR_TYPES) for ty in types)):
+    if not (
+        types
+        and len(types) >= t_layers
+        and any(any(x in ty for x in _LINEAR_TYPES) for ty in types)
+    ):
         return None
-    full = [i for i, ty in enumerate(types[:t_layers])
-            if not any(x in ty for x in _LINEAR_TYPES)]
+    full = [i for i, ty in enumerate(types[:t_layers]) if not any(x in ty for x in _LINEAR_TYPES)]
     tapped = {a: types[a - 1] for a in aux if a >= 1}
     wrong = [str(full[a - 1] + 1) if 1 <= a <= len(full) else "-" for a in aux]
     taps = ", ".join(f"{a}->{ty}" for a, ty in tapped.items())
-    return (f"hybrid target ({t_layers - len(full)} linear-attention, {len(full)} "
-            f"full-attention layers): ids count every decoder layer (vLLM's "
-            f"_maybe_add_hidden_state), tapping {taps}; "
-            f"ids resolved against the {len(full)} full-attention layers only "
-            f"would read aux ids [{', '.join(wrong)}] instead (-: past them)")
+    return (
+        f"hybrid target ({t_layers - len(full)} linear-attention, {len(full)} "
+        f"full-attention layers): ids count every decoder layer (vLLM's "
+        f"_maybe_add_hidden_state), tapping {taps}; "
+        f"ids resolved against the {len(full)} full-attention layers only "
+        f"would read aux ids [{', '.join(wrong)}] instead (-: past them)"
+    )
 
 
 def check_fc(rep: Report, dr: Draft, aux: list[int]) -> None:
@@ -160,21 +208,34 @@ def check_fc(rep: Report, dr: Draft, aux: list[int]) -> None:
             rep.add("fc", "error", "fc.weight missing: the aux hidden states cannot be combined")
     elif aux and t_hidden and hidden and fc.shape != (hidden, len(aux) * t_hidden):
         n_in = fc.shape[1] / t_hidden if len(fc.shape) == 2 else None
-        rep.add("fc", "error", f"fc.weight {list(fc.shape)} != [{hidden}, {len(aux)} x "
-                f"{t_hidden}]: {len(aux)} aux ids listed"
-                + (f" but fc reads {n_in:g} taps" if n_in else ""))
+        rep.add(
+            "fc",
+            "error",
+            f"fc.weight {list(fc.shape)} != [{hidden}, {len(aux)} x "
+            f"{t_hidden}]: {len(aux)} aux ids listed"
+            + (f" but fc reads {n_in:g} taps" if n_in else ""),
+        )
     elif aux:
-        rep.add("fc", "ok", f"{list(fc.shape)} = [hidden, {len(aux)} taps x target hidden "
-                f"{t_hidden}]")
+        rep.add(
+            "fc", "ok", f"{list(fc.shape)} = [hidden, {len(aux)} taps x target hidden {t_hidden}]"
+        )
 
 
 def check_target_hidden(rep: Report, dr: Draft) -> None:
     """``target_hidden``: the config's ``target_hidden_size`` against the target's."""
     d, tcfg = dr.config, dr.target
-    if tcfg is not None and d.get("target_hidden_size") is not None and \
-            tcfg.get("hidden_size") is not None and d["target_hidden_size"] != tcfg["hidden_size"]:
-        rep.add("target_hidden", "error", f"target_hidden_size {d['target_hidden_size']} != the "
-                f"target's hidden_size {tcfg['hidden_size']}")
+    if (
+        tcfg is not None
+        and d.get("target_hidden_size") is not None
+        and tcfg.get("hidden_size") is not None
+        and d["target_hidden_size"] != tcfg["hidden_size"]
+    ):
+        rep.add(
+            "target_hidden",
+            "error",
+            f"target_hidden_size {d['target_hidden_size']} != the "
+            f"target's hidden_size {tcfg['hidden_size']}",
+        )
 
 
 def check_attention(rep: Report, dr: Draft) -> None:
@@ -192,26 +253,43 @@ def check_attention(rep: Report, dr: Draft) -> None:
     problems: list[str] = []
     found = 0
     for i in range(lc.get("num_hidden_layers") or 0):
-        found += _check_attention_layer(problems, dr.tensors, i, heads, kv_heads, hd, hidden,
-                                        gate)
+        found += _check_attention_layer(problems, dr.tensors, i, heads, kv_heads, hd, hidden, gate)
     if problems:
-        rep.add("attention", "error", "; ".join(problems[:3])
-                + (" ..." if len(problems) > 3 else ""))
+        rep.add(
+            "attention", "error", "; ".join(problems[:3]) + (" ..." if len(problems) > 3 else "")
+        )
     elif gate:
-        rep.add("attention", "error", f"attn_output_gate=true ({found} layers with gated "
-                "q_proj): vLLM's Qwen3 DSpark/DFlash backbone has no output gate and would "
-                "split q_proj wrong")
+        rep.add(
+            "attention",
+            "error",
+            f"attn_output_gate=true ({found} layers with gated "
+            "q_proj): vLLM's Qwen3 DSpark/DFlash backbone has no output gate and would "
+            "split q_proj wrong",
+        )
     elif found:
-        rep.add("attention", "ok", f"{found} layer{'s' * (found != 1)}: q_proj [{q_rows}, "
-                f"{hidden}] = {heads} heads x {hd}, k/v {kv_heads} heads, no output gate")
+        rep.add(
+            "attention",
+            "ok",
+            f"{found} layer{'s' * (found != 1)}: q_proj [{q_rows}, "
+            f"{hidden}] = {heads} heads x {hd}, k/v {kv_heads} heads, no output gate",
+        )
 
 
-def _check_attention_layer(problems: list[str], tensors: dict[str, TensorInfo], i: int,
-                           heads: int, kv_heads: int, hd: int, hidden: int, gate: bool) -> int:
+def _check_attention_layer(
+    problems: list[str],
+    tensors: dict[str, TensorInfo],
+    i: int,
+    heads: int,
+    kv_heads: int,
+    hd: int,
+    hidden: int,
+    gate: bool,
+) -> int:
     """Append layer ``i``'s projection shape problems; return 1 if it has a ``q_proj``."""
     pre = f"layers.{i}.self_attn."
-    q, kk, vv, o = (tensors.get(pre + x + ".weight")
-                    for x in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    q, kk, vv, o = (
+        tensors.get(pre + x + ".weight") for x in ("q_proj", "k_proj", "v_proj", "o_proj")
+    )
     if q is None:
         if tensors.get(pre + "qkv_proj.weight") is None:
             problems.append(f"layer {i}: no q_proj")
@@ -223,11 +301,15 @@ def _check_attention_layer(problems: list[str], tensors: dict[str, TensorInfo], 
             why = " (2x rows: a gated-attention q_proj, but attn_output_gate is false)"
         elif q.shape == (heads * hd, hidden) and gate:
             why = " (attn_output_gate is true but q_proj has no gate rows)"
-        problems.append(f"layer {i}: q_proj {list(q.shape)} != [{q_rows}, {hidden}]"
-                        f" = heads {heads} x head_dim {hd}{' x 2 (gate)' if gate else ''}{why}")
-    for nm, t, want in (("k_proj", kk, (kv_heads * hd, hidden)),
-                        ("v_proj", vv, (kv_heads * hd, hidden)),
-                        ("o_proj", o, (hidden, heads * hd))):
+        problems.append(
+            f"layer {i}: q_proj {list(q.shape)} != [{q_rows}, {hidden}]"
+            f" = heads {heads} x head_dim {hd}{' x 2 (gate)' if gate else ''}{why}"
+        )
+    for nm, t, want in (
+        ("k_proj", kk, (kv_heads * hd, hidden)),
+        ("v_proj", vv, (kv_heads * hd, hidden)),
+        ("o_proj", o, (hidden, heads * hd)),
+    ):
         if t is not None and t.shape != want:
             problems.append(f"layer {i}: {nm} {list(t.shape)} != {list(want)}")
     return 1

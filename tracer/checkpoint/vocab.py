@@ -30,14 +30,26 @@ def check_vocab(rep: Report, dr: Draft) -> Vocab:
     v_target = (dr.target or {}).get("vocab_size") or v_in
     src = "target config" if dr.target else "draft config (no target given)"
     if v_in < v_target:
-        rep.add("vocab", "error", f"input vocabulary {v_in} < target vocabulary {v_target}: "
-                "anchors and drafts with larger ids index past markov_w1/embed_tokens")
+        rep.add(
+            "vocab",
+            "error",
+            f"input vocabulary {v_in} < target vocabulary {v_target}: "
+            "anchors and drafts with larger ids index past markov_w1/embed_tokens",
+        )
     elif v_draft > v_target:
-        rep.add("vocab", "warn", f"draft vocabulary {v_draft} > target vocabulary {v_target}: "
-                "vLLM maps it identically (no d2t); ids >= the target vocabulary are invalid")
+        rep.add(
+            "vocab",
+            "warn",
+            f"draft vocabulary {v_draft} > target vocabulary {v_target}: "
+            "vLLM maps it identically (no d2t); ids >= the target vocabulary are invalid",
+        )
     elif v_draft < v_target:
-        rep.add("vocab", "ok", f"reduced draft vocabulary {v_draft} of {v_target} target ids "
-                f"({src}); input vocabulary {v_in}")
+        rep.add(
+            "vocab",
+            "ok",
+            f"reduced draft vocabulary {v_draft} of {v_target} target ids "
+            f"({src}); input vocabulary {v_in}",
+        )
     else:
         rep.add("vocab", "ok", f"full vocabulary {v_draft} (= target, {src})")
     return Vocab(v_in, v_draft, v_target)
@@ -54,16 +66,27 @@ def check_d2t(rep: Report, dr: Draft, vocab: Vocab) -> np.ndarray | None:
     """
     d2t_ti, v_draft = dr.tensors.get("d2t"), vocab.v_draft
     if vocab.reduced and d2t_ti is None:
-        rep.add("d2t", "error", f"reduced vocabulary without d2t: vLLM refuses the checkpoint, "
-                f"and unmapped draft ids would land in [0, {v_draft})")
+        rep.add(
+            "d2t",
+            "error",
+            f"reduced vocabulary without d2t: vLLM refuses the checkpoint, "
+            f"and unmapped draft ids would land in [0, {v_draft})",
+        )
     elif not vocab.reduced and d2t_ti is not None:
-        rep.add("d2t", "error", "d2t in a full-vocabulary checkpoint: vLLM's Qwen3 DSpark has no "
-                "draft_id_to_target_id parameter then, so loading fails")
+        rep.add(
+            "d2t",
+            "error",
+            "d2t in a full-vocabulary checkpoint: vLLM's Qwen3 DSpark has no "
+            "draft_id_to_target_id parameter then, so loading fails",
+        )
     elif d2t_ti is None:
         rep.add("d2t", "ok", "none (full vocabulary, draft ids are target ids)")
     elif d2t_ti.dtype not in _INT_DTYPES or d2t_ti.shape != (v_draft,):
-        rep.add("d2t", "error", f"d2t is {d2t_ti.dtype} {list(d2t_ti.shape)}; expected integer "
-                f"offsets [{v_draft}]")
+        rep.add(
+            "d2t",
+            "error",
+            f"d2t is {d2t_ti.dtype} {list(d2t_ti.shape)}; expected integer offsets [{v_draft}]",
+        )
     else:
         return _check_d2t_targets(rep, d2t_ti, vocab)
     return None
@@ -77,21 +100,37 @@ def _check_d2t_targets(rep: Report, d2t_ti: TensorInfo, vocab: Vocab) -> np.ndar
     targets = np.arange(len(off)) + off
     bad = np.flatnonzero((targets < 0) | (targets >= v_target))
     uniq = np.unique(targets)
-    absolute = (bad.size and (off >= 0).all() and (off < v_target).all()
-                and np.unique(off).size == off.size)
+    absolute = (
+        bad.size and (off >= 0).all() and (off < v_target).all() and np.unique(off).size == off.size
+    )
     if bad.size:
-        rep.add("d2t", "error", f"{bad.size} of {len(off)} offsets map outside [0, {v_target}) "
-                f"(first: draft id {int(bad[0])} -> {int(targets[bad[0]])})"
-                + ("; d2t looks like absolute target ids, not offsets (target = id + d2t[id])"
-                   if absolute else ""))
+        rep.add(
+            "d2t",
+            "error",
+            f"{bad.size} of {len(off)} offsets map outside [0, {v_target}) "
+            f"(first: draft id {int(bad[0])} -> {int(targets[bad[0]])})"
+            + (
+                "; d2t looks like absolute target ids, not offsets (target = id + d2t[id])"
+                if absolute
+                else ""
+            ),
+        )
         return None  # t2d cannot be compared with out-of-range targets
     if uniq.size != targets.size:
-        rep.add("d2t", "error", f"{targets.size - uniq.size} duplicate targets: several draft "
-                "ids map to the same target id")
+        rep.add(
+            "d2t",
+            "error",
+            f"{targets.size - uniq.size} duplicate targets: several draft "
+            "ids map to the same target id",
+        )
     else:
         order = "ascending" if (np.diff(targets) > 0).all() else "not ascending"
-        rep.add("d2t", "ok", f"{len(off)} offsets, targets in [{int(targets.min())}, "
-                f"{int(targets.max())}], unique, {order}")
+        rep.add(
+            "d2t",
+            "ok",
+            f"{len(off)} offsets, targets in [{int(targets.min())}, "
+            f"{int(targets.max())}], unique, {order}",
+        )
     return targets
 
 
@@ -104,18 +143,29 @@ def check_t2d(rep: Report, dr: Draft, vocab: Vocab, targets: np.ndarray | None) 
             rep.add("t2d", "info", "no t2d (training only; vLLM does not need it)")
         return
     if t2d_ti.shape != (v_target,) or t2d_ti.dtype not in ("BOOL", "U8"):
-        rep.add("t2d", "error", f"t2d is {t2d_ti.dtype} {list(t2d_ti.shape)}; expected bool "
-                f"[{v_target}]")
+        rep.add(
+            "t2d",
+            "error",
+            f"t2d is {t2d_ti.dtype} {list(t2d_ti.shape)}; expected bool [{v_target}]",
+        )
         return
     mask = read_small(t2d_ti).astype(bool)
     if targets is not None and not np.array_equal(np.flatnonzero(mask), np.unique(targets)):
-        rep.add("t2d", "error", f"t2d marks {int(mask.sum())} target ids that do not match "
-                f"d2t's {np.unique(targets).size} distinct targets (vLLM ignores t2d; training "
-                "used it)")
+        rep.add(
+            "t2d",
+            "error",
+            f"t2d marks {int(mask.sum())} target ids that do not match "
+            f"d2t's {np.unique(targets).size} distinct targets (vLLM ignores t2d; training "
+            "used it)",
+        )
     else:
-        rep.add("t2d", "ok", f"{int(mask.sum())} target ids marked"
-                + (", consistent with d2t" if targets is not None else "")
-                + " (training only: vLLM drops t2d)")
+        rep.add(
+            "t2d",
+            "ok",
+            f"{int(mask.sum())} target ids marked"
+            + (", consistent with d2t" if targets is not None else "")
+            + " (training only: vLLM drops t2d)",
+        )
 
 
 def check_embed_tokens(rep: Report, dr: Draft, vocab: Vocab) -> None:
@@ -124,12 +174,19 @@ def check_embed_tokens(rep: Report, dr: Draft, vocab: Vocab) -> None:
     emb, v_in, hidden = dr.tensors.get("embed_tokens.weight"), vocab.v_in, dr.hidden
     if emb is not None:
         want = (v_in, hidden)
-        rep.add("embed_tokens", "ok" if emb.shape == want else "error",
-                f"own {list(emb.shape)}"
-                + ("" if emb.shape == want else f" != [input vocab {v_in}, hidden {hidden}]"))
+        rep.add(
+            "embed_tokens",
+            "ok" if emb.shape == want else "error",
+            f"own {list(emb.shape)}"
+            + ("" if emb.shape == want else f" != [input vocab {v_in}, hidden {hidden}]"),
+        )
     elif v_in is not None and vocab.v_target is not None and v_in > vocab.v_target:
-        rep.add("embed_tokens", "error", f"missing with an input vocabulary ({v_in}) larger "
-                "than the target's: vLLM requires its own embed_tokens")
+        rep.add(
+            "embed_tokens",
+            "error",
+            f"missing with an input vocabulary ({v_in}) larger "
+            "than the target's: vLLM requires its own embed_tokens",
+        )
     else:
         _shared_from_target(rep, dr, "embed_tokens")
 
@@ -140,12 +197,19 @@ def check_lm_head(rep: Report, dr: Draft, vocab: Vocab) -> None:
     head, v_draft, hidden = dr.tensors.get("lm_head.weight"), vocab.v_draft, dr.hidden
     if head is not None:
         want = (v_draft, hidden)
-        rep.add("lm_head", "ok" if head.shape == want else "error",
-                f"own {list(head.shape)}"
-                + ("" if head.shape == want else f" != [draft vocab {v_draft}, hidden {hidden}]"))
+        rep.add(
+            "lm_head",
+            "ok" if head.shape == want else "error",
+            f"own {list(head.shape)}"
+            + ("" if head.shape == want else f" != [draft vocab {v_draft}, hidden {hidden}]"),
+        )
     elif vocab.reduced:
-        rep.add("lm_head", "error", "missing with a reduced vocabulary: vLLM requires the "
-                "draft's own lm_head (the target's full one cannot be shared)")
+        rep.add(
+            "lm_head",
+            "error",
+            "missing with a reduced vocabulary: vLLM requires the "
+            "draft's own lm_head (the target's full one cannot be shared)",
+        )
     else:
         _shared_from_target(rep, dr, "lm_head")
 
@@ -155,5 +219,9 @@ def _shared_from_target(rep: Report, dr: Draft, check: str) -> None:
     differ."""
     t_hidden = None if dr.target is None else dr.target.get("hidden_size")
     ok_share = t_hidden in (None, dr.hidden)
-    rep.add(check, "info" if ok_share else "error", "not in the checkpoint: shared from the "
-            "target" + ("" if ok_share else f", whose hidden size {t_hidden} != {dr.hidden}"))
+    rep.add(
+        check,
+        "info" if ok_share else "error",
+        "not in the checkpoint: shared from the "
+        "target" + ("" if ok_share else f", whose hidden size {t_hidden} != {dr.hidden}"),
+    )

@@ -21,17 +21,24 @@ from . import output
 from .exit_codes import ExitCode
 
 #: ``--format text|json``, shared by the commands that print a result.
-_format_option = click.option("--format", "fmt", type=click.Choice(["text", "json"]),
-                              default="text", show_default=True)
+_format_option = click.option(
+    "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
 #: ``--tokenizer PATH``, shared by the commands that decode ids.
 _tokenizer_option = click.option(
-    "--tokenizer", type=click.Path(),
-    help="tokenizer.json (or its directory) to decode ids; default: from the trace.")
+    "--tokenizer",
+    type=click.Path(),
+    help="tokenizer.json (or its directory) to decode ids; default: from the trace.",
+)
 #: ``--meta KEY=VALUE`` (repeatable) and ``--strict``, shared by ``import vt`` and ``capture vt``.
 _meta_option = click.option(
-    "--meta", "meta", multiple=True, metavar="KEY=VALUE",
+    "--meta",
+    "meta",
+    multiple=True,
+    metavar="KEY=VALUE",
     help="Extra trace metadata KEY=VALUE (repeatable), e.g. engine=vllm.cpp method=dspark k=8 "
-         "tokenizer=PATH.")
+    "tokenizer=PATH.",
+)
 _strict_option = click.option("--strict", is_flag=True, help="Fail on the first malformed line.")
 
 
@@ -65,8 +72,12 @@ class _CaptureGroup(click.Group):
 
 
 @click.command()
-@click.option("--diff", "diff_json", is_flag=True,
-              help="Print the JSON Schema of `spectrace diff --format json` instead.")
+@click.option(
+    "--diff",
+    "diff_json",
+    is_flag=True,
+    help="Print the JSON Schema of `spectrace diff --format json` instead.",
+)
 def schema(diff_json: bool) -> None:
     """Print the trace store schema (HDF5, format 1.x)."""
     if diff_json:
@@ -103,8 +114,13 @@ def info(trace: tuple[str, ...], fmt: str) -> None:
 @click.argument("ours")
 @click.argument("theirs")
 @_format_option
-@click.option("--examples", default=5, show_default=True, type=click.IntRange(min=0),
-              help="Divergent blocks to show as examples.")
+@click.option(
+    "--examples",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Divergent blocks to show as examples.",
+)
 @_tokenizer_option
 def diff(ours: str, theirs: str, fmt: str, examples: int, tokenizer: str | None) -> None:
     """Align two traces per anchor and report where their drafts differ.
@@ -145,9 +161,16 @@ def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None) -> None:
     found = check_trace(t, decoder_for(tokenizer, t.meta))
     summary = trace_summary(t)
     if fmt == "json":
-        output.out(json.dumps({"schema": "spectrace.check/1",
-                               "findings": [f.to_json() for f in found],
-                               "summary": summary}, indent=2))
+        output.out(
+            json.dumps(
+                {
+                    "schema": "spectrace.check/1",
+                    "findings": [f.to_json() for f in found],
+                    "summary": summary,
+                },
+                indent=2,
+            )
+        )
     else:
         con = output.console()
         report.print_findings(con, found)
@@ -157,10 +180,19 @@ def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None) -> None:
 
 @click.command("inspect-draft")
 @click.argument("ckpt_dir", type=click.Path())
-@click.option("--target", "target_dir", type=click.Path(),
-              help="Target model folder (its config.json): vocabulary, layers, hidden size.")
-@click.option("--k", "k", type=int, default=None,
-              help="Drafts per step to check against block_size (default: the config's).")
+@click.option(
+    "--target",
+    "target_dir",
+    type=click.Path(),
+    help="Target model folder (its config.json): vocabulary, layers, hidden size.",
+)
+@click.option(
+    "--k",
+    "k",
+    type=int,
+    default=None,
+    help="Drafts per step to check against block_size (default: the config's).",
+)
 @_format_option
 def inspect_draft_cmd(ckpt_dir: str, target_dir: str | None, k: int | None, fmt: str) -> None:
     """Check a DSpark draft checkpoint (config.json + safetensors headers, no weights).
@@ -186,23 +218,32 @@ def import_() -> None:
 
 @import_.command("vt")
 @click.argument("log", type=click.Path(dir_okay=False))
-@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False),
-              help="Output trace file (.h5).")
-@click.option("--requests", "requests_path", type=click.Path(dir_okay=False),
-              help="JSONL with req_id, prompt_ids, output_ids per request.")
+@click.option(
+    "-o", "--out", required=True, type=click.Path(dir_okay=False), help="Output trace file (.h5)."
+)
+@click.option(
+    "--requests",
+    "requests_path",
+    type=click.Path(dir_okay=False),
+    help="JSONL with req_id, prompt_ids, output_ids per request.",
+)
 @_strict_option
 @_meta_option
-def import_vt(log: str, out: str, requests_path: str | None, strict: bool,
-              meta: tuple[str, ...]) -> None:
+def import_vt(
+    log: str, out: str, requests_path: str | None, strict: bool, meta: tuple[str, ...]
+) -> None:
     """Import our engine's VT_SPEC_TRACE stderr log (LOG, '-' for stdin)."""
     from spectrace.hooks.vt.importer import import_log
 
-    stats = import_log(log, out, requests_path=requests_path, strict=strict,
-                       meta=_parse_meta(meta) or None)
+    stats = import_log(
+        log, out, requests_path=requests_path, strict=strict, meta=_parse_meta(meta) or None
+    )
     output.say(stats.summary())
     if not stats.blocks:
-        output.say(f"warning: {log}: no [SPECTRACE] verify lines, so the trace has no blocks "
-            f"(was VT_SPEC_TRACE set, and is this our engine's stderr?)")
+        output.say(
+            f"warning: {log}: no [SPECTRACE] verify lines, so the trace has no blocks "
+            f"(was VT_SPEC_TRACE set, and is this our engine's stderr?)"
+        )
 
 
 @click.group(cls=_CaptureGroup)
@@ -217,21 +258,43 @@ def capture() -> None:
 
 @capture.command("vt")
 @click.option("-o", "--out", required=True, type=click.Path(dir_okay=False))
-@click.option("--requests", "requests_path", type=click.Path(dir_okay=False),
-              help="JSONL the command writes with req_id, prompt_ids, output_ids; "
-                   "read after the command exits.")
+@click.option(
+    "--requests",
+    "requests_path",
+    type=click.Path(dir_okay=False),
+    help="JSONL the command writes with req_id, prompt_ids, output_ids; "
+    "read after the command exits.",
+)
 @_strict_option
-@click.option("--log", "log_path", type=click.Path(dir_okay=False),
-              help="Also keep CMD's raw stderr in this file (for `spectrace import vt`).")
+@click.option(
+    "--log",
+    "log_path",
+    type=click.Path(dir_okay=False),
+    help="Also keep CMD's raw stderr in this file (for `spectrace import vt`).",
+)
 @_meta_option
 @click.argument("cmd", nargs=-1, required=True)
-def capture_vt(out: str, requests_path: str | None, strict: bool, log_path: str | None,
-               meta: tuple[str, ...], cmd: tuple[str, ...]) -> None:
+def capture_vt(
+    out: str,
+    requests_path: str | None,
+    strict: bool,
+    log_path: str | None,
+    meta: tuple[str, ...],
+    cmd: tuple[str, ...],
+) -> None:
     """Run CMD with VT_SPEC_TRACE=1 (unless set), parse its stderr live, forward it."""
     from spectrace.hooks.capture import capture_command
 
-    sys.exit(capture_command(list(cmd), out, requests_path=requests_path, strict=strict,
-                             log_path=log_path, meta=_parse_meta(meta) or None))
+    sys.exit(
+        capture_command(
+            list(cmd),
+            out,
+            requests_path=requests_path,
+            strict=strict,
+            log_path=log_path,
+            meta=_parse_meta(meta) or None,
+        )
+    )
 
 
 @capture.command("vllm")
@@ -245,8 +308,14 @@ def capture_vllm_cmd(out: str, cmd: tuple[str, ...]) -> None:
 
 
 @click.command()
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="spectrace-demo",
-              show_default=True, help="Directory for the traces and logs.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default="spectrace-demo",
+    show_default=True,
+    help="Directory for the traces and logs.",
+)
 @click.option("--max-tokens", default=64, show_default=True)
 @click.option("--k", "k", default=4, show_default=True, help="num_speculative_tokens")
 def demo(out_dir: str, max_tokens: int, k: int) -> None:
@@ -260,15 +329,34 @@ def demo(out_dir: str, max_tokens: int, k: int) -> None:
 @click.argument("ours")
 @click.argument("theirs", required=False)
 @_tokenizer_option
-@click.option("--follow", is_flag=True,
-              help="Re-read the trace(s) as they grow (a .partial file still being written).")
-@click.option("--tab", "start_tab", type=click.Choice(["overview", "blocks", "charts"]),
-              default="overview", show_default=True, help="Tab shown first.")
-@click.option("--analysis", type=click.Choice(["auto", "thread", "process", "off"]),
-              default="auto", show_default=True,
-              help="Where the whole-trace diff runs (auto: a child process for big traces).")
-def view(ours: str, theirs: str | None, tokenizer: str | None, follow: bool, start_tab: str,
-         analysis: str) -> None:
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Re-read the trace(s) as they grow (a .partial file still being written).",
+)
+@click.option(
+    "--tab",
+    "start_tab",
+    type=click.Choice(["overview", "blocks", "charts"]),
+    default="overview",
+    show_default=True,
+    help="Tab shown first.",
+)
+@click.option(
+    "--analysis",
+    type=click.Choice(["auto", "thread", "process", "off"]),
+    default="auto",
+    show_default=True,
+    help="Where the whole-trace diff runs (auto: a child process for big traces).",
+)
+def view(
+    ours: str,
+    theirs: str | None,
+    tokenizer: str | None,
+    follow: bool,
+    start_tab: str,
+    analysis: str,
+) -> None:
     """Browse a trace, or two aligned traces, in the terminal (press ? for every key).
 
     OURS and THEIRS are trace files or quoted globs; with only OURS the same views show one
@@ -276,8 +364,9 @@ def view(ours: str, theirs: str | None, tokenizer: str | None, follow: bool, sta
     """
     from spectrace.tui import make_app
 
-    app = make_app(ours, theirs, tokenizer=tokenizer, follow=follow, analysis=analysis,
-                   start_tab=start_tab)
+    app = make_app(
+        ours, theirs, tokenizer=tokenizer, follow=follow, analysis=analysis, start_tab=start_tab
+    )
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise InputError("view needs a terminal (stdin and stdout must be a TTY)")
     app.run()
@@ -286,5 +375,14 @@ def view(ours: str, theirs: str | None, tokenizer: str | None, follow: bool, sta
 
 
 #: Every top-level command; :mod:`main` adds them to the group (help lists them sorted).
-COMMANDS: tuple[click.Command, ...] = (demo, info, diff, check, view, capture, import_,
-                                       inspect_draft_cmd, schema)
+COMMANDS: tuple[click.Command, ...] = (
+    demo,
+    info,
+    diff,
+    check,
+    view,
+    capture,
+    import_,
+    inspect_draft_cmd,
+    schema,
+)

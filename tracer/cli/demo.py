@@ -49,21 +49,66 @@ def demo_commands(out: Path, max_tokens: int, k: int) -> dict[str, list[str]]:
     target, draft = root / "models" / "target", root / "models" / "draft"
     prompts = root / "prompts.jsonl"
     spectrace = [sys.executable, "-m", "spectrace.tracer"]
-    common = ["--target", str(target), "--draft", str(draft), "--method", "draft_model",
-              "--k", str(k), "--max-tokens", str(max_tokens), "--prompts", str(prompts)]
+    common = [
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--method",
+        "draft_model",
+        "--k",
+        str(k),
+        "--max-tokens",
+        str(max_tokens),
+        "--prompts",
+        str(prompts),
+    ]
     return {
-        "vllm": [*spectrace, "capture", "vllm", "-o", str(out / "vllm.h5"), "--",
-                 sys.executable, "-m", "spectrace.hooks.vllm.driver", *common],
-        "reference": [*spectrace, "capture", "-o", str(out / "reference.h5"),
-                      "--requests", str(out / "reference.requests.jsonl"),
-                      "--log", str(out / "reference.vt.log"),
-                      "--meta", "engine=spectrace-reference", "--meta", "method=draft_model",
-                      "--meta", f"engine_version={spectrace_version()}",
-                      "--meta", f"k={k}", "--meta", f"target_model={target}",
-                      "--meta", f"draft_model={draft}", "--meta", f"tokenizer={target}",
-                      "--meta", 'sampling={"temperature": 0.0}', "--",
-                      sys.executable, "-m", "spectrace.engine", *common,
-                      "--requests-out", str(out / "reference.requests.jsonl")],
+        "vllm": [
+            *spectrace,
+            "capture",
+            "vllm",
+            "-o",
+            str(out / "vllm.h5"),
+            "--",
+            sys.executable,
+            "-m",
+            "spectrace.hooks.vllm.driver",
+            *common,
+        ],
+        "reference": [
+            *spectrace,
+            "capture",
+            "-o",
+            str(out / "reference.h5"),
+            "--requests",
+            str(out / "reference.requests.jsonl"),
+            "--log",
+            str(out / "reference.vt.log"),
+            "--meta",
+            "engine=spectrace-reference",
+            "--meta",
+            "method=draft_model",
+            "--meta",
+            f"engine_version={spectrace_version()}",
+            "--meta",
+            f"k={k}",
+            "--meta",
+            f"target_model={target}",
+            "--meta",
+            f"draft_model={draft}",
+            "--meta",
+            f"tokenizer={target}",
+            "--meta",
+            'sampling={"temperature": 0.0}',
+            "--",
+            sys.executable,
+            "-m",
+            "spectrace.engine",
+            *common,
+            "--requests-out",
+            str(out / "reference.requests.jsonl"),
+        ],
     }
 
 
@@ -93,15 +138,21 @@ def run_demo(out: Path, max_tokens: int = 64, k: int = 4) -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     t0 = time.perf_counter()
     cmds = demo_commands(out, max_tokens, k)
-    t_ref = _run("reference engine (spectrace capture)", cmds["reference"],
-                 out / "reference.capture.log")
-    t_vllm = _run(f"vLLM draft_model k={k} (spectrace capture vllm)", cmds["vllm"],
-                  out / "vllm.capture.log")
+    t_ref = _run(
+        "reference engine (spectrace capture)", cmds["reference"], out / "reference.capture.log"
+    )
+    t_vllm = _run(
+        f"vLLM draft_model k={k} (spectrace capture vllm)", cmds["vllm"], out / "vllm.capture.log"
+    )
     ours, theirs = open_trace(out / "reference.h5"), open_trace(out / "vllm.h5")
     result = diff_traces(align(ours, theirs), decoder=decoder_for(None, ours.meta, theirs.meta))
     print_diff(console(), result)
-    say(f"demo wall time {time.perf_counter() - t0:.1f} s (reference {t_ref:.1f} s, "
-        f"vLLM {t_vllm:.1f} s); traces in {out}/")
-    say(f"next: spectrace info {out / 'vllm.h5'}   |   "
-        f"spectrace diff {out / 'reference.h5'} {out / 'vllm.h5'}")
+    say(
+        f"demo wall time {time.perf_counter() - t0:.1f} s (reference {t_ref:.1f} s, "
+        f"vLLM {t_vllm:.1f} s); traces in {out}/"
+    )
+    say(
+        f"next: spectrace info {out / 'vllm.h5'}   |   "
+        f"spectrace diff {out / 'reference.h5'} {out / 'vllm.h5'}"
+    )
     return 0

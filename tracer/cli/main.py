@@ -40,8 +40,13 @@ for _command in COMMANDS:
 
 #: The failures :func:`main` turns into an exit code; anything else is a bug, reported by
 #: :func:`_internal_error` (exit 3; the traceback only with ``SPECTRACE_DEBUG=1``).
-_HANDLED = (click.exceptions.Abort, KeyboardInterrupt, click.ClickException, SpectraceError,
-            BrokenPipeError)
+_HANDLED = (
+    click.exceptions.Abort,
+    KeyboardInterrupt,
+    click.ClickException,
+    SpectraceError,
+    BrokenPipeError,
+)
 
 
 def _exit_code(exc: BaseException) -> ExitCode:
@@ -65,8 +70,10 @@ def _exit_code(exc: BaseException) -> ExitCode:
 
 def _internal_error(exc: Exception) -> ExitCode:
     """A bug, not a verdict: one line and exit 3, never 1 (which CI reads as "diverged")."""
-    say(f"internal error: {type(exc).__name__}: {exc} (a spectrace bug; rerun with "
-        f"SPECTRACE_DEBUG=1 for the traceback and report it)")
+    say(
+        f"internal error: {type(exc).__name__}: {exc} (a spectrace bug; rerun with "
+        f"SPECTRACE_DEBUG=1 for the traceback and report it)"
+    )
     return ExitCode.FAILURE
 
 

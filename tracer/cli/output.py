@@ -23,8 +23,14 @@ def say(msg: str) -> None:
         pass
 
 
-def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                 file: TextIO | None = None, line: str | None = None) -> None:
+def show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
     """A :data:`warnings.showwarning` replacement: one ``spectrace: warning: ...`` line."""
     say(f"warning: {message}")
 
@@ -57,5 +63,9 @@ def console() -> Console:
     # Piped or redirected, rich would lay tables out for 80 columns and cut numbers short
     # ("2092746/31…"): data on stdout is never truncated, so give it room (COLUMNS wins).
     piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
-    return _Console(no_color=bool(os.environ.get("NO_COLOR")), highlight=False,
-                    soft_wrap=True, width=160 if piped else None)
+    return _Console(
+        no_color=bool(os.environ.get("NO_COLOR")),
+        highlight=False,
+        soft_wrap=True,
+        width=160 if piped else None,
+    )

@@ -19,16 +19,29 @@ from ..verdict import verdict
 CONTENT_LINES = 10
 
 
-_META_SHOWN = ("engine", "engine_version", "method", "k", "source", "target_model",
-               "draft_model", "sampling", "layout", "command")
+_META_SHOWN = (
+    "engine",
+    "engine_version",
+    "method",
+    "k",
+    "source",
+    "target_model",
+    "draft_model",
+    "sampling",
+    "layout",
+    "command",
+)
 
 
 def print_info(con: Console, s: dict) -> None:
     """Render a :func:`metrics.trace_summary` dict."""
     meta = s["meta"]
     fmt = ", ".join(s.get("format_version", []))
-    t = Table(title=escape(f"trace {', '.join(s['files'])}  [{s['status']}, format {fmt}]"),
-              show_header=False, title_justify="left")
+    t = Table(
+        title=escape(f"trace {', '.join(s['files'])}  [{s['status']}, format {fmt}]"),
+        show_header=False,
+        title_justify="left",
+    )
     t.add_column("key", style="bold")
     t.add_column("value")
     for key in _META_SHOWN:
@@ -38,8 +51,16 @@ def print_info(con: Console, s: dict) -> None:
         t.add_row("checks", escape(str(meta["checks"])))
     imp = meta.get("import")
     if isinstance(imp, dict):
-        keys = ("lines", "trace_lines", "steps", "malformed", "violations", "chain_gaps",
-                "joins", "proposed_source")
+        keys = (
+            "lines",
+            "trace_lines",
+            "steps",
+            "malformed",
+            "violations",
+            "chain_gaps",
+            "joins",
+            "proposed_source",
+        )
         t.add_row("import", escape(", ".join(f"{k}={imp[k]}" for k in keys if k in imp)))
     con.print(t)
     rec, rc = s["recorded"], s["recomputed"]
@@ -55,8 +76,11 @@ def print_info(con: Console, s: dict) -> None:
     f.add_row("unverified blocks", str(s["unverified_blocks"]), "")
     f.add_row("accepted tokens", str(rec["accepted_tokens"]), str(rc["accepted_tokens"]))
     f.add_row("acceptance rate", pct(rec["acceptance_rate"]), pct(rc["acceptance_rate"]))
-    f.add_row("mean acceptance length", num(rec["mean_acceptance_length"]),
-              num(rc["mean_acceptance_length"]))
+    f.add_row(
+        "mean acceptance length",
+        num(rec["mean_acceptance_length"]),
+        num(rc["mean_acceptance_length"]),
+    )
     for i, (x, y) in enumerate(zip(rec["per_position"], rc["per_position"])):
         f.add_row(f"acceptance at slot {i}", pct(x), pct(y))
     con.print(f)
@@ -73,13 +97,20 @@ def print_findings(con: Console, findings: list) -> None:
         return
     con.print(f"findings ({len(findings)}):")
     for f in findings:
-        where = ", ".join(x for x in (
-            f"request {f.request}" if f.request is not None else "",
-            f"position {f.position}" if f.position is not None else "",
-            f"slot {f.slot}" if f.slot is not None else "") if x)
+        where = ", ".join(
+            x
+            for x in (
+                f"request {f.request}" if f.request is not None else "",
+                f"position {f.position}" if f.position is not None else "",
+                f"slot {f.slot}" if f.slot is not None else "",
+            )
+            if x
+        )
         style = SEVERITY_STYLE[f.severity]
-        con.print(f"  [{style}]{f.severity:<7}[/{style}] [bold]{f.kind}[/bold] ({f.side}"
-                  f"{'; ' + where if where else ''})")
+        con.print(
+            f"  [{style}]{f.severity:<7}[/{style}] [bold]{f.kind}[/bold] ({f.side}"
+            f"{'; ' + where if where else ''})"
+        )
         con.print(f"          {escape(f.message)}")
 
 
@@ -98,9 +129,13 @@ def _print_sides(con: Console, r: DiffResult) -> None:
     """One line per trace (files, engine, method, k, blocks), then the verdict."""
     for label, side in (("ours:  ", r.ours), ("theirs:", r.theirs)):
         engine = " ".join(str(x) for x in (side.engine, side.engine_version) if x)
-        con.print(escape(f"{label} {', '.join(side.files)}  ({engine or '?'}, "
-                         f"{side.method or 'method ?'}, k={side.k or '?'}, "
-                         f"{side.blocks} blocks)"))
+        con.print(
+            escape(
+                f"{label} {', '.join(side.files)}  ({engine or '?'}, "
+                f"{side.method or 'method ?'}, k={side.k or '?'}, "
+                f"{side.blocks} blocks)"
+            )
+        )
     v = verdict(r.diverged, r.reasons)
     style = "bold red" if v.diverged else "bold green"
     con.print(f"[{style}]{v.word}[/{style}]{escape(v.detail)}")
@@ -109,35 +144,50 @@ def _print_sides(con: Console, r: DiffResult) -> None:
 def _print_requests(con: Console, r: DiffResult) -> None:
     """Request matching and the first :data:`CONTENT_LINES` content divergences."""
     q = r.requests
-    con.print(f"requests: {q.matched} matched (by prompt {q.matched_by.prompt}, "
-              f"by id {q.matched_by.req_id}, by order {q.matched_by.order}); "
-              f"unmatched ours {len(q.unmatched_ours)}, theirs {len(q.unmatched_theirs)}; "
-              f"content diverged in {q.content_diverged}")
+    con.print(
+        f"requests: {q.matched} matched (by prompt {q.matched_by.prompt}, "
+        f"by id {q.matched_by.req_id}, by order {q.matched_by.order}); "
+        f"unmatched ours {len(q.unmatched_ours)}, theirs {len(q.unmatched_theirs)}; "
+        f"content diverged in {q.content_diverged}"
+    )
     for c in r.content_divergence[:CONTENT_LINES]:
-        con.print(f"  content diverges: request {c.ours_req} / {c.theirs_req} at position "
-                  f"{c.position} (output token {c.position - c.prompt_len}): ours "
-                  f"{c.ours_token}, theirs {c.theirs_token}; later blocks are not compared")
+        con.print(
+            f"  content diverges: request {c.ours_req} / {c.theirs_req} at position "
+            f"{c.position} (output token {c.position - c.prompt_len}): ours "
+            f"{c.ours_token}, theirs {c.theirs_token}; later blocks are not compared"
+        )
     if len(r.content_divergence) > CONTENT_LINES:
-        con.print(f"  ... and {len(r.content_divergence) - CONTENT_LINES} more requests "
-                  f"diverge (--format json lists every one)")
+        con.print(
+            f"  ... and {len(r.content_divergence) - CONTENT_LINES} more requests "
+            f"diverge (--format json lists every one)"
+        )
 
 
 def _print_agreement(con: Console, r: DiffResult) -> None:
     """Coverage, the paired blocks' agreement and the per-position agreement table."""
     cv, ag = r.coverage, r.agreement
-    outside = [f"{cv.blocks(side) - cv.on_matched_content(side)} of {side}"
-               for side in ("ours", "theirs")
-               if cv.blocks(side) > cv.on_matched_content(side)]
-    note = (f"; not on matched content: {' and '.join(outside)} (past a divergence, in "
-            f"unmatched requests, or a request's final proposal, never verified)"
-            if outside else "")
-    con.print(f"coverage: {cv.paired} paired blocks = {pct(cv.ours_coverage)} of ours "
-              f"({cv.ours_on_matched_content}) and {pct(cv.theirs_coverage)} of theirs "
-              f"({cv.theirs_on_matched_content}) on matched content{note}")
-    con.print(f"paired blocks: anchors equal {ag.paired_blocks - ag.anchor_mismatches}"
-              f"/{ag.paired_blocks}, proposals identical {ag.exact_matches}"
-              f"/{ag.paired_blocks} ({pct(ag.exact_match_rate)}), k differs in "
-              f"{ag.k_mismatches}, mean common prefix {num(ag.mean_common_prefix, 2)}")
+    outside = [
+        f"{cv.blocks(side) - cv.on_matched_content(side)} of {side}"
+        for side in ("ours", "theirs")
+        if cv.blocks(side) > cv.on_matched_content(side)
+    ]
+    note = (
+        f"; not on matched content: {' and '.join(outside)} (past a divergence, in "
+        f"unmatched requests, or a request's final proposal, never verified)"
+        if outside
+        else ""
+    )
+    con.print(
+        f"coverage: {cv.paired} paired blocks = {pct(cv.ours_coverage)} of ours "
+        f"({cv.ours_on_matched_content}) and {pct(cv.theirs_coverage)} of theirs "
+        f"({cv.theirs_on_matched_content}) on matched content{note}"
+    )
+    con.print(
+        f"paired blocks: anchors equal {ag.paired_blocks - ag.anchor_mismatches}"
+        f"/{ag.paired_blocks}, proposals identical {ag.exact_matches}"
+        f"/{ag.paired_blocks} ({pct(ag.exact_match_rate)}), k differs in "
+        f"{ag.k_mismatches}, mean common prefix {num(ag.mean_common_prefix, 2)}"
+    )
     pp = Table(title="per-position agreement (paired blocks)", title_justify="left")
     pp.add_column("slot", justify="right")
     pp.add_column("blocks", justify="right")
@@ -160,30 +210,49 @@ def _print_examples(con: Console, examples: list[Example]) -> None:
         ex.add_column(col)
     for e in examples:
         anchor = str(e.anchor_ours) if e.anchor_equal else f"{e.anchor_ours} vs {e.anchor_theirs}"
-        ex.add_row(escape(e.ours_req), str(e.position), anchor,
-                   escape(str(e.ours)), escape(str(e.theirs)), str(e.first_differing_slot))
+        ex.add_row(
+            escape(e.ours_req),
+            str(e.position),
+            anchor,
+            escape(str(e.ours)),
+            escape(str(e.theirs)),
+            str(e.first_differing_slot),
+        )
     con.print(ex)
 
 
 def _print_acceptance(con: Console, acc: AcceptanceBySide) -> None:
     """Acceptance per engine (matched/all content, recorded/recomputed) and per position."""
     t = Table(title="acceptance per engine", title_justify="left")
-    for col, just in (("engine", "left"), ("content", "left"), ("counted", "left"),
-                      ("blocks", "right"), ("acc/verified", "right"),
-                      ("rate", "right"), ("mean length", "right")):
+    for col, just in (
+        ("engine", "left"),
+        ("content", "left"),
+        ("counted", "left"),
+        ("blocks", "right"),
+        ("acc/verified", "right"),
+        ("rate", "right"),
+        ("mean length", "right"),
+    ):
         t.add_column(col, justify=just)
     for side in ("ours", "theirs"):
         for scope, label in (("matched_content", "matched"), ("all_content", "all")):
             for how, name in (("recorded", "recorded"), ("recomputed", "from output")):
                 x = getattr(getattr(getattr(acc, side), scope), how)
-                t.add_row(side, label, name, str(x.blocks),
-                          f"{x.accepted_tokens}/{x.verified_tokens}",
-                          pct(x.acceptance_rate), num(x.mean_acceptance_length, 2))
+                t.add_row(
+                    side,
+                    label,
+                    name,
+                    str(x.blocks),
+                    f"{x.accepted_tokens}/{x.verified_tokens}",
+                    pct(x.acceptance_rate),
+                    num(x.mean_acceptance_length, 2),
+                )
     con.print(t)
     pp = Table(title="per-position acceptance (recorded)", title_justify="left")
     pp.add_column("slot", justify="right")
-    cols = [(side, scope) for scope in ("matched_content", "all_content")
-            for side in ("ours", "theirs")]
+    cols = [
+        (side, scope) for scope in ("matched_content", "all_content") for side in ("ours", "theirs")
+    ]
     for side, scope in cols:
         pp.add_column(f"{side}, {scope.split('_')[0]}", justify="right")
     curves = [getattr(getattr(acc, side), scope).recorded.per_position for side, scope in cols]

@@ -10,6 +10,19 @@ from .data import PairData, SideInput, TraceData, prepare
 from .model import KINDS, SEVERITIES, SIDES, Finding, sort_findings
 from .run import FALLBACK, PAIR, SINGLE_TRACE, check_trace, detect_pair
 
-__all__ = ["FALLBACK", "KINDS", "PAIR", "SEVERITIES", "SIDES", "SINGLE_TRACE", "Finding",
-           "PairData", "SideInput", "TraceData", "check_trace", "detect_pair", "prepare",
-           "sort_findings"]
+__all__ = [
+    "FALLBACK",
+    "KINDS",
+    "PAIR",
+    "SEVERITIES",
+    "SIDES",
+    "SINGLE_TRACE",
+    "Finding",
+    "PairData",
+    "SideInput",
+    "TraceData",
+    "check_trace",
+    "detect_pair",
+    "prepare",
+    "sort_findings",
+]

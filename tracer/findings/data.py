@@ -48,8 +48,19 @@ class TraceData:
     length: np.ndarray
 
     #: Block columns the detectors read (:func:`prepare` reads them up front).
-    COLUMNS = ("request", "position", "anchor", "k", "proposed", "num_verified", "verified",
-               "accepted", "num_emitted", "batch_row", "batch_size")
+    COLUMNS = (
+        "request",
+        "position",
+        "anchor",
+        "k",
+        "proposed",
+        "num_verified",
+        "verified",
+        "accepted",
+        "num_emitted",
+        "batch_row",
+        "batch_size",
+    )
 
     @classmethod
     def build(cls, t: Trace, side: str) -> TraceData:
@@ -70,8 +81,19 @@ class TraceData:
             prev[order[1:][same]] = order[:-1][same]
         ids, nchecked = drafts_checked(t)
         flat, start, length = sequence_index(t)
-        return cls(t=t, side=side, ids=ids, nchecked=nchecked, recomputed=recompute_accepted(t),
-                   order=order, last=last, prev=prev, flat=flat, start=start, length=length)
+        return cls(
+            t=t,
+            side=side,
+            ids=ids,
+            nchecked=nchecked,
+            recomputed=recompute_accepted(t),
+            order=order,
+            last=last,
+            prev=prev,
+            flat=flat,
+            start=start,
+            length=length,
+        )
 
     def req_id(self, block: int) -> str:
         """Request id of block row ``block``."""
@@ -180,8 +202,10 @@ class PairData:
     def example(self, x: int) -> ProposalPair:
         """Both proposals of paired block ``x`` (ids, decoded when a decoder is given)."""
         a, b = int(self.al.ia[x]), int(self.al.ib[x])
-        return ProposalPair(ours=tok(self.decoder, self.al.a.blocks.proposed[a, :self.ka[x]]),
-                            theirs=tok(self.decoder, self.al.b.blocks.proposed[b, :self.kb[x]]))
+        return ProposalPair(
+            ours=tok(self.decoder, self.al.a.blocks.proposed[a, : self.ka[x]]),
+            theirs=tok(self.decoder, self.al.b.blocks.proposed[b, : self.kb[x]]),
+        )
 
     def at(self, x: int) -> dict:
         """Location fields (request, position) of paired block ``x`` on our side."""

@@ -89,8 +89,9 @@ def degenerate(td: TraceData) -> list[Loop]:
     return out
 
 
-def degenerate_finding(td: TraceData, loops: list[Loop], dec: Decoder | None,
-                       severity: str, why: str) -> Finding | None:
+def degenerate_finding(
+    td: TraceData, loops: list[Loop], dec: Decoder | None, severity: str, why: str
+) -> Finding | None:
     """The degenerate_output finding for ``loops`` at ``severity`` (``why`` ends its
     sentence), or None when there are none."""
     if not loops:
@@ -98,79 +99,133 @@ def degenerate_finding(td: TraceData, loops: list[Loop], dec: Decoder | None,
     r = td.t.requests
     first = loops[0]
     i, start, period = first.request, first.start, first.period
-    unit = r.full_sequence(i)[start:start + period]
+    unit = r.full_sequence(i)[start : start + period]
     text = f" {show(dec.text(unit))!r}" if dec else ""
     looped = sum(len(r.full_sequence(lp.request)) - lp.start for lp in loops)
     return Finding(
-        "degenerate_output", severity, side=td.side, request=r.req_id[i], position=start,
-        message=(f"{td.side} output degenerates into a loop in {len(loops)} of {len(r)} "
-                 f"requests (first: request {r.req_id[i]} from position {start}, period "
-                 f"{period}{text}); {why}"),
+        "degenerate_output",
+        severity,
+        side=td.side,
+        request=r.req_id[i],
+        position=start,
+        message=(
+            f"{td.side} output degenerates into a loop in {len(loops)} of {len(r)} "
+            f"requests (first: request {r.req_id[i]} from position {start}, period "
+            f"{period}{text}); {why}"
+        ),
         evidence=DegenerateEvidence(
-            requests=len(loops), looped_tokens=int(looped), period=period, loop_start=start,
+            requests=len(loops),
+            looped_tokens=int(looped),
+            period=period,
+            loop_start=start,
             unit=tok(dec, unit),
-            loops=[LoopRef(request=r.req_id[lp.request], start=lp.start, period=lp.period)
-                   for lp in loops[:10]]))
+            loops=[
+                LoopRef(request=r.req_id[lp.request], start=lp.start, period=lp.period)
+                for lp in loops[:10]
+            ],
+        ),
+    )
 
 
 def single_loop_finding(td: TraceData, dec: Decoder | None) -> Finding | None:
     """degenerate_output of one trace on its own (``spectrace check``): a warning."""
-    return degenerate_finding(td, degenerate(td), dec, "warning",
-                              "acceptance measured on a loop is inflated and not comparable")
+    return degenerate_finding(
+        td,
+        degenerate(td),
+        dec,
+        "warning",
+        "acceptance measured on a loop is inflated and not comparable",
+    )
 
 
 @dataclass
 class _SideLoops:
     """One side's loops split by what explains them (see :func:`pair_loop_findings`)."""
 
-    own: list[Loop]        # one-sided, before any content divergence: an error
-    later: list[Loop]      # one-sided, after the pair's content diverged
-    shared: list[Loop]     # the partner loops too
+    own: list[Loop]  # one-sided, before any content divergence: an error
+    later: list[Loop]  # one-sided, after the pair's content diverged
+    shared: list[Loop]  # the partner loops too
     unmatched: list[Loop]  # in requests the other trace lacks
 
 
 def _split(loops: list[Loop], partner: dict, other_looping: set, div: dict) -> _SideLoops:
     # The partner looping too (even from another start, after the content diverged)
     # makes it the model's loop; only a loop the partner lacks is one-sided.
-    one_sided = [lp for lp in loops
-                 if lp.request in partner and partner[lp.request] not in other_looping]
+    one_sided = [
+        lp for lp in loops if lp.request in partner and partner[lp.request] not in other_looping
+    ]
     later = [lp for lp in one_sided if lp.start > div.get(lp.request, NO_DIVERGENCE)]
-    return _SideLoops(own=[lp for lp in one_sided if lp not in later], later=later,
-                      shared=[lp for lp in loops
-                              if lp.request in partner and lp not in one_sided],
-                      unmatched=[lp for lp in loops if lp.request not in partner])
+    return _SideLoops(
+        own=[lp for lp in one_sided if lp not in later],
+        later=later,
+        shared=[lp for lp in loops if lp.request in partner and lp not in one_sided],
+        unmatched=[lp for lp in loops if lp.request not in partner],
+    )
 
 
-def pair_loop_findings(al: Alignment, oa: TraceData, ob: TraceData, loops_a: list[Loop],
-                       loops_b: list[Loop], dec: Decoder | None) -> list[Finding]:
+def pair_loop_findings(
+    al: Alignment,
+    oa: TraceData,
+    ob: TraceData,
+    loops_a: list[Loop],
+    loops_b: list[Loop],
+    dec: Decoder | None,
+) -> list[Finding]:
     """degenerate_output findings of a diff, ours then theirs: one-sided loops (error),
     loops after a content divergence, loops both engines share (one warning for both),
     loops in unmatched requests (warnings)."""
     ra, rb, dv = al.req_a.tolist(), al.req_b.tolist(), al.divergence.tolist()
-    sides = ((oa, _split(loops_a, dict(zip(ra, rb)), {lp.request for lp in loops_b},
-                         dict(zip(ra, dv)))),
-             (ob, _split(loops_b, dict(zip(rb, ra)), {lp.request for lp in loops_a},
-                         dict(zip(rb, dv)))))
+    sides = (
+        (oa, _split(loops_a, dict(zip(ra, rb)), {lp.request for lp in loops_b}, dict(zip(ra, dv)))),
+        (ob, _split(loops_b, dict(zip(rb, ra)), {lp.request for lp in loops_a}, dict(zip(rb, dv)))),
+    )
     out: list[Finding | None] = []
     said_shared = False  # a shared loop is one warning, not one per side
     for td, s in sides:
-        out.append(degenerate_finding(
-            td, s.own, dec, "error", "the other engine's output does not loop there, so "
-            "acceptance totals compare different text"))
+        out.append(
+            degenerate_finding(
+                td,
+                s.own,
+                dec,
+                "error",
+                "the other engine's output does not loop there, so "
+                "acceptance totals compare different text",
+            )
+        )
         if s.own:
             continue
-        out.append(degenerate_finding(
-            td, s.later, dec, "warning", "it starts after the content already diverged "
-            "(see content_divergence); acceptance on the loop is inflated"))
+        out.append(
+            degenerate_finding(
+                td,
+                s.later,
+                dec,
+                "warning",
+                "it starts after the content already diverged "
+                "(see content_divergence); acceptance on the loop is inflated",
+            )
+        )
         if s.later:
             continue
         if not said_shared:
-            out.append(degenerate_finding(
-                td, s.shared, dec, "warning", "both engines loop identically (the model's "
-                "doing); acceptance on the loop is inflated"))
+            out.append(
+                degenerate_finding(
+                    td,
+                    s.shared,
+                    dec,
+                    "warning",
+                    "both engines loop identically (the model's "
+                    "doing); acceptance on the loop is inflated",
+                )
+            )
             said_shared = out[-1] is not None
         if not s.shared:
-            out.append(degenerate_finding(
-                td, s.unmatched, dec, "warning", "in requests the other trace lacks; "
-                "acceptance on the loop is inflated"))
+            out.append(
+                degenerate_finding(
+                    td,
+                    s.unmatched,
+                    dec,
+                    "warning",
+                    "in requests the other trace lacks; acceptance on the loop is inflated",
+                )
+            )
     return [f for f in out if f is not None]

@@ -42,10 +42,22 @@ SEVERITIES: tuple[str, ...] = ("error", "warning", "info")
 #: Which trace shows a finding.
 SIDES: tuple[str, ...] = ("ours", "theirs", "both")
 
-Kind = Literal["degenerate_output", "content_divergence", "anchor_shift", "layout_shift",
-               "vocab_mapping", "k_mismatch", "verified_differs", "constant_drafts",
-               "depth_divergence", "stale_state", "batch_dependence", "unverified_drafts",
-               "acceptance_bookkeeping", "draft_mismatch"]
+Kind = Literal[
+    "degenerate_output",
+    "content_divergence",
+    "anchor_shift",
+    "layout_shift",
+    "vocab_mapping",
+    "k_mismatch",
+    "verified_differs",
+    "constant_drafts",
+    "depth_divergence",
+    "stale_state",
+    "batch_dependence",
+    "unverified_drafts",
+    "acceptance_bookkeeping",
+    "draft_mismatch",
+]
 Severity = Literal["error", "warning", "info"]
 Side = Literal["ours", "theirs", "both"]
 
@@ -94,9 +106,15 @@ class Finding:
     @classmethod
     def __json_schema_extra__(cls) -> dict:
         """JSON Schema keywords: the evidence of each kind has that kind's type."""
-        return {"allOf": [{"if": {"properties": {"kind": {"const": kind}}},
-                           "then": {"properties": {"evidence": json_schema(EVIDENCE[kind])}}}
-                          for kind in KINDS]}
+        return {
+            "allOf": [
+                {
+                    "if": {"properties": {"kind": {"const": kind}}},
+                    "then": {"properties": {"evidence": json_schema(EVIDENCE[kind])}},
+                }
+                for kind in KINDS
+            ]
+        }
 
     @classmethod
     def from_json(cls, doc: dict) -> Finding:
@@ -108,8 +126,14 @@ class Finding:
 def sort_findings(findings: list[Finding]) -> list[Finding]:
     """Most severe first; within a severity, by :data:`KINDS` order, then position (a
     stable sort: ties keep the detectors' order)."""
-    return sorted(findings, key=lambda f: (SEVERITIES.index(f.severity), KINDS.index(f.kind),
-                                           f.position if f.position is not None else -1))
+    return sorted(
+        findings,
+        key=lambda f: (
+            SEVERITIES.index(f.severity),
+            KINDS.index(f.kind),
+            f.position if f.position is not None else -1,
+        ),
+    )
 
 
 def tok(dec: Decoder | None, ids) -> list:

@@ -30,8 +30,9 @@ from .single import constant_rate
 from .thresholds import MIN_BLOCKS, MISMATCH_ERROR_RATE, SYSTEMATIC
 
 
-def shift_rates(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray,
-                max_shift: int) -> dict[int, tuple[float, int]]:
+def shift_rates(
+    pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray, max_shift: int
+) -> dict[int, tuple[float, int]]:
     """Slot-shift agreement (the kernel's :func:`~spectrace.tracer.compare.shift_equal`):
     for s != 0, the share of slot pairs present on both sides with ours[i] == theirs[i+s].
 
@@ -66,8 +67,7 @@ def layout_shift(pd: PairData) -> Finding | None:
     if varied.sum() < MIN_BLOCKS:
         return None
     # Shifts up to the block length, keeping at least two slot pairs per block.
-    rates = shift_rates(pd.pa[varied], pd.pb[varied], pd.ka[varied], pd.kb[varied],
-                        max(1, w - 2))
+    rates = shift_rates(pd.pa[varied], pd.pb[varied], pd.ka[varied], pd.kb[varied], max(1, w - 2))
     if not rates:
         return None
     s = max(rates, key=lambda x: rates[x][0])
@@ -80,14 +80,26 @@ def layout_shift(pd: PairData) -> Finding | None:
     first = int(np.flatnonzero(hold)[0]) if hold.any() else int(np.flatnonzero(varied)[0])
     rel = f"ours[i] equals theirs[i{s:+d}]"
     return Finding(
-        "layout_shift", "error", side="ours", slot=0, **pd.at(first),
-        message=(f"draft layout shifted by {abs(s)} slot{'s' if abs(s) > 1 else ''}: {rel} in "
-                 f"{pct(rate, 0)} of {n} slot pairs over {P} paired blocks, while ours[i] equals "
-                 f"theirs[i] in {pct(base, 0)} (the N vs 1+N anchor layout, sample_from_anchor)"),
-        evidence=LayoutEvidence(shift=s, rate=rate, slot_pairs=n, same_slot_rate=base,
-                                paired_blocks=P,
-                                rates={str(k): v[0] for k, v in rates.items()},
-                                example=pd.example(first)))
+        "layout_shift",
+        "error",
+        side="ours",
+        slot=0,
+        **pd.at(first),
+        message=(
+            f"draft layout shifted by {abs(s)} slot{'s' if abs(s) > 1 else ''}: {rel} in "
+            f"{pct(rate, 0)} of {n} slot pairs over {P} paired blocks, while ours[i] equals "
+            f"theirs[i] in {pct(base, 0)} (the N vs 1+N anchor layout, sample_from_anchor)"
+        ),
+        evidence=LayoutEvidence(
+            shift=s,
+            rate=rate,
+            slot_pairs=n,
+            same_slot_rate=base,
+            paired_blocks=P,
+            rates={str(k): v[0] for k, v in rates.items()},
+            example=pd.example(first),
+        ),
+    )
 
 
 def anchor_pairs(pd: PairData) -> Finding | None:
@@ -99,14 +111,24 @@ def anchor_pairs(pd: PairData) -> Finding | None:
         return None
     first = int(np.flatnonzero(bad)[0])
     return Finding(
-        "anchor_shift", "error", side="ours", **pd.at(first),
-        message=(f"anchors differ at the same position on matched content in {int(bad.sum())} "
-                 f"of {int(known.sum())} paired blocks: the block recorded at position p is "
-                 f"not drafted from the token at p"),
+        "anchor_shift",
+        "error",
+        side="ours",
+        **pd.at(first),
+        message=(
+            f"anchors differ at the same position on matched content in {int(bad.sum())} "
+            f"of {int(known.sum())} paired blocks: the block recorded at position p is "
+            f"not drafted from the token at p"
+        ),
         evidence=AnchorEvidence(
-            blocks=int(bad.sum()), paired=int(known.sum()),
-            example=AnchorPair(ours_anchor=tok(pd.decoder, [anc_a[first]]),
-                               theirs_anchor=tok(pd.decoder, [anc_b[first]]))))
+            blocks=int(bad.sum()),
+            paired=int(known.sum()),
+            example=AnchorPair(
+                ours_anchor=tok(pd.decoder, [anc_a[first]]),
+                theirs_anchor=tok(pd.decoder, [anc_b[first]]),
+            ),
+        ),
+    )
 
 
 def functional_map(src: np.ndarray, dst: np.ndarray) -> tuple[float, int]:
@@ -163,12 +185,18 @@ def vocab_pairs(pd: PairData) -> Finding | None:
     ev["ours_max_id"], ev["theirs_max_id"] = below, int(t.max())
     ev["example"] = pd.example(first)
     return Finding(
-        "vocab_mapping", "error", side="ours", slot=int(np.flatnonzero(diff[first])[0]),
+        "vocab_mapping",
+        "error",
+        side="ours",
+        slot=int(np.flatnonzero(diff[first])[0]),
         **pd.at(first),
-        message=(f"ours relate to theirs by {relation} on {pct(share, 0)} of {int(diff.sum())} "
-                 f"differing slots: a reduced-vocabulary (d2t/t2d) mapping is missing, applied "
-                 f"twice or regenerated (ours ids reach {below}, theirs {int(t.max())})"),
-        evidence=ev)
+        message=(
+            f"ours relate to theirs by {relation} on {pct(share, 0)} of {int(diff.sum())} "
+            f"differing slots: a reduced-vocabulary (d2t/t2d) mapping is missing, applied "
+            f"twice or regenerated (ours ids reach {below}, theirs {int(t.max())})"
+        ),
+        evidence=ev,
+    )
 
 
 def k_pairs(pd: PairData) -> Finding | None:
@@ -181,15 +209,24 @@ def k_pairs(pd: PairData) -> Finding | None:
     vals, cnt = np.unique(d, return_counts=True)
     typical = int(vals[cnt.argmax()])
     return Finding(
-        "k_mismatch", "error", side="ours", **pd.at(first),
-        message=(f"k differs in {int(bad.sum())} of {len(bad)} paired blocks: ours proposes "
-                 f"{abs(typical)} {'fewer' if typical < 0 else 'more'} draft "
-                 f"id{'s' if abs(typical) != 1 else ''} than theirs "
-                 f"(ours k={int(pd.ka[first])}, theirs "
-                 f"k={int(pd.kb[first])} at the first); one side may count the anchor in k"),
-        evidence=KEvidence(blocks=int(bad.sum()), typical_difference=typical,
-                           ours_k=np.unique(pd.ka).tolist(),
-                           theirs_k=np.unique(pd.kb).tolist()))
+        "k_mismatch",
+        "error",
+        side="ours",
+        **pd.at(first),
+        message=(
+            f"k differs in {int(bad.sum())} of {len(bad)} paired blocks: ours proposes "
+            f"{abs(typical)} {'fewer' if typical < 0 else 'more'} draft "
+            f"id{'s' if abs(typical) != 1 else ''} than theirs "
+            f"(ours k={int(pd.ka[first])}, theirs "
+            f"k={int(pd.kb[first])} at the first); one side may count the anchor in k"
+        ),
+        evidence=KEvidence(
+            blocks=int(bad.sum()),
+            typical_difference=typical,
+            ours_k=np.unique(pd.ka).tolist(),
+            theirs_k=np.unique(pd.kb).tolist(),
+        ),
+    )
 
 
 def depth(pd: PairData) -> Finding | None:
@@ -208,12 +245,18 @@ def depth(pd: PairData) -> Finding | None:
         return None
     first = int(np.flatnonzero(s0 & ~eq[:, 1])[0])
     return Finding(
-        "depth_divergence", "error", side="ours", slot=1, **pd.at(first),
-        message=(f"slot 0 agrees in {pct(agree[0], 0)} of paired blocks but slot 1 in only "
-                 f"{pct(cond1, 0)} of those: the multi-step draft loop is broken beyond depth 0 "
-                 f"(positions, seq_lens or the previous token not advanced)"),
-        evidence=DepthEvidence(per_position=[float(x) for x in agree],
-                               slot1_given_slot0=cond1))
+        "depth_divergence",
+        "error",
+        side="ours",
+        slot=1,
+        **pd.at(first),
+        message=(
+            f"slot 0 agrees in {pct(agree[0], 0)} of paired blocks but slot 1 in only "
+            f"{pct(cond1, 0)} of those: the multi-step draft loop is broken beyond depth 0 "
+            f"(positions, seq_lens or the previous token not advanced)"
+        ),
+        evidence=DepthEvidence(per_position=[float(x) for x in agree], slot1_given_slot0=cond1),
+    )
 
 
 def stale(pd: PairData) -> Finding | None:
@@ -233,12 +276,19 @@ def stale(pd: PairData) -> Finding | None:
         return None
     first = int(np.flatnonzero(rejected & mism)[0])
     return Finding(
-        "stale_state", "error", side="ours", **pd.at(first),
-        message=(f"right after a rejection ours proposes differently in {pct(r_rej, 0)} of "
-                 f"{int(rejected.sum())} paired blocks, otherwise in {pct(r_clean, 0)}: the "
-                 f"drafter keeps stale state (KV or hidden state of rejected tokens)"),
-        evidence=StaleEvidence(after_rejection=r_rej, otherwise=r_clean,
-                               blocks_after_rejection=int(rejected.sum())))
+        "stale_state",
+        "error",
+        side="ours",
+        **pd.at(first),
+        message=(
+            f"right after a rejection ours proposes differently in {pct(r_rej, 0)} of "
+            f"{int(rejected.sum())} paired blocks, otherwise in {pct(r_clean, 0)}: the "
+            f"drafter keeps stale state (KV or hidden state of rejected tokens)"
+        ),
+        evidence=StaleEvidence(
+            after_rejection=r_rej, otherwise=r_clean, blocks_after_rejection=int(rejected.sum())
+        ),
+    )
 
 
 def batch(pd: PairData) -> Finding | None:
@@ -254,13 +304,23 @@ def batch(pd: PairData) -> Finding | None:
         if r_hi >= SYSTEMATIC and r_lo <= 0.1:
             first = int(np.flatnonzero(hi & mism)[0])
             return Finding(
-                "batch_dependence", "error", side="ours", **pd.at(first),
-                message=(f"proposals differ in {pct(r_hi, 0)} of blocks at {label} > {base} but "
-                         f"{pct(r_lo, 0)} at {label} {base}: drafts depend on the batch "
-                         f"(indexing in padded or sorted batches)"),
-                evidence=BatchEvidence(by=col, mismatch_rate_low=r_lo,
-                                       mismatch_rate_high=r_hi, blocks_low=int(lo.sum()),
-                                       blocks_high=int(hi.sum())))
+                "batch_dependence",
+                "error",
+                side="ours",
+                **pd.at(first),
+                message=(
+                    f"proposals differ in {pct(r_hi, 0)} of blocks at {label} > {base} but "
+                    f"{pct(r_lo, 0)} at {label} {base}: drafts depend on the batch "
+                    f"(indexing in padded or sorted batches)"
+                ),
+                evidence=BatchEvidence(
+                    by=col,
+                    mismatch_rate_low=r_lo,
+                    mismatch_rate_high=r_hi,
+                    blocks_low=int(lo.sum()),
+                    blocks_high=int(hi.sum()),
+                ),
+            )
     return None
 
 
@@ -279,12 +339,20 @@ def mismatch(pd: PairData) -> Finding | None:
     fs = int(pd.cmp.first_slot[first])
     slot = fs if 0 <= fs < min(pd.ka[first], pd.kb[first]) else None
     return Finding(
-        "draft_mismatch", sev, side="ours", slot=slot, **pd.at(first),
-        message=(f"proposals differ at matched anchors in {int(bad.sum())} of {P} paired blocks "
-                 f"({pct(rate, 0)}), from slot 0 in {pct(slot0, 0)} of them, with no shift or "
-                 f"mapping pattern{tie}"),
-        evidence=MismatchEvidence(blocks=int(bad.sum()), paired=P, rate=rate,
-                                  from_slot0=slot0, example=pd.example(first)))
+        "draft_mismatch",
+        sev,
+        side="ours",
+        slot=slot,
+        **pd.at(first),
+        message=(
+            f"proposals differ at matched anchors in {int(bad.sum())} of {P} paired blocks "
+            f"({pct(rate, 0)}), from slot 0 in {pct(slot0, 0)} of them, with no shift or "
+            f"mapping pattern{tie}"
+        ),
+        evidence=MismatchEvidence(
+            blocks=int(bad.sum()), paired=P, rate=rate, from_slot0=slot0, example=pd.example(first)
+        ),
+    )
 
 
 def content(al: Alignment, oa: TraceData, dec: Decoder | None) -> Finding | None:
@@ -299,15 +367,29 @@ def content(al: Alignment, oa: TraceData, dec: Decoder | None) -> Finding | None
     beyond_a = int(in_pair.sum() - (al.comparable_a & in_pair).sum())
     plen = len(oa.t.requests.prompt_ids[i])
     return Finding(
-        "content_divergence", "error", side="both", request=oa.t.requests.req_id[i],
+        "content_divergence",
+        "error",
+        side="both",
+        request=oa.t.requests.req_id[i],
         position=d,
-        message=(f"the outputs differ in {len(div)} of {al.pairs} matched requests (first: "
-                 f"request {oa.t.requests.req_id[i]} at position {d}, output token {d - plen}: "
-                 f"ours {tok(dec, [sa[d]])[0]} vs theirs {tok(dec, [sb[d]])[0]}); blocks "
-                 f"past it are not compared and acceptance totals on all content compare "
-                 f"different text"),
+        message=(
+            f"the outputs differ in {len(div)} of {al.pairs} matched requests (first: "
+            f"request {oa.t.requests.req_id[i]} at position {d}, output token {d - plen}: "
+            f"ours {tok(dec, [sa[d]])[0]} vs theirs {tok(dec, [sb[d]])[0]}); blocks "
+            f"past it are not compared and acceptance totals on all content compare "
+            f"different text"
+        ),
         evidence=ContentEvidence(
-            requests=len(div), position=d, ours_token=tok(dec, [sa[d]]),
-            theirs_token=tok(dec, [sb[d]]), blocks_not_compared_ours=beyond_a,
-            divergences=[DivergenceRef(request=oa.t.requests.req_id[int(al.req_a[q])],
-                                       position=int(al.divergence[q])) for q in div[:10]]))
+            requests=len(div),
+            position=d,
+            ours_token=tok(dec, [sa[d]]),
+            theirs_token=tok(dec, [sb[d]]),
+            blocks_not_compared_ours=beyond_a,
+            divergences=[
+                DivergenceRef(
+                    request=oa.t.requests.req_id[int(al.req_a[q])], position=int(al.divergence[q])
+                )
+                for q in div[:10]
+            ],
+        ),
+    )

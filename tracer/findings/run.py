@@ -106,16 +106,19 @@ class _SideRun:
     results: list[Finding | None]
 
 
-def _own_checks(td: TraceData, ref: TraceData, al: Alignment, side_a: bool,
-                dec: Decoder | None) -> _SideRun:
+def _own_checks(
+    td: TraceData, ref: TraceData, al: Alignment, side_a: bool, dec: Decoder | None
+) -> _SideRun:
     """One side's work (it reads ``ref`` and ``al``, writes only ``td``'s memos): its loops,
     the detectors that read only this side, and the :func:`~.single.constant_rate` memo the
     cross-side constant_drafts check reads."""
     single.constant_rate(td)
-    s = SideInput(td=td, ref=ref, skipped=single.skipped_anchors(td, ref, al, side_a),
-                  decoder=dec)
-    return _SideRun(input=s, loops=degenerate(td),
-                    results=[None if d.reads_other_side else d.run(s) for d in SINGLE_TRACE])
+    s = SideInput(td=td, ref=ref, skipped=single.skipped_anchors(td, ref, al, side_a), decoder=dec)
+    return _SideRun(
+        input=s,
+        loops=degenerate(td),
+        results=[None if d.reads_other_side else d.run(s) for d in SINGLE_TRACE],
+    )
 
 
 def _pair_findings(pd: PairData) -> list[Finding]:
@@ -129,8 +132,9 @@ def _pair_findings(pd: PairData) -> list[Finding]:
     return [f for f in found if f is not None]
 
 
-def detect_pair(al: Alignment, paired: PairedComparison,
-                decoder: Decoder | None = None) -> list[Finding]:
+def detect_pair(
+    al: Alignment, paired: PairedComparison, decoder: Decoder | None = None
+) -> list[Finding]:
     """All findings of a diff: loops, content divergence, both traces' single-trace
     detectors (ours, then theirs) and the pair detectors.
 
@@ -145,8 +149,12 @@ def detect_pair(al: Alignment, paired: PairedComparison,
     oa, ob = prepare([(al.a, "ours"), (al.b, "theirs")])
     pd = PairData(al=al, oa=oa, ob=ob, paired=paired, decoder=decoder)
     # Each side's own checks, both sides at once (they write nothing shared).
-    run_a, run_b = in_parallel([lambda: _own_checks(oa, ob, al, True, decoder),
-                                lambda: _own_checks(ob, oa, al, False, decoder)])
+    run_a, run_b = in_parallel(
+        [
+            lambda: _own_checks(oa, ob, al, True, decoder),
+            lambda: _own_checks(ob, oa, al, False, decoder),
+        ]
+    )
     verified = [i for i, d in enumerate(SINGLE_TRACE) if d.kind == "verified_differs"]
     if any(run_a.results[i] is not None for i in verified):
         # Corrupted verified ids explain mismatches of blocks whose proposal is their copy.
@@ -156,7 +164,8 @@ def detect_pair(al: Alignment, paired: PairedComparison,
     found += pair_loop_findings(al, oa, ob, run_a.loops, run_b.loops, decoder)
     found.append(pair.content(al, oa, decoder))
     for r in (run_a, run_b):
-        found += [d.run(r.input) if d.reads_other_side else res
-                  for d, res in zip(SINGLE_TRACE, r.results)]
+        found += [
+            d.run(r.input) if d.reads_other_side else res for d, res in zip(SINGLE_TRACE, r.results)
+        ]
     found += _pair_findings(pd)
     return sort_findings([f for f in found if f is not None])

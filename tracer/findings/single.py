@@ -54,19 +54,32 @@ def anchor_consistency(s: SideInput) -> Finding | None:
     # Which neighbouring position holds the recorded anchor, over the bad blocks only.
     idx = np.flatnonzero(bad)
     req, pos, anchor = b.request[idx], b.position[idx].astype(np.int64), b.anchor[idx]
-    shifts = {d: float((_token_at(td, req, pos + d) == anchor).mean())
-              for d in range(-4, 5) if d != 0}
+    shifts = {
+        d: float((_token_at(td, req, pos + d) == anchor).mean()) for d in range(-4, 5) if d != 0
+    }
     best = max(shifts, key=shifts.get)
     first = int(idx[0])
-    shift_txt = (f"; the anchor is the token at position{best:+d} in {pct(shifts[best], 0)}"
-                 if shifts[best] >= SYSTEMATIC else "")
+    shift_txt = (
+        f"; the anchor is the token at position{best:+d} in {pct(shifts[best], 0)}"
+        if shifts[best] >= SYSTEMATIC
+        else ""
+    )
     return Finding(
-        "anchor_shift", "error", side=td.side, **td.at(first),
-        message=(f"{td.side}: the recorded anchor is not the sequence's token at the anchor "
-                 f"position in {nbad} of {nknown} blocks{shift_txt}"),
-        evidence=AnchorEvidence(blocks=nbad, checked=nknown,
-                                shift=best if shifts[best] >= SYSTEMATIC else None,
-                                shift_rates={str(k): v for k, v in shifts.items()}))
+        "anchor_shift",
+        "error",
+        side=td.side,
+        **td.at(first),
+        message=(
+            f"{td.side}: the recorded anchor is not the sequence's token at the anchor "
+            f"position in {nbad} of {nknown} blocks{shift_txt}"
+        ),
+        evidence=AnchorEvidence(
+            blocks=nbad,
+            checked=nknown,
+            shift=best if shifts[best] >= SYSTEMATIC else None,
+            shift_rates={str(k): v for k, v in shifts.items()},
+        ),
+    )
 
 
 def verified_vs_proposed(s: SideInput) -> Finding | None:
@@ -74,8 +87,9 @@ def verified_vs_proposed(s: SideInput) -> Finding | None:
     kernel's slot equality of each block's proposal with its own verified ids)."""
     td, dec = s.td, s.decoder
     b = td.t.blocks
-    if b.verified is b.proposed or (b.proposed.shape == b.verified.shape
-                                    and np.array_equal(b.proposed, b.verified)):
+    if b.verified is b.proposed or (
+        b.proposed.shape == b.verified.shape and np.array_equal(b.proposed, b.verified)
+    ):
         return None  # the common case: the store said so, or one pass
     nv = b.num_verified.astype(np.int64)
     k = b.k.astype(np.int64)
@@ -95,22 +109,36 @@ def verified_vs_proposed(s: SideInput) -> Finding | None:
     placeholder = float((vals < 0).mean())
     note = ""
     if equals_anchor >= SYSTEMATIC:
-        note = (f"; the verified value equals the block's anchor (the previous emitted token) "
-                f"in {pct(equals_anchor, 0)}")
+        note = (
+            f"; the verified value equals the block's anchor (the previous emitted token) "
+            f"in {pct(equals_anchor, 0)}"
+        )
     elif placeholder >= SYSTEMATIC:
         note = f"; {pct(placeholder, 0)} of them are placeholder ids (-1)"
     j = int(np.flatnonzero(diff[first])[0])
     return Finding(
-        "verified_differs", "error", side=td.side, slot=j, **td.at(first),
-        message=(f"{td.side}: the target verified other ids than the drafter proposed in "
-                 f"{int(bad.sum())} of {int((nv >= 0).sum())} blocks, mostly slot {worst} "
-                 f"({int(per_slot[worst])} blocks){note}"),
+        "verified_differs",
+        "error",
+        side=td.side,
+        slot=j,
+        **td.at(first),
+        message=(
+            f"{td.side}: the target verified other ids than the drafter proposed in "
+            f"{int(bad.sum())} of {int((nv >= 0).sum())} blocks, mostly slot {worst} "
+            f"({int(per_slot[worst])} blocks){note}"
+        ),
         evidence=VerifiedEvidence(
-            blocks=int(bad.sum()), per_slot=per_slot.tolist(), equals_anchor=equals_anchor,
-            placeholders=placeholder, trimmed_blocks=int(trimmed.sum()),
+            blocks=int(bad.sum()),
+            per_slot=per_slot.tolist(),
+            equals_anchor=equals_anchor,
+            placeholders=placeholder,
+            trimmed_blocks=int(trimmed.sum()),
             example=VerifiedExample(
-                proposed=tok(dec, b.proposed[first, :b.k[first]]),
-                verified=tok(dec, b.verified[first, :max(nv[first], 0)]))))
+                proposed=tok(dec, b.proposed[first, : b.k[first]]),
+                verified=tok(dec, b.verified[first, : max(nv[first], 0)]),
+            ),
+        ),
+    )
 
 
 def constant_rate(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
@@ -131,23 +159,32 @@ def _constant_rate(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
     return const, elig
 
 
-def _constant_both(td: TraceData, rate: float, ref_rate: float, first: int,
-                   dec) -> Finding | None:
+def _constant_both(td: TraceData, rate: float, ref_rate: float, first: int, dec) -> Finding | None:
     """Both sides hold one id across slots: no difference between the engines, but still
     worth a look (or the output loops on both). Reported once, from our side."""
     if td.side != "ours":
         return None
     const, elig = constant_rate(td)
     return Finding(
-        "constant_drafts", "warning", side="both", slot=1, **td.at(first),
-        message=(f"both engines hold one id in every slot in most blocks (ours "
-                 f"{pct(rate, 0)}, theirs {pct(ref_rate, 0)}): not a difference between "
-                 f"them, but either both drafters copy the step-0 draft across depth "
-                 f"or the output repeats one token (see degenerate_output)"),
+        "constant_drafts",
+        "warning",
+        side="both",
+        slot=1,
+        **td.at(first),
+        message=(
+            f"both engines hold one id in every slot in most blocks (ours "
+            f"{pct(rate, 0)}, theirs {pct(ref_rate, 0)}): not a difference between "
+            f"them, but either both drafters copy the step-0 draft across depth "
+            f"or the output repeats one token (see degenerate_output)"
+        ),
         evidence=ConstantEvidence(
-            blocks=int(const.sum()), eligible=int(elig.sum()), rate=float(rate),
+            blocks=int(const.sum()),
+            eligible=int(elig.sum()),
+            rate=float(rate),
             reference_rate=float(ref_rate),
-            example=tok(dec, td.t.blocks.proposed[first, :td.t.blocks.k[first]])))
+            example=tok(dec, td.t.blocks.proposed[first, : td.t.blocks.k[first]]),
+        ),
+    )
 
 
 def constant_drafts(s: SideInput) -> Finding | None:
@@ -170,14 +207,24 @@ def constant_drafts(s: SideInput) -> Finding | None:
     b = td.t.blocks
     ref_txt = f" (reference: {pct(ref_rate, 0)})" if ref_rate is not None else ""
     return Finding(
-        "constant_drafts", "error", side=td.side, slot=1, **td.at(first),
-        message=(f"{td.side}: every slot holds the same id in {int(const.sum())} of "
-                 f"{int(elig.sum())} blocks ({pct(rate, 0)}){ref_txt}: the step-0 draft is "
-                 f"copied across depth, or the blocks are placeholders"),
+        "constant_drafts",
+        "error",
+        side=td.side,
+        slot=1,
+        **td.at(first),
+        message=(
+            f"{td.side}: every slot holds the same id in {int(const.sum())} of "
+            f"{int(elig.sum())} blocks ({pct(rate, 0)}){ref_txt}: the step-0 draft is "
+            f"copied across depth, or the blocks are placeholders"
+        ),
         evidence=ConstantEvidence(
-            blocks=int(const.sum()), eligible=int(elig.sum()), rate=float(rate),
+            blocks=int(const.sum()),
+            eligible=int(elig.sum()),
+            rate=float(rate),
             reference_rate=None if ref_rate is None else float(ref_rate),
-            example=tok(dec, b.proposed[first, :b.k[first]])))
+            example=tok(dec, b.proposed[first, : b.k[first]]),
+        ),
+    )
 
 
 def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) -> np.ndarray:
@@ -206,8 +253,10 @@ def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) 
     idx, expected = np.concatenate(gaps), np.concatenate(exp)
     if not len(idx):
         return idx
-    stride = int(max(b.position.max(initial=0), ref.t.blocks.position.max(initial=0),
-                     expected.max())) + 2
+    stride = (
+        int(max(b.position.max(initial=0), ref.t.blocks.position.max(initial=0), expected.max()))
+        + 2
+    )
     want = pob[idx] * stride + expected
     have = rpob[rcomp] * stride + ref.t.blocks.position[rcomp].astype(np.int64)
     return idx[np.isin(want, have)]
@@ -218,8 +267,11 @@ def _stopping_requests(td: TraceData) -> list[int]:
     b = td.t.blocks
     req = b.request.astype(np.int64)
     kmax = int(b.k.max(initial=0))
-    return [int(blk) for blk in np.flatnonzero(td.last)
-            if td.length[req[blk]] and b.position[blk] + 1 + kmax + 1 < td.length[req[blk]] - 1]
+    return [
+        int(blk)
+        for blk in np.flatnonzero(td.last)
+        if td.length[req[blk]] and b.position[blk] + 1 + kmax + 1 < td.length[req[blk]] - 1
+    ]
 
 
 def unverified(s: SideInput) -> Finding | None:
@@ -237,24 +289,37 @@ def unverified(s: SideInput) -> Finding | None:
         return None
     if len(skipped) >= MIN_BLOCKS and not bad.any() and not stops:
         first = int(skipped[0])
-        msg = (f"{td.side}: {len(skipped)} times a request went on without drafting from an "
-               f"anchor the other engine drafted from (first: request {td.req_id(first)} "
-               f"before position {int(b.position[first])}): drafts dropped before "
-               f"verification")
+        msg = (
+            f"{td.side}: {len(skipped)} times a request went on without drafting from an "
+            f"anchor the other engine drafted from (first: request {td.req_id(first)} "
+            f"before position {int(b.position[first])}): drafts dropped before "
+            f"verification"
+        )
     elif bad.any():
         first = int(np.flatnonzero(bad)[0])
-        msg = (f"{td.side}: {int(bad.sum())} of {len(bad)} draft blocks were proposed but "
-               f"never verified")
+        msg = (
+            f"{td.side}: {int(bad.sum())} of {len(bad)} draft blocks were proposed but "
+            f"never verified"
+        )
     else:
         first = stops[0]
-        msg = (f"{td.side}: {len(stops)} requests stop proposing long before their output "
-               f"ends (first: request {td.req_id(first)} after position "
-               f"{int(b.position[first])})")
-    return Finding("unverified_drafts", "error", side=td.side, **td.at(first), message=msg,
-                   evidence=UnverifiedEvidence(
-                       unverified_blocks=int(bad.sum()),
-                       requests_stopping=[td.req_id(x) for x in stops[:10]],
-                       skipped_anchors=int(len(skipped))))
+        msg = (
+            f"{td.side}: {len(stops)} requests stop proposing long before their output "
+            f"ends (first: request {td.req_id(first)} after position "
+            f"{int(b.position[first])})"
+        )
+    return Finding(
+        "unverified_drafts",
+        "error",
+        side=td.side,
+        **td.at(first),
+        message=msg,
+        evidence=UnverifiedEvidence(
+            unverified_blocks=int(bad.sum()),
+            requests_stopping=[td.req_id(x) for x in stops[:10]],
+            skipped_anchors=int(len(skipped)),
+        ),
+    )
 
 
 def bookkeeping(s: SideInput) -> Finding | None:
@@ -277,14 +342,23 @@ def bookkeeping(s: SideInput) -> Finding | None:
     rec, rc = b.accepted.astype(np.int64), td.recomputed.astype(np.int64)
     first = int(np.flatnonzero(bad)[0])
     return Finding(
-        "acceptance_bookkeeping", "error", side=td.side, **td.at(first),
-        message=(f"{td.side}: the recorded accepted count disagrees with the emitted stream in "
-                 f"{int(bad.sum())} of {int(known.sum())} blocks (recorded "
-                 f"{int(rec[known].sum())}, recomputed {int(rc[known].sum())} accepted tokens)"),
+        "acceptance_bookkeeping",
+        "error",
+        side=td.side,
+        **td.at(first),
+        message=(
+            f"{td.side}: the recorded accepted count disagrees with the emitted stream in "
+            f"{int(bad.sum())} of {int(known.sum())} blocks (recorded "
+            f"{int(rec[known].sum())}, recomputed {int(rc[known].sum())} accepted tokens)"
+        ),
         evidence=BookkeepingEvidence(
-            blocks=int(bad.sum()), recorded_total=int(rec[known].sum()),
-            recomputed_total=int(rc[known].sum()), emitted_count_mismatch=int(bad_emit.sum()),
-            first=AcceptedPair(recorded=int(rec[first]), recomputed=int(rc[first]))))
+            blocks=int(bad.sum()),
+            recorded_total=int(rec[known].sum()),
+            recomputed_total=int(rc[known].sum()),
+            emitted_count_mismatch=int(bad_emit.sum()),
+            first=AcceptedPair(recorded=int(rec[first]), recomputed=int(rc[first])),
+        ),
+    )
 
 
 def vocab_range(s: SideInput) -> Finding | None:
@@ -303,16 +377,29 @@ def vocab_range(s: SideInput) -> Finding | None:
         live = np.arange(b.proposed.shape[1]) < b.k[:, None]
         bad = live & (b.proposed >= vocab)
         first = int(np.flatnonzero(bad.any(axis=1))[0])
-        return Finding("vocab_mapping", "error", side=td.side, **td.at(first),
-                       slot=int(np.flatnonzero(bad[first])[0]),
-                       message=(f"{td.side}: {int(bad.sum())} proposed ids lie outside the "
-                                f"target vocabulary of {vocab} ids (up to {max_id})"),
-                       evidence=VocabEvidence(ids=int(bad.sum()), vocab_size=vocab,
-                                              max_id=max_id))
+        return Finding(
+            "vocab_mapping",
+            "error",
+            side=td.side,
+            **td.at(first),
+            slot=int(np.flatnonzero(bad[first])[0]),
+            message=(
+                f"{td.side}: {int(bad.sum())} proposed ids lie outside the "
+                f"target vocabulary of {vocab} ids (up to {max_id})"
+            ),
+            evidence=VocabEvidence(ids=int(bad.sum()), vocab_size=vocab, max_id=max_id),
+        )
     if dvs and vocab and dvs < vocab and meta.get("d2t") and max_id < dvs:
-        return Finding("vocab_mapping", "error", side=td.side, **td.at(0),
-                       message=(f"{td.side}: every proposed id is below the draft vocabulary "
-                                f"size {dvs} although a d2t mapping exists: the mapping to "
-                                f"target ids was not applied"),
-                       evidence=VocabEvidence(draft_vocab_size=dvs, max_id=max_id))
+        return Finding(
+            "vocab_mapping",
+            "error",
+            side=td.side,
+            **td.at(0),
+            message=(
+                f"{td.side}: every proposed id is below the draft vocabulary "
+                f"size {dvs} although a d2t mapping exists: the mapping to "
+                f"target ids was not applied"
+            ),
+            evidence=VocabEvidence(draft_vocab_size=dvs, max_id=max_id),
+        )
     return None

@@ -103,9 +103,9 @@ class RaggedColumn(Sequence):
             s0, s1 = int(self._starts[f]), int(self._starts[f + 1])
             lo, hi = max(start, s0), min(stop, s1)
             if lo < hi:
-                out += [np.asarray(x, np.int32) for x in ds[lo - s0:hi - s0]]
+                out += [np.asarray(x, np.int32) for x in ds[lo - s0 : hi - s0]]
         if stop > base:
-            out += self._extra[max(start - base, 0):stop - base]
+            out += self._extra[max(start - base, 0) : stop - base]
         return out
 
     def append(self, arr: np.ndarray) -> None:

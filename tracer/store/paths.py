@@ -27,8 +27,11 @@ class TraceWarning(UserWarning):
 def final_path(path: str | os.PathLike) -> Path:
     """Return the clean-close name of a trace path (strips a trailing ``.partial``)."""
     p = Path(path)
-    return p.with_name(p.name[: -len(schema.PARTIAL_SUFFIX)]) if p.name.endswith(
-        schema.PARTIAL_SUFFIX) else p
+    return (
+        p.with_name(p.name[: -len(schema.PARTIAL_SUFFIX)])
+        if p.name.endswith(schema.PARTIAL_SUFFIX)
+        else p
+    )
 
 
 def partial_path(path: str | os.PathLike) -> Path:
@@ -55,8 +58,11 @@ def resolve_paths(spec: TraceSpec) -> list[Path]:
         raise InputError("no trace file given")
     unique = list(dict.fromkeys(p.resolve() for p in out))
     if len(unique) < len(out):  # the same file twice would count every block twice
-        warnings.warn(f"{len(out) - len(unique)} trace file(s) given more than once; "
-                      f"each is read once", TraceWarning, stacklevel=2)
+        warnings.warn(
+            f"{len(out) - len(unique)} trace file(s) given more than once; each is read once",
+            TraceWarning,
+            stacklevel=2,
+        )
         out = [p for p in dict.fromkeys(out) if p.resolve() in unique]
         out = list({p.resolve(): p for p in out}.values())
     return out

@@ -58,11 +58,15 @@ class Trace:
         engines = {(m.get("engine"), m.get("method"), m.get("k")) for m in self.metas}
         ranks = [m["dp_rank"] for m in self.metas if m.get("dp_rank") is not None]
         if len(engines) > 1:  # one trace = one run split over processes, not two engines
-            self._warn(f"{self.name}: files of different runs read as one trace "
-                       f"(engine, method, k: {sorted(engines, key=str)})")
+            self._warn(
+                f"{self.name}: files of different runs read as one trace "
+                f"(engine, method, k: {sorted(engines, key=str)})"
+            )
         elif len(ranks) != len(set(ranks)):  # one run writes one file per data-parallel rank
-            self._warn(f"{self.name}: files of different runs read as one trace (data-parallel "
-                       f"ranks {sorted(ranks)}: a rank appears twice)")
+            self._warn(
+                f"{self.name}: files of different runs read as one trace (data-parallel "
+                f"ranks {sorted(ranks)}: a rank appears twice)"
+            )
         if not lazy_requests:
             self._requests = self._read_requests()
         self.blocks = Blocks(self)
@@ -114,8 +118,10 @@ class Trace:
         if status != schema.STATUS_COMPLETE or path.name.endswith(schema.PARTIAL_SUFFIX):
             n = self._readable_rows(f, n)
             self.status = schema.STATUS_RECORDING
-            self._warn(f"{path}: trace was not closed cleanly (status {status!r}); "
-                       f"recovered {n} flushed blocks")
+            self._warn(
+                f"{path}: trace was not closed cleanly (status {status!r}); "
+                f"recovered {n} flushed blocks"
+            )
         self._files.append(f)
         self.metas.append(meta)
         self.formats.append(version)
@@ -126,8 +132,7 @@ class Trace:
         # A writer killed mid-flush may leave columns of different lengths: the shortest one
         # bounds the rows that were completely written.
         g = f["blocks"]
-        return min((g[c.name].shape[0] for c in schema.BLOCK_COLUMNS if c.name in g),
-                   default=0)
+        return min((g[c.name].shape[0] for c in schema.BLOCK_COLUMNS if c.name in g), default=0)
 
     @staticmethod
     def _readable_rows(f: h5py.File, n: int) -> int:
@@ -138,7 +143,7 @@ class Trace:
         while n > 0:
             try:
                 for ds in cols:
-                    ds[max(0, n - ds.chunks[0]):n]
+                    ds[max(0, n - ds.chunks[0]) : n]
                 return n
             except (OSError, RuntimeError, ValueError):
                 step = min(ds.chunks[0] for ds in cols)
@@ -155,8 +160,9 @@ class Trace:
         try:
             return self._read_requests_unchecked()
         except (KeyError, OSError, RuntimeError) as exc:
-            raise TraceFormatError(f"{self.name}: damaged /requests table ({_short(exc)})") \
-                from None
+            raise TraceFormatError(
+                f"{self.name}: damaged /requests table ({_short(exc)})"
+            ) from None
 
     def _read_requests_unchecked(self) -> Requests:
         r = Requests()
@@ -185,8 +191,9 @@ class Trace:
         try:
             return self._read_block_column_unchecked(c)
         except (KeyError, OSError, RuntimeError) as exc:
-            raise TraceFormatError(f"{self.name}: damaged column blocks/{c.name} "
-                                   f"({_short(exc)})") from None
+            raise TraceFormatError(
+                f"{self.name}: damaged column blocks/{c.name} ({_short(exc)})"
+            ) from None
 
     def _read_block_column_unchecked(self, c: schema.Column) -> np.ndarray:
         self.requests  # noqa: B018 - request offsets are known once requests are read
@@ -258,9 +265,14 @@ class Trace:
         start, stop = max(0, min(start, total)), max(0, min(stop, total))
         width = None
         if c.width is not None:
-            width = max([ds.shape[1] for ds in (self._dataset(i, name)
-                                                for i in range(len(self._files)))
-                         if ds is not None] or [1])
+            width = max(
+                [
+                    ds.shape[1]
+                    for ds in (self._dataset(i, name) for i in range(len(self._files)))
+                    if ds is not None
+                ]
+                or [1]
+            )
         parts, base = [], 0
         for i, n in enumerate(self._nblocks):
             lo, hi = max(start, base) - base, min(stop, base + n) - base
@@ -297,8 +309,9 @@ class Trace:
             names = [_decode(x) for x in g.attrs.get("names", [])]
             codes = g["name"][:n]
             out["step"].append(g["step"][:n])
-            out["name"].append(np.array([names[c] if 0 <= c < len(names) else "?"
-                                         for c in codes], dtype=object))
+            out["name"].append(
+                np.array([names[c] if 0 <= c < len(names) else "?" for c in codes], dtype=object)
+            )
             out["ms"].append(g["ms"][:n])
             out["level"].append(g["level"][:n])
             out["file"].append(np.full(n, i, np.int32))
@@ -323,8 +336,7 @@ class Trace:
         return f"{self.paths[0].name}{extra}" if self.paths else "?"
 
 
-def open_trace(spec: TraceSpec, *,
-               lazy_requests: bool = False) -> Trace:
+def open_trace(spec: TraceSpec, *, lazy_requests: bool = False) -> Trace:
     """Open a trace for reading (see :func:`resolve_paths` for the accepted specs).
 
     Args:
@@ -347,15 +359,18 @@ def _format_version(path: Path, f: h5py.File) -> str:
     """
     fmt = _attr(f, "format")
     if fmt != schema.FORMAT:
-        raise TraceFormatError(f"{path}: not a spectrace trace (format attribute is "
-                               f"{fmt!r}, expected {schema.FORMAT!r})")
+        raise TraceFormatError(
+            f"{path}: not a spectrace trace (format attribute is "
+            f"{fmt!r}, expected {schema.FORMAT!r})"
+        )
     version = str(_attr(f, "format_version") or "")
     if not version:
         raise TraceFormatError(f"{path}: damaged trace file (no format_version attribute)")
     if version.split(".")[0] != str(schema.MAJOR_VERSION):
         raise TraceFormatError(
             f"{path}: trace format version {version or '?'} is not supported; this "
-            f"spectrace reads {schema.MAJOR_VERSION}.x (upgrade spectrace)")
+            f"spectrace reads {schema.MAJOR_VERSION}.x (upgrade spectrace)"
+        )
     return version
 
 
@@ -379,16 +394,17 @@ def _unreadable(path: Path, exc: OSError) -> str:
     """Why h5py cannot open ``path``, in the user's words where we can tell."""
     m = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", str(exc))
     if m:
-        return (f"truncated HDF5 file ({m.group(1)} of {m.group(2)} bytes; a copy cut "
-                f"short?)")
+        return f"truncated HDF5 file ({m.group(1)} of {m.group(2)} bytes; a copy cut short?)"
     try:
         with open(path, "rb") as fh:
             head = fh.read(4096)
     except OSError:
         head = b""
     if b"VT_SPEC_TRACE" in head or b"[SPECTRACE]" in head or b"[spec-" in head:
-        return ("a VT_SPEC_TRACE log, not a trace file: convert it with "
-                "`spectrace import vt LOG -o TRACE.h5`")
+        return (
+            "a VT_SPEC_TRACE log, not a trace file: convert it with "
+            "`spectrace import vt LOG -o TRACE.h5`"
+        )
     return f"not a readable HDF5 file ({_short(exc)})"
 
 

@@ -59,9 +59,15 @@ class TraceWriter:
         InputError: the output directory does not exist or the file cannot be created.
     """
 
-    def __init__(self, path: str | os.PathLike, meta: dict | None = None, *,
-                 flush_interval: float = 1.0, flush_rows: int = 65536,
-                 compression: str | None = "gzip") -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        meta: dict | None = None,
+        *,
+        flush_interval: float = 1.0,
+        flush_rows: int = 65536,
+        compression: str | None = "gzip",
+    ) -> None:
         self.path = final_path(path)
         self.partial_path = partial_path(self.path)
         self._meta = dict(meta or {})
@@ -88,8 +94,9 @@ class TraceWriter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if flush_interval and flush_interval > 0:
-            self._thread = threading.Thread(target=self._flush_loop, args=(flush_interval,),
-                                            name="spectrace-flush", daemon=True)
+            self._thread = threading.Thread(
+                target=self._flush_loop, args=(flush_interval,), name="spectrace-flush", daemon=True
+            )
             self._thread.start()
 
     # -- file layout ---------------------------------------------------------------------------
@@ -100,8 +107,7 @@ class TraceWriter:
         f.attrs["format_version"] = schema.FORMAT_VERSION
         f.attrs["status"] = schema.STATUS_RECORDING
         f.attrs["writer"] = f"spectrace {spectrace_version()}"
-        f.attrs["created_utc"] = _dt.datetime.now(_dt.timezone.utc).isoformat(
-            timespec="seconds")
+        f.attrs["created_utc"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         self._write_meta()
         for table, cols in schema.TABLES.items():
             g = f.create_group(table)
@@ -134,14 +140,16 @@ class TraceWriter:
             kw["fletcher32"] = True  # a damaged chunk fails to read instead of lying
         else:
             chunks = (256,)
-        group.create_dataset(c.name, shape=shape, maxshape=maxshape, chunks=chunks,
-                             dtype=dtype, **kw)
+        group.create_dataset(
+            c.name, shape=shape, maxshape=maxshape, chunks=chunks, dtype=dtype, **kw
+        )
 
     def _write_meta(self) -> None:
         if "meta" in self._file:
             del self._file["meta"]
-        self._file.create_dataset("meta", data=json.dumps(self._meta, sort_keys=True,
-                                                          default=str), dtype=_STR)
+        self._file.create_dataset(
+            "meta", data=json.dumps(self._meta, sort_keys=True, default=str), dtype=_STR
+        )
 
     # -- recording -----------------------------------------------------------------------------
 
@@ -157,9 +165,13 @@ class TraceWriter:
         with self._lock:
             return dict(self._meta)
 
-    def request(self, req_id: str, prompt_ids: Sequence[int] | None = None,
-                output_ids: Sequence[int] | None = None,
-                finish_reason: str | None = None) -> int:
+    def request(
+        self,
+        req_id: str,
+        prompt_ids: Sequence[int] | None = None,
+        output_ids: Sequence[int] | None = None,
+        finish_reason: str | None = None,
+    ) -> int:
         """Register request ``req_id`` (or update its ids) and return its row index.
 
         Args:
@@ -186,11 +198,22 @@ class TraceWriter:
             self._dirty_requests.add(idx)
             return idx
 
-    def add_block(self, req_id: str, step: int, position: int, anchor: int,
-                  proposed: Sequence[int], *, verified: Sequence[int] | None = None,
-                  accepted: int = schema.PAD, emitted: Sequence[int] | None = None,
-                  t_ns: int | None = None, batch_row: int = schema.PAD,
-                  batch_size: int = schema.PAD, proposal_source: int = schema.PAD) -> None:
+    def add_block(
+        self,
+        req_id: str,
+        step: int,
+        position: int,
+        anchor: int,
+        proposed: Sequence[int],
+        *,
+        verified: Sequence[int] | None = None,
+        accepted: int = schema.PAD,
+        emitted: Sequence[int] | None = None,
+        t_ns: int | None = None,
+        batch_row: int = schema.PAD,
+        batch_size: int = schema.PAD,
+        proposal_source: int = schema.PAD,
+    ) -> None:
         """Record one draft block.
 
         Args:
@@ -308,8 +331,9 @@ class TraceWriter:
         if wrote:
             self._file.flush()
 
-    def _flush_table(self, table: str, cols: tuple[schema.Column, ...],
-                     buf: dict[str, list]) -> None:
+    def _flush_table(
+        self, table: str, cols: tuple[schema.Column, ...], buf: dict[str, list]
+    ) -> None:
         g = self._file[table]
         n = len(buf[cols[0].name])
         arrays = {}
@@ -323,7 +347,7 @@ class TraceWriter:
                 w = max((len(v) for v in values), default=0)
                 arr = np.full((n, max(w, 1)), c.fill, dtype=c.np_dtype)
                 for i, v in enumerate(values):
-                    arr[i, :len(v)] = v
+                    arr[i, : len(v)] = v
                 arrays[c.name] = arr
             buf[c.name] = []
         if table == "blocks":
@@ -356,7 +380,7 @@ class TraceWriter:
             ds.resize((n0, arr.shape[1]))
             w = arr.shape[1]
         ds.resize((n0 + len(arr), w))
-        ds[n0:, :arr.shape[1]] = arr
+        ds[n0:, : arr.shape[1]] = arr
 
     def _flush_requests(self) -> None:
         g = self._file["requests"]

@@ -47,9 +47,16 @@ def view_command(a: Trace, b: Trace) -> str:
     return "spectrace view " + " ".join(shlex.quote(str(t.paths[0])) for t in (a, b))
 
 
-def drafts_match_report(ours, theirs, *, min_agreement: float = 1.0,
-                        max_error_findings: int = 0, positions=None,
-                        ignore: Iterable[str] = (), tokenizer=None) -> str | None:
+def drafts_match_report(
+    ours,
+    theirs,
+    *,
+    min_agreement: float = 1.0,
+    max_error_findings: int = 0,
+    positions=None,
+    ignore: Iterable[str] = (),
+    tokenizer=None,
+) -> str | None:
     """Check that our drafts match theirs on comparable content.
 
     Args:
@@ -78,8 +85,10 @@ def drafts_match_report(ours, theirs, *, min_agreement: float = 1.0,
     lines = ["spectrace: drafts do not match: " + "; ".join(problems)]
     if r.examples:
         e = r.examples[0]
-        lines.append(f"  first divergent block: request {e.ours_req}, position "
-                     f"{e.position}, slot {e.first_differing_slot}")
+        lines.append(
+            f"  first divergent block: request {e.ours_req}, position "
+            f"{e.position}, slot {e.first_differing_slot}"
+        )
         lines.append(f"    ours:   {_ids(dec, e.ours)}")
         lines.append(f"    theirs: {_ids(dec, e.theirs)}")
     if errors:
@@ -88,8 +97,9 @@ def drafts_match_report(ours, theirs, *, min_agreement: float = 1.0,
     return "\n".join(lines)
 
 
-def _problems(al: Alignment, r: DiffResult, n_errors: int, min_agreement: float,
-              max_error_findings: int) -> list[str]:
+def _problems(
+    al: Alignment, r: DiffResult, n_errors: int, min_agreement: float, max_error_findings: int
+) -> list[str]:
     """Why the drafts do not match (empty when they do): nothing compared, too little
     agreement, too many error findings."""
     paired = r.agreement.paired_blocks
@@ -98,8 +108,10 @@ def _problems(al: Alignment, r: DiffResult, n_errors: int, min_agreement: float,
     if paired == 0:
         problems.append(nothing_compared(al))
     elif rate < min_agreement:
-        problems.append(f"drafts match in {r.agreement.exact_matches} of {paired} paired "
-                        f"blocks ({pct(rate)}), required {pct(min_agreement)}")
+        problems.append(
+            f"drafts match in {r.agreement.exact_matches} of {paired} paired "
+            f"blocks ({pct(rate)}), required {pct(min_agreement)}"
+        )
     if n_errors > max_error_findings:
         problems.append(f"{n_errors} error finding(s), at most {max_error_findings} allowed")
     return problems

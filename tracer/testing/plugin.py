@@ -31,8 +31,12 @@ _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 def pytest_addoption(parser) -> None:
     """Adds ``--spectrace-regen`` (rewrite golden traces)."""
     group = parser.getgroup("spectrace")
-    group.addoption("--spectrace-regen", action="store_true", default=False,
-                    help="rewrite spectrace golden traces (the tests still fail once)")
+    group.addoption(
+        "--spectrace-regen",
+        action="store_true",
+        default=False,
+        help="rewrite spectrace golden traces (the tests still fail once)",
+    )
 
 
 def _load(path, requests=None, workdir=None):
@@ -76,12 +80,14 @@ def spectrace_assert_drafts_match():
     position, slot) with both sides' ids and decoded tokens, the first error finding and the
     ``spectrace view`` command for the pair. See :func:`assertions.drafts_match_report`.
     """
+
     def check(ours, theirs, **kw) -> None:
         from .assertions import drafts_match_report
 
         msg = drafts_match_report(_load(ours), _load(theirs), **kw)
         if msg:
             pytest.fail(msg, pytrace=False)
+
     return check
 
 
@@ -110,13 +116,17 @@ class Regression:
         if self.regen or not self.golden.exists():
             what = "rewritten (--spectrace-regen)" if self.golden.exists() else "written"
             shutil.copyfile(src, self.golden)
-            pytest.fail(f"spectrace: golden trace {what}: {self.golden}; re-run the test",
-                        pytrace=False)
+            pytest.fail(
+                f"spectrace: golden trace {what}: {self.golden}; re-run the test", pytrace=False
+            )
         msg = goldens_match(t, _load(self.golden))
         if msg:
             shutil.copyfile(src, self.obtained)
-            pytest.fail(f"{msg}\n  obtained trace: {self.obtained}\n  golden trace:   "
-                        f"{self.golden}\n  accept it with --spectrace-regen", pytrace=False)
+            pytest.fail(
+                f"{msg}\n  obtained trace: {self.obtained}\n  golden trace:   "
+                f"{self.golden}\n  accept it with --spectrace-regen",
+                pytrace=False,
+            )
         if self.obtained.exists():
             self.obtained.unlink()
 
@@ -126,8 +136,9 @@ def spectrace_regression(request) -> Regression:
     """The golden-trace checker of this test (see :class:`Regression`)."""
     path = Path(request.node.path)
     name = request.node.name.replace("/", "_").replace("[", "_").replace("]", "")
-    return Regression(path.parent / path.stem / f"{name}.h5",
-                      request.config.getoption("spectrace_regen"))
+    return Regression(
+        path.parent / path.stem / f"{name}.h5", request.config.getoption("spectrace_regen")
+    )
 
 
 @pytest.fixture
@@ -135,18 +146,23 @@ def spectrace_capture_cmd(tmp_path):
     """``capture(cmd, requests=None, name="ours") -> Trace``: run our engine's command under
     ``spectrace capture`` (VT_SPEC_TRACE=1) and open the trace. ``requests`` is the JSONL the
     command writes with prompt/output ids. Fails the test if the command fails."""
+
     def capture(cmd, requests=None, name: str = "ours"):
         from spectrace.hooks.capture import capture_command
 
         from ..store import open_trace
 
         out = tmp_path / f"{name}.h5"
-        rc = capture_command([str(c) for c in cmd], str(out),
-                             requests_path=str(requests) if requests else None,
-                             forward_trace_lines=False)  # failures stay readable
+        rc = capture_command(
+            [str(c) for c in cmd],
+            str(out),
+            requests_path=str(requests) if requests else None,
+            forward_trace_lines=False,
+        )  # failures stay readable
         if rc != 0:
             pytest.fail(f"spectrace: captured command exited with {rc}: {cmd}", pytrace=False)
         return open_trace(out)
+
     return capture
 
 
@@ -154,6 +170,7 @@ def spectrace_capture_cmd(tmp_path):
 def spectrace_capture_vllm(tmp_path):
     """``capture(cmd, name="theirs") -> Trace``: run a vLLM script under spectrace's vLLM
     plugin (``SPECTRACE_OUT``) and open the trace. Fails the test if the script fails."""
+
     def capture(cmd, name: str = "theirs"):
         from spectrace.hooks.capture import capture_vllm
 
@@ -164,9 +181,16 @@ def spectrace_capture_vllm(tmp_path):
         if rc != 0:
             pytest.fail(f"spectrace: vLLM script exited with {rc}: {cmd}", pytrace=False)
         return open_trace(out)
+
     return capture
 
 
-__all__ = ["Regression", "pytest_addoption", "spectrace_assert_drafts_match",
-           "spectrace_capture_cmd", "spectrace_capture_vllm", "spectrace_load",
-           "spectrace_regression"]
+__all__ = [
+    "Regression",
+    "pytest_addoption",
+    "spectrace_assert_drafts_match",
+    "spectrace_capture_cmd",
+    "spectrace_capture_vllm",
+    "spectrace_load",
+    "spectrace_regression",
+]

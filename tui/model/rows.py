@@ -32,8 +32,14 @@ from .sides import SideIndex, gather
 
 #: Slot states (int8), one per draft slot and side.
 S_NONE, S_EQUAL, S_DIFF, S_SHIFT, S_PAST, S_SOLO = 0, 1, 2, 3, 4, 5
-STATE_NAMES = {S_NONE: "none", S_EQUAL: "equal", S_DIFF: "different", S_SHIFT: "shifted",
-               S_PAST: "past divergence", S_SOLO: "unpaired"}
+STATE_NAMES = {
+    S_NONE: "none",
+    S_EQUAL: "equal",
+    S_DIFF: "different",
+    S_SHIFT: "shifted",
+    S_PAST: "past divergence",
+    S_SOLO: "unpaired",
+}
 
 #: Block columns a row shows (read per window).
 ROW_FIELDS = ("anchor", "k", "proposed", "num_verified", "verified", "accepted")
@@ -86,9 +92,13 @@ class Pair:
         :func:`~spectrace.tracer.compare.first_difference`, ``common_len`` the shorter full
         sequence's length in tokens, ``known`` both outputs recorded)."""
         self.divergence, self.content_known = divergence, known
-        self.limit = int(comparable_limit(np.array([divergence], np.int64),
-                                          np.array([common_len], np.int64),
-                                          np.array([known]))[0])
+        self.limit = int(
+            comparable_limit(
+                np.array([divergence], np.int64),
+                np.array([common_len], np.int64),
+                np.array([known]),
+            )[0]
+        )
 
 
 @dataclass
@@ -125,12 +135,22 @@ class Rows:
 
     def subset(self, keep: np.ndarray, key: tuple) -> Rows:
         """The rows at indices ``keep`` (int64, ascending), numbered by their base rows."""
-        return Rows(self.pair, self.divergence, self.limit, self.pos[keep], self.ia[keep],
-                    self.ib[keep], self.base[keep], True, key)
+        return Rows(
+            self.pair,
+            self.divergence,
+            self.limit,
+            self.pos[keep],
+            self.ia[keep],
+            self.ib[keep],
+            self.base[keep],
+            True,
+            key,
+        )
 
 
-def first_blocks(index: SideIndex | None, trace: Trace | None, req: int
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def first_blocks(
+    index: SideIndex | None, trace: Trace | None, req: int
+) -> tuple[np.ndarray, np.ndarray]:
     """A request's anchor positions (int64, ascending, unique) and the first block index
     (int64) at each; empty for a missing side or request (``req`` -1)."""
     if index is None or trace is None or req < 0:
@@ -141,8 +161,13 @@ def first_blocks(index: SideIndex | None, trace: Trace | None, req: int
     return u, blocks[first]
 
 
-def union_rows(pair: Pair, divergence: int, side_a: tuple[np.ndarray, np.ndarray],
-               side_b: tuple[np.ndarray, np.ndarray], key: tuple) -> Rows:
+def union_rows(
+    pair: Pair,
+    divergence: int,
+    side_a: tuple[np.ndarray, np.ndarray],
+    side_b: tuple[np.ndarray, np.ndarray],
+    key: tuple,
+) -> Rows:
     """The unfiltered :class:`Rows` of ``pair`` from both sides' :func:`first_blocks`."""
     (ua, ba), (ub, bb) = side_a, side_b
     pos = np.union1d(ua, ub)
@@ -150,8 +175,9 @@ def union_rows(pair: Pair, divergence: int, side_a: tuple[np.ndarray, np.ndarray
     ib = np.full(len(pos), -1, np.int64)
     ia[np.searchsorted(pos, ua)] = ba
     ib[np.searchsorted(pos, ub)] = bb
-    return Rows(pair, divergence, pair.limit, pos, ia, ib,
-                np.arange(len(pos), dtype=np.int64), False, key)
+    return Rows(
+        pair, divergence, pair.limit, pos, ia, ib, np.arange(len(pos), dtype=np.int64), False, key
+    )
 
 
 @dataclass
@@ -199,8 +225,9 @@ def _side_arrays(g: dict, has: np.ndarray, w: int) -> dict:
     return d
 
 
-def shifted_slots(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def shifted_slots(
+    pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Slots equal to the other side's slot one shift off, for each shift in
     :data:`~spectrace.tracer.compare.SHIFTS` (the kernel's :func:`shift_equal`).
 
@@ -217,13 +244,14 @@ def shifted_slots(pa: np.ndarray, pb: np.ndarray, ka: np.ndarray, kb: np.ndarray
         if not m.shape[1]:
             continue
         lead, lag = (sa, sb) if s > 0 else (sb, sa)
-        lead[:, :w - d] |= m
+        lead[:, : w - d] |= m
         lag[:, d:] |= m
     return sa, sb
 
 
-def _states(side: dict, eq: np.ndarray, shift: np.ndarray, paired: np.ndarray,
-            comp: np.ndarray) -> np.ndarray:
+def _states(
+    side: dict, eq: np.ndarray, shift: np.ndarray, paired: np.ndarray, comp: np.ndarray
+) -> np.ndarray:
     st = np.where(eq, S_EQUAL, np.where(shift, S_SHIFT, S_DIFF))
     st = np.where(paired[:, None], st, S_SOLO)
     st = np.where(comp[:, None], st, S_PAST)
@@ -247,8 +275,20 @@ def compute_window(ta: Trace, tb: Trace | None, rows: Rows, start: int, stop: in
     if gb is None:
         A["state"] = np.where(A["in_k"], S_SOLO, S_NONE).astype(np.int8)
         z = np.zeros(n, bool)
-        return Window(start, stop, w, pos, z, comp, np.ones(n, bool), z,
-                      np.full(n, -1, np.int64), A, None, rows.divergence)
+        return Window(
+            start,
+            stop,
+            w,
+            pos,
+            z,
+            comp,
+            np.ones(n, bool),
+            z,
+            np.full(n, -1, np.int64),
+            A,
+            None,
+            rows.divergence,
+        )
     B = _side_arrays(gb, ib >= 0, w)
     paired = A["has"] & B["has"]
     c = compare_blocks(A["proposed"], B["proposed"], A["k"], B["k"], A["anchor"], B["anchor"])
@@ -256,5 +296,17 @@ def compute_window(ta: Trace, tb: Trace | None, rows: Rows, start: int, stop: in
     shift_a, shift_b = shifted_slots(A["proposed"], B["proposed"], A["k"], B["k"])
     A["state"] = _states(A, c.eq, shift_a & paired[:, None], paired, comp)
     B["state"] = _states(B, c.eq, shift_b & paired[:, None], paired, comp)
-    return Window(start, stop, w, pos, paired, comp, c.anchor_eq, bad,
-                  np.where(bad, c.first_slot, -1), A, B, rows.divergence)
+    return Window(
+        start,
+        stop,
+        w,
+        pos,
+        paired,
+        comp,
+        c.anchor_eq,
+        bad,
+        np.where(bad, c.first_slot, -1),
+        A,
+        B,
+        rows.divergence,
+    )

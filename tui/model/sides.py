@@ -67,8 +67,11 @@ class SideIndex:
         """True once every row is read."""
         return self.loaded >= self.n
 
-    def load(self, cancelled: Callable[[], bool] = lambda: False,
-             progress: Callable[[float], object] | None = None) -> bool:
+    def load(
+        self,
+        cancelled: Callable[[], bool] = lambda: False,
+        progress: Callable[[float], object] | None = None,
+    ) -> bool:
         """Read the rest of the column; returns False when cancelled."""
         while self.loaded < self.n:
             if cancelled():
@@ -123,8 +126,7 @@ def gather(trace: Trace, idx: np.ndarray, names: Sequence[str]) -> dict[str, np.
     sel, _, groups = _read_groups(idx)
     out: dict[str, np.ndarray] = {}
     for name in names:
-        parts = [trace.read_rows(name, int(g[0]), int(g[-1]) + 1)[g - int(g[0])]
-                 for g in groups]
+        parts = [trace.read_rows(name, int(g[0]), int(g[-1]) + 1)[g - int(g[0])] for g in groups]
         if parts:
             vals = np.concatenate(parts) if len(parts) > 1 else parts[0]
         else:

@@ -29,8 +29,18 @@ WINDOW = 256
 #: Rows per pass when a whole pair's rows are compared or searched.
 SCAN = 8192
 #: Block columns of one block (the detail view).
-BLOCK_FIELDS = ("step", "position", "anchor", "k", "proposed", "num_verified", "verified",
-                "accepted", "num_emitted", "emitted")
+BLOCK_FIELDS = (
+    "step",
+    "position",
+    "anchor",
+    "k",
+    "proposed",
+    "num_verified",
+    "verified",
+    "accepted",
+    "num_emitted",
+    "emitted",
+)
 #: Block columns a search looks in.
 SEARCH_FIELDS = ("anchor", "proposed", "verified", "emitted")
 
@@ -40,20 +50,21 @@ def _pairs_of(a: Trace, b: Trace | None) -> list[Pair]:
     theirs' unmatched requests; every request of ``a`` for a one-trace view."""
     ra = a.requests
     if b is None:
-        return [Pair(i, i, -1, ra.req_id[i], "", "single", len(ra.prompt_ids[i]))
-                for i in range(len(ra))]
+        return [
+            Pair(i, i, -1, ra.req_id[i], "", "single", len(ra.prompt_ids[i]))
+            for i in range(len(ra))
+        ]
     rb = b.requests
     req_a, req_b, by = match_requests(a, b)
     pairs: list[Pair] = []
     for i, j, m in zip(req_a.tolist(), req_b.tolist(), by):
-        pairs.append(Pair(len(pairs), i, j, ra.req_id[i], rb.req_id[j], m,
-                          len(ra.prompt_ids[i])))
+        pairs.append(Pair(len(pairs), i, j, ra.req_id[i], rb.req_id[j], m, len(ra.prompt_ids[i])))
     for i in np.setdiff1d(np.arange(len(ra)), req_a).tolist():
-        pairs.append(Pair(len(pairs), i, -1, ra.req_id[i], "", "ours only",
-                          len(ra.prompt_ids[i])))
+        pairs.append(Pair(len(pairs), i, -1, ra.req_id[i], "", "ours only", len(ra.prompt_ids[i])))
     for j in np.setdiff1d(np.arange(len(rb)), req_b).tolist():
-        pairs.append(Pair(len(pairs), -1, j, "", rb.req_id[j], "theirs only",
-                          len(rb.prompt_ids[j])))
+        pairs.append(
+            Pair(len(pairs), -1, j, "", rb.req_id[j], "theirs only", len(rb.prompt_ids[j]))
+        )
     return pairs
 
 
@@ -111,8 +122,11 @@ class ViewModel:
         self.pairs = _pairs_of(self.a, self.b)
         self.requests_ready = True
 
-    def load_index(self, cancelled: Callable[[], bool] = lambda: False,
-                   progress: Callable[[float], object] | None = None) -> bool:
+    def load_index(
+        self,
+        cancelled: Callable[[], bool] = lambda: False,
+        progress: Callable[[float], object] | None = None,
+    ) -> bool:
         """Read the request columns (the per-pair block index); False when cancelled."""
         sides = [s for s in (self.index_a, self.index_b) if s is not None]
         total = sum(s.n for s in sides) or 1
@@ -130,8 +144,9 @@ class ViewModel:
         self.index_ready = True
         return True
 
-    def load_divergence(self, cancelled: Callable[[], bool] = lambda: False,
-                        chunk: int = 256) -> bool:
+    def load_divergence(
+        self, cancelled: Callable[[], bool] = lambda: False, chunk: int = 256
+    ) -> bool:
         """Compute every pair's content divergence, reading output ids in bulk chunks."""
         if self.b is not None:
             matched = [p for p in self.pairs if p.matched and p.divergence is None]
@@ -139,7 +154,7 @@ class ViewModel:
             for c in range(0, len(matched), chunk):
                 if cancelled():
                     return False
-                part = matched[c:c + chunk]
+                part = matched[c : c + chunk]
                 oa = _bulk(ra.output_ids, [p.req_a for p in part])
                 ob = _bulk(rb.output_ids, [p.req_b for p in part])
                 for p, x, y in zip(part, oa, ob):
@@ -156,15 +171,17 @@ class ViewModel:
         known = len(oa) > 0 and len(ob) > 0
         sa = np.concatenate([self.a.requests.prompt_ids[p.req_a], oa])
         sb = np.concatenate([self.b.requests.prompt_ids[p.req_b], ob])  # type: ignore
-        p.set_content(first_difference(sa, sb) if known else NO_DIVERGENCE,
-                      min(len(sa), len(sb)), known)
+        p.set_content(
+            first_difference(sa, sb) if known else NO_DIVERGENCE, min(len(sa), len(sb)), known
+        )
 
     def divergence(self, p: Pair) -> int:
         """The pair's content divergence (computed now if the stage has not reached it)."""
         if p.divergence is None:
             if p.matched:
-                self._divergence_of(p, self.a.requests.output_ids[p.req_a],
-                                    self.b.requests.output_ids[p.req_b])  # type: ignore
+                self._divergence_of(
+                    p, self.a.requests.output_ids[p.req_a], self.b.requests.output_ids[p.req_b]
+                )  # type: ignore
             else:
                 p.divergence = NO_DIVERGENCE
         return int(p.divergence)  # type: ignore[arg-type]
@@ -179,8 +196,7 @@ class ViewModel:
             if hit is not None:
                 return hit
             base = self._base_rows(pair)
-            r = base.subset(np.flatnonzero(self.bad_mask(base)), key) if divergent_only \
-                else base
+            r = base.subset(np.flatnonzero(self.bad_mask(base)), key) if divergent_only else base
             self._rows.put(key, r)
             return r
 
@@ -191,8 +207,13 @@ class ViewModel:
             return hit
         p = self.pairs[pair]
         div = self.divergence(p)
-        r = union_rows(p, div, first_blocks(self.index_a, self.a, p.req_a),
-                       first_blocks(self.index_b, self.b, p.req_b), key)
+        r = union_rows(
+            p,
+            div,
+            first_blocks(self.index_a, self.a, p.req_a),
+            first_blocks(self.index_b, self.b, p.req_b),
+            key,
+        )
         self._rows.put(key, r)
         return r
 
@@ -218,15 +239,22 @@ class ViewModel:
             if self.b is None:
                 out = np.zeros(len(rows), bool)
             else:
-                parts = [compute_window(self.a, self.b, rows, s, min(s + SCAN, len(rows))).bad
-                         for s in range(0, len(rows), SCAN)]
+                parts = [
+                    compute_window(self.a, self.b, rows, s, min(s + SCAN, len(rows))).bad
+                    for s in range(0, len(rows), SCAN)
+                ]
                 out = np.concatenate(parts) if parts else np.zeros(0, bool)
             self._bad.put(key, out)
             return out
 
-    def next_divergent(self, pair: int, row: int, forward: bool = True,
-                       skip: Callable[[int], bool] = lambda p: False,
-                       max_pairs: int | None = None) -> tuple[int, int] | None:
+    def next_divergent(
+        self,
+        pair: int,
+        row: int,
+        forward: bool = True,
+        skip: Callable[[int], bool] = lambda p: False,
+        max_pairs: int | None = None,
+    ) -> tuple[int, int] | None:
         """The next (or previous) divergent row after ``row`` of ``pair``, continuing into
         the following (preceding) pairs. Returns ``(pair, row)`` in unfiltered rows, or None.
 
@@ -249,8 +277,13 @@ class ViewModel:
             r = -1 if forward else 1 << 62
         return None
 
-    def search(self, pair: int, row: int, ids: np.ndarray, forward: bool = True,
-               ) -> tuple[int, int] | None:
+    def search(
+        self,
+        pair: int,
+        row: int,
+        ids: np.ndarray,
+        forward: bool = True,
+    ) -> tuple[int, int] | None:
         """The next row (after ``row``, this pair then the following ones, wrapping) where
         any of ``ids`` is the anchor or a proposed, verified or emitted id on either side.
 
@@ -311,7 +344,7 @@ class ViewModel:
         if req < 0:
             return np.zeros(0, np.int32)
         seq = t.requests.full_sequence(req)
-        return seq[max(0, position + 1 - before):position + 1]
+        return seq[max(0, position + 1 - before) : position + 1]
 
     def phases_of(self, side: str, step: int, file: int) -> list[tuple[str, float, int]]:
         """Recorded phase timings of engine step ``step`` in file ``file``:
@@ -334,8 +367,10 @@ class ViewModel:
                 continue
             g = gather(trace, idx[idx >= 0], ("position", "accepted", "num_verified", "k"))
             checked = np.where(g["num_verified"] >= 0, g["num_verified"], g["k"])
-            out[side] = {"position": g["position"].astype(np.int64),
-                         "accepted": g["accepted"].astype(np.int64),
-                         "checked": checked.astype(np.int64)}
+            out[side] = {
+                "position": g["position"].astype(np.int64),
+                "accepted": g["accepted"].astype(np.int64),
+                "checked": checked.astype(np.int64),
+            }
         out["divergence"] = rows.divergence
         return out

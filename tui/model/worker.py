@@ -63,12 +63,15 @@ class Analysis:
     def to_json(self) -> dict:
         """JSON form (what the child process prints); a pair's findings travel once, in
         the diff document."""
-        return {"diff": self.diff.to_json() if self.diff is not None else None,
-                "summary": self.summary,
-                "findings": [] if self.diff is not None else
-                [f.to_json() for f in self.findings],
-                "per_pair": self.per_pair, "per_request": self.per_request,
-                "along": self.along, "seconds": self.seconds}
+        return {
+            "diff": self.diff.to_json() if self.diff is not None else None,
+            "summary": self.summary,
+            "findings": [] if self.diff is not None else [f.to_json() for f in self.findings],
+            "per_pair": self.per_pair,
+            "per_request": self.per_request,
+            "along": self.along,
+            "seconds": self.seconds,
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> Analysis:
@@ -78,11 +81,20 @@ class Analysis:
             ValueError, TypeError: as :meth:`DiffResult.from_json` for a malformed diff.
         """
         diff = DiffResult.from_json(d["diff"]) if d["diff"] is not None else None
-        findings = list(diff.findings) if diff is not None else \
-            [Finding.from_json(f) for f in d["findings"]]
-        return cls(diff=diff, summary=d["summary"], findings=findings,
-                   per_pair=d["per_pair"], per_request=d["per_request"], along=d["along"],
-                   seconds=d.get("seconds", 0.0))
+        findings = (
+            list(diff.findings)
+            if diff is not None
+            else [Finding.from_json(f) for f in d["findings"]]
+        )
+        return cls(
+            diff=diff,
+            summary=d["summary"],
+            findings=findings,
+            per_pair=d["per_pair"],
+            per_request=d["per_request"],
+            along=d["along"],
+            seconds=d.get("seconds", 0.0),
+        )
 
 
 def analyse(a: Trace, b: Trace | None = None, decoder: Decoder | None = None) -> Analysis:
@@ -91,32 +103,44 @@ def analyse(a: Trace, b: Trace | None = None, decoder: Decoder | None = None) ->
     acceptance and acceptance along the sequence. Vectorised; memory grows with the traces."""
     t0 = time.perf_counter()
     if b is None:
-        return Analysis(summary=trace_summary(a), findings=check_trace(a, decoder, side="ours"),
-                        per_request={"ours": per_request_acceptance(a)},
-                        along={"ours": acceptance_along(a)}, seconds=time.perf_counter() - t0)
+        return Analysis(
+            summary=trace_summary(a),
+            findings=check_trace(a, decoder, side="ours"),
+            per_request={"ours": per_request_acceptance(a)},
+            along={"ours": acceptance_along(a)},
+            seconds=time.perf_counter() - t0,
+        )
     al = align(a, b)
     res = diff_traces(al, decoder=decoder)
     assert res.bad is not None  # diff_traces always sets it
-    return Analysis(diff=res, findings=list(res.findings),
-                    per_pair=differing_per_pair(al, res.bad),
-                    per_request={"ours": per_request_acceptance(a),
-                                 "theirs": per_request_acceptance(b)},
-                    along={"ours": acceptance_along(a), "theirs": acceptance_along(b)},
-                    seconds=time.perf_counter() - t0)
+    return Analysis(
+        diff=res,
+        findings=list(res.findings),
+        per_pair=differing_per_pair(al, res.bad),
+        per_request={"ours": per_request_acceptance(a), "theirs": per_request_acceptance(b)},
+        along={"ours": acceptance_along(a), "theirs": acceptance_along(b)},
+        seconds=time.perf_counter() - t0,
+    )
 
 
-def analyse_in_child(paths_a: Sequence[str], paths_b: Sequence[str] | None,
-                     tokenizer: str | None = None) -> Analysis:
+def analyse_in_child(
+    paths_a: Sequence[str], paths_b: Sequence[str] | None, tokenizer: str | None = None
+) -> Analysis:
     """Run :func:`analyse` in a child Python process (its peak memory stays there).
 
     Raises:
         RuntimeError: the child failed (its last stderr line is in the message).
     """
-    arg = json.dumps({"a": list(paths_a), "b": list(paths_b) if paths_b else None,
-                      "tokenizer": tokenizer})
+    arg = json.dumps(
+        {"a": list(paths_a), "b": list(paths_b) if paths_b else None, "tokenizer": tokenizer}
+    )
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    r = subprocess.run([sys.executable, "-m", "spectrace.tui.model.worker", arg],
-                       capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "spectrace.tui.model.worker", arg],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if r.returncode != 0:
         tail = (r.stderr.strip().splitlines() or ["?"])[-1]
         raise RuntimeError(f"analysis failed: {tail}")

@@ -22,35 +22,53 @@ from spectrace.tracer.tokens import Decoder, show
 from ..fmt import divergence_text, explain
 from ..model import STATE_NAMES, Rows, ViewModel, Window
 
-STATE_STYLE = {"equal": "green", "different": "bold red", "shifted": "bold yellow",
-               "past divergence": "bright_black", "unpaired": "", "none": "dim"}
+STATE_STYLE = {
+    "equal": "green",
+    "different": "bold red",
+    "shifted": "bold yellow",
+    "past divergence": "bright_black",
+    "unpaired": "",
+    "none": "dim",
+}
 
 
 #: One side of a row: (side name, trace, block index or -1, request row).
 Side = tuple[str, Trace, int, int]
 
 
-def detail_renderable(model: ViewModel, rows: Rows, row: int, decoder: Decoder | None,
-                      findings: list, next_ids=None) -> Group:
+def detail_renderable(
+    model: ViewModel, rows: Rows, row: int, decoder: Decoder | None, findings: list, next_ids=None
+) -> Group:
     """Everything the dialog shows (a Rich renderable; tested directly)."""
     win = model.window(rows, row)
     i = row - win.start
     pair = rows.pair
     pos = int(win.pos[i])
-    title = Text(f"Request {pair.label}   anchor position {pos}   content divergence "
-                 f"{divergence_text(rows.divergence)}", style="bold")
+    title = Text(
+        f"Request {pair.label}   anchor position {pos}   content divergence "
+        f"{divergence_text(rows.divergence)}",
+        style="bold",
+    )
     why = Text(explain(win, i, pair, decoder, rows.divergence, findings, next_ids))
     sides: list[Side] = [("ours", model.a, int(rows.ia[row]), pair.req_a)]
     if model.b is not None:
         sides.append(("theirs", model.b, int(rows.ib[row]), pair.req_b))
-    blocks = {name: (model.block(name, idx) if idx >= 0 else None)
-              for name, _, idx, _ in sides}
+    blocks = {name: (model.block(name, idx) if idx >= 0 else None) for name, _, idx, _ in sides}
     # Identical content up to the anchor: one context says it all.
     one_context = model.b is not None and pair.matched and rows.divergence > pos
-    return Group(title, Text(""), why, Text(""), _facts(sides, blocks, decoder), Text(""),
-                 _slots(sides, blocks, win, i, decoder), Text(""),
-                 *_context(model, sides, pos, decoder, one_context), Text(""),
-                 *_timings(model, sides, blocks))
+    return Group(
+        title,
+        Text(""),
+        why,
+        Text(""),
+        _facts(sides, blocks, decoder),
+        Text(""),
+        _slots(sides, blocks, win, i, decoder),
+        Text(""),
+        *_context(model, sides, pos, decoder, one_context),
+        Text(""),
+        *_timings(model, sides, blocks),
+    )
 
 
 def _facts(sides: list[Side], blocks: dict, decoder: Decoder | None) -> Table:
@@ -58,9 +76,13 @@ def _facts(sides: list[Side], blocks: dict, decoder: Decoder | None) -> Table:
     facts.add_column("", style="bold")
     for name, tr, _, _ in sides:
         facts.add_column(f"{name} ({tr.meta.get('engine') or tr.name})")
-    for key, label in (("step", "engine step"), ("k", "drafts (k)"),
-                       ("num_verified", "verified"), ("accepted", "accepted (recorded)"),
-                       ("num_emitted", "emitted")):
+    for key, label in (
+        ("step", "engine step"),
+        ("k", "drafts (k)"),
+        ("num_verified", "verified"),
+        ("accepted", "accepted (recorded)"),
+        ("num_emitted", "emitted"),
+    ):
         vals = []
         for name, *_ in sides:
             blk = blocks[name]
@@ -70,22 +92,29 @@ def _facts(sides: list[Side], blocks: dict, decoder: Decoder | None) -> Table:
     anchor_vals = []
     for name, *_ in sides:
         blk = blocks[name]
-        anchor_vals.append("-" if blk is None else
-                           f"{blk['anchor']} {_q(decoder, blk['anchor'])}")
+        anchor_vals.append("-" if blk is None else f"{blk['anchor']} {_q(decoder, blk['anchor'])}")
     facts.add_row("anchor", *anchor_vals)
     return facts
 
 
-def _slots(sides: list[Side], blocks: dict, win: Window, i: int,
-           decoder: Decoder | None) -> Table:
-    slots = Table(box=None, padding=(0, 1), show_edge=False, title="drafts slot by slot",
-                  title_justify="left", title_style="bold")
+def _slots(sides: list[Side], blocks: dict, win: Window, i: int, decoder: Decoder | None) -> Table:
+    slots = Table(
+        box=None,
+        padding=(0, 1),
+        show_edge=False,
+        title="drafts slot by slot",
+        title_justify="left",
+        title_style="bold",
+    )
     slots.add_column("slot", justify="right")
     for name, *_ in sides:
         for col in ("proposed", "verified", "emitted"):
             slots.add_column(f"{name} {col}")
-    width = max([len(b["emitted"]) for b in blocks.values() if b] +
-                [len(b["proposed"]) for b in blocks.values() if b] + [0])
+    width = max(
+        [len(b["emitted"]) for b in blocks.values() if b]
+        + [len(b["proposed"]) for b in blocks.values() if b]
+        + [0]
+    )
     side_key = {"ours": "a", "theirs": "b"}
     for j in range(width):
         cells: list[str | Text] = [str(j)]
@@ -109,8 +138,9 @@ def _slots(sides: list[Side], blocks: dict, win: Window, i: int,
     return slots
 
 
-def _context(model: ViewModel, sides: list[Side], pos: int, decoder: Decoder | None,
-             one: bool) -> list[Text]:
+def _context(
+    model: ViewModel, sides: list[Side], pos: int, decoder: Decoder | None, one: bool
+) -> list[Text]:
     parts = [Text("preceding context (anchor last)", style="bold")]
     for name, _, idx, req in sides:
         if idx < 0:
@@ -140,8 +170,9 @@ def _timings(model: ViewModel, sides: list[Side], blocks: dict) -> list[Text]:
             continue
         ph = model.phases_of(name, blk["step"], blk["file"])
         if ph:
-            timing.append(Text(f"  {name}: " + ", ".join(f"{n} {ms:.3f} ms (level {lv})"
-                                                        for n, ms, lv in ph)))
+            timing.append(
+                Text(f"  {name}: " + ", ".join(f"{n} {ms:.3f} ms (level {lv})" for n, ms, lv in ph))
+            )
     if len(timing) == 1:
         timing.append(Text("  not recorded", style="dim"))
     return timing

@@ -118,8 +118,7 @@ class MainScreen(Screen):
         self.view.decoder = self.app.decoder  # type: ignore[attr-defined]
         self.query_one(Overview).show_model(model)
         self._verdict()
-        self.query_one(Overview).show_analysis(self.analysis, model.paired,
-                                               self.analysis_error)
+        self.query_one(Overview).show_analysis(self.analysis, model.paired, self.analysis_error)
         self.view.clear_rows("reading the request tables…")
         self._pending = keep
         self._refresh_title()
@@ -189,12 +188,16 @@ class MainScreen(Screen):
         return pair_badges(self.model.pairs, self.analysis, self.findings, self.finding_pair)
 
     def _verdict(self) -> None:
-        self.query_one(Overview).show_verdict(verdict_text(self.analysis, self.model,
-                                                           self.analysis_error))
+        self.query_one(Overview).show_verdict(
+            verdict_text(self.analysis, self.model, self.analysis_error)
+        )
 
     def _update_marks(self) -> None:
-        marks = frozenset(int(f.position) for f in self.findings
-                          if f.position is not None and self.finding_pair(f) == self.pair)
+        marks = frozenset(
+            int(f.position)
+            for f in self.findings
+            if f.position is not None and self.finding_pair(f) == self.pair
+        )
         self.view.set_marks(marks)
 
     def _charts(self) -> None:
@@ -216,8 +219,9 @@ class MainScreen(Screen):
     def _rows(self, pair: int) -> Rows:
         return self.model.rows(pair, self.filtered)
 
-    def show_pair(self, pair: int, position: int | None = None, base_row: int | None = None
-                  ) -> None:
+    def show_pair(
+        self, pair: int, position: int | None = None, base_row: int | None = None
+    ) -> None:
         """Show pair ``pair`` with the cursor at ``position`` (or unfiltered ``base_row``)."""
         if not self.model.index_ready:
             self._pending = (pair, position)
@@ -264,16 +268,35 @@ class MainScreen(Screen):
             self.query_one("#rows-title", TextLine).set(self._rows_title(rows))
         exp = self.query_one("#explain", TextLine)
         if not len(rows):
-            exp.set(Text("no rows" + (" (no divergent blocks here; d turns the filter off)"
-                                      if self.filtered else ""), style="dim"))
+            exp.set(
+                Text(
+                    "no rows"
+                    + (
+                        " (no divergent blocks here; d turns the filter off)"
+                        if self.filtered
+                        else ""
+                    ),
+                    style="dim",
+                )
+            )
             return
         win = self.model.window(rows, msg.row)
         i = msg.row - win.start
         pos = int(win.pos[i])
-        fs = [f for f in self.findings
-              if f.position == pos and self.finding_pair(f) == rows.pair.index]
-        text = explain(win, i, rows.pair, self.app.decoder, rows.divergence, fs,  # type: ignore
-                       self._next_ids(rows, pos, win.w))
+        fs = [
+            f
+            for f in self.findings
+            if f.position == pos and self.finding_pair(f) == rows.pair.index
+        ]
+        text = explain(
+            win,
+            i,
+            rows.pair,
+            self.app.decoder,
+            rows.divergence,
+            fs,  # type: ignore
+            self._next_ids(rows, pos, win.w),
+        )
         style = "bold" if win.bad[i] else ""
         exp.set(Text(f"row {msg.row + 1}/{len(rows)} · ", style="dim") + Text(text, style))
 
@@ -285,16 +308,25 @@ class MainScreen(Screen):
         seq = ctx.full_sequence(req) if 0 <= req < len(ctx) else None
         if seq is None or len(ctx.output_ids[req]) == 0:
             return None
-        return seq[pos + 1:pos + 1 + n]
+        return seq[pos + 1 : pos + 1 + n]
 
     def on_block_view_detail_requested(self, msg: BlockView.DetailRequested) -> None:
         rows, row = msg.rows, msg.row
         win = self.model.window(rows, row)
         pos = int(win.pos[row - win.start])
-        fs = [f for f in self.findings
-              if f.position == pos and self.finding_pair(f) == rows.pair.index]
-        body = detail_renderable(self.model, rows, row, self.app.decoder, fs,  # type: ignore
-                                 self._next_ids(rows, pos, win.w))
+        fs = [
+            f
+            for f in self.findings
+            if f.position == pos and self.finding_pair(f) == rows.pair.index
+        ]
+        body = detail_renderable(
+            self.model,
+            rows,
+            row,
+            self.app.decoder,
+            fs,  # type: ignore
+            self._next_ids(rows, pos, win.w),
+        )
         self.app.push_screen(BlockDetail(body))
 
     def on_request_list_selected(self, msg: RequestList.Selected) -> None:
@@ -317,8 +349,7 @@ class MainScreen(Screen):
             self.filtered = False
         self._goto_tab("blocks")
         self.show_pair(p, f.position)
-        self.notify(f.message, title=f"{f.severity}: {f.kind} ({finding_where(f)})",
-                    timeout=8)
+        self.notify(f.message, title=f"{f.severity}: {f.kind} ({finding_where(f)})", timeout=8)
 
     def _goto_tab(self, tab: str) -> None:
         tabs = self.query_one(TabbedContent)
@@ -361,8 +392,9 @@ class MainScreen(Screen):
             row = 1 << 62
         hit = self.model.next_divergent(start, row, direction > 0, skip=skip)
         if hit is None:
-            self.notify("no further divergent block" if direction > 0 else
-                        "no earlier divergent block")
+            self.notify(
+                "no further divergent block" if direction > 0 else "no earlier divergent block"
+            )
             return
         self._goto_tab("blocks")
         self.show_pair(hit[0], base_row=hit[1])
@@ -472,8 +504,9 @@ class MainScreen(Screen):
 
         self.run_worker(work, thread=True, group="search", exclusive=True, name="search")
 
-    def _searched(self, model: ViewModel, query: str, ids: np.ndarray,
-                  hit: tuple[int, int] | None) -> None:
+    def _searched(
+        self, model: ViewModel, query: str, ids: np.ndarray, hit: tuple[int, int] | None
+    ) -> None:
         if model is not self.model:  # re-opened meanwhile (follow mode): rows moved
             return
         if ids is not self.search_ids:

@@ -42,10 +42,21 @@ class BlockView(ScrollView, can_focus=True):
     BINDINGS = bindings(VIEW_KEYS)
 
     COMPONENT_CLASSES = {
-        "blockview--header", "blockview--cursor", "blockview--equal", "blockview--different",
-        "blockview--shifted", "blockview--past", "blockview--solo", "blockview--accepted",
-        "blockview--unverified", "blockview--vdiff", "blockview--bad", "blockview--finding",
-        "blockview--rule", "blockview--hit", "blockview--dim",
+        "blockview--header",
+        "blockview--cursor",
+        "blockview--equal",
+        "blockview--different",
+        "blockview--shifted",
+        "blockview--past",
+        "blockview--solo",
+        "blockview--accepted",
+        "blockview--unverified",
+        "blockview--vdiff",
+        "blockview--bad",
+        "blockview--finding",
+        "blockview--rule",
+        "blockview--hit",
+        "blockview--dim",
     }
 
     DEFAULT_CSS = """
@@ -92,8 +103,9 @@ class BlockView(ScrollView, can_focus=True):
             self.rows = rows
             self.row = row
 
-    def __init__(self, *, name: str | None = None, id: str | None = None,
-                 classes: str | None = None) -> None:
+    def __init__(
+        self, *, name: str | None = None, id: str | None = None, classes: str | None = None
+    ) -> None:
         super().__init__(name=name, id=id, classes=classes)
         self.model: ViewModel | None = None
         self.rows: Rows | None = None
@@ -269,18 +281,19 @@ class BlockView(ScrollView, can_focus=True):
         row = int(self.scroll_offset.y) + y - 1
         if row >= len(self.rows):
             return Strip.blank(width, base)
-        key = (self.rows.key, row, self.show_ids, row == self.cursor, self._version,
-               self._slot_w)
+        key = (self.rows.key, row, self.show_ids, row == self.cursor, self._version, self._slot_w)
         strip = self._strips.get(key)
         if strip is None:
             try:
                 strip = self._render_row(row)
             except Exception as exc:  # a trace re-opened under us (follow mode): say so
-                return Strip([Segment(f"  (row unavailable: {exc})", self._style("dim"))]
-                             ).crop_extend(x, x + width, base)
+                return Strip(
+                    [Segment(f"  (row unavailable: {exc})", self._style("dim"))]
+                ).crop_extend(x, x + width, base)
             if row == self.cursor:
                 strip = strip.extend_cell_length(max(self._width, width)).apply_style(
-                    self._style("cursor"))
+                    self._style("cursor")
+                )
             self._strips[key] = strip
         return strip.crop_extend(x, x + width, base)
 
@@ -290,13 +303,32 @@ class BlockView(ScrollView, can_focus=True):
         if self.model is not None and self.model.paired:
             ours = self._side_title("ours", self.model.a)
             theirs = self._side_title("theirs", self.model.b)
-            text = (" " * GUTTER + fit("pos", POS_W) + fit("anchor", self._anchor_w) + rule +
-                    fit(ours, self._side_w) + rule + fit(theirs, self._side_w) + rule +
-                    fit("acc o|t", 7) + rule + fit("why", NOTE_W))
+            text = (
+                " " * GUTTER
+                + fit("pos", POS_W)
+                + fit("anchor", self._anchor_w)
+                + rule
+                + fit(ours, self._side_w)
+                + rule
+                + fit(theirs, self._side_w)
+                + rule
+                + fit("acc o|t", 7)
+                + rule
+                + fit("why", NOTE_W)
+            )
         else:
             ours = self._side_title("drafts", self.model.a if self.model else None)
-            text = (" " * GUTTER + fit("pos", POS_W) + fit("anchor", self._anchor_w) + rule +
-                    fit(ours, self._side_w) + rule + fit("acc", 5) + rule + fit("note", NOTE_W))
+            text = (
+                " " * GUTTER
+                + fit("pos", POS_W)
+                + fit("anchor", self._anchor_w)
+                + rule
+                + fit(ours, self._side_w)
+                + rule
+                + fit("acc", 5)
+                + rule
+                + fit("note", NOTE_W)
+            )
         text = fit(text, max(self._width, self.size.width))
         return Strip([Segment(text, st)])
 
@@ -357,8 +389,13 @@ class BlockView(ScrollView, can_focus=True):
     def _slots(self, side: dict, i: int, w: int) -> list[Segment]:
         st = self._style
         out: list[Segment] = []
-        names = {S_EQUAL: "equal", S_DIFF: "different", S_SHIFT: "shifted", S_PAST: "past",
-                 S_SOLO: "solo"}
+        names = {
+            S_EQUAL: "equal",
+            S_DIFF: "different",
+            S_SHIFT: "shifted",
+            S_PAST: "past",
+            S_SOLO: "solo",
+        }
         for j in range(w):
             state = int(side["state"][i, j])
             if state == S_NONE or not side["has"][i]:

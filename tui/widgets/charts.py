@@ -45,8 +45,9 @@ def columns(values: list[float | None], height: int) -> list[str]:
     return lines
 
 
-def resample(values: list[float | None], weights: list[int] | None, width: int
-             ) -> list[float | None]:
+def resample(
+    values: list[float | None], weights: list[int] | None, width: int
+) -> list[float | None]:
     """Shrink ``values`` to at most ``width`` columns (weighted means of neighbours)."""
     n = len(values)
     if n <= width:
@@ -77,8 +78,14 @@ def slot_chart(title: str, series: dict[str, list], width: int = 40) -> Text:
     return t
 
 
-def sequence_chart(title: str, series: dict[str, list], width: int, height: int = 5,
-                   unit: str = "", marker: int | None = None) -> Text:
+def sequence_chart(
+    title: str,
+    series: dict[str, list],
+    width: int,
+    height: int = 5,
+    unit: str = "",
+    marker: int | None = None,
+) -> Text:
     """Acceptance along the sequence: one column chart per side, with an axis caption."""
     t = Text(title + "\n", style="bold")
     for side, vals in series.items():
@@ -118,26 +125,42 @@ class Charts(VerticalScroll):
             return
         if an.diff is not None:
             acc = an.diff.acceptance
-            parts.append(slot_chart(
-                "Acceptance per slot (matched content, recorded: share of blocks with "
-                "accepted > slot)",
-                {s: e.matched_content.recorded.per_position
-                 for s, e in (("ours", acc.ours), ("theirs", acc.theirs))}))
-            parts.append(slot_chart(
-                "Agreement per slot (paired blocks: ours[slot] == theirs[slot])",
-                {"both": an.diff.agreement.per_position}))
+            parts.append(
+                slot_chart(
+                    "Acceptance per slot (matched content, recorded: share of blocks with "
+                    "accepted > slot)",
+                    {
+                        s: e.matched_content.recorded.per_position
+                        for s, e in (("ours", acc.ours), ("theirs", acc.theirs))
+                    },
+                )
+            )
+            parts.append(
+                slot_chart(
+                    "Agreement per slot (paired blocks: ours[slot] == theirs[slot])",
+                    {"both": an.diff.agreement.per_position},
+                )
+            )
         elif an.summary is not None:
-            parts.append(slot_chart("Acceptance per slot (recorded)",
-                                    {"ours": an.summary["recorded"]["per_position"]}))
+            parts.append(
+                slot_chart(
+                    "Acceptance per slot (recorded)",
+                    {"ours": an.summary["recorded"]["per_position"]},
+                )
+            )
         along = {side: resample(d["rate"], d["blocks"], width) for side, d in an.along.items()}
         if along:
             w0 = next(iter(an.along.values()))["width"]
             n = max(len(d["rate"]) for d in an.along.values())
             per = w0 * max(1, -(-n // width))
-            parts.append(sequence_chart(
-                "Acceptance rate along the sequence, all requests (by anchor position)",
-                along, width, unit=f"one column ≈ {per} positions; height = accepted / "
-                                   f"verified drafts"))
+            parts.append(
+                sequence_chart(
+                    "Acceptance rate along the sequence, all requests (by anchor position)",
+                    along,
+                    width,
+                    unit=f"one column ≈ {per} positions; height = accepted / verified drafts",
+                )
+            )
         if series:
             sv = {}
             for side in ("ours", "theirs"):
@@ -161,8 +184,13 @@ class Charts(VerticalScroll):
                 div = series.get("divergence")
                 if div is not None and div < top:
                     marker = int(div / scale)
-                parts.append(sequence_chart(
-                    f"Acceptance along the sequence of request {pair_label}", data, width,
-                    unit=f"one column ≈ {scale:.1f} positions; blank: no block drafted there",
-                    marker=marker))
+                parts.append(
+                    sequence_chart(
+                        f"Acceptance along the sequence of request {pair_label}",
+                        data,
+                        width,
+                        unit=f"one column ≈ {scale:.1f} positions; blank: no block drafted there",
+                        marker=marker,
+                    )
+                )
         self.query_one("#charts-body", Static).update(Group(*parts))

@@ -27,12 +27,23 @@ from ..messages import FindingChosen
 from ..model import Analysis, ViewModel
 
 #: Metadata rows, in order (key, label).
-META_ROWS = (("engine", "engine"), ("engine_version", "version"), ("engine_commit", "commit"),
-             ("method", "method"), ("k", "k"), ("layout", "layout"), ("sampling", "sampling"),
-             ("target_model", "target model"), ("draft_model", "draft model"),
-             ("draft_vocab_size", "draft vocab"), ("d2t", "d2t"), ("backends", "backends"),
-             ("source", "source"), ("trace_level", "trace level"),
-             ("max_num_seqs", "max_num_seqs"))
+META_ROWS = (
+    ("engine", "engine"),
+    ("engine_version", "version"),
+    ("engine_commit", "commit"),
+    ("method", "method"),
+    ("k", "k"),
+    ("layout", "layout"),
+    ("sampling", "sampling"),
+    ("target_model", "target model"),
+    ("draft_model", "draft model"),
+    ("draft_vocab_size", "draft vocab"),
+    ("d2t", "d2t"),
+    ("backends", "backends"),
+    ("source", "source"),
+    ("trace_level", "trace level"),
+    ("max_num_seqs", "max_num_seqs"),
+)
 
 
 def _value(v) -> str:
@@ -50,9 +61,11 @@ def meta_table(model: ViewModel) -> Table:
     traces = [("ours", model.a)] + ([("theirs", model.b)] if model.b is not None else [])
     for label, tr in traces:
         t.add_column(f"{label}: {tr.name}", overflow="fold", max_width=48)
-    rows = [("files", [", ".join(p.name for p in tr.paths) for _, tr in traces]),
-            ("status", [tr.status for _, tr in traces]),
-            ("blocks", [f"{len(tr.blocks):,}" for _, tr in traces])]
+    rows = [
+        ("files", [", ".join(p.name for p in tr.paths) for _, tr in traces]),
+        ("status", [tr.status for _, tr in traces]),
+        ("blocks", [f"{len(tr.blocks):,}" for _, tr in traces]),
+    ]
     for key, label in META_ROWS:
         vals = [_value(tr.meta.get(key)) for _, tr in traces]
         if all(v == "-" for v in vals):
@@ -93,27 +106,32 @@ def verdict_text(an: Analysis | None, model: ViewModel, error: str | None = None
     divergent block is (or, for one trace, its size and findings)."""
     t = Text()
     if an is None:
-        t.append(error or "Analysing the traces… (the block view works meanwhile: press 2)",
-                 style="dim")
+        t.append(
+            error or "Analysing the traces… (the block view works meanwhile: press 2)", style="dim"
+        )
     elif an.diff is not None:
         v = verdict(an.diff.diverged, an.diff.reasons)
         t.append(v.word.upper(), style="bold red" if v.diverged else "bold green")
         t.append(v.detail + "\n")
         q = an.diff.requests
-        t.append(f"{q.matched} request pairs matched; content diverged in "
-                 f"{q.content_diverged}; unmatched: ours {len(q.unmatched_ours)}, "
-                 f"theirs {len(q.unmatched_theirs)}.\n")
-        first = next(((p, d["first_bad"]) for p, d in enumerate(an.per_pair)
-                      if d["first_bad"] is not None), None)
+        t.append(
+            f"{q.matched} request pairs matched; content diverged in "
+            f"{q.content_diverged}; unmatched: ours {len(q.unmatched_ours)}, "
+            f"theirs {len(q.unmatched_theirs)}.\n"
+        )
+        first = next(
+            ((p, d["first_bad"]) for p, d in enumerate(an.per_pair) if d["first_bad"] is not None),
+            None,
+        )
         if first is not None and first[0] < len(model.pairs):
             t.append("First divergent block: ", style="bold")
             t.append(f"request {model.pairs[first[0]].label}, position {first[1]}")
-            t.append("  — press n to go there, enter on it for the detail, ? for help.",
-                     style="dim")
+            t.append(
+                "  — press n to go there, enter on it for the detail, ? for help.", style="dim"
+            )
     elif an.summary is not None:
         s = an.summary
-        t.append(f"{s['requests']} requests, {s['blocks']} blocks, "
-                 f"{len(an.findings)} findings.\n")
+        t.append(f"{s['requests']} requests, {s['blocks']} blocks, {len(an.findings)} findings.\n")
         t.append("Press 2 for the blocks, f for the next finding, ? for help.", style="dim")
     return t
 
@@ -126,12 +144,18 @@ def acceptance_table(an: Analysis, paired: bool) -> Table:
     if paired and an.diff is not None:
         acc = an.diff.acceptance
         for side, engine in (("ours", acc.ours), ("theirs", acc.theirs)):
-            cols += [(f"{side} matched", engine.matched_content),
-                     (f"{side} all", engine.all_content)]
+            cols += [
+                (f"{side} matched", engine.matched_content),
+                (f"{side} all", engine.all_content),
+            ]
     elif an.summary is not None:
         s = an.summary  # spectrace info's dict: its acceptance keys are Acceptance's fields
-        cols = [("all content", CountedAcceptance(Acceptance(**s["recorded"]),
-                                                  Acceptance(**s["recomputed"])))]
+        cols = [
+            (
+                "all content",
+                CountedAcceptance(Acceptance(**s["recorded"]), Acceptance(**s["recomputed"])),
+            )
+        ]
     for name, _ in cols:
         t.add_column(name, justify="right")
 
@@ -141,11 +165,11 @@ def acceptance_table(an: Analysis, paired: bool) -> Table:
     num = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
     t.add_row("blocks", *[str(d.recorded.blocks) for _, d in cols])
     t.add_row("acceptance rate", *[cell(d, "acceptance_rate", pct) for _, d in cols])
-    t.add_row("mean acceptance length",
-              *[cell(d, "mean_acceptance_length", num) for _, d in cols])
-    t.add_row("accepted / verified tokens",
-              *[f"{d.recorded.accepted_tokens} / {d.recorded.verified_tokens}"
-                for _, d in cols])
+    t.add_row("mean acceptance length", *[cell(d, "mean_acceptance_length", num) for _, d in cols])
+    t.add_row(
+        "accepted / verified tokens",
+        *[f"{d.recorded.accepted_tokens} / {d.recorded.verified_tokens}" for _, d in cols],
+    )
     return t
 
 
@@ -180,15 +204,17 @@ class Overview(VerticalScroll):
         """The verdict lines at the top."""
         self.query_one("#ov-verdict", Static).update(text)
 
-    def show_analysis(self, an: Analysis | None, paired: bool, error: str | None = None
-                      ) -> None:
+    def show_analysis(self, an: Analysis | None, paired: bool, error: str | None = None) -> None:
         """Findings and acceptance from the analysis (or a placeholder while it runs)."""
         opts = self.query_one("#ov-findings", OptionList)
         opts.clear_options()
         acc = self.query_one("#ov-acceptance", Static)
         if an is None:
-            opts.add_option(Option(Text(error or "analysing… (runs in the background)",
-                                        style="dim"), disabled=True))
+            opts.add_option(
+                Option(
+                    Text(error or "analysing… (runs in the background)", style="dim"), disabled=True
+                )
+            )
             acc.update(Text(error or "analysing…", style="dim"))
             return
         self.findings = list(an.findings)
@@ -199,11 +225,14 @@ class Overview(VerticalScroll):
         parts: list[RenderableType] = [acceptance_table(an, paired)]
         if paired and an.diff is not None:
             c, g = an.diff.coverage, an.diff.agreement
-            parts.append(Text(
-                f"\npaired blocks {g.paired_blocks}; exact matches {g.exact_matches} "
-                f"({pct(g.exact_match_rate)}); coverage ours {pct(c.ours_coverage)}, "
-                f"theirs {pct(c.theirs_coverage)} of the blocks on matched content",
-                style="dim"))
+            parts.append(
+                Text(
+                    f"\npaired blocks {g.paired_blocks}; exact matches {g.exact_matches} "
+                    f"({pct(g.exact_match_rate)}); coverage ours {pct(c.ours_coverage)}, "
+                    f"theirs {pct(c.theirs_coverage)} of the blocks on matched content",
+                    style="dim",
+                )
+            )
         parts.append(Text(f"conventions: {CONVENTIONS}", style="dim"))
         acc.update(Group(*parts))
 

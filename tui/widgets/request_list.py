@@ -31,9 +31,15 @@ class RequestList(ScrollView, can_focus=True):
     """The request pairs of the view model, with badges (see the module docstring)."""
 
     BINDINGS = bindings(LIST_KEYS)
-    COMPONENT_CLASSES = {"requestlist--cursor", "requestlist--bad", "requestlist--ok",
-                         "requestlist--dim", "requestlist--warn", "requestlist--title",
-                         "requestlist--current"}
+    COMPONENT_CLASSES = {
+        "requestlist--cursor",
+        "requestlist--bad",
+        "requestlist--ok",
+        "requestlist--dim",
+        "requestlist--warn",
+        "requestlist--title",
+        "requestlist--current",
+    }
     DEFAULT_CSS = """
     RequestList { background: $surface; overflow-x: hidden; }
     RequestList > .requestlist--cursor { background: $primary-muted; }
@@ -148,10 +154,8 @@ class RequestList(ScrollView, can_focus=True):
             segs.append(Segment("✓ ", st("ok")))
         else:
             segs.append(Segment("  "))
-        label = p.label if p.matched or p.matched_by == "single" else \
-            f"{p.label} ({p.matched_by})"
-        segs.append(Segment(fit(label, 16),
-                            st("current") if p.index == self.current else Style()))
+        label = p.label if p.matched or p.matched_by == "single" else f"{p.label} ({p.matched_by})"
+        segs.append(Segment(fit(label, 16), st("current") if p.index == self.current else Style()))
         badges: list[tuple[str, Style]] = []
         if p.divergence is not None and p.divergence != NO_DIVERGENCE:
             badges.append((f" div@{p.divergence}", st("warn")))
@@ -179,8 +183,12 @@ def _acc_text(x, y, p: Pair) -> str:
     return one(x if x is not None else y)
 
 
-def pair_badges(pairs: list[Pair], an: Analysis | None, findings: list[Finding],
-                finding_pair: Callable[[Finding], int | None]) -> dict[int, dict]:
+def pair_badges(
+    pairs: list[Pair],
+    an: Analysis | None,
+    findings: list[Finding],
+    finding_pair: Callable[[Finding], int | None],
+) -> dict[int, dict]:
     """The badge data of every pair (see :meth:`RequestList.set_badges`).
 
     ``bad`` is the analysis's differing blocks of a matched pair (``spectrace diff``'s count,

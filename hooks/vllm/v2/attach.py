@@ -22,11 +22,15 @@ def attach_v2(runner, path: Path, meta: dict) -> Session:
     Raises:
         SpecTraceLayoutError: the speculator's ``propose`` or the runner lacks what is read.
     """
-    require_attrs(runner, ("speculator", "add_requests", "finish_requests", "shutdown"),
-                  f"V2 {type(runner).__name__}")
+    require_attrs(
+        runner,
+        ("speculator", "add_requests", "finish_requests", "shutdown"),
+        f"V2 {type(runner).__name__}",
+    )
     session = Session(path, meta)
-    tap = ProposeTap(runner.speculator, session,
-                     max_model_len=getattr(runner, "max_model_len", None))
+    tap = ProposeTap(
+        runner.speculator, session, max_model_len=getattr(runner, "max_model_len", None)
+    )
     maybe_attach_dspark(runner, tap, session)  # DSpark: layout meta, eager inner check
     runner.add_requests = _on_add(runner.add_requests, tap, session)
     runner.finish_requests = _on_finish(runner.finish_requests, tap, session)
@@ -42,8 +46,11 @@ def _on_add(orig, tap: ProposeTap, session: Session):
         if session.active:
             try:
                 for new in getattr(scheduler_output, "scheduled_new_reqs", ()) or ():
-                    tap.add_request(new.req_id, getattr(new, "prompt_token_ids", None),
-                                    getattr(new, "sampling_params", None))
+                    tap.add_request(
+                        new.req_id,
+                        getattr(new, "prompt_token_ids", None),
+                        getattr(new, "sampling_params", None),
+                    )
             except Exception as exc:
                 session.fail(exc, "V2 add_requests")
         return orig(scheduler_output, *args, **kwargs)

@@ -40,13 +40,22 @@ from ..session import Session
 from .ring import Slot, staging_ring
 
 #: Speculator attributes ``_sample_sequential`` uses that the inner recording reads.
-DSPARK_ATTRS = ("_sample_sequential", "draft_tokens", "input_buffers", "_anchor_idx",
-                "sample_pos", "num_speculative_steps", "num_query_per_req")
+DSPARK_ATTRS = (
+    "_sample_sequential",
+    "draft_tokens",
+    "input_buffers",
+    "_anchor_idx",
+    "sample_pos",
+    "num_speculative_steps",
+    "num_query_per_req",
+)
 #: The layout this was written against, named in :class:`SpecTraceLayoutError` messages.
-KNOWN_DSPARK_LAYOUT = ("vLLM 0.32 DSparkSpeculator: _sample_sequential(num_reqs, head_hidden), "
-                       "draft_tokens [max_reqs, k], input_buffers.input_ids[_anchor_idx], "
-                       "sample_pos [max_reqs*k], num_query_per_req = k (sample_from_anchor) "
-                       "or 1 + k")
+KNOWN_DSPARK_LAYOUT = (
+    "vLLM 0.32 DSparkSpeculator: _sample_sequential(num_reqs, head_hidden), "
+    "draft_tokens [max_reqs, k], input_buffers.input_ids[_anchor_idx], "
+    "sample_pos [max_reqs*k], num_query_per_req = k (sample_from_anchor) "
+    "or 1 + k"
+)
 
 
 class SpecTraceConsistencyError(SpectraceError):
@@ -100,19 +109,26 @@ def dspark_layout(speculator) -> dict:
     if missing:
         raise SpecTraceLayoutError(
             f"vLLM {vllm_version()}: {cls} lacks {', '.join(missing)}; "
-            f"known layout: {KNOWN_DSPARK_LAYOUT}")
+            f"known layout: {KNOWN_DSPARK_LAYOUT}"
+        )
     k = int(speculator.num_speculative_steps)
     nq = int(speculator.num_query_per_req)
     if nq != (k if sfa else k + 1):
         raise SpecTraceLayoutError(
             f"vLLM {vllm_version()}: {cls} has num_query_per_req={nq} with "
             f"num_speculative_steps={k} and sample_from_anchor={sfa}: neither the N-slot nor "
-            f"the 1+N layout; known layout: {KNOWN_DSPARK_LAYOUT}")
+            f"the 1+N layout; known layout: {KNOWN_DSPARK_LAYOUT}"
+        )
     model = getattr(speculator, "model", None)
     d2t_t = getattr(model, "draft_id_to_target_id", None)
-    return {"sample_from_anchor": sfa, "num_query_per_req": nq, "k": k,
-            "num_reqs_arg": num_reqs_arg, "d2t": d2t_t is not None,
-            "draft_vocab_size": int(d2t_t.shape[0]) if d2t_t is not None else None}
+    return {
+        "sample_from_anchor": sfa,
+        "num_query_per_req": nq,
+        "k": k,
+        "num_reqs_arg": num_reqs_arg,
+        "d2t": d2t_t is not None,
+        "draft_vocab_size": int(d2t_t.shape[0]) if d2t_t is not None else None,
+    }
 
 
 class DSparkTap:
@@ -135,8 +151,9 @@ class DSparkTap:
         sync_waits: inner records that had to be waited for (should stay 0).
     """
 
-    def __init__(self, speculator, tap, session: Session, inner: bool = True,
-                 slots: int = 8) -> None:
+    def __init__(
+        self, speculator, tap, session: Session, inner: bool = True, slots: int = 8
+    ) -> None:
         self.layout = dspark_layout(speculator)
         self.spec = speculator
         self.tap = tap
@@ -161,9 +178,13 @@ class DSparkTap:
     def _set_meta(self) -> None:
         lay = self.layout
         layout = dict(self.session.meta.get("layout") or {})
-        layout.update({"sample_from_anchor": lay["sample_from_anchor"],
-                       "query_slots_per_request": lay["num_query_per_req"],
-                       "speculator": type(self.spec).__name__})
+        layout.update(
+            {
+                "sample_from_anchor": lay["sample_from_anchor"],
+                "query_slots_per_request": lay["num_query_per_req"],
+                "speculator": type(self.spec).__name__,
+            }
+        )
         extra = {"layout": layout, "d2t": lay["d2t"]}  # schema META_KEYS names
         if lay["draft_vocab_size"]:
             extra["draft_vocab_size"] = lay["draft_vocab_size"]
@@ -207,8 +228,8 @@ class DSparkTap:
             slot = self._acquire(int(drafts.shape[0]), 1 + 2 * k, drafts.device, cuda)
             stage = (slot.dev if cuda else slot.host)[:n]
             stage[:, 0] = spec.input_buffers.input_ids[spec._anchor_idx[:n]]
-            stage[:, 1:1 + k] = spec.sample_pos[:n * k].view(n, k)
-            stage[:, 1 + k:] = drafts[:n, :k]
+            stage[:, 1 : 1 + k] = spec.sample_pos[: n * k].view(n, k)
+            stage[:, 1 + k :] = drafts[:n, :k]
             if cuda:
                 slot.host[:n].copy_(stage, non_blocking=True)
                 slot.event.record()
@@ -259,25 +280,28 @@ class DSparkTap:
             bad.append(f"{n} rows in _sample_sequential vs {len(rows)} in propose")
         else:
             a_ok = inner[:, 0] == rows[:, 2]
-            d_ok = (inner[:, 1 + k:] == rows[:, 4:4 + k]).all(axis=1)
+            d_ok = (inner[:, 1 + k :] == rows[:, 4 : 4 + k]).all(axis=1)
             want_pos = rows[:, 3:4] + 1 + np.arange(k)[None, :]
-            p_ok = (inner[:, 1:1 + k] == want_pos).all(axis=1)
+            p_ok = (inner[:, 1 : 1 + k] == want_pos).all(axis=1)
             for what, ok in (("anchor", a_ok), ("drafts", d_ok), ("sample_pos", p_ok)):
                 if not ok.all():
                     i = int(np.flatnonzero(~ok)[0])
-                    bad.append(f"{what}: mismatch at row {i} (request {req_ids[i]}): "
-                               f"_sample_sequential anchor={int(inner[i, 0])} "
-                               f"sample_pos={inner[i, 1:1 + k].tolist()} "
-                               f"drafts={inner[i, 1 + k:].tolist()} vs propose "
-                               f"anchor={int(rows[i, 2])} anchor_pos={int(rows[i, 3])} "
-                               f"drafts={rows[i, 4:4 + k].tolist()}")
+                    bad.append(
+                        f"{what}: mismatch at row {i} (request {req_ids[i]}): "
+                        f"_sample_sequential anchor={int(inner[i, 0])} "
+                        f"sample_pos={inner[i, 1 : 1 + k].tolist()} "
+                        f"drafts={inner[i, 1 + k :].tolist()} vs propose "
+                        f"anchor={int(rows[i, 2])} anchor_pos={int(rows[i, 3])} "
+                        f"drafts={rows[i, 4 : 4 + k].tolist()}"
+                    )
         self.checked += 1
         if bad:
             self.mismatched += 1
             if self.first_mismatch is None:
                 self.first_mismatch = {"step": int(step), "problems": bad}
             raise SpecTraceConsistencyError(
-                f"DSpark step {step}: _sample_sequential and propose disagree: {bad[0]}")
+                f"DSpark step {step}: _sample_sequential and propose disagree: {bad[0]}"
+            )
 
     def summary(self) -> dict:
         """The ``meta["dspark_inner_check"]`` document."""
@@ -289,9 +313,13 @@ class DSparkTap:
             status = "ok"
         else:
             status = "not_run"
-        out = {"status": status, "steps_checked": self.checked,
-               "steps_mismatched": self.mismatched, "steps_unchecked": self.unchecked,
-               "sync_waits": self.sync_waits}
+        out = {
+            "status": status,
+            "steps_checked": self.checked,
+            "steps_mismatched": self.mismatched,
+            "steps_unchecked": self.unchecked,
+            "sync_waits": self.sync_waits,
+        }
         if self.first_mismatch:
             out["first_mismatch"] = self.first_mismatch
         return out
@@ -301,8 +329,10 @@ class DSparkTap:
         summary = self.summary()
         self.session.update_meta(dspark_inner_check=summary)
         if summary["status"] == "mismatch":
-            say(f"WARNING DSpark: _sample_sequential and propose disagreed on "
-                 f"{self.mismatched} of {self.checked} steps")
+            say(
+                f"WARNING DSpark: _sample_sequential and propose disagreed on "
+                f"{self.mismatched} of {self.checked} steps"
+            )
 
 
 def maybe_attach_dspark(runner, tap, session: Session) -> DSparkTap | None:

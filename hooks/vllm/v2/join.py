@@ -59,8 +59,16 @@ class Proposals:
         d = np.full((len(self.drafts), width), -1, dtype=np.int64)
         w = min(width, self.drafts.shape[1])
         d[:, :w] = self.drafts[:, :w]
-        return Proposals(self.step, self.position, self.anchor, d, np.minimum(self.k, width),
-                         self.t_ns, self.batch_row, self.batch_size)
+        return Proposals(
+            self.step,
+            self.position,
+            self.anchor,
+            d,
+            np.minimum(self.k, width),
+            self.t_ns,
+            self.batch_row,
+            self.batch_size,
+        )
 
 
 _PROP_FIELDS = ("step", "position", "anchor", "drafts", "k", "t_ns", "batch_row", "batch_size")
@@ -100,9 +108,16 @@ def trimmed_len(drafts: np.ndarray) -> np.ndarray:
     return np.where(valid.any(axis=1), last, 0).astype(np.int64)
 
 
-def join_chunk(req: np.ndarray, rows: np.ndarray, step: np.ndarray, batch_row: np.ndarray,
-               batch_size: np.ndarray, t_ns: np.ndarray, carry_req: np.ndarray,
-               carry: Proposals) -> JoinResult:
+def join_chunk(
+    req: np.ndarray,
+    rows: np.ndarray,
+    step: np.ndarray,
+    batch_row: np.ndarray,
+    batch_size: np.ndarray,
+    t_ns: np.ndarray,
+    carry_req: np.ndarray,
+    carry: Proposals,
+) -> JoinResult:
     """Join one chunk.
 
     Args:
@@ -142,9 +157,16 @@ def join_chunk(req: np.ndarray, rows: np.ndarray, step: np.ndarray, batch_row: n
     c_pos = _positions_in(carry_req, req[firsts])
     has_carry = c_pos >= 0
     src[firsts[has_carry]] = r_n + c_pos[has_carry]
-    table = Proposals(step.astype(np.int64), (rows[:, 3]).astype(np.int64), anchor, drafts,
-                      lens, t_ns.astype(np.int64), batch_row.astype(np.int64),
-                      batch_size.astype(np.int64))
+    table = Proposals(
+        step.astype(np.int64),
+        (rows[:, 3]).astype(np.int64),
+        anchor,
+        drafts,
+        lens,
+        t_ns.astype(np.int64),
+        batch_row.astype(np.int64),
+        batch_size.astype(np.int64),
+    )
     table = concat_proposals(table, carry)
 
     closing = np.flatnonzero(src >= 0)
@@ -156,8 +178,7 @@ def join_chunk(req: np.ndarray, rows: np.ndarray, step: np.ndarray, batch_row: n
     last_s[:-1] = sreq[:-1] != sreq[1:]
     lasts[order] = last_s
     open_rows = np.flatnonzero(lasts & opens)
-    return JoinResult(blocks, out_rows, out_tokens, out_len, open_rows,
-                      table.take(open_rows), seen)
+    return JoinResult(blocks, out_rows, out_tokens, out_len, open_rows, table.take(open_rows), seen)
 
 
 def _positions_in(keys: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -193,11 +214,20 @@ def _blocks(req, ns, nr, anchor, t: Proposals, rows, src, verdict, k_all) -> dic
     vr = np.flatnonzero(ver)
     emitted[vr, n_em[vr] - 1] = anchor[rows[vr]]
     return {
-        "request": req[rows], "step": t.step[src], "position": t.position[src],
-        "anchor": t.anchor[src], "k": k, "proposed": _trim(proposed, k),
-        "num_verified": n_ver, "verified": _trim(verified, n_ver), "accepted": acc,
-        "num_emitted": n_em, "emitted": _trim(emitted, n_em), "t_ns": t.t_ns[src],
-        "batch_row": t.batch_row[src], "batch_size": t.batch_size[src],
+        "request": req[rows],
+        "step": t.step[src],
+        "position": t.position[src],
+        "anchor": t.anchor[src],
+        "k": k,
+        "proposed": _trim(proposed, k),
+        "num_verified": n_ver,
+        "verified": _trim(verified, n_ver),
+        "accepted": acc,
+        "num_emitted": n_em,
+        "emitted": _trim(emitted, n_em),
+        "t_ns": t.t_ns[src],
+        "batch_row": t.batch_row[src],
+        "batch_size": t.batch_size[src],
     }
 
 

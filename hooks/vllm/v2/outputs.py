@@ -33,7 +33,7 @@ class EmittedIds:
             chunks = out.get(r)
             if chunks is None:
                 chunks = out[r] = []
-            chunks.append(flat[bounds[j]:bounds[j + 1]])
+            chunks.append(flat[bounds[j] : bounds[j + 1]])
 
     def ids(self, i: int) -> list[int]:
         """Request ``i``'s emitted ids so far, as a list."""

@@ -17,15 +17,33 @@ class Segment:
     are staged into it), ``flight`` (copy issued), ``free`` (joined; reusable).
     """
 
-    __slots__ = ("dev", "host", "host_np", "event", "state", "used", "steps", "pending",
-                 "ready", "t0_ns", "cap", "cols")
+    __slots__ = (
+        "dev",
+        "host",
+        "host_np",
+        "event",
+        "state",
+        "used",
+        "steps",
+        "pending",
+        "ready",
+        "t0_ns",
+        "cap",
+        "cols",
+    )
 
     def __init__(self, dev, host, event) -> None:
         self.dev, self.host, self.event = dev, host, event
         self.host_np = host.numpy()
         self.cap, self.cols = host.shape  # rows, columns
         self.state, self.used, self.steps, self.pending, self.ready, self.t0_ns = (
-            "free", 0, 0, 0, False, 0)
+            "free",
+            0,
+            0,
+            0,
+            False,
+            0,
+        )
 
 
 def make_ring(count: int, rows: int, cols: int, device, cuda: bool) -> list[Segment]:
@@ -36,8 +54,13 @@ def make_ring(count: int, rows: int, cols: int, device, cuda: bool) -> list[Segm
     for _ in range(count):
         host = torch.zeros((rows, cols), dtype=torch.int32, pin_memory=cuda)
         if cuda:
-            ring.append(Segment(torch.zeros((rows, cols), dtype=torch.int32, device=device),
-                                host, torch.cuda.Event()))
+            ring.append(
+                Segment(
+                    torch.zeros((rows, cols), dtype=torch.int32, device=device),
+                    host,
+                    torch.cuda.Event(),
+                )
+            )
         else:
             ring.append(Segment(host, host, None))
     return ring
@@ -47,8 +70,8 @@ def make_ring(count: int, rows: int, cols: int, device, cuda: bool) -> list[Segm
 class Slot:
     """One staging slot of the DSpark inner record."""
 
-    dev: object          # device staging block (the host tensor itself on a CPU device)
-    host: object         # host tensor (pinned on CUDA)
+    dev: object  # device staging block (the host tensor itself on a CPU device)
+    host: object  # host tensor (pinned on CUDA)
     event: object = None  # torch.cuda.Event on CUDA
     busy: bool = False
 
@@ -61,7 +84,8 @@ def staging_ring(count: int, rows: int, cols: int, device, cuda: bool) -> list[S
         host = torch.zeros((rows, cols), dtype=torch.int64, pin_memory=cuda)
         if not cuda:
             return Slot(host, host)
-        return Slot(torch.zeros((rows, cols), dtype=torch.int64, device=device), host,
-                    torch.cuda.Event())
+        return Slot(
+            torch.zeros((rows, cols), dtype=torch.int64, device=device), host, torch.cuda.Event()
+        )
 
     return [one() for _ in range(count)]

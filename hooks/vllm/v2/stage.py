@@ -40,6 +40,7 @@ def _triton_kernel():
     if _kernel is None:
         try:
             from .stage_triton import BLOCK, _stage_kernel
+
             _kernel = (_stage_kernel, BLOCK)
         except Exception:  # no Triton, or a broken install: the torch path
             _kernel = False
@@ -63,7 +64,7 @@ DIRECT = True
 
 _I32 = 1 << 31
 _launchers: dict = {}  # specialisation key -> (run, function, packed metadata), or None: JIT
-_triton_rt = None      # (driver, knobs) once the kernel is imported; False: no direct path
+_triton_rt = None  # (driver, knobs) once the kernel is imported; False: no direct path
 
 
 def _runtime():
@@ -104,14 +105,37 @@ def _spec_key(dev: int, tensors: tuple, ptrs: tuple, k: int, knobs) -> tuple:
     those knobs, so two launches with the same key use the same ``CompiledKernel``.
     """
     out, ns, nr, idx, qsl, positions, last, nxt, drafts = tensors
-    aligned = not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5] | ptrs[6]
-                   | ptrs[7] | ptrs[8]) & 15
-    return (dev, k, aligned or tuple([p & 15 == 0 for p in ptrs]),
-            knobs.runtime.debug, getattr(knobs.compilation, "instrumentation_mode", None),
-            out.dtype, ns.dtype, nr.dtype, idx.dtype, qsl.dtype, positions.dtype, last.dtype,
-            nxt.dtype, drafts.dtype,
-            out.stride(), ns.stride(), nr.stride(), idx.stride(), qsl.stride(),
-            positions.stride(), last.stride(), nxt.stride(), drafts.stride())
+    aligned = (
+        not (
+            ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5] | ptrs[6] | ptrs[7] | ptrs[8]
+        )
+        & 15
+    )
+    return (
+        dev,
+        k,
+        aligned or tuple([p & 15 == 0 for p in ptrs]),
+        knobs.runtime.debug,
+        getattr(knobs.compilation, "instrumentation_mode", None),
+        out.dtype,
+        ns.dtype,
+        nr.dtype,
+        idx.dtype,
+        qsl.dtype,
+        positions.dtype,
+        last.dtype,
+        nxt.dtype,
+        drafts.dtype,
+        out.stride(),
+        ns.stride(),
+        nr.stride(),
+        idx.stride(),
+        qsl.stride(),
+        positions.stride(),
+        last.stride(),
+        nxt.stride(),
+        drafts.stride(),
+    )
 
 
 def _layout_ok(tensors: tuple) -> bool:
@@ -121,12 +145,17 @@ def _layout_ok(tensors: tuple) -> bool:
     for t in (ns, nr, idx, qsl, positions):
         if t.dim() != 1 or t.stride(0) != 1:
             return False
-    return (drafts.dim() == 2 and drafts.stride(1) == 1 and out.dim() == 2
-            and out.stride(1) == 1 and last.dim() in (1, 2) and nxt.dim() in (1, 2))
+    return (
+        drafts.dim() == 2
+        and drafts.stride(1) == 1
+        and out.dim() == 2
+        and out.stride(1) == 1
+        and last.dim() in (1, 2)
+        and nxt.dim() in (1, 2)
+    )
 
 
-def stage_triton(out, row0: int, n: int, ns, nr, idx, qsl, positions, last, nxt,
-                 drafts) -> bool:
+def stage_triton(out, row0: int, n: int, ns, nr, idx, qsl, positions, last, nxt, drafts) -> bool:
     """Write rows ``row0 .. row0 + n - 1`` of ``out`` (int32 ``[R, >= 4 + K]``, contiguous
     rows) from one step's inputs, in one kernel launch on the current stream.
 
@@ -153,22 +182,63 @@ def stage_triton(out, row0: int, n: int, ns, nr, idx, qsl, positions, last, nxt,
     key = None
     if rt and row0 + n < _I32:
         drv, knobs = rt
-        if (out.is_cuda and ns.is_cuda and nr.is_cuda and idx.is_cuda and qsl.is_cuda
-                and positions.is_cuda and last.is_cuda and nxt.is_cuda and drafts.is_cuda):
-            ptrs = (out.data_ptr(), ns.data_ptr(), nr.data_ptr(), idx.data_ptr(),
-                    qsl.data_ptr(), positions.data_ptr(), last.data_ptr(), nxt.data_ptr(),
-                    drafts.data_ptr())
+        if (
+            out.is_cuda
+            and ns.is_cuda
+            and nr.is_cuda
+            and idx.is_cuda
+            and qsl.is_cuda
+            and positions.is_cuda
+            and last.is_cuda
+            and nxt.is_cuda
+            and drafts.is_cuda
+        ):
+            ptrs = (
+                out.data_ptr(),
+                ns.data_ptr(),
+                nr.data_ptr(),
+                idx.data_ptr(),
+                qsl.data_ptr(),
+                positions.data_ptr(),
+                last.data_ptr(),
+                nxt.data_ptr(),
+                drafts.data_ptr(),
+            )
             dev = drv.get_current_device()
             key = _spec_key(dev, tensors, ptrs, k, knobs)
             entry = _launchers.get(key)
             if entry is not None and _hooks_idle(kernel, knobs):
                 run, function, packed, strides, kp = entry
                 try:
-                    run((n + block - 1) // block, 1, 1, drv.get_current_stream(dev), function,
-                        packed, None, None, None,
-                        ptrs[0], strides[0], row0, n, ptrs[1], ptrs[2], ptrs[3], ptrs[4],
-                        ptrs[5], ptrs[6], strides[1], ptrs[7], strides[2], ptrs[8], strides[3],
-                        k, kp, block)
+                    run(
+                        (n + block - 1) // block,
+                        1,
+                        1,
+                        drv.get_current_stream(dev),
+                        function,
+                        packed,
+                        None,
+                        None,
+                        None,
+                        ptrs[0],
+                        strides[0],
+                        row0,
+                        n,
+                        ptrs[1],
+                        ptrs[2],
+                        ptrs[3],
+                        ptrs[4],
+                        ptrs[5],
+                        ptrs[6],
+                        strides[1],
+                        ptrs[7],
+                        strides[2],
+                        ptrs[8],
+                        strides[3],
+                        k,
+                        kp,
+                        block,
+                    )
                 except Exception:  # an unexpected launcher: launch normally from now on
                     _disable_direct()
                 else:
@@ -180,8 +250,25 @@ def stage_triton(out, row0: int, n: int, ns, nr, idx, qsl, positions, last, nxt,
     strides = (out.stride(0), last.stride(0), _row0_stride(nxt), drafts.stride(0))
     kp = 1 << max(k - 1, 0).bit_length()
     compiled = kernel[((n + block - 1) // block,)](
-        out, strides[0], row0, n, ns, nr, idx, qsl, positions, last, strides[1], nxt,
-        strides[2], drafts, strides[3], K=k, KP=kp, BLOCK=block)
+        out,
+        strides[0],
+        row0,
+        n,
+        ns,
+        nr,
+        idx,
+        qsl,
+        positions,
+        last,
+        strides[1],
+        nxt,
+        strides[2],
+        drafts,
+        strides[3],
+        K=k,
+        KP=kp,
+        BLOCK=block,
+    )
     launch_counts["jit"] += 1
     if key is not None and key not in _launchers:
         _launchers[key] = _direct_entry(compiled, strides, kp)
@@ -219,6 +306,6 @@ def stage_torch(out, n: int, ns, nr, idx, qsl, positions, last, nxt, drafts) -> 
         out[:n, 0] = ns
         out[:n, 1] = nr
         out[:n, 2] = torch.where(ns > 0, last[i].long(), nxt[i].long())
-        q_last = qsl[1:n + 1].long() - 1 - nr.long()
+        q_last = qsl[1 : n + 1].long() - 1 - nr.long()
         out[:n, 3] = positions[q_last.clamp_min(0)].long() + 1
-        out[:n, META_COLS:META_COLS + k] = drafts[:n, :k]
+        out[:n, META_COLS : META_COLS + k] = drafts[:n, :k]

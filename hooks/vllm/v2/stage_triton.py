@@ -7,11 +7,26 @@ BLOCK = 128  # rows per program
 
 
 @triton.jit(do_not_specialize=["row0", "n"])
-def _stage_kernel(out_ptr, out_stride, row0, n,
-                  ns_ptr, nr_ptr, idx_ptr, qsl_ptr, pos_ptr,
-                  last_ptr, last_stride, nxt_ptr, nxt_stride,
-                  drafts_ptr, drafts_stride,
-                  K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr):
+def _stage_kernel(
+    out_ptr,
+    out_stride,
+    row0,
+    n,
+    ns_ptr,
+    nr_ptr,
+    idx_ptr,
+    qsl_ptr,
+    pos_ptr,
+    last_ptr,
+    last_stride,
+    nxt_ptr,
+    nxt_stride,
+    drafts_ptr,
+    drafts_stride,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = rows < n
     ns = tl.load(ns_ptr + rows, mask=m, other=0).to(tl.int64)
@@ -29,6 +44,7 @@ def _stage_kernel(out_ptr, out_stride, row0, n,
     tl.store(base + 3, pos.to(tl.int32), mask=m)
     cols = tl.arange(0, KP)
     cm = m[:, None] & (cols[None, :] < K)
-    d = tl.load(drafts_ptr + rows[:, None].to(tl.int64) * drafts_stride + cols[None, :],
-                mask=cm, other=-1)
+    d = tl.load(
+        drafts_ptr + rows[:, None].to(tl.int64) * drafts_stride + cols[None, :], mask=cm, other=-1
+    )
     tl.store(base[:, None] + 4 + cols[None, :], d.to(tl.int32), mask=cm)  # META_COLS

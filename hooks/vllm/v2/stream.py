@@ -20,11 +20,21 @@ class StepRec:
 
     __slots__ = ("seg", "row0", "n", "ids", "keep", "req_ids", "step", "k_eff", "t_ns")
 
-    def __init__(self, seg: Segment, row0: int, n: int, ids, keep, req_ids: list, step: int,
-                 k_eff: int, t_ns: int) -> None:
+    def __init__(
+        self,
+        seg: Segment,
+        row0: int,
+        n: int,
+        ids,
+        keep,
+        req_ids: list,
+        step: int,
+        k_eff: int,
+        t_ns: int,
+    ) -> None:
         self.seg, self.row0, self.n = seg, row0, n
-        self.ids = ids          # int64 [n] tap-local request ids
-        self.keep = keep        # bool [n] non-warmup rows, or None for all
+        self.ids = ids  # int64 [n] tap-local request ids
+        self.keep = keep  # bool [n] non-warmup rows, or None for all
         self.req_ids = req_ids  # the tap's own copy (never the runner's list)
         self.step, self.k_eff, self.t_ns = step, k_eff, t_ns
 
@@ -40,14 +50,14 @@ def _gather(pieces: list, cols: int) -> tuple[list, list, list, list]:
                 run[2] += p.n
             else:
                 if run is not None:
-                    blocks.append(run[0].host_np[run[1]:run[2]])
+                    blocks.append(run[0].host_np[run[1] : run[2]])
                 run = [p.seg, p.row0, p.row0 + p.n]
             ids.append(p.ids)
             meta.append((p.n, p.step, p.n, p.t_ns, p.k_eff))
             keeps.append(p.keep)
         else:
             if run is not None:
-                blocks.append(run[0].host_np[run[1]:run[2]])
+                blocks.append(run[0].host_np[run[1] : run[2]])
                 run = None
             row = np.full((1, cols), -1, dtype=np.int32)
             row[0, :META_COLS] = 0  # num_sampled 0, no drafts
@@ -56,7 +66,7 @@ def _gather(pieces: list, cols: int) -> tuple[list, list, list, list]:
             meta.append((1, -1, -1, 0, 0))
             keeps.append(None)
     if run is not None:
-        blocks.append(run[0].host_np[run[1]:run[2]])
+        blocks.append(run[0].host_np[run[1] : run[2]])
     return blocks, ids, meta, keeps
 
 
@@ -82,10 +92,12 @@ def assemble(pieces: list, cols: int):
     brow[np.repeat(bsize < 0, counts)] = -1
     step, bsize, t_ns, keff = (np.repeat(a, counts) for a in (step, bsize, t_ns, keff))
     if any(k is not None for k in keeps):
-        keep = np.concatenate([np.ones(c, dtype=bool) if k is None else k
-                               for k, c in zip(keeps, counts.tolist())])
+        keep = np.concatenate(
+            [np.ones(c, dtype=bool) if k is None else k for k, c in zip(keeps, counts.tolist())]
+        )
         rows, req, step, brow, bsize, t_ns, keff = (
-            a[keep] for a in (rows, req, step, brow, bsize, t_ns, keff))
+            a[keep] for a in (rows, req, step, brow, bsize, t_ns, keff)
+        )
     k_all = rows.shape[1] - META_COLS
     if (keff < k_all).any():  # drafts past the step's k are not proposals
         cut = np.arange(k_all)[None, :] >= keff[:, None]

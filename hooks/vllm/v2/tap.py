@@ -57,13 +57,18 @@ class ProposeTap:
 
     SEGMENT_AGE_NS = 500_000_000  # copy a segment out after this long, however few steps
 
-    def __init__(self, speculator, session: Session, slots: int = 4,
-                 max_model_len: int | None = None, flush_steps: int = 64,
-                 cpu_flush_steps: int = 1) -> None:
+    def __init__(
+        self,
+        speculator,
+        session: Session,
+        slots: int = 4,
+        max_model_len: int | None = None,
+        flush_steps: int = 64,
+        cpu_flush_steps: int = 1,
+    ) -> None:
         self.layout = propose_layout(speculator.propose, type(speculator).__name__)
         # (name, position or None, default) in the order record() unpacks them.
-        self._argspec = tuple((name, *self.layout.get(name, (None, None)))
-                              for name in RECORD_ARGS)
+        self._argspec = tuple((name, *self.layout.get(name, (None, None))) for name in RECORD_ARGS)
         self.session = session
         self.max_model_len = max_model_len
         self._out = EmittedIds()  # tap-local id -> emitted ids, in order
@@ -85,7 +90,7 @@ class ProposeTap:
         self._prev_req_ids: list | None = None
         self._prev_batch = (None, None, False)  # ids, keep, all warmup
         self._carry_req = np.zeros(0, dtype=np.int64)  # requests with an open proposal
-        self._carry: Proposals | None = None           # those proposals
+        self._carry: Proposals | None = None  # those proposals
         self._orig = speculator.propose
         speculator.propose = self.propose  # instance attribute: beats subclass overrides
         session.on_close(self.finalize_requests)
@@ -106,9 +111,14 @@ class ProposeTap:
         """The values of ``_RECORD_ARGS`` in this call (keyword, else position, else the
         default), positions resolved once at construction."""
         nargs = len(args)
-        return [kwargs[name] if name in kwargs else
-                args[pos] if pos is not None and pos < nargs else default
-                for name, pos, default in self._argspec]
+        return [
+            kwargs[name]
+            if name in kwargs
+            else args[pos]
+            if pos is not None and pos < nargs
+            else default
+            for name, pos, default in self._argspec
+        ]
 
     def record(self, args: tuple, kwargs: dict, out) -> None:
         """Stage (num_sampled, num_rejected, anchor, anchor position, drafts) of this call."""
@@ -116,8 +126,12 @@ class ProposeTap:
         if dummy or profile:
             return
         if not self._batch_checked:
-            require_attrs(batch, BATCH_ATTRS, f"{type(batch).__name__} (propose's input_batch)",
-                          f"; known layout: {KNOWN_LAYOUT}")
+            require_attrs(
+                batch,
+                BATCH_ATTRS,
+                f"{type(batch).__name__} (propose's input_batch)",
+                f"; known layout: {KNOWN_LAYOUT}",
+            )
             self._batch_checked = True
         n = int(batch.num_reqs)
         if n <= 0:
@@ -146,19 +160,29 @@ class ProposeTap:
         t_ns = time.time_ns()
         seg = self._cur
         if seg is None or seg.used + n > seg.cap or seg.cols != META_COLS + k_all:
-            seg = self._segment(n, META_COLS + k_all, max(n, int(last.shape[0])),
-                                drafts.device, cuda, t_ns)
+            seg = self._segment(
+                n, META_COLS + k_all, max(n, int(last.shape[0])), drafts.device, cuda, t_ns
+            )
         row0 = seg.used
-        inputs = (ns, nr, batch.idx_mapping, batch.query_start_loc, batch.positions, last, nxt,
-                  drafts)
+        inputs = (
+            ns,
+            nr,
+            batch.idx_mapping,
+            batch.query_start_loc,
+            batch.positions,
+            last,
+            nxt,
+            drafts,
+        )
         if not (cuda and triton_ok(drafts) and stage_triton(seg.dev, row0, n, *inputs)):
-            stage_torch(seg.dev[row0:row0 + n], n, *inputs)
+            stage_torch(seg.dev[row0 : row0 + n], n, *inputs)
         seg.used += n
         seg.steps += 1
         seg.pending += 1
         session = self.session
-        self._stream.append(StepRec(seg, row0, n, ids, keep, self._prev_req_ids,
-                                     session.step, k_eff, t_ns))
+        self._stream.append(
+            StepRec(seg, row0, n, ids, keep, self._prev_req_ids, session.step, k_eff, t_ns)
+        )
         session.step += 1
         if not cuda:
             if seg.steps >= self.cpu_flush_steps:
@@ -182,8 +206,7 @@ class ProposeTap:
 
     # -- the ring ------------------------------------------------------------------------
 
-    def _segment(self, n: int, cols: int, rows_hint: int, device, cuda: bool,
-                 t_ns: int) -> Segment:
+    def _segment(self, n: int, cols: int, rows_hint: int, device, cuda: bool, t_ns: int) -> Segment:
         """The segment that takes this step's ``n`` rows (flushing a full one)."""
         seg = self._cur
         if seg is not None:
@@ -194,8 +217,9 @@ class ProposeTap:
         if self._ring_key != key or self._ring[0].cap < n:
             self.drain(wait=True)
             steps = self.flush_steps if cuda else self.cpu_flush_steps
-            self._ring = make_ring(self._nslots if cuda else 1,
-                                         steps * max(rows_hint, n), cols, device, cuda)
+            self._ring = make_ring(
+                self._nslots if cuda else 1, steps * max(rows_hint, n), cols, device, cuda
+            )
             self._ring_key, self._next = key, 0
         seg = self._ring[self._next]
         self._next = (self._next + 1) % len(self._ring)
@@ -212,7 +236,7 @@ class ProposeTap:
     def _flush(self, seg: Segment) -> None:
         """Issue the segment's copy to the host (non-blocking, then an event)."""
         if seg.event is not None and seg.used:
-            seg.host[:seg.used].copy_(seg.dev[:seg.used], non_blocking=True)
+            seg.host[: seg.used].copy_(seg.dev[: seg.used], non_blocking=True)
             seg.event.record()
         seg.state = "flight"
         if self._cur is seg:
@@ -257,7 +281,7 @@ class ProposeTap:
         for item in items:
             if isinstance(item, StepRec):
                 if self.step_observers:
-                    rows = item.seg.host_np[item.row0:item.row0 + item.n]
+                    rows = item.seg.host_np[item.row0 : item.row0 + item.n]
                     for fn in self.step_observers:
                         fn(rows, item.req_ids, item.step)
                 pieces.append(item)
@@ -309,9 +333,14 @@ class ProposeTap:
         j = int(hit[0])
         c = self._carry
         self.session.joiner.open[req_id] = OpenBlock(
-            int(c.step[j]), int(c.position[j]), int(c.anchor[j]),
-            c.drafts[j, :int(c.k[j])].tolist(), int(c.t_ns[j]), int(c.batch_row[j]),
-            int(c.batch_size[j]))
+            int(c.step[j]),
+            int(c.position[j]),
+            int(c.anchor[j]),
+            c.drafts[j, : int(c.k[j])].tolist(),
+            int(c.t_ns[j]),
+            int(c.batch_row[j]),
+            int(c.batch_size[j]),
+        )
         keep = np.ones(len(self._carry_req), dtype=bool)
         keep[j] = False
         self._carry_req = self._carry_req[keep]
@@ -322,7 +351,7 @@ class ProposeTap:
         if self._wrows is None or len(self._wrows) < len(self._names):
             grown = np.full(len(self._names), -1, dtype=np.int64)
             if self._wrows is not None:
-                grown[:len(self._wrows)] = self._wrows
+                grown[: len(self._wrows)] = self._wrows
             self._wrows = grown
         rows = self._wrows[ids]
         for i in np.unique(ids[rows < 0]).tolist():
@@ -355,12 +384,10 @@ class ProposeTap:
         if is_warmup(req_id) or req_id not in self.requests:
             return
         prompt_len, params = self.requests.pop(req_id) if final else self.requests[req_id]
-        ids, reason = trim_output(self.output_ids(req_id), params, prompt_len,
-                                  self.max_model_len)
+        ids, reason = trim_output(self.output_ids(req_id), params, prompt_len, self.max_model_len)
         if final:  # its steps are all joined (finishes are queued after them): free its ids
             self._out.forget(self._ids.get(req_id, -1))
-        self.session.finish_request(req_id, ids,
-                                    reason or ("abort" if final else "unfinished"))
+        self.session.finish_request(req_id, ids, reason or ("abort" if final else "unfinished"))
 
     def finish_later(self, req_id: str) -> None:
         """``req_id`` finished: record it once the steps staged so far are joined (at once
