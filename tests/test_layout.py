@@ -20,7 +20,10 @@ TOPS = ("tracer", "hooks", "tui", "engine")
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 500
 #: Modules allowed past MAX_MODULE_LINES, with the reason (keep this list short).
-LONG_MODULES: dict[str, str] = {}
+LONG_MODULES: dict[str, str] = {
+    "spectrace.tui.screens.main": "the main screen's message handlers and key actions, one"
+    " per key of the keymap (494 lines before ruff format wrapped them)",
+}
 
 
 def _modules() -> dict[str, Path]:

@@ -97,13 +97,7 @@ def explain(
     head = f"Position {pos}, anchor {quoted(decoder, int(anchor))}."
 
     def drafts(side: dict) -> str:
-        k = int(side["k"][i])
-        acc = int(side["accepted"][i])
-        acc_s = "?" if acc < 0 else str(acc)
-        return f"{k} drafts, {acc_s} accepted"
-
-    def ids(side: dict, j: int) -> str:
-        return quoted(decoder, int(side["proposed"][i, j]))
+        return _drafts_text(side, i)
 
     if b is None:
         parts.append(f"{head} Proposed {drafts(a)}.")
@@ -134,37 +128,7 @@ def explain(
             f"on identical content: a position or anchor bookkeeping bug."
         )
     elif win.bad[i]:
-        j = int(win.first_diff[i])
-        ka, kb = int(a["k"][i]), int(b["k"][i])
-        if j >= min(ka, kb):
-            parts.append(
-                f"{head} Ours proposed {ka} drafts, theirs {kb}; the common {min(ka, kb)} agree."
-            )
-        else:
-            parts.append(
-                f"{head} DRAFTS DIFFER from slot {j}: ours {ids(a, j)}, theirs {ids(b, j)}."
-            )
-            if next_ids is not None and j < len(next_ids):
-                truth = int(next_ids[j])
-                right = [
-                    n
-                    for n, sd in (("ours", a), ("theirs", b))
-                    if int(sd["proposed"][i, j]) == truth
-                ]
-                verdict = (
-                    f"{right[0]} drafted it"
-                    if len(right) == 1
-                    else "neither drafted it"
-                    if not right
-                    else "both drafted it"
-                )
-                parts.append(f"The text continues with {quoted(decoder, truth)}: {verdict}.")
-            sh = [jj for jj in range(min(ka, kb)) if a["state"][i, jj] == S_SHIFT]
-            if sh:
-                parts.append(
-                    f"Slot(s) {', '.join(map(str, sh))} match the other side one "
-                    f"slot off: a shift (layout or anchor offset)."
-                )
+        parts += _differing_drafts(win, i, head, decoder, next_ids)
         parts.append(f"Ours: {drafts(a)}; theirs: {drafts(b)}.")
     else:
         parts.append(
@@ -175,6 +139,46 @@ def explain(
     for f in findings or []:
         parts.append(f"Finding ({f.kind}): {f.message}")
     return " ".join(parts)
+
+
+def _drafts_text(side: dict, i: int) -> str:
+    """``k drafts, n accepted`` of row ``i`` of one side (``?`` when never verified)."""
+    acc = int(side["accepted"][i])
+    return f"{int(side['k'][i])} drafts, {'?' if acc < 0 else acc} accepted"
+
+
+def _differing_drafts(
+    win: Window, i: int, head: str, decoder: Decoder | None, next_ids
+) -> list[str]:
+    """The sentences for a divergent row ``i`` whose anchors agree: where the drafts differ,
+    which side the text agrees with (``next_ids``), and any one-slot shifts."""
+    a, b = win.a, win.b
+    assert b is not None  # a divergent row is a paired row
+    j = int(win.first_diff[i])
+    ka, kb = int(a["k"][i]), int(b["k"][i])
+    if j >= min(ka, kb):
+        return [f"{head} Ours proposed {ka} drafts, theirs {kb}; the common {min(ka, kb)} agree."]
+    ours, theirs = int(a["proposed"][i, j]), int(b["proposed"][i, j])
+    parts = [
+        f"{head} DRAFTS DIFFER from slot {j}: ours {quoted(decoder, ours)}, "
+        f"theirs {quoted(decoder, theirs)}."
+    ]
+    if next_ids is not None and j < len(next_ids):
+        truth = int(next_ids[j])
+        right = [n for n, x in (("ours", ours), ("theirs", theirs)) if x == truth]
+        said = (
+            f"{right[0]} drafted it"
+            if len(right) == 1
+            else ("neither drafted it" if not right else "both drafted it")
+        )
+        parts.append(f"The text continues with {quoted(decoder, truth)}: {said}.")
+    sh = [jj for jj in range(min(ka, kb)) if a["state"][i, jj] == S_SHIFT]
+    if sh:
+        parts.append(
+            f"Slot(s) {', '.join(map(str, sh))} match the other side one "
+            f"slot off: a shift (layout or anchor offset)."
+        )
+    return parts
 
 
 def _verified_differs(win: Window, i: int) -> list[str]:

@@ -180,70 +180,10 @@ def stage_triton(out, row0: int, n: int, ns, nr, idx, qsl, positions, last, nxt,
     k = drafts.shape[1]
     rt = _runtime() if DIRECT else False
     key = None
-    if rt and row0 + n < _I32:
-        drv, knobs = rt
-        if (
-            out.is_cuda
-            and ns.is_cuda
-            and nr.is_cuda
-            and idx.is_cuda
-            and qsl.is_cuda
-            and positions.is_cuda
-            and last.is_cuda
-            and nxt.is_cuda
-            and drafts.is_cuda
-        ):
-            ptrs = (
-                out.data_ptr(),
-                ns.data_ptr(),
-                nr.data_ptr(),
-                idx.data_ptr(),
-                qsl.data_ptr(),
-                positions.data_ptr(),
-                last.data_ptr(),
-                nxt.data_ptr(),
-                drafts.data_ptr(),
-            )
-            dev = drv.get_current_device()
-            key = _spec_key(dev, tensors, ptrs, k, knobs)
-            entry = _launchers.get(key)
-            if entry is not None and _hooks_idle(kernel, knobs):
-                run, function, packed, strides, kp = entry
-                try:
-                    run(
-                        (n + block - 1) // block,
-                        1,
-                        1,
-                        drv.get_current_stream(dev),
-                        function,
-                        packed,
-                        None,
-                        None,
-                        None,
-                        ptrs[0],
-                        strides[0],
-                        row0,
-                        n,
-                        ptrs[1],
-                        ptrs[2],
-                        ptrs[3],
-                        ptrs[4],
-                        ptrs[5],
-                        ptrs[6],
-                        strides[1],
-                        ptrs[7],
-                        strides[2],
-                        ptrs[8],
-                        strides[3],
-                        k,
-                        kp,
-                        block,
-                    )
-                except Exception:  # an unexpected launcher: launch normally from now on
-                    _disable_direct()
-                else:
-                    launch_counts["direct"] += 1
-                    return True
+    if rt and row0 + n < _I32 and all(t.is_cuda for t in tensors):
+        key, launched = _launch_direct(rt, kernel, block, tensors, row0, n, k)
+        if launched:
+            return True
     if not _layout_ok(tensors):
         return False
     # last_sampled's column 0 (or the 1-D tensor) steps by stride(0) either way.
@@ -273,6 +213,58 @@ def stage_triton(out, row0: int, n: int, ns, nr, idx, qsl, positions, last, nxt,
     if key is not None and key not in _launchers:
         _launchers[key] = _direct_entry(compiled, strides, kp)
     return True
+
+
+def _launch_direct(rt, kernel, block: int, tensors: tuple, row0: int, n: int, k: int):
+    """Launch through the compiled launcher cached for this specialisation, if any.
+
+    Returns ``(key, launched)``: the specialisation key (for the caller to cache the launcher
+    of a normal launch) and whether the kernel ran. An unexpected launcher disables direct
+    launches from then on (the caller launches normally).
+    """
+    drv, knobs = rt
+    ptrs = tuple(
+        t.data_ptr() for t in tensors
+    )  # out, ns, nr, idx, qsl, positions, last, nxt, drafts
+    dev = drv.get_current_device()
+    key = _spec_key(dev, tensors, ptrs, k, knobs)
+    entry = _launchers.get(key)
+    if entry is None or not _hooks_idle(kernel, knobs):
+        return key, False
+    run, function, packed, strides, kp = entry
+    args = (
+        ptrs[0],
+        strides[0],
+        row0,
+        n,
+        *ptrs[1:7],
+        strides[1],
+        ptrs[7],
+        strides[2],
+        ptrs[8],
+        strides[3],
+        k,
+        kp,
+        block,
+    )  # the kernel's parameter order
+    try:
+        run(
+            (n + block - 1) // block,
+            1,
+            1,
+            drv.get_current_stream(dev),
+            function,
+            packed,
+            None,
+            None,
+            None,
+            *args,
+        )
+    except Exception:  # an unexpected launcher: launch normally from now on
+        _disable_direct()
+        return key, False
+    launch_counts["direct"] += 1
+    return key, True
 
 
 def _direct_entry(compiled, strides: tuple, kp: int):
