@@ -95,10 +95,10 @@ def match_requests(a: Trace, b: Trace) -> tuple[np.ndarray, np.ndarray, list[str
     by_id = {rb.req_id[j]: j for j in sorted(free_b)}
     left_a2 = []
     for i in left_a:
-        j = by_id.pop(ra.req_id[i], None)
-        if j is not None and not (len(ra.prompt_ids[i]) and len(rb.prompt_ids[j])):
-            free_b.discard(j)
-            pairs.append((i, j, "req_id"))
+        jb = by_id.pop(ra.req_id[i], -1)
+        if jb >= 0 and not (len(ra.prompt_ids[i]) and len(rb.prompt_ids[jb])):
+            free_b.discard(jb)
+            pairs.append((i, jb, "req_id"))
         else:
             left_a2.append(i)
     # Order only where neither side knows its prompt: different prompts never match.

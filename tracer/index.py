@@ -32,7 +32,8 @@ def sequence_index(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _sequence_index(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r = trace.requests
     # One concatenate over [prompt0, output0, prompt1, ...]; unknown outputs contribute nothing.
-    parts, length = [], np.zeros(len(r), np.int64)
+    parts: list[np.ndarray] = []
+    length = np.zeros(len(r), np.int64)
     for i, (p, o) in enumerate(zip(r.prompt_ids, r.output_ids)):
         if len(o):
             parts += (p, o)

@@ -13,8 +13,10 @@ def prefer_small_pages() -> None:
     start (as does ``benchmarks/bench_diff.py``, for the pandas baseline too); library users
     decide for their own process (or set ``NUMPY_MADVISE_HUGEPAGE=0``).
     """
+    import importlib
+
     try:
-        from numpy._core.multiarray import _set_madvise_hugepage
+        multiarray = importlib.import_module("numpy._core.multiarray")
     except ImportError:  # numpy < 2
-        from numpy.core.multiarray import _set_madvise_hugepage
-    _set_madvise_hugepage(False)
+        multiarray = importlib.import_module("numpy.core.multiarray")
+    multiarray._set_madvise_hugepage(False)

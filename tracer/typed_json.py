@@ -81,7 +81,7 @@ def from_json(tp: Any, doc: Any) -> Any:
         ValueError: a dataclass's own validation refuses a value.
     """
     tp, _ = _strip(tp)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         known = dict(_fields(tp))
         unknown = set(doc) - set(known)
         if unknown:
@@ -116,7 +116,7 @@ def json_schema(tp: Any) -> dict:
 
 
 def _schema_of(tp: Any) -> dict:
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _object_schema(tp)
     if typing.is_typeddict(tp):
         return _typeddict_schema(tp)
@@ -182,7 +182,7 @@ def _typeddict_schema(cls: type) -> dict:
     """A TypedDict: its keys' schemas; the keys of ``total=False`` parts are optional."""
     hints = _hints(cls)
     props = {name: json_schema(tp) for name, tp in hints.items()}
-    required = [name for name in hints if name in cls.__required_keys__]
+    required = [name for name in hints if name in getattr(cls, "__required_keys__", ())]
     return _described(cls) | {"required": required, "properties": props}
 
 

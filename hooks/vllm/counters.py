@@ -14,6 +14,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from spectrace.tracer.cli.output import say
 
@@ -37,7 +38,7 @@ class VllmCounters:
 
     k: int
     dp_rank: int
-    stats: object = None
+    stats: Any = None  # vllm SpecDecodingStats, made on first use
     local: bool = False  # the trace writer is in this process
     handed_off: bool = False  # written for the worker at engine-core shutdown
     broken: bool = False  # counting failed: no counters to compare with

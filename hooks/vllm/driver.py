@@ -81,7 +81,7 @@ def read_prompts(path: str, limit: int = 0) -> list[dict]:
             for a line that is not a JSON object with a string ``text`` or a file without
             prompts.
     """
-    prompts = []
+    prompts: list[dict] = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():

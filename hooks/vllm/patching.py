@@ -93,12 +93,12 @@ def wrap_init(cls: type, after: Callable[[object], None]) -> None:
     Idempotent per class (a forked child inherits the patched class)."""
     if cls.__dict__.get("_spectrace_patched"):
         return
-    orig = cls.__init__
+    orig = cls.__init__  # type: ignore[misc]  # the class's own initialiser, on purpose
 
     @functools.wraps(orig)
     def __init__(self, *args, **kwargs):
         orig(self, *args, **kwargs)
         after(self)
 
-    cls.__init__ = __init__
-    cls._spectrace_patched = True
+    cls.__init__ = __init__  # type: ignore[misc]
+    setattr(cls, "_spectrace_patched", True)  # noqa: B010 - a marker the class does not declare

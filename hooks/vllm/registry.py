@@ -7,14 +7,14 @@ from __future__ import annotations
 import atexit
 import threading
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from spectrace.tracer.cli.output import say
 
 
 class _Closable(Protocol):
     path: Path
-    counters: object
+    counters: Any
 
     def close(self) -> Path | None: ...
 

@@ -179,9 +179,10 @@ class ViewModel:
         """The pair's content divergence (computed now if the stage has not reached it)."""
         if p.divergence is None:
             if p.matched:
+                assert self.b is not None  # a matched pair has both traces
                 self._divergence_of(
                     p, self.a.requests.output_ids[p.req_a], self.b.requests.output_ids[p.req_b]
-                )  # type: ignore
+                )
             else:
                 p.divergence = NO_DIVERGENCE
         return int(p.divergence)  # type: ignore[arg-type]

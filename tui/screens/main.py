@@ -17,6 +17,7 @@ from textual.widgets import Footer, TabbedContent, TabPane
 from spectrace.tracer.compare import NO_DIVERGENCE
 from spectrace.tracer.findings import Finding
 from spectrace.tracer.fmt import pct
+from spectrace.tracer.tokens import Decoder
 
 from ..fmt import divergence_text, explain
 from ..keymap import KEYS, bindings
@@ -115,7 +116,7 @@ class MainScreen(Screen):
         if self.pair >= 0 and self.view.rows is not None and len(self.view.rows):
             keep = (self.pair, int(self.view.rows.pos[self.view.cursor]))
         self.model = model
-        self.view.decoder = self.app.decoder  # type: ignore[attr-defined]
+        self.view.decoder = self._decoder
         self.query_one(Overview).show_model(model)
         self._verdict()
         self.query_one(Overview).show_analysis(self.analysis, model.paired, self.analysis_error)
@@ -292,9 +293,9 @@ class MainScreen(Screen):
             win,
             i,
             rows.pair,
-            self.app.decoder,
+            self._decoder,
             rows.divergence,
-            fs,  # type: ignore
+            fs,
             self._next_ids(rows, pos, win.w),
         )
         style = "bold" if win.bad[i] else ""
@@ -323,8 +324,8 @@ class MainScreen(Screen):
             self.model,
             rows,
             row,
-            self.app.decoder,
-            fs,  # type: ignore
+            self._decoder,
+            fs,
             self._next_ids(rows, pos, win.w),
         )
         self.app.push_screen(BlockDetail(body))
@@ -460,7 +461,7 @@ class MainScreen(Screen):
 
     def action_toggle_ids(self) -> None:
         """Toggle token ids / decoded text."""
-        if self.app.decoder is None:  # type: ignore[attr-defined]
+        if self._decoder is None:
             self.notify("no tokenizer (use --tokenizer PATH): showing ids", severity="warning")
             return
         self.view.show_ids = not self.view.show_ids
@@ -491,7 +492,7 @@ class MainScreen(Screen):
         """Resolve ``query`` to ids (unless ``ids`` are known: an O(vocab) scan for text)
         and find the next row holding one, in a worker thread; :meth:`_searched` shows it."""
         model, pair, row = self.model, max(self.pair, 0), self._base_row()
-        decoder = self.app.decoder  # type: ignore[attr-defined]
+        decoder = self._decoder
 
         def work() -> None:
             try:
@@ -519,6 +520,11 @@ class MainScreen(Screen):
             self.filtered = False
         self._goto_tab("blocks")
         self.show_pair(hit[0], base_row=hit[1])
+
+    @property
+    def _decoder(self) -> Decoder | None:
+        """The app's token decoder (SpectraceApp.decoder; None when ids are shown raw)."""
+        return getattr(self.app, "decoder", None)
 
     def _ready(self) -> bool:
         if not self.model.index_ready:

@@ -90,7 +90,7 @@ def finding_line(f: Finding, where: str) -> Text:
 
 def finding_where(f: Finding) -> str:
     """``side req @pos slot j`` (the finding's first location)."""
-    parts = [f.side]
+    parts: list[str] = [f.side]
     if f.request is not None:
         parts.append(str(f.request))
     if f.position is not None:

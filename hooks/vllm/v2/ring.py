@@ -7,6 +7,7 @@ synchronous). torch is imported by the constructors only (this module loads with
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 class Segment:
@@ -70,9 +71,9 @@ def make_ring(count: int, rows: int, cols: int, device, cuda: bool) -> list[Segm
 class Slot:
     """One staging slot of the DSpark inner record."""
 
-    dev: object  # device staging block (the host tensor itself on a CPU device)
-    host: object  # host tensor (pinned on CUDA)
-    event: object = None  # torch.cuda.Event on CUDA
+    dev: Any  # torch.Tensor: device staging block (the host tensor itself on a CPU device)
+    host: Any  # torch.Tensor: host tensor (pinned on CUDA)
+    event: Any = None  # torch.cuda.Event on CUDA
     busy: bool = False
 
 

@@ -8,6 +8,8 @@ turns a run of them into the arrays :func:`~.join.join_chunk` takes.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .ring import Segment
@@ -43,7 +45,7 @@ def _gather(pieces: list, cols: int) -> tuple[list, list, list, list]:
     """Row blocks, ids, per-piece ``(rows, step, batch_size, t_ns, k)`` and keep masks of a
     run of pieces; consecutive steps of one segment share one slice."""
     blocks, ids, meta, keeps = [], [], [], []
-    run = None  # [segment, first row, end row]
+    run: list[Any] | None = None  # [segment, first row, end row]
     for p in pieces:
         if isinstance(p, StepRec):
             if run is not None and run[0] is p.seg and run[2] == p.row0:

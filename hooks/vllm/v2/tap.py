@@ -79,7 +79,7 @@ class ProposeTap:
         self.cpu_flush_steps = max(int(cpu_flush_steps), 1)
         self._nslots = max(int(slots), 2)
         self._ring: list[Segment] = []
-        self._ring_key = None
+        self._ring_key: tuple | None = None
         self._next = 0
         self._cur: Segment | None = None
         self._stream: deque = deque()  # StepRec | ("drop", req id) | ("finish", req id, final)
@@ -87,8 +87,9 @@ class ProposeTap:
         self._ids: dict[str, int] = {}  # request id -> tap-local int id
         self._names: list[str] = []
         self._wrows = None  # int64 [len(_names)]: /requests row per int id (-1: unknown)
-        self._prev_req_ids: list | None = None
-        self._prev_batch = (None, None, False)  # ids, keep, all warmup
+        self._prev_req_ids: list | None = None  # None: no batch seen yet
+        # ids (int64 [n]), keep (bool [n] or None: all kept), all warmup
+        self._prev_batch: tuple[np.ndarray | None, np.ndarray | None, bool] = (None, None, False)
         self._carry_req = np.zeros(0, dtype=np.int64)  # requests with an open proposal
         self._carry: Proposals | None = None  # those proposals
         self._orig = speculator.propose
@@ -180,6 +181,7 @@ class ProposeTap:
         seg.steps += 1
         seg.pending += 1
         session = self.session
+        assert self._prev_req_ids is not None  # set by _new_batch on the first call
         self._stream.append(
             StepRec(seg, row0, n, ids, keep, self._prev_req_ids, session.step, k_eff, t_ns)
         )
@@ -277,7 +279,8 @@ class ProposeTap:
 
     def _join(self, items: list) -> None:
         """Join a run of stream items (steps and deferred finishes/drops) in order."""
-        pieces, finishes = [], []
+        pieces: list[StepRec | int] = []
+        finishes: list[tuple] = []
         for item in items:
             if isinstance(item, StepRec):
                 if self.step_observers:
