@@ -82,9 +82,9 @@ def _load(name: str, path: Path):
 def engine_modules():
     """``spectrace.engine.dspark`` and ``.dspark_ckpt`` (installed, else by file path)."""
     try:
-        from spectrace.engine import dspark, dspark_ckpt, models
+        from spectrace.engine import dspark, dspark_ckpt, loader
 
-        return dspark, dspark_ckpt, models
+        return dspark, dspark_ckpt, loader
     except ImportError:  # a bare checkout: map the namespace by hand
         import types
 
@@ -93,9 +93,9 @@ def engine_modules():
                 m = types.ModuleType(pkg)
                 m.__path__ = [str(folder)] if folder else []
                 sys.modules[pkg] = m
-        from spectrace.engine import dspark, dspark_ckpt, models
+        from spectrace.engine import dspark, dspark_ckpt, loader
 
-        return dspark, dspark_ckpt, models
+        return dspark, dspark_ckpt, loader
 
 
 def greedy_data(
@@ -165,12 +165,12 @@ def main() -> None:
     torch.set_num_threads(2)
     torch.use_deterministic_algorithms(True)
     t_all = time.perf_counter()
-    dspark, dspark_ckpt, models = engine_modules()
+    dspark, dspark_ckpt, loader = engine_modules()
     train_models = _load("train_models", ROOT / "scripts" / "train_models.py")
     from tokenizers import Tokenizer
 
-    target_dir = models.bundled_model_dir("target")
-    target = models.load_model(target_dir).model
+    target_dir = loader.bundled_model_dir("target")
+    target = loader.load_model(target_dir).model
     for prm in target.parameters():
         prm.requires_grad_(False)
     tok = Tokenizer.from_file(str(target_dir / "tokenizer.json"))

@@ -96,3 +96,13 @@ def test_an_internal_error_is_exit_3_with_one_line(capsys, monkeypatch):
     monkeypatch.setenv("SPECTRACE_DEBUG", "1")
     with pytest.raises(ZeroDivisionError):
         main(["info", str(BUNDLED)])
+
+
+def test_no_command_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        main([])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (
+        "spectrace: error: no command given; commands: capture, check, demo, diff, import, "
+        "info, inspect-draft, schema, view (see 'spectrace --help')\n"
+    )

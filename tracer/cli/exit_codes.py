@@ -17,4 +17,6 @@ class ExitCode(enum.IntEnum):
     FAILURE = 3
     """Any other spectrace failure (typed :class:`~spectrace.tracer.errors.SpectraceError`)."""
     INTERRUPT = 130
-    """Interrupted by Ctrl-C or SIGTERM (128 + SIGINT, the shell convention)."""
+    """Interrupted by Ctrl-C (128 + SIGINT, the shell convention). ``spectrace capture``
+    forwards Ctrl-C and SIGTERM to its command and finishes the trace; it exits 130 after a
+    Ctrl-C and 128 + SIGTERM after a SIGTERM."""

@@ -82,6 +82,12 @@ def main(argv: list[str] | None = None) -> None:
     ``sys.argv[1:]``) and exits with an :class:`ExitCode` (commands exit with their verdict)."""
     warnings.showwarning = show_warning
     prefer_small_pages()
+    if not (sys.argv[1:] if argv is None else argv):
+        say(
+            f"error: no command given; commands: {', '.join(sorted(cli.commands))} "
+            f"(see 'spectrace --help')"
+        )
+        sys.exit(ExitCode.INPUT)
     try:
         cli.main(args=argv, prog_name="spectrace", standalone_mode=False)
     except _HANDLED as exc:
