@@ -397,7 +397,8 @@ def test_trace_file_names(tmp_path):
     assert partial_path("runs/a.h5") == Path("runs/a.h5.partial")
     (tmp_path / "b.h5.partial").write_bytes(b"")  # a dead writer's file stands in for b.h5
     (tmp_path / "c.h5").write_bytes(b"")
-    assert resolve_paths(tmp_path / "b.h5") == [tmp_path / "b.h5.partial"]
+    with pytest.warns(TraceWarning, match=r"b\.h5: no such file; reading .*b\.h5\.partial"):
+        assert resolve_paths(tmp_path / "b.h5") == [tmp_path / "b.h5.partial"]
     assert resolve_paths([str(tmp_path / "c.h5"), tmp_path / "*.partial"]) == [
         tmp_path / "c.h5",
         tmp_path / "b.h5.partial",

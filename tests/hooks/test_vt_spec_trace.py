@@ -510,16 +510,14 @@ def test_emit_draft_mismatch_is_a_violation(tmp_path):
         (4, "acc != ns-1: req=0 pos=11: acc=0 but ns=2"),
     ],
 )
-def test_strict_fails_at_first_problem_and_keeps_partial(tmp_path, stop_line, msg):
+def test_strict_fails_at_first_problem_and_removes_partial(tmp_path, stop_line, msg):
     log = _write(tmp_path, BROKEN)
     with pytest.raises(ParseError) as exc:
         import_log(log, tmp_path / "t.h5", strict=True)
     assert str(exc.value).startswith(f"{log}:{stop_line}: {msg}")
+    assert str(exc.value).endswith(f" (partial trace {tmp_path / 't.h5.partial'} removed)")
     assert "\n" not in str(exc.value)
-    assert not (tmp_path / "t.h5").exists()
-    t = _open(tmp_path / "t.h5.partial")
-    assert t.status == "recording"
-    assert t.blocks.position.tolist() == [3, 8, 10]  # the offending block is kept too
+    assert not (tmp_path / "t.h5").exists() and not (tmp_path / "t.h5.partial").exists()
 
 
 @pytest.mark.parametrize(
@@ -621,8 +619,10 @@ def test_cli_strict_error_is_one_line_exit_2(tmp_path):
     )
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        f"spectrace: error: {log}:4: acc != ns-1: req=0 pos=11: acc=0 but ns=2"
+        f"spectrace: error: {log}:4: acc != ns-1: req=0 pos=11: acc=0 but ns=2 "
+        f"(partial trace {tmp_path / 't.h5.partial'} removed)"
     ]
+    assert not (tmp_path / "t.h5").exists() and not (tmp_path / "t.h5.partial").exists()
 
 
 # -- the reference engine ----------------------------------------------------------------------
