@@ -171,7 +171,8 @@ def check_requests(source: str, log: str, reached: dict[str, int], lengths: dict
         r = short[0]
         out["first_short"] = f"req={r} has {lengths[r]} ids, the log reached position {reached[r]}"
         parts.append(
-            f"{len(short)} requests end before the log's last anchor (first: {out['first_short']})"
+            f"{len(short)} of {len(reached)} log requests end before the log's last anchor "
+            f"(first: {out['first_short']})"
         )
     out["message"] = f"{source}: does not match {log}: {'; '.join(parts)}" if parts else ""
     return out
