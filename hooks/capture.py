@@ -186,9 +186,12 @@ def _run_parsing(
         stop(proc)
         parser.abort()
         why = f"{type(exc).__name__}: {exc}"[:300]
-        writer.update_meta(**exit_meta(proc.returncode, error=why), aborted=why)
         if isinstance(exc, Exception):
             raise discard_failed(writer, exc) from None
+        # KeyboardInterrupt/SystemExit outside the forwarder: keep what was recorded.
+        writer.update_meta(
+            **exit_meta(proc.returncode, interrupted=int(signal.SIGINT)), aborted=why
+        )
         writer.close(complete=False)
         say(f"partial trace kept in {writer.partial_path}")
         raise

@@ -25,6 +25,7 @@ __all__ = [
     "run_until",
     "start",
     "stop",
+    "stop_group",
 ]
 
 # Seconds a Ctrl-C'd child gets to stop by itself before SIGINT is forwarded (a terminal
@@ -36,6 +37,7 @@ TIMEOUT_STATUS = 124
 
 
 def exit_status(returncode: int) -> int:
+    """The shell's exit status for a Popen returncode (``-N``, killed by signal N: 128+N)."""
     return 128 - returncode if returncode < 0 else returncode  # -N: killed by signal N
 
 
