@@ -175,15 +175,16 @@ META_KEYS: dict[str, str] = {
     "source": "vllm-hook | vt_spec_trace | reference",
     "trace_level": "VT_SPEC_TRACE level or hook level",
     "command": "command line that produced the trace",
-    "import": "object: parser statistics (lines, malformed line numbers, ...)",
+    "import": "object: parser statistics (lines, malformed line numbers, ...); "
+    "requests_check: how the requests file matched the log (missing, unmatched, short)",
     "checks": "object: cross-checks against the engine's own counters",
     "capture": 'object: how the captured command ended: {"ended": CAPTURE_END value or '
     'null, "exit_status": int|null, "signal": int|null, "timeout_s"?, "error"?}',
-    "exit_status": "the captured command's exit status (128+N for signal N); older key",
-    "killed_by_signal": "signal number that killed the captured command; older key",
-    "interrupted": "true when spectrace got Ctrl-C/SIGTERM and forwarded it; older key",
+    "exit_status": "the captured command's exit status (128+N for signal N); kept for older readers",
+    "killed_by_signal": "signal number that killed the captured command; kept for older readers",
+    "interrupted": "true when spectrace got Ctrl-C/SIGTERM and forwarded it; kept for older readers",
     "requests_error": "why the requests file of a capture could not be used",
-    "aborted": "the error that stopped a capture (strict mode or a bug)",
+    "aborted": "what stopped a capture early when its .partial file was kept",
 }
 
 #: ``meta["capture"]["ended"]`` values (written by ``spectrace capture`` / ``capture vllm``):
