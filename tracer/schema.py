@@ -180,9 +180,9 @@ META_KEYS: dict[str, str] = {
     "checks": "object: cross-checks against the engine's own counters",
     "capture": 'object: how the captured command ended: {"ended": CAPTURE_END value or '
     'null, "exit_status": int|null, "signal": int|null, "timeout_s"?, "error"?}',
-    "exit_status": "the captured command's exit status (128+N for signal N); kept for older readers",
+    "exit_status": "captured command's exit status (128+N: signal N); kept for older readers",
     "killed_by_signal": "signal number that killed the captured command; kept for older readers",
-    "interrupted": "true when spectrace got Ctrl-C/SIGTERM and forwarded it; kept for older readers",
+    "interrupted": "true when spectrace forwarded a Ctrl-C/SIGTERM; kept for older readers",
     "requests_error": "why the requests file of a capture could not be used",
     "aborted": "what stopped a capture early when its .partial file was kept",
 }
