@@ -9,7 +9,10 @@
   runs the command and reports which trace files appeared.
 
 Both return CMD's exit status (``128+N`` when a signal N killed it, 130 after Ctrl-C, which is
-forwarded to CMD as SIGINT). Diagnostics are one line on stderr prefixed ``spectrace:``.
+forwarded to CMD as SIGINT; 124 when ``capture vllm --timeout`` stopped it). How CMD ended is
+recorded in ``meta["capture"]`` (:data:`spectrace.tracer.schema.CAPTURE_END`). A capture that
+fails (strict parse error, a bug) removes its ``.partial`` file; an interrupted or killed one
+keeps it. Diagnostics are one line on stderr prefixed ``spectrace:``.
 """
 
 from __future__ import annotations
@@ -19,124 +22,34 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
 
-from spectrace.tracer.cli.exit_codes import ExitCode
 from spectrace.tracer.cli.output import say
 from spectrace.tracer.errors import InputError, SpectraceError
+from spectrace.tracer.schema import PARTIAL_SUFFIX
 from spectrace.tracer.store import TraceWriter, open_trace
+from spectrace.tracer.store.writer import amend_meta
 
+from .child import (
+    KILL_GRACE,
+    SignalForwarder,
+    capture_end,
+    exit_meta,
+    exit_status,
+    run_forwarding,
+    run_until,
+    start,
+    stop,
+)
 from .vllm.paths import ENV_OUT, written_traces
+from .vt.importer import discard_failed
 from .vt.level import ENV_VAR, trace_level
 from .vt.parser import DEFAULT_ENGINE, SOURCE, VtTraceParser
 from .vt.requests import read_requests
 
 __all__ = ["capture_command", "capture_vllm", "run_forwarding", "summarize_traces"]
-
-# Seconds a Ctrl-C'd child gets to stop by itself before SIGINT is forwarded (a terminal
-# Ctrl-C already reached it: the same process group), and after SIGTERM before a kill.
-_INTERRUPT_GRACE = 0.5
-_KILL_GRACE = 10.0
-
-
-def _exit_status(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode  # -N: killed by signal N
-
-
-def _exit_meta(returncode: int | None) -> dict:
-    """/meta items describing how CMD ended (``exit_status``, ``killed_by_signal``)."""
-    if returncode is None:
-        return {"exit_status": None}
-    items: dict = {"exit_status": _exit_status(returncode)}
-    if returncode < 0:
-        items["killed_by_signal"] = -returncode
-    return items
-
-
-def _start(cmd: list[str], env: dict, **kw) -> subprocess.Popen:
-    if not cmd:
-        raise InputError("no command given (spectrace capture -o OUT -- CMD ...)")
-    try:
-        return subprocess.Popen(cmd, env=env, **kw)
-    except OSError as exc:
-        raise InputError(f"{cmd[0]}: cannot run this command ({exc.strerror or exc})") from None
-
-
-class _SignalForwarder:
-    """While active, Ctrl-C never raises in spectrace (it could land mid-record and lose a
-    block): the first SIGINT is forwarded to CMD after a short grace (a terminal's Ctrl-C
-    reaches CMD by itself, being in the same process group), a second one kills CMD.
-    SIGTERM is forwarded at once. Only the main thread can own the handlers; elsewhere this
-    is a no-op."""
-
-    def __init__(self, proc: subprocess.Popen) -> None:
-        self.proc = proc
-        self.count = 0
-        self.terminated = False
-        self._old = None
-        self._old_term = None
-        self._timer: threading.Timer | None = None
-
-    @property
-    def interrupted(self) -> bool:
-        """True once a SIGINT or SIGTERM arrived."""
-        return self.count > 0 or self.terminated
-
-    @property
-    def status(self) -> int:
-        """The exit status that reports the signal: 143 after SIGTERM, else 130."""
-        return 128 + signal.SIGTERM if self.terminated else ExitCode.INTERRUPT
-
-    def __enter__(self) -> _SignalForwarder:
-        if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGINT, self._on_sigint)
-            # SIGTERM (timeout, CI, a service manager) is forwarded at once; the trace is
-            # then finished and renamed like after a normal exit.
-            self._old_term = signal.signal(signal.SIGTERM, self._on_sigterm)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
-        if self._old_term is not None:
-            signal.signal(signal.SIGTERM, self._old_term)
-        if self._timer is not None:
-            self._timer.cancel()
-
-    def _on_sigterm(self, signum, frame) -> None:
-        self.terminated = True
-        self._send(signal.SIGTERM)
-
-    def _on_sigint(self, signum, frame) -> None:
-        self.count += 1
-        if self.count == 1:
-            self._timer = threading.Timer(_INTERRUPT_GRACE, self._send, (signal.SIGINT,))
-            self._timer.daemon = True
-            self._timer.start()
-        else:
-            self._send(signal.SIGKILL)
-
-    def _send(self, sig: int) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.send_signal(sig)
-            except ProcessLookupError:  # it exited in between
-                pass
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Terminate the child, then kill it if it does not exit."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=_KILL_GRACE)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
 
 # ------------------------------------------------------------------------------------------
 # Our engine: VT_SPEC_TRACE on stderr
@@ -197,16 +110,18 @@ def capture_command(
         requests_path: JSONL that CMD writes (``req_id``, ``prompt_ids``, ``output_ids``,
             ``finish_reason``); read after CMD exits to fill /requests and resolve the
             anchors of first blocks (patched into the closed file). A missing, bad or stale
-            (older than CMD) file is a warning: the trace keeps those anchors ``-1``.
+            (older than CMD) file, or one that does not match the log, is a warning (an
+            error in strict mode): the trace keeps those anchors ``-1``.
         strict: stop at the first malformed/edited line or broken invariant: CMD is
-            terminated, the ``.partial`` file keeps what was recorded, ParseError is raised.
+            terminated, the ``.partial`` file is removed, ParseError is raised.
         meta: extra /meta items (``method``, ``k``, ``target_model``, ...).
         log_path: also write CMD's raw stderr bytes to this file (for ``import vt``).
         forward_trace_lines: False forwards only CMD's other stderr lines (quiet test runs).
     Returns:
         CMD's exit status (``128+N`` if signal N killed it; 130 after Ctrl-C).
     Raises:
-        InputError: CMD cannot be started, or OUT or the log cannot be created.
+        InputError: CMD cannot be started, or OUT or the log cannot be created; strict mode:
+            the requests file is missing, bad or does not match the log.
         ParseError: strict mode.
     """
     env = dict(os.environ)
@@ -221,6 +136,7 @@ def capture_command(
             "engine": DEFAULT_ENGINE,
             "command": shlex.join(cmd),
             "trace_level": level,
+            "capture": capture_end(None),  # ended: None until CMD ends (a killed capture)
             **(meta or {}),
         },
     )
@@ -228,10 +144,9 @@ def capture_command(
     started = time.time()
     try:
         log = open(log_path, "wb") if log_path is not None else None
-        proc = _start(cmd, env, stderr=subprocess.PIPE)
+        proc = start(cmd, env, stderr=subprocess.PIPE)
     except (InputError, OSError) as exc:
-        writer.close(complete=False)
-        writer.partial_path.unlink(missing_ok=True)  # nothing was recorded
+        writer.discard()  # nothing was recorded
         if log is not None:
             log.close()
         if isinstance(exc, InputError):
@@ -241,13 +156,12 @@ def capture_command(
         writer, strict=strict, source_name=f"{Path(cmd[0]).name} stderr", trace_level=level or None
     )
     try:
-        interrupted = _run_parsing(proc, parser, writer, log, forward_trace_lines)
+        sig = _run_parsing(proc, parser, writer, log, forward_trace_lines)
     finally:
         if log is not None:
             log.close()
-    status = interrupted if interrupted else _exit_status(proc.returncode)
-    _finish_capture(parser, writer, requests_path, proc.returncode, interrupted, started)
-    return status
+    _finish_capture(parser, writer, requests_path, proc.returncode, sig, started)
+    return 128 + sig if sig else exit_status(proc.returncode)
 
 
 def _run_parsing(
@@ -256,24 +170,30 @@ def _run_parsing(
     writer: TraceWriter,
     log,
     forward_trace_lines: bool = True,
-) -> int:
-    """Pump CMD's stderr into the parser until EOF; returns 0, or the exit status that
-    reports a Ctrl-C (130) or a SIGTERM (143) received meanwhile."""
+) -> int | None:
+    """Pump CMD's stderr into the parser until EOF; returns the signal spectrace received
+    meanwhile (SIGINT after Ctrl-C, SIGTERM), None when none did.
+
+    On an exception (strict ParseError, a bug) CMD is stopped and the ``.partial`` file is
+    removed (:func:`discard_failed`); on a KeyboardInterrupt/SystemExit it is kept."""
     try:
-        with _SignalForwarder(proc) as sigint:
+        with SignalForwarder(proc) as sigint:
             # After Ctrl-C too: CMD's last lines.
             _pump(proc, parser, _Forwarder(forward_trace_lines), log)
             proc.wait()
-        return sigint.status if sigint.interrupted else 0
-    except BaseException as exc:  # strict ParseError or a bug: keep what was recorded
-        _stop(proc)
+        return sigint.signal
+    except BaseException as exc:
+        stop(proc)
         parser.abort()
+        why = f"{type(exc).__name__}: {exc}"[:300]
+        if isinstance(exc, Exception):
+            raise discard_failed(writer, exc) from None
+        # KeyboardInterrupt/SystemExit outside the forwarder: keep what was recorded.
         writer.update_meta(
-            **_exit_meta(proc.returncode), aborted=f"{type(exc).__name__}: {exc}"[:300]
+            **exit_meta(proc.returncode, interrupted=int(signal.SIGINT)), aborted=why
         )
         writer.close(complete=False)
-        if isinstance(exc, SpectraceError):
-            say(f"partial trace kept in {writer.partial_path}")
+        say(f"partial trace kept in {writer.partial_path}")
         raise
 
 
@@ -290,17 +210,19 @@ def _finish_capture(
     writer: TraceWriter,
     requests_path: str | os.PathLike | None,
     returncode: int,
-    interrupted: int,
+    sig: int | None,
     started: float,
 ) -> None:
-    items: dict = {**_exit_meta(returncode), "interrupted": bool(interrupted)}
-    if requests_path is not None:
-        try:
-            parser.set_requests(_read_fresh_requests(requests_path, started))
-        except InputError as exc:
-            items["requests_error"] = str(exc)
-            say(f"warning: {exc}; first-block anchors stay unknown (-1)")
-    stats = parser.finish()
+    """Read the requests file, finish the parse, close OUT; say one summary line (plus one
+    warning line each for a requests problem and a trace without blocks). In strict mode a
+    requests problem removes the ``.partial`` file and raises InputError."""
+    items: dict = exit_meta(returncode, interrupted=sig)
+    try:
+        if requests_path is not None:
+            _apply_requests(parser, requests_path, started, items)
+        stats = parser.finish()
+    except Exception as exc:
+        raise discard_failed(writer, exc) from None
     writer.update_meta(**items)
     path = writer.close(complete=True)
     patched = len(parser.late_patches)
@@ -308,8 +230,25 @@ def _finish_capture(
     late = f", {patched} anchors resolved from the requests file" if patched else ""
     say(
         f"{stats.summary('captured')} -> {path}{late}; command {how}"
-        f"{' (interrupted)' if interrupted else ''}"
+        f"{' (interrupted)' if sig else ''}"
     )
+    for line in (stats.requests_warning(), stats.no_blocks_warning()):
+        if line:
+            say(f"warning: {line}")
+
+
+def _apply_requests(
+    parser: VtTraceParser, requests_path: str | os.PathLike, started: float, items: dict
+) -> None:
+    try:
+        requests = _read_fresh_requests(requests_path, started)
+    except InputError as exc:
+        if parser.strict:
+            raise
+        items["requests_error"] = str(exc)
+        say(f"warning: {exc}; first-block anchors stay unknown (-1)")
+        return
+    parser.set_requests(requests, source=str(requests_path))
 
 
 # ------------------------------------------------------------------------------------------
@@ -317,38 +256,48 @@ def _finish_capture(
 # ------------------------------------------------------------------------------------------
 
 
-def run_forwarding(cmd: list[str], env: dict) -> int:
-    """Run CMD with inherited stdin/stdout/stderr; forward Ctrl-C as SIGINT.
-
-    Returns:
-        CMD's exit status (``128+N`` if killed by signal N, 130 after Ctrl-C).
-    Raises:
-        InputError: CMD cannot be started.
-    """
-    proc = _start(cmd, env)
-    with _SignalForwarder(proc) as sigint:
-        returncode = proc.wait()
-    return sigint.status if sigint.interrupted else _exit_status(returncode)
-
-
-def capture_vllm(cmd: list[str], out: str | os.PathLike) -> int:
+def capture_vllm(
+    cmd: list[str],
+    out: str | os.PathLike,
+    timeout: float | None = None,
+    kill_grace: float = KILL_GRACE,
+) -> int:
     """Run a vLLM script with spectrace's plugin recording to OUT; report what it wrote.
 
     Args:
         cmd: the command (e.g. ``python script.py``); its Python must have spectrace
             installed so vLLM loads the plugin (entry point ``vllm.general_plugins``).
         out: the trace file the plugin writes (it may add ``OUT.dpN.h5`` for DP ranks).
+        timeout: seconds after which CMD's process group gets SIGTERM, then SIGKILL after
+            ``kill_grace`` seconds (a hung engine, e.g. after its EngineCore died); None: wait.
     Returns:
-        CMD's exit status (``128+N`` if killed by signal N, 130 after Ctrl-C).
+        CMD's exit status (``128+N`` if killed by signal N, 130 after Ctrl-C), or
+        :data:`TIMEOUT_STATUS` (124) after a timeout.
     Raises:
         InputError: CMD cannot be started.
     """
     out = Path(out).resolve()
     started = time.time() - 1.0  # mtime granularity
-    status = run_forwarding(cmd, {**os.environ, ENV_OUT: str(out)})
+    status, record = run_until(cmd, {**os.environ, ENV_OUT: str(out)}, timeout, kill_grace)
     files = written_traces(out, since=started)
+    _record_end(files, record, group_stopped=record["ended"] == "timeout")
+    if record["ended"] == "timeout":
+        then = ", then SIGKILL" if record["signal"] == signal.SIGKILL else ""
+        say(f"timeout: the command ran longer than {timeout:g} s; sent it SIGTERM{then}")
     say(summarize_traces(files, out) + f"; command exit status {status}")
     return status
+
+
+def _record_end(files: list[Path], record: dict, group_stopped: bool) -> None:
+    """Add ``meta["capture"]`` to the trace files CMD wrote. A ``.partial`` file is amended
+    only when CMD's whole process group is known to be gone (its writer may live on)."""
+    for f in files:
+        if f.name.endswith(PARTIAL_SUFFIX) and not group_stopped:
+            continue
+        try:
+            amend_meta(f, capture=record)
+        except InputError as exc:
+            say(f"warning: {exc}")
 
 
 def summarize_traces(files: list[Path], out: Path) -> str:

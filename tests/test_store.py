@@ -397,10 +397,46 @@ def test_trace_file_names(tmp_path):
     assert partial_path("runs/a.h5") == Path("runs/a.h5.partial")
     (tmp_path / "b.h5.partial").write_bytes(b"")  # a dead writer's file stands in for b.h5
     (tmp_path / "c.h5").write_bytes(b"")
-    assert resolve_paths(tmp_path / "b.h5") == [tmp_path / "b.h5.partial"]
+    with pytest.warns(TraceWarning, match=r"b\.h5: no such file; reading .*b\.h5\.partial"):
+        assert resolve_paths(tmp_path / "b.h5") == [tmp_path / "b.h5.partial"]
     assert resolve_paths([str(tmp_path / "c.h5"), tmp_path / "*.partial"]) == [
         tmp_path / "c.h5",
         tmp_path / "b.h5.partial",
     ]
     with pytest.raises(InputError, match=r"d\.h5: no such file"):
         resolve_paths(tmp_path / "d.h5")
+
+
+def test_capture_end_reads_new_and_older_meta():
+    from spectrace.tracer.schema import capture_end
+
+    assert capture_end({"engine": "vllm"}) is None  # not captured (an import, the plugin)
+    assert capture_end({"exit_status": 0, "interrupted": False}) == {
+        "ended": "clean",
+        "exit_status": 0,
+        "signal": None,
+    }
+    assert capture_end({"exit_status": 137, "killed_by_signal": 9}) == {
+        "ended": "engine-signal",
+        "exit_status": 137,
+        "signal": 9,
+    }
+    assert capture_end({"exit_status": 1, "interrupted": True})["ended"] == "interrupted"
+    assert capture_end({"exit_status": 3})["ended"] == "engine-exit"
+    live = {"capture": {"ended": None, "exit_status": None, "signal": None}}
+    assert capture_end(live, "recording")["ended"] == "capture-killed"
+    assert capture_end(live, "complete")["ended"] is None
+
+
+def test_amend_meta_merges_into_a_closed_trace(tmp_path):
+    from spectrace.tracer.store.writer import amend_meta
+
+    with TraceWriter(tmp_path / "t.h5", {"k": 2, "engine": "x"}, flush_interval=0) as w:
+        w.add_block("r", 0, 5, 1, [2, 3])
+    amend_meta(tmp_path / "t.h5", capture={"ended": "clean"})
+    t = open_trace(tmp_path / "t.h5")
+    assert t.meta["capture"] == {"ended": "clean"} and t.meta["engine"] == "x"
+    assert len(t.blocks) == 1
+    (tmp_path / "bad.h5").write_bytes(b"not hdf5")
+    with pytest.raises(InputError, match=r"bad\.h5: cannot update the trace metadata"):
+        amend_meta(tmp_path / "bad.h5", capture={})

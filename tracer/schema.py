@@ -175,9 +175,65 @@ META_KEYS: dict[str, str] = {
     "source": "vllm-hook | vt_spec_trace | reference",
     "trace_level": "VT_SPEC_TRACE level or hook level",
     "command": "command line that produced the trace",
-    "import": "object: parser statistics (lines, malformed line numbers, ...)",
+    "import": "object: parser statistics (lines, malformed line numbers, ...); "
+    "requests_check: how the requests file matched the log (missing, unmatched, short)",
     "checks": "object: cross-checks against the engine's own counters",
+    "capture": 'object: how the captured command ended: {"ended": CAPTURE_END value or '
+    'null, "exit_status": int|null, "signal": int|null, "timeout_s"?, "error"?}',
+    "exit_status": "captured command's exit status (128+N: signal N); kept for older readers",
+    "killed_by_signal": "signal number that killed the captured command; kept for older readers",
+    "interrupted": "true when spectrace forwarded a Ctrl-C/SIGTERM; kept for older readers",
+    "requests_error": "why the requests file of a capture could not be used",
+    "aborted": "what stopped a capture early when its .partial file was kept",
 }
+
+#: ``meta["capture"]["ended"]`` values (written by ``spectrace capture`` / ``capture vllm``):
+#: ``clean`` exit 0; ``engine-exit`` nonzero exit (``exit_status``); ``engine-signal`` the
+#: command was killed by signal ``signal`` (not forwarded by spectrace); ``interrupted``
+#: spectrace got SIGINT/SIGTERM (``signal``) and forwarded it; ``timeout`` ``capture vllm
+#: --timeout`` stopped it (``signal``: the last signal sent); ``capture-failed`` spectrace
+#: stopped it (strict parse error or a bug; ``error``); None while recording, so a file left
+#: with status ``recording`` and ``ended`` None comes from a capture that was killed itself
+#: (or still runs): ``capture-killed`` is what :func:`capture_end` reports for it.
+CAPTURE_END = (
+    "clean",
+    "engine-exit",
+    "engine-signal",
+    "interrupted",
+    "timeout",
+    "capture-failed",
+    "capture-killed",
+)
+
+
+def capture_end(meta: dict, status: str = STATUS_COMPLETE) -> dict | None:
+    """How a captured command ended, from /meta (also for traces of older writers).
+
+    Args:
+        meta: the /meta document; ``status`` the file status (``recording`` for a .partial).
+    Returns:
+        ``{"ended": one of CAPTURE_END, "exit_status": int | None, "signal": int | None}``
+        (plus ``timeout_s`` / ``error`` when recorded), or None for a trace that was not
+        captured (an import, the vLLM plugin without ``capture vllm``).
+    """
+    cap = meta.get("capture")
+    if isinstance(cap, dict):
+        out = dict(cap)
+        if out.get("ended") is None and status == STATUS_RECORDING:
+            out["ended"] = "capture-killed"
+        return out
+    if "exit_status" not in meta:
+        return None
+    code, sig = meta.get("exit_status"), meta.get("killed_by_signal")
+    if meta.get("interrupted"):
+        ended = "interrupted"
+    elif sig is not None:
+        ended = "engine-signal"
+    elif code is None:
+        ended = "capture-killed" if status == STATUS_RECORDING else "capture-failed"
+    else:
+        ended = "clean" if code == 0 else "engine-exit"
+    return {"ended": ended, "exit_status": code, "signal": sig}
 
 
 def describe() -> str:

@@ -7,7 +7,8 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 
-from spectrace.tracer.errors import InputError
+from spectrace.tracer.cli.output import say
+from spectrace.tracer.errors import InputError, SpectraceError
 from spectrace.tracer.store import TraceWriter
 
 from .parser import DEFAULT_ENGINE, SOURCE, VtTraceParser
@@ -41,30 +42,80 @@ def import_log(
         log: the stderr log file, or ``-`` for stdin.
         out: the trace file to write (``.h5``; written as ``.h5.partial`` until done).
         requests_path: JSONL of ``{"req_id", "prompt_ids", "output_ids", "finish_reason"}``
-            (resolves first-block anchors and fills /requests), or None.
-        strict: fail on the first malformed/edited line or broken invariant.
+            (resolves first-block anchors and fills /requests), or None. Ids and lengths
+            that do not match the log are counted in ``meta["import"]["requests_check"]``.
+        strict: fail on the first malformed/edited line, broken invariant or requests file
+            that does not match the log.
         meta: /meta items that override the defaults (``engine``, ``k``, ``method``, ...).
     Returns:
         The :class:`ImportStats` (also stored as ``meta["import"]``).
     Raises:
-        InputError: missing log, bad requests file (``FILE:LINE``), unwritable output.
-        ParseError: strict mode; the ``.partial`` file keeps everything parsed before it.
+        InputError: missing, empty or binary log, or one without any trace line; bad
+            requests file (``FILE:LINE``); unwritable output. The ``.partial`` file is
+            removed (the message says so).
+        ParseError: strict mode; the ``.partial`` file is removed too.
     """
     requests = read_requests(requests_path) if requests_path is not None else None
     lines, name, close = _open_log(log)
     try:
         writer = TraceWriter(out, {"source": SOURCE, "engine": DEFAULT_ENGINE, **(meta or {})})
         parser = VtTraceParser(writer, strict=strict, source_name=name)
-        with writer:
+        try:
             if requests is not None:
-                parser.set_requests(requests)
-            try:
-                for n, line in enumerate(lines, 1):
-                    parser.feed_line(line, n)
-            except BaseException:
-                parser.abort()  # keep every block parsed so far in the .partial file
-                raise
+                parser.set_requests(requests, source=str(requests_path))
+            binary = _feed(parser, lines)
+            _refuse_non_log(parser.stats, name, binary)
             stats = parser.finish()
+        except Exception as exc:
+            raise discard_failed(writer, exc) from None
+        except BaseException:  # Ctrl-C: keep every block parsed so far, say where
+            parser.abort()
+            writer.close(complete=False)
+            say(f"partial trace kept in {writer.partial_path}")
+            raise
+        writer.close()
     finally:
         close()
     return stats
+
+
+def _feed(parser: VtTraceParser, lines: Iterable[str]) -> bool:
+    """Feed every line; returns True when a NUL character showed the input is binary."""
+    binary = False
+    for n, line in enumerate(lines, 1):
+        binary = binary or "\x00" in line
+        parser.feed_line(line, n)
+    return binary
+
+
+def _refuse_non_log(stats: ImportStats, name: str, binary: bool) -> None:
+    """An empty input, a binary file or text without a single trace line is no log.
+
+    Raises:
+        InputError: naming the file.
+    """
+    if stats.trace_lines:
+        return
+    if not stats.lines:
+        raise InputError(f"{name}: empty log (no lines)")
+    if binary:
+        raise InputError(f"{name}: binary file, not a VT_SPEC_TRACE text log")
+    raise InputError(
+        f"{name}: no VT_SPEC_TRACE line in {stats.lines} lines (is this our engine's stderr, "
+        f"run with VT_SPEC_TRACE=1?)"
+    )
+
+
+def discard_failed(writer: TraceWriter, exc: Exception) -> Exception:
+    """Remove the ``.partial`` file of a failed import or capture; return the error to raise.
+
+    A :class:`SpectraceError` comes back with `` (partial trace FILE removed)`` added, so the
+    user still sees one line; another exception (a bug) is returned as is after one line
+    saying what was removed.
+    """
+    path = writer.discard()
+    note = f"partial trace {path} removed"
+    if isinstance(exc, SpectraceError):
+        return type(exc)(f"{exc} ({note})")
+    say(note)
+    return exc

@@ -19,14 +19,14 @@ from __future__ import annotations
 import math
 
 from spectrace.tracer import schema
-from spectrace.tracer.errors import ParseError
+from spectrace.tracer.errors import InputError, ParseError
 from spectrace.tracer.store import TraceWriter
 
 from .blocks import Block, Chain, Proposal, block_problems, choose_join, ids_match
 from .level import FAMILY_LEVEL, phase_level
 from .lines import Ids, MalformedLine, Record, parse_line, phase_rows
 from .requests import RequestRecord
-from .stats import ImportStats
+from .stats import ImportStats, check_requests
 
 SOURCE = "vt_spec_trace"
 DEFAULT_ENGINE = "vllm.cpp"
@@ -73,6 +73,7 @@ class VtTraceParser:
         self._chains: dict[str, Chain] = {}
         self._sched: dict[str, tuple[int, int]] = {}
         self._requests: dict[str, RequestRecord] | None = None
+        self._requests_source = ""
         self._unresolved: list[tuple[int, str, int]] = []  # (row, req, pos) with anchor -1
         self._rows = 0
         self._reqs: set[str] = set()
@@ -122,11 +123,14 @@ class VtTraceParser:
             raise err
         return True
 
-    def set_requests(self, requests: dict[str, RequestRecord]) -> int:
+    def set_requests(
+        self, requests: dict[str, RequestRecord], source: str = "requests file"
+    ) -> int:
         """Register the requests' prompt/output ids and resolve anchors still unknown.
 
         May be called before feeding (import) or after (capture: the command writes its
-        requests file at exit). Anchors of rows already written are patched through the
+        requests file at exit; :meth:`finish` checks it against the log, naming it
+        ``source``). Anchors of rows already written are patched through the
         writer (:meth:`~spectrace.tracer.store.TraceWriter.patch_blocks`) and listed in
         :attr:`late_patches`.
 
@@ -134,6 +138,7 @@ class VtTraceParser:
             The number of anchors resolved by this call.
         """
         self._requests = requests
+        self._requests_source = source
         for r in requests.values():
             self.writer.request(r.req_id, r.prompt_ids, r.output_ids, r.finish_reason)
         resolved = 0
@@ -160,10 +165,13 @@ class VtTraceParser:
         return resolved
 
     def finish(self) -> ImportStats:
-        """Write what is still pending, close the open proposal, store stats in /meta.
+        """Write what is still pending, close the open proposal, check the requests file
+        against the log, store stats in /meta.
 
         Idempotent. Returns:
             The :class:`ImportStats`.
+        Raises:
+            InputError: strict mode, when the requests file does not match the log.
         """
         if self._finished:
             return self.stats
@@ -172,7 +180,14 @@ class VtTraceParser:
         if self._proposal is not None:
             self.stats.joins["not_verified"] += 1  # the log ended before the next step
             self._proposal = None
+        if self._requests is not None:
+            reached = {r: c.pos for r, c in self._chains.items()}
+            lengths = {r: len(rec.full) for r, rec in self._requests.items()}
+            check = check_requests(self._requests_source, self.stats.source, reached, lengths)
+            self.stats.requests_check = check
         self._update_meta()
+        if self.strict and self.stats.requests_warning():
+            raise InputError(self.stats.requests_warning())
         return self.stats
 
     def abort(self) -> ImportStats:

@@ -31,6 +31,8 @@ class ImportStats:
             (``propose_line``) or copies ``verified`` (``verified``).
         anchors: anchor source counts (chain, requests, unknown, patched later).
         phases: phase rows written.
+        requests_check: how the requests file matches the log (:func:`check_requests`),
+            None without a requests file.
     """
 
     source: str = "?"
@@ -52,6 +54,7 @@ class ImportStats:
     anchors: Counter = field(default_factory=Counter)
     phases: int = 0
     trace_level: int | None = None
+    requests_check: dict | None = None
 
     def note(self, kind: str, lineno: int, msg: str) -> None:
         """Keep ``[lineno, msg]`` as an example of ``kind`` (the first MAX_EXAMPLES only)."""
@@ -85,6 +88,20 @@ class ImportStats:
             f"from {self.source} ({', '.join(parts)})"
         )
 
+    def requests_warning(self) -> str | None:
+        """One line on a requests file that does not match the log, or None."""
+        c = self.requests_check
+        return c["message"] if c and c.get("message") else None
+
+    def no_blocks_warning(self) -> str | None:
+        """One line when the parse wrote no block, or None."""
+        if self.blocks:
+            return None
+        return (
+            f"{self.source}: no [SPECTRACE] verify lines, so the trace has no blocks "
+            f"(was VT_SPEC_TRACE set, and does this command run our engine with drafts?)"
+        )
+
     def _first_line(self) -> int:
         lines = [ex[0][0] for k, ex in self.examples.items() if k in self.violations and ex]
         return min(lines, default=0)
@@ -110,7 +127,55 @@ class ImportStats:
             "proposed_source": dict(self.proposed_source),
             "anchors": dict(self.anchors),
             "phases": self.phases,
+            **({"requests_check": self.requests_check} if self.requests_check else {}),
         }
+
+
+def check_requests(source: str, log: str, reached: dict[str, int], lengths: dict[str, int]) -> dict:
+    """Compare a requests file with the log it belongs to.
+
+    Args:
+        source: the requests file's name; ``log`` the log's (for the message).
+        reached: log request id -> the last block's ``pos`` (its anchor is token
+            ``pos - 1``), in the order the log first names them.
+        lengths: requests-file id -> ``len(prompt_ids + output_ids)``, in file order.
+    Returns:
+        ``{"log_requests", "file_requests", "missing", "unmatched", "short"}`` counts (log
+        requests absent from the file, file requests absent from the log, file requests that
+        end before the log's last anchor), ``first_missing`` / ``first_unmatched`` /
+        ``first_short`` examples when nonzero, and ``message`` (one line, "" when all match).
+    """
+    missing = [r for r in reached if r not in lengths]
+    unmatched = [r for r in lengths if r not in reached]
+    short = [r for r, pos in reached.items() if r in lengths and lengths[r] < pos]
+    out: dict = {
+        "log_requests": len(reached),
+        "file_requests": len(lengths),
+        "missing": len(missing),
+        "unmatched": len(unmatched),
+        "short": len(short),
+    }
+    parts = []
+    if missing:
+        out["first_missing"] = missing[0]
+        parts.append(
+            f"{len(missing)} of {len(reached)} log requests are not in it (first: req={missing[0]})"
+        )
+    if unmatched:
+        out["first_unmatched"] = unmatched[0]
+        parts.append(
+            f"{len(unmatched)} of its {len(lengths)} requests are not in the log "
+            f"(first: req={unmatched[0]})"
+        )
+    if short:
+        r = short[0]
+        out["first_short"] = f"req={r} has {lengths[r]} ids, the log reached position {reached[r]}"
+        parts.append(
+            f"{len(short)} of {len(reached)} log requests end before the log's last anchor "
+            f"(first: {out['first_short']})"
+        )
+    out["message"] = f"{source}: does not match {log}: {'; '.join(parts)}" if parts else ""
+    return out
 
 
 def _plural(n: int, word: str) -> str:

@@ -104,6 +104,7 @@ def test_forwards_stderr_and_returns_exit_status(tmp_path):
     assert t.blocks.anchor.tolist() == [109, 7, 7]  # the first one patched after exit
     assert t.requests.finish_reason == [""]
     assert t.meta["exit_status"] == 3 and t.meta["trace_level"] == 1
+    assert t.meta["capture"] == {"ended": "engine-exit", "exit_status": 3, "signal": None}
     assert t.meta["command"].endswith(f"{child} {reqs}")
     # The raw log imports to the same blocks.
     import_log(log, tmp_path / "u.h5", requests_path=reqs, strict=True)
@@ -187,7 +188,7 @@ def test_stale_requests_file_is_ignored(tmp_path, capfd):
     assert t.blocks.anchor.tolist() == [-1] and t.requests.prompt_ids[0].tolist() == []
 
 
-def test_strict_stops_the_command_and_keeps_partial(tmp_path):
+def test_strict_stops_the_command_and_removes_partial(tmp_path):
     child = _child(
         tmp_path,
         """
@@ -200,13 +201,11 @@ def test_strict_stops_the_command_and_keeps_partial(tmp_path):
     with pytest.raises(
         ParseError,
         match=rf"^{Path(PY).name} stderr:2: malformed trace line: "
-        r"pos=x is not an integer$",
+        rf"pos=x is not an integer \(partial trace {tmp_path / 't.h5.partial'} removed\)$",
     ):
         capture_command([PY, str(child)], tmp_path / "t.h5", strict=True)
     assert time.monotonic() - t0 < 15  # the child was terminated, not waited for
-    with pytest.warns(TraceWarning):
-        t = open_trace(tmp_path / "t.h5.partial")
-    assert len(t.blocks) == 1 and "ParseError" in t.meta["aborted"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["child.py"]  # no leftovers
 
 
 def _signalled(tmp_path, sig: int, on_signal: str) -> tuple[subprocess.Popen, str]:
@@ -248,6 +247,7 @@ def test_sigint_is_forwarded_and_exit_is_130(tmp_path):
     assert rest.splitlines()[:2] == ["child: stopping", _block(1)]
     t = open_trace(tmp_path / "t.h5")
     assert len(t.blocks) == 2 and t.meta["interrupted"] is True and t.meta["exit_status"] == 1
+    assert t.meta["capture"] == {"ended": "interrupted", "exit_status": 1, "signal": 2}
 
 
 def test_sigterm_is_forwarded_and_the_trace_is_finished(tmp_path):
@@ -319,6 +319,9 @@ def test_kill_9_of_spectrace_keeps_every_flushed_block(tmp_path):
     assert t.status == "recording"
     assert t.blocks.position.tolist() == [9 + 2 * i for i in range(n)]
     assert t.blocks.verified[:, 0].tolist() == list(range(n))
+    assert t.meta["capture"] == {"ended": None, "exit_status": None, "signal": None}
+    r = _spectrace("info", str(out))  # the killed capture, said in the text table
+    assert "capture killed or still running (the file was never finished)" in r.stdout
 
 
 # -- vLLM ---------------------------------------------------------------------------------------
@@ -386,3 +389,153 @@ def test_capture_vllm_forwards_sigint(tmp_path):
     assert out == "child: stopping\n"
     assert err.startswith("spectrace: warning: no trace was written")
     assert err.rstrip().endswith("command exit status 130")
+
+
+# -- how the command ended (issue 12 item 5) ---------------------------------------------------
+
+
+def test_engine_killed_by_sigkill_is_recorded_and_shown(tmp_path):
+    child = _child(
+        tmp_path,
+        """
+        import signal
+        err(block(0))
+        os.kill(os.getpid(), signal.SIGKILL)
+    """,
+    )
+    out = tmp_path / "t.h5"
+    r = _spectrace("capture", "-o", str(out), "--", PY, str(child))
+    assert r.returncode == 137
+    assert r.stderr.splitlines()[-1].endswith(f"-> {out}; command killed by signal 9")
+    t = open_trace(out)
+    assert t.status == "complete" and len(t.blocks) == 1
+    assert t.meta["capture"] == {"ended": "engine-signal", "exit_status": 137, "signal": 9}
+    assert t.meta["killed_by_signal"] == 9 and t.meta["exit_status"] == 137  # older keys
+    info = _spectrace("info", str(out))
+    assert "command KILLED by signal 9 (exit status 137)" in info.stdout
+
+
+def test_clean_exit_is_recorded(tmp_path):
+    child = _child(tmp_path, "err(block(0))\n")
+    assert capture_command([PY, str(child)], tmp_path / "t.h5", forward_trace_lines=False) == 0
+    t = open_trace(tmp_path / "t.h5")
+    assert t.meta["capture"] == {"ended": "clean", "exit_status": 0, "signal": None}
+    assert "command exited cleanly (exit status 0)" in _spectrace("info", str(t.paths[0])).stdout
+
+
+def test_capture_without_blocks_warns(tmp_path):
+    out = tmp_path / "t.h5"
+    r = _spectrace("capture", "-o", str(out), "--", "echo", "hi")
+    assert r.returncode == 0 and r.stdout == "hi\n"
+    lines = r.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("spectrace: captured 0 blocks of 0 requests")
+    assert lines[1] == (
+        "spectrace: warning: echo stderr: no [SPECTRACE] verify lines, so the trace has no "
+        "blocks (was VT_SPEC_TRACE set, and does this command run our engine with drafts?)"
+    )
+    assert open_trace(out).meta["capture"]["ended"] == "clean"
+
+
+def test_capture_requests_mismatch_warns_or_fails_strict(tmp_path):
+    child = _child(
+        tmp_path,
+        """
+        err(block(0))
+        reqs = {"req_id": "zz", "prompt_ids": [1] * 10, "output_ids": [0, 7]}
+        open(sys.argv[1], "w").write(json.dumps(reqs) + "\\n")
+    """,
+    )
+    out, reqs = tmp_path / "t.h5", tmp_path / "r.jsonl"
+    args = ["capture", "-o", str(out), "--requests", str(reqs), "--", PY, str(child), str(reqs)]
+    r = _spectrace(*args)
+    text = (
+        f"{reqs}: does not match {Path(PY).name} stderr: 1 of 1 log requests are not in it "
+        f"(first: req=a); 1 of its 1 requests are not in the log (first: req=zz)"
+    )
+    assert r.returncode == 0 and r.stderr.splitlines()[-1] == f"spectrace: warning: {text}"
+    assert open_trace(out).meta["import"]["requests_check"]["missing"] == 1
+    out.unlink()
+    r = _spectrace(*args[:5], "--strict", *args[5:])
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[-1] == (
+        f"spectrace: error: {text} (partial trace {out}.partial removed)"
+    )
+    assert not out.exists() and not Path(f"{out}.partial").exists()
+
+
+# -- capture vllm --timeout ----------------------------------------------------------------------
+
+# A stand-in for a hung vLLM script: the "plugin" writes one block to SPECTRACE_OUT, flushes it,
+# then the script hangs. ON_TERM decides what SIGTERM does.
+_HUNG = """
+import signal
+from spectrace.tracer.store import TraceWriter
+w = TraceWriter(os.environ["SPECTRACE_OUT"], {{"k": 2, "engine": "vllm"}}, flush_interval=0)
+w.add_block("r0", 0, 5, 1, [2, 3])
+w.flush()
+{on_term}
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_timeout_stops_a_hung_command_and_finishes_the_trace(tmp_path, capfd):
+    # The script closes its trace on SIGTERM, like vLLM's shutdown path.
+    on_term = "signal.signal(signal.SIGTERM, lambda *a: (w.close(), sys.exit(143)))"
+    child = _child(tmp_path, _HUNG.format(on_term=on_term))
+    out = tmp_path / "run.h5"
+    t0 = time.monotonic()
+    assert capture_vllm([PY, str(child)], out, timeout=2) == 124
+    assert time.monotonic() - t0 < 8
+    err = capfd.readouterr().err.splitlines()
+    assert err == [
+        "spectrace: timeout: the command ran longer than 2 s; sent it SIGTERM",
+        f"spectrace: wrote {out}: 1 blocks of 1 requests; command exit status 124",
+    ]
+    t = open_trace(out)
+    assert t.status == "complete" and len(t.blocks) == 1
+    assert t.meta["capture"] == {
+        "ended": "timeout",
+        "exit_status": 143,
+        "signal": 15,
+        "timeout_s": 2,
+    }
+
+
+def test_timeout_kills_a_command_that_ignores_sigterm(tmp_path, capfd):
+    child = _child(tmp_path, _HUNG.format(on_term="signal.signal(signal.SIGTERM, signal.SIG_IGN)"))
+    out = tmp_path / "run.h5"
+    assert capture_vllm([PY, str(child)], out, timeout=1.5, kill_grace=1) == 124
+    err = capfd.readouterr().err.splitlines()
+    assert err[0] == (
+        "spectrace: timeout: the command ran longer than 1.5 s; sent it SIGTERM, then SIGKILL"
+    )
+    assert not out.exists()
+    with pytest.warns(TraceWarning):
+        t = open_trace(out)  # the .partial the killed writer left, readable
+    assert len(t.blocks) == 1
+    assert t.meta["capture"] == {
+        "ended": "timeout",
+        "exit_status": 137,
+        "signal": 9,
+        "timeout_s": 1.5,
+    }
+
+
+def test_cli_timeout_exits_124(tmp_path):
+    child = _child(tmp_path, "time.sleep(60)\n")
+    out = tmp_path / "run.h5"
+    t0 = time.monotonic()
+    r = _spectrace("capture", "vllm", "--timeout", "1", "-o", str(out), "--", PY, str(child))
+    assert r.returncode == 124 and time.monotonic() - t0 < 8
+    assert r.stderr.splitlines()[0] == (
+        "spectrace: timeout: the command ran longer than 1 s; sent it SIGTERM"
+    )
+
+
+def test_no_timeout_clean_twin(tmp_path, capfd):
+    child = _child(tmp_path, _HUNG.format(on_term="w.close(); sys.exit(0)"))
+    out = tmp_path / "run.h5"
+    assert capture_vllm([PY, str(child)], out, timeout=30) == 0
+    t = open_trace(out)
+    assert t.meta["capture"] == {"ended": "clean", "exit_status": 0, "signal": None}

@@ -510,16 +510,14 @@ def test_emit_draft_mismatch_is_a_violation(tmp_path):
         (4, "acc != ns-1: req=0 pos=11: acc=0 but ns=2"),
     ],
 )
-def test_strict_fails_at_first_problem_and_keeps_partial(tmp_path, stop_line, msg):
+def test_strict_fails_at_first_problem_and_removes_partial(tmp_path, stop_line, msg):
     log = _write(tmp_path, BROKEN)
     with pytest.raises(ParseError) as exc:
         import_log(log, tmp_path / "t.h5", strict=True)
     assert str(exc.value).startswith(f"{log}:{stop_line}: {msg}")
+    assert str(exc.value).endswith(f" (partial trace {tmp_path / 't.h5.partial'} removed)")
     assert "\n" not in str(exc.value)
-    assert not (tmp_path / "t.h5").exists()
-    t = _open(tmp_path / "t.h5.partial")
-    assert t.status == "recording"
-    assert t.blocks.position.tolist() == [3, 8, 10]  # the offending block is kept too
+    assert not (tmp_path / "t.h5").exists() and not (tmp_path / "t.h5.partial").exists()
 
 
 @pytest.mark.parametrize(
@@ -621,8 +619,10 @@ def test_cli_strict_error_is_one_line_exit_2(tmp_path):
     )
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        f"spectrace: error: {log}:4: acc != ns-1: req=0 pos=11: acc=0 but ns=2"
+        f"spectrace: error: {log}:4: acc != ns-1: req=0 pos=11: acc=0 but ns=2 "
+        f"(partial trace {tmp_path / 't.h5.partial'} removed)"
     ]
+    assert not (tmp_path / "t.h5").exists() and not (tmp_path / "t.h5.partial").exists()
 
 
 # -- the reference engine ----------------------------------------------------------------------
@@ -756,3 +756,98 @@ def test_capture_of_the_live_reference_engine(tmp_path):
     assert "anchors resolved from the requests file" in r.stderr.splitlines()[-1]
     stats = import_log(log, tmp_path / "u.h5", requests_path=reqs, strict=True)
     _check_against_raw(out, log.read_text(), reqs, stats)
+
+
+# -- requests file checked against the log (issue 12 item 6) --------------------------------------
+
+# Request a: blocks at pos 10 and 12 (its last anchor is token 11); b: one block at pos 5.
+_TWO_REQUESTS = (
+    "[SPECTRACE] req=a pos=10 k=2 ns=2 acc=1 draft=[ 5 6 ] emit=[ 5 7 ]\n"
+    "[SPECTRACE] req=a pos=12 k=2 ns=2 acc=1 draft=[ 8 9 ] emit=[ 8 3 ]\n"
+    "[SPECTRACE] req=b pos=5 k=2 ns=1 acc=0 draft=[ 4 4 ] emit=[ 2 ]\n"
+)
+
+
+def _requests(tmp_path, rows: list[tuple[str, int, list[int]]]) -> Path:
+    p = tmp_path / "r.jsonl"
+    p.write_text(
+        "".join(
+            json.dumps({"req_id": r, "prompt_ids": [1] * n, "output_ids": out}) + "\n"
+            for r, n, out in rows
+        )
+    )
+    return p
+
+
+def _import_cli(log, req, *extra) -> subprocess.CompletedProcess:
+    out = Path(log).parent / "t.h5"
+    return subprocess.run(
+        [SPECTRACE, "import", "vt", str(log), "-o", str(out), "--requests", str(req), *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_requests_with_every_id_wrong_warn_with_counts(tmp_path):
+    log = _write(tmp_path, _TWO_REQUESTS)
+    req = _requests(tmp_path, [("x", 10, [5]), ("y", 4, [2])])
+    r = _import_cli(log, req)
+    assert r.returncode == 0, r.stderr
+    warning = (
+        f"spectrace: warning: {req}: does not match {log}: 2 of 2 log requests are not in it "
+        f"(first: req=a); 2 of its 2 requests are not in the log (first: req=x)"
+    )
+    assert r.stderr.splitlines()[1:] == [warning]
+    check = open_trace(tmp_path / "t.h5").meta["import"]["requests_check"]
+    assert check == {
+        "log_requests": 2,
+        "file_requests": 2,
+        "missing": 2,
+        "unmatched": 2,
+        "short": 0,
+        "first_missing": "a",
+        "first_unmatched": "x",
+        "message": warning.removeprefix("spectrace: warning: "),
+    }
+
+
+def test_requests_shorter_than_the_log(tmp_path):
+    log = _write(tmp_path, _TWO_REQUESTS)
+    # a: 10 + 1 = 11 ids, but its last anchor is token 11 (pos 12); b: 4 + 1 = 5 ids, pos 5: ok.
+    req = _requests(tmp_path, [("a", 10, [5]), ("b", 4, [2])])
+    stats = import_log(log, tmp_path / "t.h5", requests_path=req)
+    assert stats.requests_check["short"] == 1 and stats.requests_check["missing"] == 0
+    assert stats.requests_warning() == (
+        f"{req}: does not match {log}: 1 of 2 log requests end before the log's last anchor "
+        f"(first: req=a has 11 ids, the log reached position 12)"
+    )
+
+
+def test_strict_makes_a_requests_mismatch_an_error(tmp_path):
+    log = _write(tmp_path, _TWO_REQUESTS)
+    req = _requests(tmp_path, [("a", 10, [5, 7, 8, 3])])  # b is missing
+    r = _import_cli(log, req, "--strict")
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        f"spectrace: error: {req}: does not match {log}: 1 of 2 log requests are not in it "
+        f"(first: req=b) (partial trace {tmp_path / 't.h5.partial'} removed)"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl", "run.log"]
+
+
+def test_matching_requests_file_is_silent(tmp_path):
+    log = _write(tmp_path, _TWO_REQUESTS)
+    req = _requests(tmp_path, [("a", 10, [5, 7, 8, 3]), ("b", 4, [2])])
+    r = _import_cli(log, req, "--strict")
+    assert r.returncode == 0, r.stderr
+    assert len(r.stderr.splitlines()) == 1  # the summary only
+    check = open_trace(tmp_path / "t.h5").meta["import"]["requests_check"]
+    assert check == {
+        "log_requests": 2,
+        "file_requests": 2,
+        "missing": 0,
+        "unmatched": 0,
+        "short": 0,
+        "message": "",
+    }

@@ -39,7 +39,17 @@ _meta_option = click.option(
     help="Extra trace metadata KEY=VALUE (repeatable), e.g. engine=vllm.cpp method=dspark k=8 "
     "tokenizer=PATH.",
 )
-_strict_option = click.option("--strict", is_flag=True, help="Fail on the first malformed line.")
+_strict_option = click.option(
+    "--strict",
+    is_flag=True,
+    help="Fail on the first malformed line or a requests file that does not match the log.",
+)
+#: ``--force``, shared by the commands that write files (never lets an output be an input).
+_force_option = click.option(
+    "--force", is_flag=True, help="Overwrite existing output files (never an input file)."
+)
+#: /meta keys whose value must be a non-negative integer (the writer sizes columns by k).
+_INT_META = ("k",)
 
 
 def _exit_verdict(failed: bool) -> NoReturn:
@@ -58,6 +68,11 @@ def _parse_meta(items: tuple[str, ...]) -> dict[str, object]:
             out[key] = json.loads(value)
         except ValueError:
             out[key] = value
+        v = out[key]
+        if key in _INT_META and (type(v) is not int or v < 0 or v > 2**31 - 1):
+            raise click.BadParameter(
+                f"{item!r}: {key} must be a non-negative integer", param_hint="--meta"
+            )
     return out
 
 
@@ -229,21 +244,31 @@ def import_() -> None:
 )
 @_strict_option
 @_meta_option
+@_force_option
 def import_vt(
-    log: str, out: str, requests_path: str | None, strict: bool, meta: tuple[str, ...]
+    log: str,
+    out: str,
+    requests_path: str | None,
+    strict: bool,
+    meta: tuple[str, ...],
+    force: bool,
 ) -> None:
-    """Import our engine's VT_SPEC_TRACE stderr log (LOG, '-' for stdin)."""
+    """Import our engine's VT_SPEC_TRACE stderr log (LOG, '-' for stdin).
+
+    An empty log, a binary file or one without any trace line is an input error (exit 2).
+    """
     from spectrace.hooks.vt.importer import import_log
 
+    from ..store.paths import check_outputs
+
+    check_outputs({"-o": out}, {"LOG": log, "--requests": requests_path}, force=force)
     stats = import_log(
         log, out, requests_path=requests_path, strict=strict, meta=_parse_meta(meta) or None
     )
     output.say(stats.summary())
-    if not stats.blocks:
-        output.say(
-            f"warning: {log}: no [SPECTRACE] verify lines, so the trace has no blocks "
-            f"(was VT_SPEC_TRACE set, and is this our engine's stderr?)"
-        )
+    for line in (stats.requests_warning(), stats.no_blocks_warning()):
+        if line:
+            output.say(f"warning: {line}")
 
 
 @click.group(cls=_CaptureGroup)
@@ -273,6 +298,7 @@ def capture() -> None:
     help="Also keep CMD's raw stderr in this file (for `spectrace import vt`).",
 )
 @_meta_option
+@_force_option
 @click.argument("cmd", nargs=-1, required=True)
 def capture_vt(
     out: str,
@@ -280,11 +306,19 @@ def capture_vt(
     strict: bool,
     log_path: str | None,
     meta: tuple[str, ...],
+    force: bool,
     cmd: tuple[str, ...],
 ) -> None:
-    """Run CMD with VT_SPEC_TRACE=1 (unless set), parse its stderr live, forward it."""
+    """Run CMD with VT_SPEC_TRACE=1 (unless set), parse its stderr live, forward it.
+
+    Exits with CMD's exit status; how CMD ended is recorded in the trace (meta "capture").
+    """
     from spectrace.hooks.capture import capture_command
 
+    from ..store.paths import check_outputs
+
+    meta_items = _parse_meta(meta) or None
+    check_outputs({"-o": out, "--log": log_path}, {"--requests": requests_path}, force=force)
     sys.exit(
         capture_command(
             list(cmd),
@@ -292,19 +326,29 @@ def capture_vt(
             requests_path=requests_path,
             strict=strict,
             log_path=log_path,
-            meta=_parse_meta(meta) or None,
+            meta=meta_items,
         )
     )
 
 
 @capture.command("vllm")
 @click.option("-o", "--out", required=True, type=click.Path(dir_okay=False))
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Stop CMD (SIGTERM, SIGKILL 10 s later) when it runs longer; exit status 124.",
+)
+@_force_option
 @click.argument("cmd", nargs=-1, required=True)
-def capture_vllm_cmd(out: str, cmd: tuple[str, ...]) -> None:
+def capture_vllm_cmd(out: str, timeout: float | None, force: bool, cmd: tuple[str, ...]) -> None:
     """Run CMD (a vLLM script) with spectrace's vLLM plugin recording to OUT."""
     from spectrace.hooks.capture import capture_vllm
 
-    sys.exit(capture_vllm(list(cmd), out))
+    from ..store.paths import check_outputs
+
+    check_outputs({"-o": out}, {}, force=force)
+    sys.exit(capture_vllm(list(cmd), out, timeout=timeout))
 
 
 @click.command()
@@ -318,11 +362,23 @@ def capture_vllm_cmd(out: str, cmd: tuple[str, ...]) -> None:
 )
 @click.option("--max-tokens", default=64, show_default=True)
 @click.option("--k", "k", default=4, show_default=True, help="num_speculative_tokens")
-def demo(out_dir: str, max_tokens: int, k: int) -> None:
+@click.option("--force", is_flag=True, help="Replace the traces and log of an earlier demo.")
+def demo(out_dir: str, max_tokens: int, k: int, force: bool) -> None:
     """Run real vLLM and the reference engine on the bundled models, then diff them."""
+    from ..store.paths import check_outputs, partial_path
     from .demo import run_demo
 
-    sys.exit(run_demo(Path(out_dir), max_tokens=max_tokens, k=k))
+    out = Path(out_dir)
+    written = {
+        "reference trace": out / "reference.h5",
+        "vLLM trace": out / "vllm.h5",
+        "reference log": out / "reference.vt.log",
+    }
+    check_outputs(written, {}, force=force, traces=("reference trace", "vLLM trace"))
+    for p in written.values():  # --force: the demo's own captures refuse existing files
+        p.unlink(missing_ok=True)
+        partial_path(p).unlink(missing_ok=True)
+    sys.exit(run_demo(out, max_tokens=max_tokens, k=k))
 
 
 @click.command()

@@ -13,6 +13,7 @@ from rich.table import Table
 from ..diff_result import AcceptanceBySide, DiffResult, Example
 from ..fmt import SEVERITY_STYLE, num, pct
 from ..metrics import CONVENTIONS
+from ..schema import capture_end
 from ..verdict import verdict
 
 #: Content divergences listed one per line in the text report (JSON lists all).
@@ -47,6 +48,9 @@ def print_info(con: Console, s: dict) -> None:
     for key in _META_SHOWN:
         if key in meta:
             t.add_row(key, str(meta[key]))
+    ended = capture_end(meta, s["status"])
+    if ended is not None:
+        t.add_row("capture", escape(capture_text(ended)))
     if "checks" in meta:
         t.add_row("checks", escape(str(meta["checks"])))
     imp = meta.get("import")
@@ -88,6 +92,31 @@ def print_info(con: Console, s: dict) -> None:
         ph = ", ".join(f"{k}={v:.2f}ms" for k, v in s["phases_ms"].items())
         con.print(f"phase medians: {ph}")
     con.print(f"[dim]conventions: {CONVENTIONS}[/dim]")
+
+
+#: How :func:`capture_text` words each ``ended`` value (:data:`schema.CAPTURE_END`).
+_ENDED_TEXT = {
+    "clean": "command exited cleanly",
+    "engine-exit": "command failed",
+    "engine-signal": "command KILLED by signal {signal}",
+    "interrupted": "interrupted (spectrace got signal {signal} and forwarded it)",
+    "timeout": "stopped after --timeout {timeout_s} s (signal {signal})",
+    "capture-failed": "capture failed: {error}",
+    "capture-killed": "capture killed or still running (the file was never finished)",
+}
+
+
+def capture_text(ended: dict) -> str:
+    """One phrase for a :func:`schema.capture_end` record, e.g. ``command KILLED by signal 9
+    (exit status 137)``."""
+    what = ended.get("ended")
+    text = _ENDED_TEXT.get(str(what), f"ended {what!r}")
+    try:
+        text = text.format(**{"signal": "?", "timeout_s": "?", "error": "?", **ended})
+    except (KeyError, IndexError, ValueError):
+        pass  # a foreign record: the template as is
+    code = ended.get("exit_status")
+    return text if code is None else f"{text} (exit status {code})"
 
 
 def print_findings(con: Console, findings: list) -> None:

@@ -1,8 +1,10 @@
-"""Trace file names: the ``.partial`` rule and the expansion of a trace spec to files.
+"""Trace file names: the ``.partial`` rule, the expansion of a trace spec to files, and the
+no-clobber rule of every command that writes.
 
 A writer records ``NAME.h5.partial`` and renames it to ``NAME.h5`` on a clean close
 (:data:`spectrace.tracer.schema.PARTIAL_SUFFIX`); a reader given ``NAME.h5`` falls back to the
-partial file of a writer that died.
+partial file of a writer that died only when ``NAME.h5`` does not exist, and says so.
+:func:`check_outputs` refuses an output that is an input or already exists.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import glob as _glob
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from .. import schema
@@ -18,6 +20,8 @@ from ..errors import InputError
 
 #: What :func:`resolve_paths` and :func:`spectrace.tracer.store.open_trace` accept.
 TraceSpec = str | os.PathLike | Iterable[str | os.PathLike]
+#: A path argument of a command, or None when the option was not given.
+MaybePath = str | os.PathLike | None
 
 
 class TraceWarning(UserWarning):
@@ -80,5 +84,82 @@ def _expand(s: str) -> list[Path]:
         partial = partial_path(p)
         if not partial.exists():
             raise InputError(f"{s}: no such file")
+        warnings.warn(
+            f"{s}: no such file; reading {partial} instead (its writer is still running "
+            f"or was killed)",
+            TraceWarning,
+            stacklevel=3,
+        )
         p = partial
     return [p]
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """True when ``a`` and ``b`` name one file: equal after resolving symlinks and ``..``,
+    or the same inode (a hard link)."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _claimed(label: str, path: Path, traces: Iterable[str]) -> list[tuple[str, Path]]:
+    """The files an output writes: a trace output also writes its ``.partial`` first."""
+    if label in traces:
+        return [(label, final_path(path)), (label, partial_path(final_path(path)))]
+    return [(label, path)]
+
+
+def check_outputs(
+    outputs: Mapping[str, MaybePath],
+    inputs: Mapping[str, MaybePath],
+    *,
+    force: bool = False,
+    traces: Iterable[str] = ("-o",),
+) -> None:
+    """Refuse to clobber: the rule every writing command (``import vt``, ``capture``,
+    ``capture vllm``, ``demo``) checks before it writes anything.
+
+    Args:
+        outputs: option label (``-o``, ``--log``) -> the path it writes, or None.
+        inputs: option label (``LOG``, ``--requests``) -> the path it reads, or None;
+            ``-`` (stdin) is never a file.
+        force: allow overwriting an existing output (never an input).
+        traces: the labels of ``outputs`` that are trace files: they also write
+            ``NAME.h5.partial`` (so an input or an output equal to it collides as well).
+    Raises:
+        InputError: ``FILE: what`` when an output is an input, two outputs are one file, or
+            an output (or a trace's ``.partial``) exists and ``force`` is False.
+    """
+    traces = tuple(traces)
+    ins = [(k, Path(v)) for k, v in inputs.items() if v is not None and str(v) != "-"]
+    seen: list[tuple[str, Path]] = []
+    for label, value in outputs.items():
+        if value is None:
+            continue
+        for _, path in _claimed(label, Path(value), traces):
+            for other, q in ins:
+                if _same_file(path, q):
+                    raise InputError(
+                        f"{value}: the output ({label}) is the input {other}; "
+                        f"choose another output path"
+                    )
+            for other, q in seen:
+                if _same_file(path, q):
+                    raise InputError(f"{value}: {other} and {label} name the same file")
+        seen += _claimed(label, Path(value), traces)
+        if not force:
+            _refuse_existing(label, Path(value), label in traces)
+
+
+def _refuse_existing(label: str, path: Path, trace: bool) -> None:
+    if path.exists():
+        raise InputError(f"{path}: the output ({label}) exists; pass --force to overwrite it")
+    partial = partial_path(final_path(path))
+    if trace and partial.exists():
+        raise InputError(
+            f"{partial}: a partial trace of an earlier run exists (its writer was killed or "
+            f"still runs); pass --force to overwrite it"
+        )
