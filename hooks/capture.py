@@ -82,6 +82,7 @@ class _Forwarder:
 def _pump(proc: subprocess.Popen, parser: VtTraceParser, fwd: _Forwarder, log) -> None:
     # A buffered pipe's readline returns each line as soon as the child has written it
     # (reads return what is available), without a syscall per byte.
+    assert proc.stderr is not None  # started with stderr=PIPE
     for raw in iter(proc.stderr.readline, b""):
         if fwd.trace_lines:
             fwd.write(raw)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import threading
 import time
+from typing import Any
 
 from spectrace.tracer.cli.exit_codes import ExitCode
 from spectrace.tracer.errors import InputError
@@ -112,8 +113,9 @@ class SignalForwarder:
         self.proc = proc
         self.count = 0
         self.terminated = False
-        self._old = None
-        self._old_term = None
+        # The handlers replaced on entry (signal.signal's return), restored on exit.
+        self._old: Any = None
+        self._old_term: Any = None
         self._timer: threading.Timer | None = None
 
     @property

@@ -19,7 +19,11 @@ from .stats import ImportStats
 def _open_log(log: str | os.PathLike) -> tuple[Iterable[str], str, Callable[[], None]]:
     if str(log) == "-":
         stream = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
-        return stream, "<stdin>", stream.detach  # detach: never close the process's stdin
+
+        def detach() -> None:  # never close the process's stdin
+            stream.detach()
+
+        return stream, "<stdin>", detach
     try:
         fh = open(log, encoding="utf-8", errors="replace", newline="")
     except FileNotFoundError:

@@ -6,6 +6,8 @@ Pure presentation: takes the dict built by :func:`metrics.trace_summary` and the
 
 from __future__ import annotations
 
+from typing import Literal
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -253,7 +255,7 @@ def _print_examples(con: Console, examples: list[Example]) -> None:
 def _print_acceptance(con: Console, acc: AcceptanceBySide) -> None:
     """Acceptance per engine (matched/all content, recorded/recomputed) and per position."""
     t = Table(title="acceptance per engine", title_justify="left")
-    for col, just in (
+    columns: tuple[tuple[str, Literal["left", "right"]], ...] = (
         ("engine", "left"),
         ("content", "left"),
         ("counted", "left"),
@@ -261,7 +263,8 @@ def _print_acceptance(con: Console, acc: AcceptanceBySide) -> None:
         ("acc/verified", "right"),
         ("rate", "right"),
         ("mean length", "right"),
-    ):
+    )
+    for col, just in columns:
         t.add_column(col, justify=just)
     for side in ("ours", "theirs"):
         for scope, label in (("matched_content", "matched"), ("all_content", "all")):
