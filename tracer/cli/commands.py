@@ -30,15 +30,6 @@ _tokenizer_option = click.option(
     type=click.Path(),
     help="tokenizer.json (or its directory) to decode ids; default: from the trace.",
 )
-#: ``--meta KEY=VALUE`` (repeatable) and ``--strict``, shared by ``import vt`` and ``capture vt``.
-_meta_option = click.option(
-    "--meta",
-    "meta",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Extra trace metadata KEY=VALUE (repeatable), e.g. engine=vllm.cpp method=dspark k=8 "
-    "tokenizer=PATH.",
-)
 _strict_option = click.option("--strict", is_flag=True, help="Fail on the first malformed line.")
 
 
@@ -48,17 +39,51 @@ def _exit_verdict(failed: bool) -> NoReturn:
 
 
 def _parse_meta(items: tuple[str, ...]) -> dict[str, object]:
-    """``KEY=VALUE`` options to a dict (VALUE parsed as JSON when it is JSON, else text)."""
+    """``KEY=VALUE`` options to a dict: VALUE is parsed as JSON when it is JSON, else text;
+    keys typed as text in ``schema.META_TYPES`` keep the text as given (``engine_version=1.2``).
+
+    Raises:
+        click.BadParameter: not ``KEY=VALUE``, or a known key with a value of the wrong
+            type (``--meta k=four``), named as ``--meta KEY``.
+    """
+    from .. import schema
+
     out: dict[str, object] = {}
     for item in items:
-        key, sep, value = item.partition("=")
+        key, sep, text = item.partition("=")
         if not sep or not key:
             raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--meta")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
+        value: object
+        if schema.META_TYPES.get(key, ())[:1] == ("str",):
+            value = text
+        else:
+            try:
+                value = json.loads(text)
+            except ValueError:
+                value = text
+        why = schema.meta_type_error(key, value)
+        if why is not None:
+            raise click.BadParameter(
+                f"{why} (field={key}, value={text!r})", param_hint=f"--meta {key}"
+            )
+        out[key] = value
     return out
+
+
+def _meta_callback(ctx: click.Context, param: click.Parameter, items: tuple[str, ...]) -> dict:
+    return _parse_meta(items)
+
+
+#: ``--meta KEY=VALUE`` (repeatable) and ``--strict``, shared by ``import vt`` and ``capture vt``.
+_meta_option = click.option(
+    "--meta",
+    "meta",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=_meta_callback,
+    help="Extra trace metadata KEY=VALUE (repeatable), e.g. engine=vllm.cpp method=dspark k=8 "
+    "tokenizer=PATH.",
+)
 
 
 class _CaptureGroup(click.Group):
@@ -105,7 +130,7 @@ def info(trace: tuple[str, ...], fmt: str) -> None:
     t = open_trace(list(trace))
     summary = trace_summary(t)
     if fmt == "json":
-        output.out(json.dumps(summary, indent=2, sort_keys=False))
+        output.out(json.dumps({"schema": "spectrace.info/1", **summary}, indent=2))
     else:
         report.print_info(output.console(), summary)
 
@@ -230,14 +255,12 @@ def import_() -> None:
 @_strict_option
 @_meta_option
 def import_vt(
-    log: str, out: str, requests_path: str | None, strict: bool, meta: tuple[str, ...]
+    log: str, out: str, requests_path: str | None, strict: bool, meta: dict[str, object]
 ) -> None:
     """Import our engine's VT_SPEC_TRACE stderr log (LOG, '-' for stdin)."""
     from spectrace.hooks.vt.importer import import_log
 
-    stats = import_log(
-        log, out, requests_path=requests_path, strict=strict, meta=_parse_meta(meta) or None
-    )
+    stats = import_log(log, out, requests_path=requests_path, strict=strict, meta=meta or None)
     output.say(stats.summary())
     if not stats.blocks:
         output.say(
@@ -279,7 +302,7 @@ def capture_vt(
     requests_path: str | None,
     strict: bool,
     log_path: str | None,
-    meta: tuple[str, ...],
+    meta: dict[str, object],
     cmd: tuple[str, ...],
 ) -> None:
     """Run CMD with VT_SPEC_TRACE=1 (unless set), parse its stderr live, forward it."""
@@ -292,7 +315,7 @@ def capture_vt(
             requests_path=requests_path,
             strict=strict,
             log_path=log_path,
-            meta=_parse_meta(meta) or None,
+            meta=meta or None,
         )
     )
 

@@ -9,7 +9,6 @@ Every open or read failure is one :class:`TraceFormatError` line naming the file
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import warnings
@@ -20,6 +19,7 @@ import numpy as np
 
 from .. import schema
 from ..errors import InputError, TraceFormatError
+from . import structure
 from .columns import Blocks, RaggedColumn, Requests
 from .paths import TraceSpec, TraceWarning, resolve_paths
 
@@ -48,6 +48,7 @@ class Trace:
         #: Each file's trace format version (``schema.FORMAT_VERSION`` when it was written).
         self.formats: list[str] = []
         self._nblocks: list[int] = []
+        self._complete: list[bool] = []  # per file: closed cleanly (all columns equal)
         self._req_offsets: list[int] = []  # per file: its first row in the joined /requests
         self._nreq_per_file: list[int] = []
         self._datasets: dict[tuple[int, str], h5py.Dataset | None] = {}
@@ -104,18 +105,21 @@ class Trace:
             raise TraceFormatError(f"{path}: damaged trace file ({_short(exc)})") from None
 
     def _check_and_add(self, path: Path, f: h5py.File) -> None:
-        version = _format_version(path, f)
-        try:
-            meta = json.loads(_decode(f["meta"][()]))
-        except (KeyError, ValueError) as exc:
-            raise TraceFormatError(f"{path}: /meta is missing or not JSON ({exc})") from None
+        version, problems = structure.format_version(str(path), f)
+        if problems:
+            raise problems[0].error()
+        meta, problems = structure.read_meta(str(path), f)
+        problems += structure.column_problems(str(path), f)
         status = _attr(f, "status")
-        for table, cols in schema.TABLES.items():  # touch every column: damage shows here
-            for c in cols:
-                if c.name in f[table] or not c.optional:
-                    _ = f[table][c.name].shape
+        complete = status == schema.STATUS_COMPLETE and not path.name.endswith(
+            schema.PARTIAL_SUFFIX
+        )
+        if complete and not problems:
+            problems = structure.length_problems(str(path), f)
+        if problems:
+            raise problems[0].error()
         n = self._flushed_rows(f)
-        if status != schema.STATUS_COMPLETE or path.name.endswith(schema.PARTIAL_SUFFIX):
+        if not complete:
             n = self._readable_rows(f, n)
             self.status = schema.STATUS_RECORDING
             self._warn(
@@ -123,8 +127,9 @@ class Trace:
                 f"recovered {n} flushed blocks"
             )
         self._files.append(f)
+        self._complete.append(complete)
         self.metas.append(meta)
-        self.formats.append(version)
+        self.formats.append(version or "")
         self._nblocks.append(n)
 
     @staticmethod
@@ -215,7 +220,12 @@ class Trace:
     def _rebase_requests(self, i: int, arr: np.ndarray) -> np.ndarray:
         """File ``i``'s ``request`` cells as rows of the concatenated /requests table; rows
         flushed before their request row was point at placeholder requests (kept, not lost)."""
-        arr = arr + self._req_offsets[i]
+        problems = structure.request_index_problems(
+            str(self.paths[i]), arr, self._nreq_per_file[i], self._complete[i]
+        )
+        if problems:
+            raise problems[0].error()
+        arr = arr.astype(np.int32) + self._req_offsets[i]
         missing = arr >= self._req_offsets[i] + self._nreq_per_file[i]
         if missing.any():
             self._add_unknown_requests(arr, missing)
@@ -349,29 +359,6 @@ def open_trace(spec: TraceSpec, *, lazy_requests: bool = False) -> Trace:
         major version. Each message is one line naming the file.
     """
     return Trace(resolve_paths(spec), lazy_requests=lazy_requests)
-
-
-def _format_version(path: Path, f: h5py.File) -> str:
-    """The file's format version, after checking that it is a trace this reader reads.
-
-    Raises:
-        TraceFormatError: a foreign file, no version, or an unsupported major version.
-    """
-    fmt = _attr(f, "format")
-    if fmt != schema.FORMAT:
-        raise TraceFormatError(
-            f"{path}: not a spectrace trace (format attribute is "
-            f"{fmt!r}, expected {schema.FORMAT!r})"
-        )
-    version = str(_attr(f, "format_version") or "")
-    if not version:
-        raise TraceFormatError(f"{path}: damaged trace file (no format_version attribute)")
-    if version.split(".")[0] != str(schema.MAJOR_VERSION):
-        raise TraceFormatError(
-            f"{path}: trace format version {version or '?'} is not supported; this "
-            f"spectrace reads {schema.MAJOR_VERSION}.x (upgrade spectrace)"
-        )
-    return version
 
 
 def _filled(c: schema.Column, n: int, width: int | None) -> np.ndarray:
