@@ -203,6 +203,44 @@ def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None) -> None:
     _exit_verdict(any(f.severity == "error" for f in found))
 
 
+@click.command("validate")
+@click.argument("trace", nargs=-1, required=True)
+@_format_option
+def validate_cmd(trace: tuple[str, ...], fmt: str) -> None:
+    """Check trace files in full (fsck): structure, meta types, column shapes and dtypes,
+    checksums, value ranges, cross-column invariants (accepted <= num_verified <= k,
+    num_emitted = accepted + 1, positions within the request, request indexes in range).
+
+    One line per problem (its first row and a count). Exit status: 0 every file valid,
+    1 a problem found, 2 a file that cannot be read as a trace.
+    """
+    import dataclasses
+
+    from ..validate import validate
+
+    results = validate(list(trace))
+    if fmt == "json":
+        doc = {
+            "schema": "spectrace.validate/1",
+            "files": [
+                {
+                    "file": str(path),
+                    "valid": not problems,
+                    "problems": [dataclasses.asdict(p) for p in problems],
+                }
+                for path, problems in results
+            ],
+        }
+        output.out(json.dumps(doc, indent=2, default=str))
+    else:
+        for path, problems in results:
+            for p in problems:
+                output.out(p.line())
+            if not problems:
+                output.out(f"{path}: valid")
+    _exit_verdict(any(problems for _, problems in results))
+
+
 @click.command("inspect-draft")
 @click.argument("ckpt_dir", type=click.Path())
 @click.option(
@@ -403,6 +441,7 @@ COMMANDS: tuple[click.Command, ...] = (
     info,
     diff,
     check,
+    validate_cmd,
     view,
     capture,
     import_,

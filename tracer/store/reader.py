@@ -111,9 +111,7 @@ class Trace:
         meta, problems = structure.read_meta(str(path), f)
         problems += structure.column_problems(str(path), f)
         status = _attr(f, "status")
-        complete = status == schema.STATUS_COMPLETE and not path.name.endswith(
-            schema.PARTIAL_SUFFIX
-        )
+        complete = structure.is_complete(str(path), f)
         if complete and not problems:
             problems = structure.length_problems(str(path), f)
         if problems:

@@ -55,6 +55,12 @@ class Problem:
         return TraceFormatError(self.line())
 
 
+def is_complete(path: str, f: h5py.File) -> bool:
+    """Whether the file was closed cleanly: status ``complete`` and not a ``.partial`` name."""
+    status = _attr(f, "status")
+    return status == schema.STATUS_COMPLETE and not str(path).endswith(schema.PARTIAL_SUFFIX)
+
+
 def format_version(path: str, f: h5py.File) -> tuple[str | None, list[Problem]]:
     """The file's format version after checking that it is a trace this reader reads.
 
