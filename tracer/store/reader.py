@@ -68,9 +68,10 @@ class Trace:
                 f"{self.name}: files of different runs read as one trace (data-parallel "
                 f"ranks {sorted(ranks)}: a rank appears twice)"
             )
+        self.blocks = Blocks(self)
         if not lazy_requests:
             self._requests = self._read_requests()
-        self.blocks = Blocks(self)
+            self._add_placeholders()
         #: Memo of derived columns (see :func:`spectrace.tracer.metrics.memo`).
         self.cache: dict = {}
 
@@ -81,7 +82,14 @@ class Trace:
             with self._requests_lock:
                 if self._requests is None:
                     self._requests = self._read_requests()
+                    self._add_placeholders()
         return self._requests
+
+    def _add_placeholders(self) -> None:
+        # A live or killed writer's blocks may index requests it had not flushed: their
+        # placeholder rows exist before anyone sizes an array by len(requests).
+        if not all(self._complete):
+            self.blocks.request  # noqa: B018 - loading the column adds the placeholders
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -207,13 +215,26 @@ class Trace:
                 arr = _filled(c, n, None if c.width is None else 1)
             else:
                 arr = ds[()] if ds.shape[0] == n else ds[:n]  # [()] skips hyperslab work
-            parts.append(self._rebase_requests(i, arr) if c.name == "request" else arr)
+            parts.append(self._checked(i, c.name, arr))
         if not parts:
             return _filled(c, 0, None if c.width is None else 1)
         if c.width is not None:
             w = max(p.shape[1] for p in parts)
             parts = [schema.pad_to(p, w, c.fill) for p in parts]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _checked(self, i: int, name: str, arr: np.ndarray) -> np.ndarray:
+        """File ``i``'s cells of block column ``name`` after the value checks that keep the
+        analysis sound (never clamped); ``request`` re-based onto the joined /requests.
+
+        Raises:
+            TraceFormatError: a value below the column's minimum, a request index that
+                is negative or (complete file) out of range.
+        """
+        problems = structure.value_problems(str(self.paths[i]), name, arr)
+        if problems:
+            raise problems[0].error()
+        return self._rebase_requests(i, arr) if name == "request" else arr
 
     def _rebase_requests(self, i: int, arr: np.ndarray) -> np.ndarray:
         """File ``i``'s ``request`` cells as rows of the concatenated /requests table; rows
@@ -262,9 +283,18 @@ class Trace:
         array when it is already loaded). For viewers of traces too big to hold in memory.
 
         Raises:
-            KeyError: unknown column name.
+            KeyError: unknown column name; TraceFormatError: a damaged chunk.
         """
         c = {c.name: c for c in schema.BLOCK_COLUMNS}[name]
+        try:
+            return self._read_rows_unchecked(c, start, stop)
+        except (OSError, RuntimeError) as exc:
+            raise TraceFormatError(
+                f"{self.name}: damaged column blocks/{name} ({_short(exc)})"
+            ) from None
+
+    def _read_rows_unchecked(self, c: schema.Column, start: int, stop: int) -> np.ndarray:
+        name = c.name
         cached = self.blocks.loaded(name)
         if cached is not None:
             return cached[start:stop]
@@ -291,7 +321,7 @@ class Trace:
             arr = _filled(c, hi - lo, width) if ds is None else ds[lo:hi]
             if width is not None and arr.shape[1] < width:
                 arr = schema.pad_to(arr, width, c.fill)
-            parts.append(self._rebase_requests(i, arr) if name == "request" else arr)
+            parts.append(self._checked(i, name, arr))
         if not parts:
             return _filled(c, 0, width)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -309,7 +339,17 @@ class Trace:
 
     def phases(self) -> dict[str, np.ndarray]:
         """The /phases table: ``step`` int32, ``name`` (str object array), ``ms`` float32,
-        ``level`` int8, ``file`` int32, all [n]."""
+        ``level`` int8, ``file`` int32, all [n].
+
+        Raises:
+            TraceFormatError: a damaged chunk (checksum or filter failure).
+        """
+        try:
+            return self._phases_unchecked()
+        except (KeyError, OSError, RuntimeError) as exc:
+            raise TraceFormatError(f"{self.name}: damaged /phases table ({_short(exc)})") from None
+
+    def _phases_unchecked(self) -> dict[str, np.ndarray]:
         out: dict[str, list] = {"step": [], "name": [], "ms": [], "level": [], "file": []}
         for i, f in enumerate(self._files):
             g = f["phases"]

@@ -184,6 +184,32 @@ def request_index_problems(
     return problems
 
 
+#: The smallest value of a 1-D block column (``-1``: unknown); checked when a column loads.
+BLOCK_MINIMUM: dict[str, int] = {
+    "step": 0,
+    "position": 0,
+    "k": 0,
+    "num_verified": schema.PAD,
+    "accepted": schema.PAD,
+    "num_emitted": schema.PAD,
+    "batch_row": schema.PAD,
+    "batch_size": schema.PAD,
+    "proposal_source": schema.PAD,
+}
+
+
+def value_problems(path: str, name: str, arr: np.ndarray, base: int = 0) -> list[Problem]:
+    """Cells of 1-D block column ``name`` below its minimum (:data:`BLOCK_MINIMUM`)."""
+    lo = BLOCK_MINIMUM.get(name)
+    if lo is None or arr.ndim != 1:
+        return []
+    bad = np.flatnonzero(arr < lo)
+    if not bad.size:
+        return []
+    what = f"value below {lo}"
+    return [Problem(path, f"blocks/{name}", what, int(arr[bad[0]]), base + int(bad[0]), bad.size)]
+
+
 def _column_shape_error(ds: h5py.Dataset, c: schema.Column) -> str | None:
     rank = 1 if c.width is None else 2
     if ds.ndim != rank:
