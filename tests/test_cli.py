@@ -40,6 +40,7 @@ def test_the_group_has_every_command():
         "info",
         "inspect-draft",
         "schema",
+        "validate",
         "view",
     }
     assert set(cli.commands["capture"].commands) == {"vt", "vllm"}

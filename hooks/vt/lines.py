@@ -97,7 +97,7 @@ _RANGES: dict[str, tuple[int, int]] = {
     "acc": _I16,
     "drafts/row": _I16,
 }
-_ID_RANGE = (0, 2**31 - 1)
+_ID_RANGE = (-(2**31), 2**31 - 1)  # int32 cells (-1 pads a list the engine cut short)
 _ANY_INT = (-(2**63), 2**63 - 1)
 _MAX_DIGITS = 19  # longer digit strings exceed int64 (and int() has a digit limit)
 _FLOAT32_MAX = 3.4028234663852886e38  # largest finite float32
