@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ import pytest
 _SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "fuzz.py"
 _spec = importlib.util.spec_from_file_location("spectrace_fuzz", _SCRIPT)
 fuzz = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = fuzz  # dataclasses look their module up while the file runs
 _spec.loader.exec_module(fuzz)
 
 
