@@ -102,6 +102,10 @@ READ_ERRORS = [
         "request index out of range (the file has 5 requests) at row 3 "
         "(field=blocks/request, value=5)",
     ),
+    (
+        set_cell("accepted", 10, 5),
+        "accepted > num_verified (4) at row 10 (field=blocks/accepted, value=5)",
+    ),
     (set_cell("position", 20, -5), "value below 0 at row 20 (field=blocks/position, value=-5)"),
     (
         lambda f: f.attrs.__setitem__("format_version", "1.banana"),
@@ -123,6 +127,7 @@ def test_reading_a_damaged_trace_is_one_input_error(tmp_path, capsys, edit, expe
         t = open_trace(path)
         t.blocks.request  # noqa: B018 - index columns are checked when they load
         t.blocks.position  # noqa: B018
+        t.blocks.accepted  # noqa: B018
     assert str(exc.value).startswith(f"{path}: ")
     assert expected in str(exc.value)
     for argv in (["info", str(path)], ["check", str(path)], ["diff", str(path), str(REFERENCE)]):
@@ -194,7 +199,7 @@ def test_validate_lists_each_problem_with_its_first_row_and_count(tmp_path, caps
     rc, out, _ = run(capsys, "validate", str(path))
     assert rc == 1
     assert out.splitlines() == [
-        f"{path}: accepted > num_verified at row 10 (field=blocks/accepted, value=5)",
+        f"{path}: accepted > num_verified (4) at row 10 (field=blocks/accepted, value=5)",
         f"{path}: num_emitted != accepted + 1 at row 10 (3 rows) (field=blocks/num_emitted, "
         "value=1)",
         f"{path}: verified block's position past the end of the request's prompt + output at "
@@ -259,6 +264,7 @@ def test_info_json_has_a_schema_key(capsys):
 GOOD = "[SPECTRACE] req=a pos=5 k=2 ns=1 acc=0 draft=[ 1 2 ] emit=[ 7 ]"
 BAD_LINES = [
     ("[SPECTRACE] req=a pos=5 k=2 ns=1 acc=40000 draft=[ 1 2 ] emit=[ 7 ]", "acc", "40000"),
+    ("[SPECTRACE] req=a pos=5 k=2 ns=4 acc=3 draft=[ 1 2 ] emit=[ 1 2 3 4 ]", "acc", "3"),
     ("[SPECTRACE] req=a pos=5 k=2 ns=1 acc=0 draft=[ 2147483648 2 ] emit=[ 7 ]", "draft",
      "2147483648"),
     ("[SPECTRACE] req=a pos=99999999999999999999999 k=2 ns=1 acc=0 draft=[ 1 2 ] emit=[ 7 ]",
@@ -289,14 +295,15 @@ def test_vt_value_out_of_range(tmp_path, capsys, line, field, value):
 def test_twin_vt_values_at_the_edge_of_the_range(tmp_path):
     log = tmp_path / "run.log"
     log.write_text(
-        "[SPECTRACE] req=a pos=2147483647 k=2 ns=1 acc=32767 draft=[ 2147483647 -1 ] emit=[ 7 ]\n"
+        "[SPECTRACE] req=a pos=2147483647 k=2 ns=3 acc=2 draft=[ 2147483647 -1 ] "
+        "emit=[ 2147483647 -1 7 ]\n"
     )
     with pytest.raises(SystemExit) as exc:
         main(["import", "vt", str(log), "-o", str(tmp_path / "t.h5")])
     assert exc.value.code == 0
     b = open_trace(tmp_path / "t.h5").blocks
     assert b.position.tolist() == [2147483646]
-    assert b.accepted.tolist() == [32767]
+    assert b.accepted.tolist() == [2]  # all verified drafts accepted: the upper bound
     assert b.proposed.tolist() == [[2147483647, -1]]
 
 

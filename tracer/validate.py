@@ -30,6 +30,7 @@ from .errors import InputError, TraceFormatError
 from .store import resolve_paths
 from .store.structure import (
     Problem,
+    accepted_problems,
     column_problems,
     format_version,
     is_complete,
@@ -117,6 +118,7 @@ def _block_problems(
 ) -> list[Problem]:
     nreq = len(req["req_id"])
     problems = request_index_problems(path, b["request"], nreq, complete)
+    problems += accepted_problems(path, b["accepted"], b["num_verified"])
     width = {name: b[name].shape[1] for name in ("proposed", "verified", "emitted")}
     k, nv, acc, ne = b["k"], b["num_verified"], b["accepted"], b["num_emitted"]
     known_v, known_a, known_e = nv >= 0, acc >= 0, ne >= 0
@@ -128,7 +130,6 @@ def _block_problems(
          nv, nv > width["verified"]),
         ("blocks/num_verified", "num_verified below -1", nv, nv < -1),
         ("blocks/accepted", "accepted below -1", acc, acc < -1),
-        ("blocks/accepted", "accepted > num_verified", acc, known_a & known_v & (acc > nv)),
         ("blocks/accepted", "accepted > k", acc, known_a & ~known_v & (acc > k)),
         ("blocks/num_emitted", "num_emitted below -1", ne, ne < -1),
         ("blocks/num_emitted", "num_emitted != accepted + 1", ne,

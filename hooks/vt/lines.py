@@ -197,6 +197,19 @@ def _check_ranges(rec: Record) -> None:
             raise MalformedLine(f"{name} out of range for float32 (field={name}, value={v})")
         elif name == "req" and isinstance(v, str) and not v.isprintable():
             raise MalformedLine(f"req holds a control character (field=req, value={v!r})")
+    if rec.family == "SPECTRACE":
+        _check_accepted(rec.values)
+
+
+def _check_accepted(v: dict) -> None:
+    """``acc`` must not exceed the drafts the trace stores as verified (``num_verified``: the
+    draft's length, or ``k`` for a list cut with ``...``): accepted <= num_verified."""
+    acc, draft, k = v.get("acc"), v.get("draft"), v.get("k")
+    if not isinstance(acc, int) or not isinstance(draft, Ids):
+        return
+    verified = len(draft.ids) if draft.complete or not isinstance(k, int) else k
+    if acc > verified:
+        raise MalformedLine(f"acc exceeds the {verified} verified drafts (field=acc, value={acc})")
 
 
 def _canonical_regex(family: str, variant: str, fields: _F) -> re.Pattern:

@@ -216,6 +216,11 @@ class Trace:
             else:
                 arr = ds[()] if ds.shape[0] == n else ds[:n]  # [()] skips hyperslab work
             parts.append(self._checked(i, c.name, arr))
+            if c.name == "accepted" and ds is not None and "num_verified" in f["blocks"]:
+                nv = f["blocks"]["num_verified"][:n]
+                problems = structure.accepted_problems(str(self.paths[i]), arr, nv)
+                if problems:
+                    raise problems[0].error()
         if not parts:
             return _filled(c, 0, None if c.width is None else 1)
         if c.width is not None:

@@ -210,6 +210,19 @@ def value_problems(path: str, name: str, arr: np.ndarray, base: int = 0) -> list
     return [Problem(path, f"blocks/{name}", what, int(arr[bad[0]]), base + int(bad[0]), bad.size)]
 
 
+def accepted_problems(
+    path: str, accepted: np.ndarray, num_verified: np.ndarray, base: int = 0
+) -> list[Problem]:
+    """Blocks that accept more drafts than were verified (both known): acceptance rates
+    above 1 follow from them, so readers refuse them."""
+    bad = np.flatnonzero((num_verified >= 0) & (accepted > num_verified))
+    if not bad.size:
+        return []
+    what = f"accepted > num_verified ({int(num_verified[bad[0]])})"
+    v = int(accepted[bad[0]])
+    return [Problem(path, "blocks/accepted", what, v, base + int(bad[0]), bad.size)]
+
+
 def _column_shape_error(ds: h5py.Dataset, c: schema.Column) -> str | None:
     rank = 1 if c.width is None else 2
     if ds.ndim != rank:
