@@ -98,6 +98,9 @@ def check_run(run: Run, files: list[str]) -> list[str]:
         bad.append(f"{cmd}: crash: {run.err.strip().splitlines()[-1][:200]}")
     if run.rc not in (0, 1, 2):
         bad.append(f"{cmd}: exit {run.rc}")
+    stray = [ln for ln in run.err.splitlines() if not ln.startswith("spectrace: ")]
+    if stray:
+        bad.append(f"{cmd}: stderr line without the spectrace: prefix: {stray[0][:200]!r}")
     if run.rc == 2:
         errors = [ln for ln in run.err.splitlines() if ln.startswith("spectrace: error:")]
         if len(errors) != 1:
