@@ -122,9 +122,13 @@ class Trace:
         complete = structure.is_complete(str(path), f)
         if complete and not problems:
             problems = structure.length_problems(str(path), f)
+        n = self._flushed_rows(f)
+        if complete and not problems:  # one int column: a bad index fails here, not mid-view
+            nreq = f["requests"]["req_id"].shape[0]
+            request = f["blocks"]["request"][:n]
+            problems = structure.request_index_problems(str(path), request, nreq, complete)
         if problems:
             raise problems[0].error()
-        n = self._flushed_rows(f)
         if not complete:
             n = self._readable_rows(f, n)
             self.status = schema.STATUS_RECORDING
