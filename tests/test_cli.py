@@ -40,6 +40,7 @@ def test_the_group_has_every_command():
         "info",
         "inspect-draft",
         "schema",
+        "validate",
         "view",
     }
     assert set(cli.commands["capture"].commands) == {"vt", "vllm"}
@@ -104,5 +105,5 @@ def test_no_command_is_one_line_and_exit_2(capsys):
     assert e.value.code == 2
     assert capsys.readouterr().err == (
         "spectrace: error: no command given; commands: capture, check, demo, diff, import, "
-        "info, inspect-draft, schema, view (see 'spectrace --help')\n"
+        "info, inspect-draft, schema, validate, view (see 'spectrace --help')\n"
     )

@@ -236,7 +236,7 @@ def test_meta_k_must_be_an_integer(tmp_path, log):
     r = _run("import", "vt", log, "-o", tmp_path / "t.h5", "--meta", "k=four")
     assert r.returncode == 2
     assert r.stderr.splitlines() == [
-        "spectrace: error: Invalid value for --meta: 'k=four': k must be a non-negative "
-        "integer (see 'spectrace import vt --help')"
+        "spectrace: error: Invalid value for --meta k: expected an integer (field=k, "
+        "value='four') (see 'spectrace import vt --help')"
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.log"]

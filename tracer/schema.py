@@ -236,6 +236,64 @@ def capture_end(meta: dict, status: str = STATUS_COMPLETE) -> dict | None:
     return {"ended": ended, "exit_status": code, "signal": sig}
 
 
+#: JSON types of the /meta keys that code reads (``None`` is always allowed: unknown). Other
+#: keys keep any JSON value. ``"int"`` excludes booleans; ``"object"`` is a JSON object.
+META_TYPES: dict[str, tuple[str, ...]] = {
+    "engine": ("str",),
+    "engine_version": ("str",),
+    "method": ("str",),
+    "source": ("str",),
+    "k": ("int",),
+    "tp_rank": ("int",),
+    "dp_rank": ("int",),
+    "max_num_seqs": ("int",),
+    "vocab_size": ("int",),
+    "draft_vocab_size": ("int",),
+    "d2t": ("bool",),
+    "trace_level": ("int", "str"),
+    "target_model": ("str",),
+    "draft_model": ("str",),
+    "tokenizer": ("str",),
+    "command": ("str", "list"),
+    "backends": ("object",),
+    "layout": ("object",),
+    "sampling": ("object",),
+    "import": ("object",),
+    "checks": ("object",),
+}
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "bool": (bool,),
+    "list": (list,),
+    "object": (dict,),
+}
+
+
+_TYPE_WORDS = {
+    "str": "a string",
+    "int": "an integer",
+    "bool": "true or false",
+    "list": "a JSON list",
+    "object": "a JSON object",
+}
+
+
+def meta_type_error(key: str, value: object) -> str | None:
+    """Why ``value`` is not a valid /meta ``key`` (``"expected an int"``), or None when it
+    is (keys outside :data:`META_TYPES` take any value; ``None`` means unknown)."""
+    kinds = META_TYPES.get(key)
+    if kinds is None or value is None:
+        return None
+    for kind in kinds:
+        if isinstance(value, _JSON_TYPES[kind]) and (kind == "bool" or not isinstance(value, bool)):
+            if kind == "int" and key == "k" and value < 0:
+                return "expected an integer >= 0"
+            return None
+    return "expected " + " or ".join(_TYPE_WORDS[k] for k in kinds)
+
+
 def describe() -> str:
     """Return the schema as human-readable text (what ``spectrace schema`` prints).
 

@@ -50,6 +50,10 @@ Rules the parser (:mod:`.parser`) decides where the format leaves them open:
   max(ns-1, 0)``, ``len(emit) != ns``, ``len(draft) != k``, ``acc > k`` and
   ``emit[:acc] != draft[:acc]`` are counted with line numbers (lenient) or raise (strict)
   after the block is recorded: no block is ever dropped for them.
+* **Ranges.** A value that its trace column cannot hold is a malformed line (counted with
+  its line number and dropped; strict: ``FILE:LINE: ... (field=, value=)``), never clamped:
+  ``pos`` in [1, 2^31-1], ``k``/``ns``/``acc``/``drafts/row`` in int16, ids in int32, other
+  integers in int64, and ``acc`` at most the verified drafts (accepted <= num_verified).
 * **Phase level.** ``[fwd-ops]`` rows get level 3, ``[spec-phase-dev]`` level 2. A
   ``[spec-phase]`` row gets the configured trace level when known (capture), else the highest
   level evidenced in the same step (3/2 when ``[fwd-ops]``/``[spec-phase-dev]`` lines printed),

@@ -86,6 +86,22 @@ _REQUIRED = {
 }
 _PHASE_MS = ("pre", "backbone", "sample", "sequential")
 
+# Value ranges: a field stored in a trace column must fit that column (pos - 1 is the int32
+# ``position``, k/ns/acc/drafts-per-row size int16 columns, ids are int32 token ids); any
+# other integer must fit int64. Out of range is a malformed line: never clamped or wrapped.
+_I16 = (0, 2**15 - 1)
+_RANGES: dict[str, tuple[int, int]] = {
+    "pos": (1, 2**31 - 1),
+    "k": _I16,
+    "ns": _I16,
+    "acc": _I16,
+    "drafts/row": _I16,
+}
+_ID_RANGE = (-(2**31), 2**31 - 1)  # int32 cells (-1 pads a list the engine cut short)
+_ANY_INT = (-(2**63), 2**63 - 1)
+_MAX_DIGITS = 19  # longer digit strings exceed int64 (and int() has a digit limit)
+_FLOAT32_MAX = 3.4028234663852886e38  # largest finite float32
+
 
 class MalformedLine(Exception):
     """A trace line whose fields cannot be read (message: what is wrong)."""
@@ -146,11 +162,54 @@ def parse_line(line: str) -> Record | None:
             return fast
     family = m.group(1)
     rec = _parse_payload(family, text[m.end() :])
+    _check_ranges(rec)
     canonical = _render(rec)
     if canonical is not None and canonical == text:
         return rec
     rec.edits += _describe_edits(rec, text, m.start(), m.group(0), family)
     return rec
+
+
+def _int(name: str, text: str) -> int:
+    """``text`` (an integer literal) as an int; MalformedLine past int64's digits."""
+    digits = text.lstrip("+-")
+    if len(digits.lstrip("0")) > _MAX_DIGITS:
+        shown = text if len(text) <= 24 else f"{text[:20]}... ({len(digits)} digits)"
+        raise MalformedLine(f"{name} out of range (field={name}, value={shown})")
+    return int(text)
+
+
+def _check_ranges(rec: Record) -> None:
+    """Raise MalformedLine for a value out of its column's range (see ``_RANGES``)."""
+    for name, v in rec.values.items():
+        if isinstance(v, Ids):
+            lo, hi = _ID_RANGE
+            bad = next((x for x in v.ids if not lo <= x <= hi), None)
+            if bad is not None:
+                raise MalformedLine(
+                    f"{name} holds a token id out of range [{lo}, {hi}] (field={name}, value={bad})"
+                )
+        elif isinstance(v, int):
+            lo, hi = _RANGES.get(name, _ANY_INT)
+            if not lo <= v <= hi:
+                raise MalformedLine(f"{name} out of range [{lo}, {hi}] (field={name}, value={v})")
+        elif isinstance(v, float) and not abs(v) <= _FLOAT32_MAX:
+            raise MalformedLine(f"{name} out of range for float32 (field={name}, value={v})")
+        elif name == "req" and isinstance(v, str) and not v.isprintable():
+            raise MalformedLine(f"req holds a control character (field=req, value={v!r})")
+    if rec.family == "SPECTRACE":
+        _check_accepted(rec.values)
+
+
+def _check_accepted(v: dict) -> None:
+    """``acc`` must not exceed the drafts the trace stores as verified (``num_verified``: the
+    draft's length, or ``k`` for a list cut with ``...``): accepted <= num_verified."""
+    acc, draft, k = v.get("acc"), v.get("draft"), v.get("k")
+    if not isinstance(acc, int) or not isinstance(draft, Ids):
+        return
+    verified = len(draft.ids) if draft.complete or not isinstance(k, int) else k
+    if acc > verified:
+        raise MalformedLine(f"acc exceeds the {verified} verified drafts (field=acc, value={acc})")
 
 
 def _canonical_regex(family: str, variant: str, fields: _F) -> re.Pattern:
@@ -198,10 +257,12 @@ def _parse_canonical(family: str, text: str) -> Record | None:
             elif kind in ("ms", "pct"):
                 values[name] = float(raw)
             elif kind.startswith("ids"):
-                values[name] = Ids([int(x) for x in raw.split()])
+                values[name] = Ids([_int(name, x) for x in raw.split()])
             else:
-                values[name] = int(raw)
-        return Record(family, values, variant)
+                values[name] = _int(name, raw)
+        rec = Record(family, values, variant)
+        _check_ranges(rec)
+        return rec
     return None
 
 
@@ -209,6 +270,7 @@ def _parse_tagless(text: str) -> Record | None:
     for family, rx in _TAGLESS:
         if rx.match(text):
             rec = _parse_payload(family, text)
+            _check_ranges(rec)
             rec.edits.insert(0, "tag missing")
             return rec
     return None
@@ -236,7 +298,7 @@ def _parse_payload(family: str, rest: str) -> Record:
     if family == "spec-propose":
         m = _NO_ROWS_RE.search(rest)
         if m:
-            return Record(family, {"num_reqs": int(m.group(1))}, "no_rows")
+            return Record(family, {"num_reqs": _int("num_reqs", m.group(1))}, "no_rows")
     if _UNTERMINATED_RE.search(rest):
         raise MalformedLine("unterminated [ ] id list")
     raw: dict[str, str] = {}
@@ -295,7 +357,7 @@ def _convert(name: str, value: str, kind: str | None):
             raise MalformedLine(f"{name}={value} is not a number of {kind}")
         return float(m.group(0))
     if _INT_RE.fullmatch(value):
-        return int(value)
+        return _int(name, value)
     if kind is None:  # an unknown extra field: keep its text
         return value
     raise MalformedLine(f"{name}={value} is not an integer")
@@ -308,11 +370,11 @@ def _parse_ids(name: str, body: str) -> Ids:
         if cut is not None:  # "682..." or "...": the rest of the list was left out
             head = tok[: -len(cut)]
             if head and _INT_RE.fullmatch(head):
-                ids.append(int(head))
+                ids.append(_int(name, head))
             return Ids(ids, complete=False)
         if not _INT_RE.fullmatch(tok):
             raise MalformedLine(f"{name}=[…] holds {tok!r}, not an integer id")
-        ids.append(int(tok))
+        ids.append(_int(name, tok))
     return Ids(ids)
 
 

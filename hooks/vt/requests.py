@@ -10,6 +10,9 @@ from pathlib import Path
 
 from spectrace.tracer.errors import InputError
 
+#: Token ids are int32 in the trace (/requests prompt_ids, output_ids): never clamped.
+_ID_RANGE = (0, 2**31 - 1)
+
 
 @dataclass
 class RequestRecord:
@@ -56,13 +59,25 @@ def _request_from_json(line: str, where: str) -> RequestRecord:
         raise InputError(f"{where}: not JSON ({exc})") from None
     if not isinstance(obj, dict) or "req_id" not in obj:
         raise InputError(f"{where}: expected an object with req_id, prompt_ids, output_ids")
-    ids = {}
-    for key in ("prompt_ids", "output_ids"):
-        v = obj.get(key, [])
-        if not isinstance(v, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in v
-        ):
-            raise InputError(f"{where}: {key} must be a list of integer token ids")
-        ids[key] = v
-    reason = obj.get("finish_reason") or ""
-    return RequestRecord(str(obj["req_id"]), ids["prompt_ids"], ids["output_ids"], str(reason))
+    ids = {key: _token_ids(obj, key, where) for key in ("prompt_ids", "output_ids")}
+    req_id, reason = str(obj["req_id"]), str(obj.get("finish_reason") or "")
+    for key, text in (("req_id", req_id), ("finish_reason", reason)):
+        if "\x00" in text:
+            raise InputError(f"{where}: {key} holds a NUL character (field={key}, value={text!r})")
+    return RequestRecord(req_id, ids["prompt_ids"], ids["output_ids"], reason)
+
+
+def _token_ids(obj: dict, key: str, where: str) -> list[int]:
+    """``obj[key]`` checked: a list of int token ids within int32 (InputError otherwise)."""
+    v = obj.get(key, [])
+    if not isinstance(v, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in v
+    ):
+        raise InputError(f"{where}: {key} must be a list of integer token ids (field={key})")
+    lo, hi = _ID_RANGE
+    bad = next((t for t in v if not lo <= t <= hi), None)
+    if bad is not None:
+        raise InputError(
+            f"{where}: {key} holds a token id out of range [{lo}, {hi}] (field={key}, value={bad})"
+        )
+    return v

@@ -30,15 +30,6 @@ _tokenizer_option = click.option(
     type=click.Path(),
     help="tokenizer.json (or its directory) to decode ids; default: from the trace.",
 )
-#: ``--meta KEY=VALUE`` (repeatable) and ``--strict``, shared by ``import vt`` and ``capture vt``.
-_meta_option = click.option(
-    "--meta",
-    "meta",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Extra trace metadata KEY=VALUE (repeatable), e.g. engine=vllm.cpp method=dspark k=8 "
-    "tokenizer=PATH.",
-)
 _strict_option = click.option(
     "--strict",
     is_flag=True,
@@ -48,8 +39,6 @@ _strict_option = click.option(
 _force_option = click.option(
     "--force", is_flag=True, help="Overwrite existing output files (never an input file)."
 )
-#: /meta keys whose value must be a non-negative integer (the writer sizes columns by k).
-_INT_META = ("k",)
 
 
 def _exit_verdict(failed: bool) -> NoReturn:
@@ -58,22 +47,51 @@ def _exit_verdict(failed: bool) -> NoReturn:
 
 
 def _parse_meta(items: tuple[str, ...]) -> dict[str, object]:
-    """``KEY=VALUE`` options to a dict (VALUE parsed as JSON when it is JSON, else text)."""
+    """``KEY=VALUE`` options to a dict: VALUE is parsed as JSON when it is JSON, else text;
+    keys typed as text in ``schema.META_TYPES`` keep the text as given (``engine_version=1.2``).
+
+    Raises:
+        click.BadParameter: not ``KEY=VALUE``, or a known key with a value of the wrong
+            type (``--meta k=four``), named as ``--meta KEY``.
+    """
+    from .. import schema
+
     out: dict[str, object] = {}
     for item in items:
-        key, sep, value = item.partition("=")
+        key, sep, text = item.partition("=")
         if not sep or not key:
             raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--meta")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-        v = out[key]
-        if key in _INT_META and (type(v) is not int or v < 0 or v > 2**31 - 1):
+        value: object
+        if schema.META_TYPES.get(key, ())[:1] == ("str",):
+            value = text
+        else:
+            try:
+                value = json.loads(text)
+            except ValueError:
+                value = text
+        why = schema.meta_type_error(key, value)
+        if why is not None:
             raise click.BadParameter(
-                f"{item!r}: {key} must be a non-negative integer", param_hint="--meta"
+                f"{why} (field={key}, value={text!r})", param_hint=f"--meta {key}"
             )
+        out[key] = value
     return out
+
+
+def _meta_callback(ctx: click.Context, param: click.Parameter, items: tuple[str, ...]) -> dict:
+    return _parse_meta(items)
+
+
+#: ``--meta KEY=VALUE`` (repeatable) and ``--strict``, shared by ``import vt`` and ``capture vt``.
+_meta_option = click.option(
+    "--meta",
+    "meta",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=_meta_callback,
+    help="Extra trace metadata KEY=VALUE (repeatable), e.g. engine=vllm.cpp method=dspark k=8 "
+    "tokenizer=PATH.",
+)
 
 
 class _CaptureGroup(click.Group):
@@ -120,7 +138,7 @@ def info(trace: tuple[str, ...], fmt: str) -> None:
     t = open_trace(list(trace))
     summary = trace_summary(t)
     if fmt == "json":
-        output.out(json.dumps(summary, indent=2, sort_keys=False))
+        output.out(json.dumps({"schema": "spectrace.info/1", **summary}, indent=2))
     else:
         report.print_info(output.console(), summary)
 
@@ -193,6 +211,44 @@ def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None) -> None:
     _exit_verdict(any(f.severity == "error" for f in found))
 
 
+@click.command("validate")
+@click.argument("trace", nargs=-1, required=True)
+@_format_option
+def validate_cmd(trace: tuple[str, ...], fmt: str) -> None:
+    """Check trace files in full (fsck): structure, meta types, column shapes and dtypes,
+    checksums, value ranges, cross-column invariants (accepted <= num_verified <= k,
+    num_emitted = accepted + 1, positions within the request, request indexes in range).
+
+    One line per problem (its first row and a count). Exit status: 0 every file valid,
+    1 a problem found, 2 a file that cannot be read as a trace.
+    """
+    import dataclasses
+
+    from ..validate import validate
+
+    results = validate(list(trace))
+    if fmt == "json":
+        doc = {
+            "schema": "spectrace.validate/1",
+            "files": [
+                {
+                    "file": str(path),
+                    "valid": not problems,
+                    "problems": [dataclasses.asdict(p) for p in problems],
+                }
+                for path, problems in results
+            ],
+        }
+        output.out(json.dumps(doc, indent=2, default=str))
+    else:
+        for path, problems in results:
+            for p in problems:
+                output.out(p.line())
+            if not problems:
+                output.out(f"{path}: valid")
+    _exit_verdict(any(problems for _, problems in results))
+
+
 @click.command("inspect-draft")
 @click.argument("ckpt_dir", type=click.Path())
 @click.option(
@@ -250,7 +306,7 @@ def import_vt(
     out: str,
     requests_path: str | None,
     strict: bool,
-    meta: tuple[str, ...],
+    meta: dict[str, object],
     force: bool,
 ) -> None:
     """Import our engine's VT_SPEC_TRACE stderr log (LOG, '-' for stdin).
@@ -262,9 +318,7 @@ def import_vt(
     from ..store.paths import check_outputs
 
     check_outputs({"-o": out}, {"LOG": log, "--requests": requests_path}, force=force)
-    stats = import_log(
-        log, out, requests_path=requests_path, strict=strict, meta=_parse_meta(meta) or None
-    )
+    stats = import_log(log, out, requests_path=requests_path, strict=strict, meta=meta or None)
     output.say(stats.summary())
     for line in (stats.requests_warning(), stats.no_blocks_warning()):
         if line:
@@ -305,7 +359,7 @@ def capture_vt(
     requests_path: str | None,
     strict: bool,
     log_path: str | None,
-    meta: tuple[str, ...],
+    meta: dict[str, object],
     force: bool,
     cmd: tuple[str, ...],
 ) -> None:
@@ -317,7 +371,6 @@ def capture_vt(
 
     from ..store.paths import check_outputs
 
-    meta_items = _parse_meta(meta) or None
     check_outputs({"-o": out, "--log": log_path}, {"--requests": requests_path}, force=force)
     sys.exit(
         capture_command(
@@ -326,7 +379,7 @@ def capture_vt(
             requests_path=requests_path,
             strict=strict,
             log_path=log_path,
-            meta=meta_items,
+            meta=meta or None,
         )
     )
 
@@ -436,6 +489,7 @@ COMMANDS: tuple[click.Command, ...] = (
     info,
     diff,
     check,
+    validate_cmd,
     view,
     capture,
     import_,

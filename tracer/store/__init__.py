@@ -3,6 +3,8 @@
 * :mod:`.writer`: :class:`TraceWriter`, the crash-safe buffered writer (``NAME.h5.partial``
   renamed to ``NAME.h5`` on a clean close; late patches through ``patch_blocks``).
 * :mod:`.reader`: :class:`Trace` and :func:`open_trace`, the lazy reader of one or several files.
+* :mod:`.structure`: the checks the reader runs before use (format version, /meta types,
+  column ranks and dtypes, equal lengths, index and value ranges), as :class:`Problem` rows.
 * :mod:`.columns`: the column views a trace hands out (:class:`Requests`, :class:`Blocks`,
   :class:`RaggedColumn`).
 * :mod:`.prefetch`: :func:`prefetch`, block columns read on a background thread.

@@ -9,7 +9,6 @@ Every open or read failure is one :class:`TraceFormatError` line naming the file
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import warnings
@@ -20,6 +19,7 @@ import numpy as np
 
 from .. import schema
 from ..errors import InputError, TraceFormatError
+from . import structure
 from .columns import Blocks, RaggedColumn, Requests
 from .paths import TraceSpec, TraceWarning, resolve_paths
 
@@ -48,6 +48,7 @@ class Trace:
         #: Each file's trace format version (``schema.FORMAT_VERSION`` when it was written).
         self.formats: list[str] = []
         self._nblocks: list[int] = []
+        self._complete: list[bool] = []  # per file: closed cleanly (all columns equal)
         self._req_offsets: list[int] = []  # per file: its first row in the joined /requests
         self._nreq_per_file: list[int] = []
         self._datasets: dict[tuple[int, str], h5py.Dataset | None] = {}
@@ -67,9 +68,10 @@ class Trace:
                 f"{self.name}: files of different runs read as one trace (data-parallel "
                 f"ranks {sorted(ranks)}: a rank appears twice)"
             )
+        self.blocks = Blocks(self)
         if not lazy_requests:
             self._requests = self._read_requests()
-        self.blocks = Blocks(self)
+            self._add_placeholders()
         #: Memo of derived columns (see :func:`spectrace.tracer.metrics.memo`).
         self.cache: dict = {}
 
@@ -80,7 +82,14 @@ class Trace:
             with self._requests_lock:
                 if self._requests is None:
                     self._requests = self._read_requests()
+                    self._add_placeholders()
         return self._requests
+
+    def _add_placeholders(self) -> None:
+        # A live or killed writer's blocks may index requests it had not flushed: their
+        # placeholder rows exist before anyone sizes an array by len(requests).
+        if not all(self._complete):
+            self.blocks.request  # noqa: B018 - loading the column adds the placeholders
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -104,18 +113,23 @@ class Trace:
             raise TraceFormatError(f"{path}: damaged trace file ({_short(exc)})") from None
 
     def _check_and_add(self, path: Path, f: h5py.File) -> None:
-        version = _format_version(path, f)
-        try:
-            meta = json.loads(_decode(f["meta"][()]))
-        except (KeyError, ValueError) as exc:
-            raise TraceFormatError(f"{path}: /meta is missing or not JSON ({exc})") from None
+        version, problems = structure.format_version(str(path), f)
+        if problems:
+            raise problems[0].error()
+        meta, problems = structure.read_meta(str(path), f)
+        problems += structure.column_problems(str(path), f)
         status = _attr(f, "status")
-        for table, cols in schema.TABLES.items():  # touch every column: damage shows here
-            for c in cols:
-                if c.name in f[table] or not c.optional:
-                    _ = f[table][c.name].shape
+        complete = structure.is_complete(str(path), f)
+        if complete and not problems:
+            problems = structure.length_problems(str(path), f)
         n = self._flushed_rows(f)
-        if status != schema.STATUS_COMPLETE or path.name.endswith(schema.PARTIAL_SUFFIX):
+        if complete and not problems:  # one int column: a bad index fails here, not mid-view
+            nreq = f["requests"]["req_id"].shape[0]
+            request = f["blocks"]["request"][:n]
+            problems = structure.request_index_problems(str(path), request, nreq, complete)
+        if problems:
+            raise problems[0].error()
+        if not complete:
             n = self._readable_rows(f, n)
             self.status = schema.STATUS_RECORDING
             self._warn(
@@ -123,8 +137,9 @@ class Trace:
                 f"recovered {n} flushed blocks"
             )
         self._files.append(f)
+        self._complete.append(complete)
         self.metas.append(meta)
-        self.formats.append(version)
+        self.formats.append(version or "")
         self._nblocks.append(n)
 
     @staticmethod
@@ -204,7 +219,12 @@ class Trace:
                 arr = _filled(c, n, None if c.width is None else 1)
             else:
                 arr = ds[()] if ds.shape[0] == n else ds[:n]  # [()] skips hyperslab work
-            parts.append(self._rebase_requests(i, arr) if c.name == "request" else arr)
+            parts.append(self._checked(i, c.name, arr))
+            if c.name == "accepted" and ds is not None and "num_verified" in f["blocks"]:
+                nv = f["blocks"]["num_verified"][:n]
+                problems = structure.accepted_problems(str(self.paths[i]), arr, nv)
+                if problems:
+                    raise problems[0].error()
         if not parts:
             return _filled(c, 0, None if c.width is None else 1)
         if c.width is not None:
@@ -212,10 +232,28 @@ class Trace:
             parts = [schema.pad_to(p, w, c.fill) for p in parts]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
+    def _checked(self, i: int, name: str, arr: np.ndarray) -> np.ndarray:
+        """File ``i``'s cells of block column ``name`` after the value checks that keep the
+        analysis sound (never clamped); ``request`` re-based onto the joined /requests.
+
+        Raises:
+            TraceFormatError: a value below the column's minimum, a request index that
+                is negative or (complete file) out of range.
+        """
+        problems = structure.value_problems(str(self.paths[i]), name, arr)
+        if problems:
+            raise problems[0].error()
+        return self._rebase_requests(i, arr) if name == "request" else arr
+
     def _rebase_requests(self, i: int, arr: np.ndarray) -> np.ndarray:
         """File ``i``'s ``request`` cells as rows of the concatenated /requests table; rows
         flushed before their request row was point at placeholder requests (kept, not lost)."""
-        arr = arr + self._req_offsets[i]
+        problems = structure.request_index_problems(
+            str(self.paths[i]), arr, self._nreq_per_file[i], self._complete[i]
+        )
+        if problems:
+            raise problems[0].error()
+        arr = arr.astype(np.int32) + self._req_offsets[i]
         missing = arr >= self._req_offsets[i] + self._nreq_per_file[i]
         if missing.any():
             self._add_unknown_requests(arr, missing)
@@ -254,9 +292,18 @@ class Trace:
         array when it is already loaded). For viewers of traces too big to hold in memory.
 
         Raises:
-            KeyError: unknown column name.
+            KeyError: unknown column name; TraceFormatError: a damaged chunk.
         """
         c = {c.name: c for c in schema.BLOCK_COLUMNS}[name]
+        try:
+            return self._read_rows_unchecked(c, start, stop)
+        except (OSError, RuntimeError) as exc:
+            raise TraceFormatError(
+                f"{self.name}: damaged column blocks/{name} ({_short(exc)})"
+            ) from None
+
+    def _read_rows_unchecked(self, c: schema.Column, start: int, stop: int) -> np.ndarray:
+        name = c.name
         cached = self.blocks.loaded(name)
         if cached is not None:
             return cached[start:stop]
@@ -283,7 +330,7 @@ class Trace:
             arr = _filled(c, hi - lo, width) if ds is None else ds[lo:hi]
             if width is not None and arr.shape[1] < width:
                 arr = schema.pad_to(arr, width, c.fill)
-            parts.append(self._rebase_requests(i, arr) if name == "request" else arr)
+            parts.append(self._checked(i, name, arr))
         if not parts:
             return _filled(c, 0, width)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -301,7 +348,17 @@ class Trace:
 
     def phases(self) -> dict[str, np.ndarray]:
         """The /phases table: ``step`` int32, ``name`` (str object array), ``ms`` float32,
-        ``level`` int8, ``file`` int32, all [n]."""
+        ``level`` int8, ``file`` int32, all [n].
+
+        Raises:
+            TraceFormatError: a damaged chunk (checksum or filter failure).
+        """
+        try:
+            return self._phases_unchecked()
+        except (KeyError, OSError, RuntimeError) as exc:
+            raise TraceFormatError(f"{self.name}: damaged /phases table ({_short(exc)})") from None
+
+    def _phases_unchecked(self) -> dict[str, np.ndarray]:
         out: dict[str, list] = {"step": [], "name": [], "ms": [], "level": [], "file": []}
         for i, f in enumerate(self._files):
             g = f["phases"]
@@ -349,29 +406,6 @@ def open_trace(spec: TraceSpec, *, lazy_requests: bool = False) -> Trace:
         major version. Each message is one line naming the file.
     """
     return Trace(resolve_paths(spec), lazy_requests=lazy_requests)
-
-
-def _format_version(path: Path, f: h5py.File) -> str:
-    """The file's format version, after checking that it is a trace this reader reads.
-
-    Raises:
-        TraceFormatError: a foreign file, no version, or an unsupported major version.
-    """
-    fmt = _attr(f, "format")
-    if fmt != schema.FORMAT:
-        raise TraceFormatError(
-            f"{path}: not a spectrace trace (format attribute is "
-            f"{fmt!r}, expected {schema.FORMAT!r})"
-        )
-    version = str(_attr(f, "format_version") or "")
-    if not version:
-        raise TraceFormatError(f"{path}: damaged trace file (no format_version attribute)")
-    if version.split(".")[0] != str(schema.MAJOR_VERSION):
-        raise TraceFormatError(
-            f"{path}: trace format version {version or '?'} is not supported; this "
-            f"spectrace reads {schema.MAJOR_VERSION}.x (upgrade spectrace)"
-        )
-    return version
 
 
 def _filled(c: schema.Column, n: int, width: int | None) -> np.ndarray:

@@ -1,0 +1,269 @@
+"""The cheap structural checks of one open trace file, run before any column is used.
+
+Every check returns :class:`Problem` rows instead of raising, so that ``spectrace validate``
+can list them all; the reader (:mod:`.reader`) raises the first one as a
+:class:`~spectrace.tracer.errors.TraceFormatError` (exit 2). Nothing here reads a whole
+column except the ``request`` index column (:func:`request_index_problems`, run by the
+reader when it loads that column). Values are never clamped or wrapped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+import h5py
+import numpy as np
+
+from .. import schema
+from ..errors import TraceFormatError
+
+_VERSION_RE = re.compile(r"(\d+)\.(\d+)")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a trace file.
+
+    Attributes:
+        path: the file, as given.
+        field: the dataset, attribute or meta key at fault (``blocks/request``, ``/meta``,
+            ``format_version``, ``meta.k``).
+        what: what is wrong, in words.
+        value: the offending value (shown with ``repr``), or None.
+        row: the first row at fault (0-based) when the problem is in rows, else None.
+        count: how many rows (or cells) share the problem.
+    """
+
+    path: str
+    field: str
+    what: str
+    value: object = None
+    row: int | None = None
+    count: int = 1
+
+    def line(self) -> str:
+        """The one-line message: ``FILE: what at row R (N rows) (field=F, value=V)``."""
+        at = f" at row {self.row}" if self.row is not None else ""
+        many = f" ({self.count} rows)" if self.count > 1 else ""
+        value = "" if self.value is None else f", value={self.value!r}"
+        return f"{self.path}: {self.what}{at}{many} (field={self.field}{value})"
+
+    def error(self) -> TraceFormatError:
+        """This problem as the reader's exception."""
+        return TraceFormatError(self.line())
+
+
+def is_complete(path: str, f: h5py.File) -> bool:
+    """Whether the file was closed cleanly: status ``complete`` and not a ``.partial`` name."""
+    status = _attr(f, "status")
+    return status == schema.STATUS_COMPLETE and not str(path).endswith(schema.PARTIAL_SUFFIX)
+
+
+def format_version(path: str, f: h5py.File) -> tuple[str | None, list[Problem]]:
+    """The file's format version after checking that it is a trace this reader reads.
+
+    Returns:
+        ``(version, [])``, or ``(None, [problem])`` for a foreign file, a missing or
+        malformed version (``1.banana``) or an unsupported major version.
+    """
+    fmt = _attr(f, "format")
+    if fmt != schema.FORMAT:
+        what = f"not a spectrace trace (format attribute is {fmt!r}, expected {schema.FORMAT!r})"
+        return None, [Problem(path, "format", what)]
+    version = _attr(f, "format_version")
+    if not version:
+        return None, [Problem(path, "format_version", "damaged trace file (no format_version)")]
+    m = _VERSION_RE.fullmatch(version)
+    if m is None:
+        what = "malformed format version (expected MAJOR.MINOR)"
+        return None, [Problem(path, "format_version", what, version)]
+    if int(m.group(1)) != schema.MAJOR_VERSION:
+        what = (
+            f"trace format version {version} is not supported; this spectrace reads "
+            f"{schema.MAJOR_VERSION}.x (upgrade spectrace)"
+        )
+        return None, [Problem(path, "format_version", what)]
+    return version, []
+
+
+def read_meta(path: str, f: h5py.File) -> tuple[dict, list[Problem]]:
+    """The /meta document, checked: a JSON object whose known keys have their types
+    (:data:`schema.META_TYPES`).
+
+    Returns:
+        ``(meta, problems)``; ``meta`` is ``{}`` when /meta is unusable.
+    """
+    ds = f.get("meta")
+    if not isinstance(ds, h5py.Dataset) or ds.shape != ():
+        return {}, [Problem(path, "/meta", "missing or not a scalar string dataset")]
+    raw = ds[()]
+    if not isinstance(raw, (bytes, str)):
+        return {}, [Problem(path, "/meta", "not a string", _short_repr(raw))]
+    try:
+        meta = json.loads(_decode(raw))
+    except (ValueError, UnicodeDecodeError) as exc:
+        return {}, [Problem(path, "/meta", f"not JSON ({str(exc)[:80]})")]
+    if not isinstance(meta, dict):
+        what = f"not a JSON object (a JSON {type(meta).__name__.replace('NoneType', 'null')})"
+        return {}, [Problem(path, "/meta", what, _short_repr(meta))]
+    problems = []
+    for key, value in meta.items():
+        why = schema.meta_type_error(key, value)
+        if why is not None:
+            problems.append(Problem(path, f"meta.{key}", why, _short_repr(value)))
+    return meta, problems
+
+
+def column_problems(path: str, f: h5py.File) -> list[Problem]:
+    """Tables and columns present with the schema's rank, dtype kind and (matrices) a width.
+
+    Checks every required column and every optional one present; reads no data.
+    """
+    problems: list[Problem] = []
+    for table, cols in schema.TABLES.items():
+        g = f.get(table)
+        if not isinstance(g, h5py.Group):
+            problems.append(Problem(path, f"/{table}", "missing table group"))
+            continue
+        for c in cols:
+            if c.name not in g:
+                if not c.optional:
+                    problems.append(Problem(path, f"{table}/{c.name}", "missing column"))
+                continue
+            ds = g[c.name]
+            why = _column_shape_error(ds, c) if isinstance(ds, h5py.Dataset) else "not a dataset"
+            if why is not None:
+                problems.append(Problem(path, f"{table}/{c.name}", why))
+    return problems
+
+
+def length_problems(path: str, f: h5py.File) -> list[Problem]:
+    """Columns of one table with different lengths: wrong in a file marked complete (a live
+    or killed writer's file may have them; the reader keeps the shortest there)."""
+    problems = []
+    for table, cols in schema.TABLES.items():
+        g = f[table]
+        lengths = {c.name: g[c.name].shape[0] for c in cols if c.name in g}
+        if len(set(lengths.values())) > 1:
+            spread = ", ".join(f"{n}={v}" for n, v in lengths.items())
+            problems.append(
+                Problem(
+                    path, f"/{table}", f"columns of unequal length in a complete file: {spread}"
+                )
+            )
+    return problems
+
+
+def request_index_problems(
+    path: str, arr: np.ndarray, nreq: int, complete: bool, base: int = 0
+) -> list[Problem]:
+    """The ``blocks/request`` cells of one file that index no request.
+
+    Args:
+        arr: the file's ``request`` cells (int, [n]), as stored (not re-based).
+        nreq: rows of the file's /requests table.
+        complete: the file was closed cleanly; a live file may index requests not flushed yet.
+        base: the block row of ``arr[0]`` (for the row in the message).
+    """
+    problems = []
+    neg = np.flatnonzero(arr < 0)
+    if neg.size:
+        v = int(arr[neg[0]])
+        what = "negative request index"
+        problems.append(Problem(path, "blocks/request", what, v, base + int(neg[0]), neg.size))
+    if complete:
+        high = np.flatnonzero(arr >= nreq)
+        if high.size:
+            v = int(arr[high[0]])
+            what = f"request index out of range (the file has {nreq} requests)"
+            problems.append(
+                Problem(path, "blocks/request", what, v, base + int(high[0]), high.size)
+            )
+    return problems
+
+
+#: The smallest value of a 1-D block column (``-1``: unknown); checked when a column loads.
+BLOCK_MINIMUM: dict[str, int] = {
+    "step": 0,
+    "position": 0,
+    "k": 0,
+    "num_verified": schema.PAD,
+    "accepted": schema.PAD,
+    "num_emitted": schema.PAD,
+    "batch_row": schema.PAD,
+    "batch_size": schema.PAD,
+    "proposal_source": schema.PAD,
+}
+
+
+def value_problems(path: str, name: str, arr: np.ndarray, base: int = 0) -> list[Problem]:
+    """Cells of 1-D block column ``name`` below its minimum (:data:`BLOCK_MINIMUM`)."""
+    lo = BLOCK_MINIMUM.get(name)
+    if lo is None or arr.ndim != 1:
+        return []
+    bad = np.flatnonzero(arr < lo)
+    if not bad.size:
+        return []
+    what = f"value below {lo}"
+    return [Problem(path, f"blocks/{name}", what, int(arr[bad[0]]), base + int(bad[0]), bad.size)]
+
+
+def accepted_problems(
+    path: str, accepted: np.ndarray, num_verified: np.ndarray, base: int = 0
+) -> list[Problem]:
+    """Blocks that accept more drafts than were verified (both known): acceptance rates
+    above 1 follow from them, so readers refuse them."""
+    bad = np.flatnonzero((num_verified >= 0) & (accepted > num_verified))
+    if not bad.size:
+        return []
+    what = f"accepted > num_verified ({int(num_verified[bad[0]])})"
+    v = int(accepted[bad[0]])
+    return [Problem(path, "blocks/accepted", what, v, base + int(bad[0]), bad.size)]
+
+
+def _column_shape_error(ds: h5py.Dataset, c: schema.Column) -> str | None:
+    rank = 1 if c.width is None else 2
+    if ds.ndim != rank:
+        return f"stored {ds.ndim}-D, expected {rank}-D {c.dtype}"
+    dt = ds.dtype
+    if c.vlen:
+        base = h5py.check_vlen_dtype(dt)
+        if base is None or base.kind not in "iu":
+            return f"stored as {_dtype_name(dt)}, expected ragged {c.dtype}"
+        return None
+    if c.dtype == "str":
+        if h5py.check_string_dtype(dt) is None:
+            return f"stored as {_dtype_name(dt)}, expected UTF-8 strings"
+        return None
+    size = c.np_dtype.itemsize
+    if c.np_dtype.kind == "f":
+        ok = dt.kind == "f"
+    else:  # every value of the stored type must fit the schema's
+        ok = (dt.kind == "i" and dt.itemsize <= size) or (dt.kind == "u" and dt.itemsize < size)
+    if not ok:
+        return f"stored as {_dtype_name(dt)}, expected {c.dtype}"
+    if rank == 2 and ds.shape[1] < 1:
+        return "a matrix with no columns"
+    return None
+
+
+def _dtype_name(dt: np.dtype) -> str:
+    if h5py.check_string_dtype(dt) is not None or dt.kind in "SUO":
+        return "strings"
+    return str(dt)
+
+
+def _attr(f: h5py.File, name: str) -> str | None:
+    v = f.attrs.get(name)
+    return _decode(v) if v is not None else None
+
+
+def _decode(v) -> str:
+    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+
+
+def _short_repr(v: object) -> object:
+    text = repr(v)
+    return v if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,214 @@
+"""``spectrace validate``: the full check of trace files (fsck), one file at a time.
+
+Runs the reader's structural checks (:mod:`spectrace.tracer.store.structure`: format version,
+/meta types, column ranks and dtypes, equal lengths), then reads every column (which verifies
+the fletcher32 checksums the writer stores) and checks value ranges and the cross-column
+invariants of :mod:`spectrace.tracer.schema`:
+
+* ``0 <= k <= width(proposed)``; ``num_verified`` is -1 or ``<= k`` and ``<= width(verified)``;
+  ``accepted`` is -1 or ``0 <= accepted <= num_verified`` (``<= k`` when verified is unknown);
+* ``num_emitted`` is -1 or ``accepted + 1`` where both are known, and ``<= width(emitted)``;
+* ``blocks/request`` indexes a request of the same file (a live file may point past its
+  flushed requests); a verified block's ``position`` lies within the request's prompt +
+  output when its output ids are known; ids are token ids (``>= 0``) or the ``-1`` pad;
+* batch rows within the batch, ``proposal_source`` and ``verified_same`` in their sets, phase
+  names within the ``names`` attribute.
+
+Each problem is one :class:`~spectrace.tracer.store.structure.Problem` with its first row and
+a count. A file that cannot be opened as a spectrace trace raises :class:`InputError`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from . import schema
+from .errors import InputError, TraceFormatError
+from .store import resolve_paths
+from .store.structure import (
+    Problem,
+    accepted_problems,
+    column_problems,
+    format_version,
+    is_complete,
+    length_problems,
+    read_meta,
+    request_index_problems,
+)
+
+
+def validate_file(path: Path) -> list[Problem]:
+    """Every problem of one trace file (empty when it is valid).
+
+    Raises:
+        InputError: missing file, a directory, not HDF5, not a spectrace trace or an
+            unsupported major version (nothing to check).
+    """
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not a trace file")
+    try:
+        f = h5py.File(path, "r", locking=False)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: not a readable HDF5 file ({_short(exc)})") from None
+    with f:
+        try:
+            return _validate_open(str(path), f)
+        except (KeyError, RuntimeError, TypeError, ValueError) as exc:  # damaged headers
+            return [Problem(str(path), "/", f"damaged trace file ({_short(exc)})")]
+
+
+def validate(spec: str | list[str]) -> list[tuple[Path, list[Problem]]]:
+    """Validate every file of ``spec`` (files, globs; see ``resolve_paths``).
+
+    Returns:
+        ``(path, problems)`` per file, in order.
+    """
+    return [(p, validate_file(p)) for p in resolve_paths(spec)]
+
+
+def _validate_open(path: str, f: h5py.File) -> list[Problem]:
+    _, problems = format_version(path, f)
+    if problems:
+        raise problems[0].error()
+    meta, problems = read_meta(path, f)
+    structural = column_problems(path, f)
+    problems += structural
+    if structural:
+        return problems  # columns of the wrong shape or type: their values mean nothing
+    complete = is_complete(path, f)
+    if complete:
+        problems += length_problems(path, f)
+    tables: dict[str, dict[str, np.ndarray]] = {}
+    unreadable: list[Problem] = []
+    for table, cols in schema.TABLES.items():
+        tables[table], bad = _read_table(path, f[table], table, cols)
+        unreadable += bad
+    problems += unreadable
+    if unreadable:
+        return problems
+    problems += _block_problems(path, tables["blocks"], tables["requests"], complete, meta)
+    problems += _request_problems(path, tables["requests"])
+    problems += _phase_problems(path, f["phases"], tables["phases"])
+    return problems
+
+
+def _read_table(
+    path: str, g: h5py.Group, table: str, cols: tuple[schema.Column, ...]
+) -> tuple[dict[str, np.ndarray], list[Problem]]:
+    """Every present column of a table cut to its shortest column (reads verify checksums)."""
+    present = [c for c in cols if c.name in g]
+    n = min((g[c.name].shape[0] for c in present), default=0)
+    out, problems = {}, []
+    for c in present:
+        try:
+            out[c.name] = g[c.name][:n]
+        except (OSError, RuntimeError, ValueError) as exc:
+            what = f"unreadable data (checksum or filter failure: {_short(exc)})"
+            problems.append(Problem(path, f"{table}/{c.name}", what))
+    return out, problems
+
+
+def _block_problems(
+    path: str, b: dict[str, np.ndarray], req: dict[str, np.ndarray], complete: bool, meta: dict
+) -> list[Problem]:
+    nreq = len(req["req_id"])
+    problems = request_index_problems(path, b["request"], nreq, complete)
+    problems += accepted_problems(path, b["accepted"], b["num_verified"])
+    width = {name: b[name].shape[1] for name in ("proposed", "verified", "emitted")}
+    k, nv, acc, ne = b["k"], b["num_verified"], b["accepted"], b["num_emitted"]
+    known_v, known_a, known_e = nv >= 0, acc >= 0, ne >= 0
+    checks: list[tuple[str, str, np.ndarray, np.ndarray]] = [
+        ("blocks/k", f"k outside [0, width of proposed = {width['proposed']}]", k,
+         (k < 0) | (k > width["proposed"])),
+        ("blocks/num_verified", "num_verified > k", nv, known_v & (nv > k)),
+        ("blocks/num_verified", f"num_verified > width of verified = {width['verified']}",
+         nv, nv > width["verified"]),
+        ("blocks/num_verified", "num_verified below -1", nv, nv < -1),
+        ("blocks/accepted", "accepted below -1", acc, acc < -1),
+        ("blocks/accepted", "accepted > k", acc, known_a & ~known_v & (acc > k)),
+        ("blocks/num_emitted", "num_emitted below -1", ne, ne < -1),
+        ("blocks/num_emitted", "num_emitted != accepted + 1", ne,
+         known_e & known_a & (ne != acc.astype(np.int32) + 1)),
+        ("blocks/num_emitted", f"num_emitted > width of emitted = {width['emitted']}",
+         ne, ne > width["emitted"]),
+        ("blocks/position", "negative position", b["position"], b["position"] < 0),
+        ("blocks/step", "negative step", b["step"], b["step"] < 0),
+    ]  # fmt: skip
+    for name in ("proposed", "verified", "emitted"):
+        checks.append((f"blocks/{name}", "token id below the -1 pad", b[name], b[name] < -1))
+    if "batch_size" in b:
+        row, size = b["batch_row"], b["batch_size"]
+        bad = (row < -1) | (size < -1) | ((row >= 0) & (size >= 0) & (row >= size))
+        checks.append(("blocks/batch_row", "batch_row outside the batch", row, bad))
+    if "proposal_source" in b:
+        src = b["proposal_source"]
+        checks.append(("blocks/proposal_source", "not -1, 0 or 1", src, (src < -1) | (src > 1)))
+    if "verified_same" in b:
+        same = b["verified_same"]
+        checks.append(("blocks/verified_same", "not 0 or 1", same, (same < 0) | (same > 1)))
+    problems += [_rows(path, field, what, v, bad) for field, what, v, bad in checks if bad.any()]
+    problems += _position_problems(path, b, req, nreq)
+    return problems
+
+
+def _position_problems(
+    path: str, b: dict[str, np.ndarray], req: dict[str, np.ndarray], nreq: int
+) -> list[Problem]:
+    """Anchors of verified blocks past the end of their request's prompt + output (output
+    known). An unverified block may lie past it: vLLM drafts for a request in the step
+    that finishes it, and the returned output is trimmed at stop/max_tokens."""
+    r = b["request"]
+    ok = (r >= 0) & (r < nreq)
+    lengths = np.array(
+        [len(p) + len(o) if len(o) else -1 for p, o in zip(req["prompt_ids"], req["output_ids"])],
+        dtype=np.int64,
+    )
+    seq = np.full(len(r), -1, np.int64)
+    seq[ok] = lengths[r[ok]]
+    bad = (seq >= 0) & (b["num_verified"] >= 0) & (b["position"] >= seq)
+    if not bad.any():
+        return []
+    what = "verified block's position past the end of the request's prompt + output"
+    return [_rows(path, "blocks/position", what, b["position"], bad)]
+
+
+def _request_problems(path: str, req: dict[str, np.ndarray]) -> list[Problem]:
+    problems = []
+    for name in ("prompt_ids", "output_ids"):
+        bad = np.array([bool(len(x)) and bool((x < 0).any()) for x in req[name]], dtype=bool)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            value = int(req[name][i][req[name][i] < 0][0])
+            what = "negative token id"
+            problems.append(Problem(path, f"requests/{name}", what, value, i, int(bad.sum())))
+    return problems
+
+
+def _phase_problems(path: str, g: h5py.Group, ph: dict[str, np.ndarray]) -> list[Problem]:
+    names = g.attrs.get("names", [])
+    code = ph["name"]
+    checks = [
+        ("phases/name", f"name code outside the {len(names)} names", code,
+         (code < 0) | (code >= len(names))),
+        ("phases/ms", "not a finite duration", ph["ms"], ~np.isfinite(ph["ms"])),
+        ("phases/level", "negative level", ph["level"], ph["level"] < 0),
+    ]  # fmt: skip
+    return [_rows(path, field, what, v, bad) for field, what, v, bad in checks if bad.any()]
+
+
+def _rows(path: str, field: str, what: str, values: np.ndarray, bad: np.ndarray) -> Problem:
+    """One problem for the rows where ``bad`` holds: the first row, its value and a count."""
+    rows = np.flatnonzero(bad.reshape(len(bad), -1).any(axis=1))
+    first = values[rows[0]]
+    value = first.tolist() if isinstance(first, np.ndarray) else first.item()
+    return Problem(path, field, what, value, int(rows[0]), int(rows.size))
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()
+    return text[0][:120] if text else type(exc).__name__
