@@ -1,10 +1,12 @@
 """The parser's pending items: a ``[SPECTRACE]`` block waiting to be written, a
-``[spec-propose]`` line waiting for its block in the next step, a request's anchor chain, and
-the propose join that pairs them (rules: :mod:`spectrace.hooks.vt.parser`)."""
+``[spec-propose]`` line waiting for its block in the next step, a request's anchor chain, the
+propose join that pairs them, and proposals never installed (rules:
+:mod:`spectrace.hooks.vt.parser`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from spectrace.tracer import schema
 
@@ -29,6 +31,8 @@ class Block:
     batch_row: int = schema.PAD
     batch_size: int = schema.PAD
     proposed: list[int] | None = None
+    #: False for a proposal never installed: no verified ids, accepted or emitted ids.
+    verify_record: bool = True
 
 
 @dataclass
@@ -52,6 +56,53 @@ class Chain:
     ns: int
     last: int  # emit[-1], -1 when unknown
     lineno: int
+
+
+@dataclass
+class NotInstalled:
+    """Proposals whose row's ``[spec-install]`` said ``installed=0``: kept as blocks without
+    a verify record. A request decodes one token without drafts per ``installed=0``; its
+    anchor index is then its last block's ``pos + ns - 1`` (the prompt length before any
+    block) plus those plain steps. Proposals not placeable yet (a capture reads its
+    requests file at the end) wait in ``waiting`` as ``(request, plain steps, proposal,
+    batch row)``."""
+
+    plain: dict[str, int] = field(default_factory=dict)
+    waiting: list[tuple[str, int, Proposal, int]] = field(default_factory=list)
+
+    def install(self, p: Proposal | None, v: dict, step: int, payload: dict[str, int]) -> bool:
+        """A ``[spec-install]`` line (fields ``v``) at ``step``, ``payload`` the step's
+        ``[spec-update]`` rows (request -> batch row): True (``p`` queued in ``waiting``)
+        when nothing was installed and ``p`` is this step's proposal of that unfinished
+        row."""
+        req, row = v["req"], payload.get(v["req"], schema.PAD)
+        if v["installed"] != 0:
+            return False
+        hit = p is not None and p.step == step and p.hint == req and not p.hint_finished
+        if hit:
+            self.waiting.append((req, self.plain.get(req, 0), p, row))
+        self.plain[req] = self.plain.get(req, 0) + 1
+        return hit
+
+    def place(
+        self, chains: dict[str, Chain], prompt_len: Callable[[str], int | None]
+    ) -> list[Block]:
+        """The waiting proposals that can be placed now (from the request's chain, or
+        ``prompt_len(req)``), as blocks without a verify record; the rest keep waiting."""
+        out, keep = [], []
+        for req, plain, p, row in self.waiting:
+            c, n = chains.get(req), prompt_len(req)
+            if c is None and n is None:
+                keep.append((req, plain, p, row))
+                continue
+            last = c.last if c is not None and plain == 0 else schema.PAD
+            pos = (c.pos + c.ns if c is not None else n + 1) + plain  # SPECTRACE pos
+            ids = Ids(p.first.padded(max(p.per_row, len(p.first.ids))))
+            b = Block(p.lineno, req, p.step, pos, len(ids.ids), -1, ids, Ids([]), 0, last, None)
+            b.batch_row, b.proposed, b.verify_record = row, ids.ids, False
+            out.append(b)
+        self.waiting = keep
+        return out
 
 
 def block_problems(b: Block) -> list[tuple[str, str]]:

@@ -22,7 +22,7 @@ from spectrace.tracer import schema
 from spectrace.tracer.errors import ParseError
 from spectrace.tracer.store import TraceWriter
 
-from .blocks import Block, Chain, Proposal, block_problems, choose_join, ids_match
+from .blocks import Block, Chain, NotInstalled, Proposal, block_problems, choose_join, ids_match
 from .level import FAMILY_LEVEL, phase_level
 from .lines import Ids, MalformedLine, Record, parse_line, phase_rows
 from .requests import RequestRecord
@@ -81,6 +81,7 @@ class VtTraceParser:
         self._payload: dict[str, int] = {}  # [spec-update] rows of this step: req -> row
         self._prev_payload: dict[str, int] = {}  # ... of the previous (proposing) step
         self._runner_seen = False  # a runner/engine-core line was seen (not just sched)
+        self._held = NotInstalled()  # proposals never installed ([spec-install] installed=0)
         self._error: ParseError | None = None  # strict mode: raised after the line is recorded
 
     # -- input -------------------------------------------------------------------------------
@@ -169,6 +170,7 @@ class VtTraceParser:
             return self.stats
         self._finished = True
         self._close_section()
+        self._write_not_installed(final=True)
         if self._proposal is not None:
             self.stats.joins["not_verified"] += 1  # the log ended before the next step
             self._proposal = None
@@ -295,6 +297,10 @@ class VtTraceParser:
             f, "update_called" if rec.variant == "called" else "update_rows"
         )
         self.stats.probes[key] += 1
+        if key == "install" and self._held.install(self._proposal, v, self._step, self._payload):
+            self.stats.joins["not_installed"] += 1  # this step's proposal is never verified
+            self._proposal = None
+            self._write_not_installed()
         if key != "update_rows":
             return
         self._payload.setdefault(v["req"], len(self._payload))
@@ -320,6 +326,7 @@ class VtTraceParser:
         acc = v.get("acc", max(ns - 1, 0))
         req = v["req"]
         self._reqs.add(req)
+        self._held.plain[req] = 0
         self.stats.k_max = max(self.stats.k_max, k)
         anchor = self._chain_anchor(req, v["pos"])
         self._chains[req] = Chain(
@@ -419,6 +426,15 @@ class VtTraceParser:
             self.stats.joins["proposed != verified"] += 1
         self._proposal = None
 
+    def _write_not_installed(self, final: bool = False) -> None:
+        r = self._requests or {}
+        for b in self._held.place(self._chains, lambda q: len(r[q].prompt_ids) if q in r else None):
+            b.anchor = self._anchor_from_requests(b.req, b.pos) if b.anchor < 0 else b.anchor
+            self._reqs.add(b.req)
+            self._write(b)
+        if final and self._held.waiting:  # never placed: the request stayed unknown
+            self.stats.joins["not_installed, position unknown"] += len(self._held.waiting)
+
     def _write(self, b: Block) -> None:
         verified = b.draft.padded(b.k) if not b.draft.complete else b.draft.ids
         emitted = b.emit.padded(b.ns) if not b.emit.complete else b.emit.ids
@@ -432,9 +448,9 @@ class VtTraceParser:
             b.pos - 1,
             b.anchor,
             proposed,
-            verified=verified,
+            verified=verified if b.verify_record else None,
             accepted=b.acc,
-            emitted=emitted,
+            emitted=emitted if b.verify_record else None,
             batch_row=b.batch_row,
             batch_size=b.batch_size,
             proposal_source=schema.PROPOSAL_FROM_DRAFTER

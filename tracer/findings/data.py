@@ -100,8 +100,10 @@ class TraceData:
         return self.t.requests.req_id[int(self.t.blocks.request[block])]
 
     def at(self, block: int) -> dict:
-        """Location fields (``request``, ``position``) of a finding at ``block``."""
-        return {"request": self.req_id(block), "position": int(self.t.blocks.position[block])}
+        """Location fields (``request``, ``position``) of a finding at ``block`` (position
+        null when negative: impossible_values names such a block)."""
+        pos = int(self.t.blocks.position[block])
+        return {"request": self.req_id(block), "position": pos if pos >= 0 else None}
 
 
 def prepare(traces: list[tuple[Trace, str]]) -> list[TraceData]:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..index import memo
 from ..store import Blocks
 from .data import SideInput, TraceData
 from .evidence import ImpossibleEvidence, TrimmedEvidence
@@ -77,6 +78,20 @@ def _position_room(td: TraceData) -> np.ndarray:
     return np.where((n > 0) & td.last, n + kmax + 1, n)
 
 
+def impossible_rows(td: TraceData) -> np.ndarray:
+    """bool [n]: blocks breaking any of :data:`RULES` (memoised in the trace's cache)."""
+    return memo(td.t, "impossible_rows", lambda: _impossible_rows(td))
+
+
+def _impossible_rows(td: TraceData) -> np.ndarray:
+    b = td.t.blocks
+    n = _position_room(td)
+    bad = np.zeros(len(b), bool)
+    for _, _, test in RULES:
+        bad |= test(b, n)[0]
+    return bad
+
+
 def impossible(s: SideInput) -> Finding | None:
     """impossible_values: accepted > k or > num_verified, counts below -1 (unknown), k < 0,
     num_emitted > k + 1, positions outside the sequence, batch rows outside the batch."""
@@ -100,9 +115,7 @@ def impossible(s: SideInput) -> Finding | None:
     row, rule, col, lim = first
     value = int(getattr(b, col)[row])
     pos = int(b.position[row])
-    bad = np.zeros(len(b), bool)
-    for _, _, test in RULES:
-        bad |= test(b, n)[0]
+    bad = impossible_rows(td)
     lim_txt = "" if lim is None else f", limit {lim}"
     return Finding(
         "impossible_values",
@@ -113,7 +126,8 @@ def impossible(s: SideInput) -> Finding | None:
         message=(
             f"{td.side}: {int(bad.sum())} blocks hold values no engine can produce (first: "
             f"block {row}, request {td.req_id(row)} at position {pos}: {rule}, {col}={value}"
-            f"{lim_txt}); figures computed from them (acceptance rates) are meaningless"
+            f"{lim_txt}); the diff leaves them out of its acceptance figures, which they would "
+            f"push past 100%"
         ),
         evidence=ImpossibleEvidence(
             blocks=int(bad.sum()),
