@@ -411,3 +411,71 @@ def test_other_impossible_values(tmp_path, clean, row, block, rule, position):
     f = first_error(rc, doc, "impossible_values")
     assert (f["evidence"]["rule"], f["evidence"]["row"], f["position"]) == (rule, row, position)
     assert_clean(*diff_json(clean, clean))
+
+
+# ---------------------------------------------------------------------- vanilla baselines
+
+
+def test_spec_against_vanilla_with_identical_text_passes(tmp_path, clean):
+    vanilla = write_trace(tmp_path / "vanilla.h5", complete(), [], {"exit_status": 0})
+    rc, doc = diff_json(clean, vanilla)
+    assert_clean(rc, doc)
+    assert doc["diverged"] is False and doc["reasons"] == []
+    f = doc["findings"][0]
+    assert (f["kind"], f["severity"], f["side"]) == ("content_only", "info", "theirs")
+    assert f["evidence"] == {"without_drafts": ["theirs"], "requests": 3, "identical": 3}
+    text = run("diff", str(clean), str(vanilla))
+    assert text.returncode == 0 and "no draft comparison was possible" in text.stdout
+    assert drafts_match_report(str(clean), str(vanilla)) is None
+    rc, doc = diff_json(vanilla, clean)
+    assert_clean(rc, doc)
+    assert doc["findings"][0]["evidence"]["without_drafts"] == ["ours"]
+
+
+def test_spec_against_vanilla_with_other_text_diverges(tmp_path, clean):
+    """c's output token 4 (position 3 + 4 = 7) differs on the vanilla side."""
+    out = list(OUTPUTS["c"])
+    out[4] = 999
+    vanilla = write_trace(
+        tmp_path / "vanilla.h5", {**complete(), "c": (out, "length")}, [], {"exit_status": 0}
+    )
+    rc, doc = diff_json(clean, vanilla)
+    f = first_error(rc, doc, "content_divergence")
+    assert (f["request"], f["position"]) == ("c", 7)
+    assert (f["evidence"]["ours_token"], f["evidence"]["theirs_token"]) == ([304], [999])
+    assert "drafts do not match" in drafts_match_report(str(clean), str(vanilla))
+
+
+# ------------------------------------------------------------ the reference engine, live
+
+
+def capture_engine(tmp_path, name, wrap=()):
+    """``spectrace capture vt`` around ``python -m spectrace.engine --method ngram``
+    (optionally wrapped, e.g. in ``timeout``)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    req = tmp_path / f"{name}.requests.jsonl"
+    out = tmp_path / f"{name}.h5"
+    engine = [sys.executable, "-m", "spectrace.engine", "--method", "ngram", "--k", "4"]
+    engine += ["--max-tokens", "64", "--requests-out", str(req), "--threads", "1"]
+    r = run("capture", "vt", "-o", str(out), "--requests", str(req), "--", *wrap, *engine)
+    return out, r
+
+
+def test_live_ngram_run_is_clean_and_a_killed_one_is_not(tmp_path):
+    """One healthy n-gram run (prompt-lookup stops proposing when matches run out) is clean
+    against itself and in check; the same run killed by SIGKILL after 8 s (the capture sees
+    signal 9, whatever it had recorded by then) is named first in diff and check."""
+    good, r = capture_engine(tmp_path, "ngram")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert_clean(*diff_json(good, good))
+    assert_clean(*check_json(good))
+    bad, r = capture_engine(tmp_path, "killed", ("timeout", "-s", "KILL", "8"))
+    assert r.returncode == 137, r.stderr[-2000:]
+    rc, doc = diff_json(bad, good)
+    f = first_error(rc, doc, "capture_incomplete")
+    assert (f["side"], f["evidence"]["signal"], f["evidence"]["exit_status"]) == ("ours", 9, 137)
+    rc, doc = check_json(bad)
+    assert first_error(rc, doc, "capture_incomplete")["evidence"]["signal"] == 9
+    msg = drafts_match_report(str(bad), str(good))
+    assert msg is not None and "first error finding: capture_incomplete" in msg

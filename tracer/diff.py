@@ -29,6 +29,7 @@ from .diff_result import (
     SideSummary,
 )
 from .findings import Finding, TraceData, detect_pair, prepare
+from .findings.pair import content_only
 from .findings.values import impossible_rows
 from .index import drafts_checked
 from .metrics import Acceptance, acceptance_counts, recompute_accepted
@@ -140,7 +141,7 @@ def _reasons(al: Alignment, bad: np.ndarray, found: list[Finding]) -> list[str]:
     reasons = []
     if bad.any():
         reasons.append(f"{int(bad.sum())} of {P} paired blocks differ")
-    if P == 0:
+    if P == 0 and not content_only(al):  # a vanilla side: content_only says so
         reasons.append(nothing_compared(al))
     errors = [f for f in found if f.severity == "error"]
     if errors:

@@ -56,6 +56,15 @@ class ContentEvidence(TypedDict):
     divergences: list[DivergenceRef]
 
 
+class ContentOnlyEvidence(TypedDict):
+    """content_only: a side without draft blocks (a run without speculative decoding):
+    only the outputs of the matched requests were compared."""
+
+    without_drafts: list[str]
+    requests: int
+    identical: int
+
+
 class AnchorPair(TypedDict):
     """Both anchors of one paired block."""
 
@@ -271,6 +280,7 @@ EVIDENCE: dict[str, type] = {
     "requests_incomplete": RequestsEvidence,
     "degenerate_output": DegenerateEvidence,
     "content_divergence": ContentEvidence,
+    "content_only": ContentOnlyEvidence,
     "anchor_shift": AnchorEvidence,
     "layout_shift": LayoutEvidence,
     "vocab_mapping": VocabEvidence,

@@ -175,6 +175,7 @@ def detect_pair(
     found: list[Finding | None] = []
     found += pair_loop_findings(al, oa, ob, run_a.loops, run_b.loops, decoder)
     found.append(pair.content(al, oa, decoder))
+    found.append(pair.vanilla(al))
     for r in (run_a, run_b):
         found += [
             d.run(r.input) if d.reads_other_side else res for d, res in zip(SINGLE_TRACE, r.results)
