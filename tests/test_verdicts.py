@@ -362,6 +362,26 @@ def test_drafts_trimmed_before_verification(tmp_path, clean):
     assert drafts_match_report(str(bad), str(clean)) is not None
 
 
+def test_vt_log_whose_scheduler_trims_the_drafts(tmp_path):
+    """trimmed.log: [spec-propose] 2 drafts per step, [spec-sched] have=2 -> sched=1, the
+    [SPECTRACE] verifies 1 (acc=1, ns=2): anchors 3, 5, 7, 9, 11. Anchors 3..9 have room for
+    k drafts (9 + 1 + 2 < 13); anchor 11 does not. Against installed.log (anchors 3, 6, 9)
+    the paired blocks 3 and 9 agree on every verified slot."""
+    bad, good = vt(tmp_path, "trimmed"), vt(tmp_path, "installed")
+    t = open_trace(bad)
+    assert t.blocks.position.tolist() == [3, 5, 7, 9, 11]
+    assert t.blocks.k.tolist() == [2] * 5 and t.blocks.num_verified.tolist() == [1] * 5
+    rc, doc = diff_json(bad, good)
+    f = first_error(rc, doc, "trimmed_drafts")
+    assert (f["side"], f["request"], f["position"], f["slot"]) == ("ours", "0", 3, 1)
+    ev = f["evidence"]
+    assert (ev["blocks"], ev["verified_blocks"], ev["proposed_tokens"]) == (4, 5, 8)
+    assert ev["verified_tokens"] == 4
+    assert [e["kind"] for e in errors(doc)] == ["trimmed_drafts"]
+    assert (doc["agreement"]["paired_blocks"], doc["agreement"]["exact_matches"]) == (2, 2)
+    assert first_error(*check_json(bad), "trimmed_drafts")["evidence"]["blocks"] == 4
+
+
 # ---------------------------------------------------------------------- impossible values
 
 
