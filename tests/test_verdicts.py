@@ -484,13 +484,13 @@ def capture_engine(tmp_path, name, wrap=()):
 
 def test_live_ngram_run_is_clean_and_a_killed_one_is_not(tmp_path):
     """One healthy n-gram run (prompt-lookup stops proposing when matches run out) is clean
-    against itself and in check; the same run killed by SIGKILL after 8 s (the capture sees
+    against itself and in check; the same run killed by SIGKILL after 2 s (the capture sees
     signal 9, whatever it had recorded by then) is named first in diff and check."""
     good, r = capture_engine(tmp_path, "ngram")
     assert r.returncode == 0, r.stderr[-2000:]
     assert_clean(*diff_json(good, good))
     assert_clean(*check_json(good))
-    bad, r = capture_engine(tmp_path, "killed", ("timeout", "-s", "KILL", "8"))
+    bad, r = capture_engine(tmp_path, "killed", ("timeout", "-s", "KILL", "2"))
     assert r.returncode == 137, r.stderr[-2000:]
     rc, doc = diff_json(bad, good)
     f = first_error(rc, doc, "capture_incomplete")

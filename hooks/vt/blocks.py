@@ -5,12 +5,13 @@ propose join that pairs them, and proposals never installed (rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from spectrace.tracer import schema
 
 from .lines import Ids
+from .requests import RequestRecord
 
 
 @dataclass
@@ -85,13 +86,19 @@ class NotInstalled:
         return hit
 
     def place(
-        self, chains: dict[str, Chain], prompt_len: Callable[[str], int | None]
-    ) -> list[Block]:
-        """The waiting proposals that can be placed now (from the request's chain, or
-        ``prompt_len(req)``), as blocks without a verify record; the rest keep waiting."""
+        self,
+        chains: dict[str, Chain],
+        requests: Mapping[str, RequestRecord],
+        anchor_of: Callable[[str, int], int],
+    ) -> list[tuple[Block, str]]:
+        """The waiting proposals that can be placed now (from the request's chain, or its
+        prompt length in ``requests``), as blocks without a verify record, each with where
+        its anchor came from (``chain``: the last ``emit[-1]``; ``requests``:
+        ``anchor_of(req, pos)``; ``unknown``); the rest keep waiting."""
         out, keep = [], []
         for req, plain, p, row in self.waiting:
-            c, n = chains.get(req), prompt_len(req)
+            c = chains.get(req)
+            n = len(requests[req].prompt_ids) if req in requests else None
             if c is None and n is None:
                 keep.append((req, plain, p, row))
                 continue
@@ -100,7 +107,9 @@ class NotInstalled:
             ids = Ids(p.first.padded(max(p.per_row, len(p.first.ids))))
             b = Block(p.lineno, req, p.step, pos, len(ids.ids), -1, ids, Ids([]), 0, last, None)
             b.batch_row, b.proposed, b.verify_record = row, ids.ids, False
-            out.append(b)
+            src = "chain" if last >= 0 else "requests"
+            b.anchor = last if last >= 0 else anchor_of(req, pos)
+            out.append((b, src if b.anchor >= 0 else "unknown"))
         self.waiting = keep
         return out
 

@@ -3,11 +3,11 @@
 Lines are read by :mod:`.lines`; this module decides what they mean. It mirrors the line
 formats of ``shared/reference/vt_spec_trace.md`` (vllm.cpp ``runner.cpp``, ``scheduler.cpp``,
 ``core.cpp``, ``qwen3_dflash.cpp``, DSpark ``speculator.cpp``): every family is matched on its
-tag and read **by field name**. Lenient mode (the default) also reads lines
-edited by hand in documents (tag dropped, double spaces, ``...`` ellipses, other ``[ ]``
-spacing) and counts them; strict mode requires the engine's exact format and raises
-:class:`ParseError` (``FILE:LINE: what``) on the first deviation, malformed line or broken
-invariant. Lines that are not trace lines pass through untouched (``feed_line`` returns False).
+tag and read **by field name**. Lenient mode (the default) also reads lines edited by hand
+in documents (tag dropped, double spaces, ``...`` ellipses, other ``[ ]`` spacing) and counts
+them; strict mode requires the engine's exact format and raises :class:`ParseError`
+(``FILE:LINE: what``) on the first deviation, malformed line or broken invariant. Lines that
+are not trace lines pass through untouched (``feed_line`` returns False).
 
 The rules this parser decides where the format leaves them open (steps, the block step, the
 propose join, anchors, batch rows, invariants, phase levels) are stated in the package
@@ -427,9 +427,9 @@ class VtTraceParser:
         self._proposal = None
 
     def _write_not_installed(self, final: bool = False) -> None:
-        r = self._requests or {}
-        for b in self._held.place(self._chains, lambda q: len(r[q].prompt_ids) if q in r else None):
-            b.anchor = self._anchor_from_requests(b.req, b.pos) if b.anchor < 0 else b.anchor
+        got = self._held.place(self._chains, self._requests or {}, self._anchor_from_requests)
+        for b, src in got:
+            self.stats.anchors[src] += 1
             self._reqs.add(b.req)
             self._write(b)
         if final and self._held.waiting:  # never placed: the request stayed unknown

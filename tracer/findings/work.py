@@ -25,6 +25,11 @@ from .thresholds import MIN_BLOCKS
 NOT_COMPLETED = ("abort", "unfinished")
 
 
+def _n(count: int, noun: str) -> str:
+    """``1 request``, ``2 requests``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _int_or_none(v) -> int | None:
     return int(v) if isinstance(v, int | np.integer) and not isinstance(v, bool) else None
 
@@ -134,11 +139,12 @@ def requests(s: SideInput) -> Finding | None:
                 f"{first['other_output_tokens']} tokens"
             )
         what = (
-            f"{len(bad)} requests did not complete (first: request {ids[0]}, finish "
+            f"{_n(len(bad), 'request')} did not complete (first: request {ids[0]}, finish "
             f"{fin[i] or '?'} after {len(out[i])} output tokens{other})"
         )
     else:
-        what = f"{len(missing)} requests of the other side are absent (first: {missing[0]})"
+        verb = "is" if len(missing) == 1 else "are"
+        what = f"{_n(len(missing), 'request')} of the other side {verb} absent ({missing[0]}, ..)"
     return Finding(
         "requests_incomplete",
         "error",
@@ -193,27 +199,44 @@ def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) 
     return idx[np.isin(want, have)]
 
 
+def _last_verified(td: TraceData) -> np.ndarray:
+    """int64 [requests + 1]: each request's last block with a verify record (-1 none)."""
+    b = td.t.blocks
+    ver = (b.num_verified >= 0) | (b.accepted >= 0)
+    rows = td.order[ver[td.order]]  # by (request, position)
+    req = b.request[rows].astype(np.int64)
+    is_last = np.r_[req[1:] != req[:-1], True] if len(req) else np.zeros(0, bool)
+    last = np.full(len(td.t.requests) + 1, -1, np.int64)
+    last[req[is_last]] = rows[is_last]
+    return last
+
+
 def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
     """Where this side stops drafting, or never drafts, while the other side drafts on
     matched content inside this side's sequence.
 
     A request stops when the other side drafted from an anchor past the end of this side's
-    last block (its anchor + accepted + 1) that this side's sequence holds. Two identical
-    traces never differ here, whatever the distance from the last block to the output's end.
+    last verified block (its anchor + accepted + 1) that this side's sequence holds; it
+    never drafts when it has no block at all (unverified proposals are reported as such).
+    Two identical traces never differ here, whatever the distance from the last block to
+    the output's end.
 
     Returns:
-        ``(stops, never)``: stops, this side's last block row of each stopping request
-        (sorted); never, ``(request row here, the other side's first block row)`` per
-        request that has no block here (sorted by request row). Both empty when either side
-        has no blocks at all (a vanilla run: no draft comparison).
+        ``(stops, never)``: stops, this side's last verified block row of each stopping
+        request (its last block when none is verified; sorted); never, ``(request row
+        here, the other side's first block row)``
+        per request without a block here (sorted by request row). Both empty when either
+        side has no blocks at all (a vanilla run: no draft comparison).
     """
     td, ref, al = s.td, s.ref, s.al
     if al is None or ref is None or not len(td.t.blocks) or not len(ref.t.blocks):
         return [], []
     b, rb = td.t.blocks, ref.t.blocks
-    last = np.full(len(td.t.requests) + 1, -1, np.int64)
+    last = _last_verified(td)
+    any_last = np.full(len(last), -1, np.int64)  # the last block, verified or not
     rows = np.flatnonzero(td.last)
-    last[b.request[rows]] = rows
+    any_last[b.request[rows]] = rows
+    has_block = any_last >= 0
     rpob = al.pair_of_block_b if s.side_a else al.pair_of_block_a
     rcomp = al.comparable_b if s.side_a else al.comparable_a
     here, _ = s.pairs()
@@ -224,13 +247,16 @@ def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
     for p in range(len(here)):
         o = rref_rows[bounds[p] : bounds[p + 1]]
         r = int(here[p])
-        o = o[rb.position[o] < td.length[r] - 1] if td.length[r] else o
+        # Only anchors this side's (known) sequence holds: past its end the request was cut
+        # short (requests_incomplete), and without output ids nothing says how far it got.
+        o = o[rb.position[o] < td.length[r] - 1]
         if not len(o):
             continue
-        x = int(last[r])
-        if x < 0:
+        if not has_block[r]:
             never.append((r, int(o[np.argmin(rb.position[o])])))
-        elif (rb.position[o] > b.position[x] + max(int(b.accepted[x]), 0) + 1).any():
+            continue
+        x = int(last[r]) if last[r] >= 0 else int(any_last[r])
+        if (rb.position[o] > b.position[x] + max(int(b.accepted[x]), 0) + 1).any():
             stops.append(x)
     return sorted(stops), never
 
@@ -238,35 +264,43 @@ def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
 def _unverified_message(
     td: TraceData, bad: np.ndarray, stops: list, never: list, skipped: np.ndarray, s: SideInput
 ) -> tuple[dict, str]:
-    """The location and sentence of :func:`unverified`: unverified blocks first, then
-    requests that never draft, then requests that stop drafting, then skipped anchors."""
+    """The location and sentence of :func:`unverified`, from the pattern that shows first:
+    requests that never draft, else unverified blocks or requests that stop drafting
+    (whichever comes first in engine steps), else skipped anchors; the others follow."""
     b = td.t.blocks
-    if bad.any():
-        first = int(np.flatnonzero(bad)[0])
-        return td.at(first), (
-            f"{td.side}: {int(bad.sum())} of {len(bad)} draft blocks were proposed but "
-            f"never verified"
-        )
+    first_bad = int(np.flatnonzero(bad)[0]) if bad.any() else -1
+    said = {
+        "bad": f"{int(bad.sum())} of {len(bad)} draft blocks were proposed but never verified",
+        "stops": f"{_n(len(stops), 'request')} stop drafting where the other engine goes on",
+    }
     if never:
         r, o = never[0]
-        rid = td.t.requests.req_id[r]
-        pos = int(s.ref.t.blocks.position[o])
-        return {"request": rid, "position": pos}, (
-            f"{td.side}: {len(never)} requests never draft where the other engine drafts "
-            f"(first: request {rid}, the other drafts from position {pos})"
+        rid, pos = td.t.requests.req_id[r], int(s.ref.t.blocks.position[o])
+        where, head = (
+            {"request": rid, "position": pos},
+            (
+                f"{_n(len(never), 'request')} never draft{'s' if len(never) == 1 else ''} where "
+                f"the other engine drafts (first: request {rid}, the other drafts from position "
+                f"{pos})"
+            ),
         )
-    if stops:
-        first = stops[0]
-        return td.at(first), (
-            f"{td.side}: {len(stops)} requests stop drafting where the other engine goes on "
-            f"(first: request {td.req_id(first)} after position {int(b.position[first])})"
+    elif stops and (first_bad < 0 or b.step[stops[0]] < b.step[first_bad]):
+        where = td.at(stops[0])
+        head = (
+            f"{said.pop('stops')} (first: request {td.req_id(stops[0])} after position "
+            f"{int(b.position[stops[0]])})"
         )
-    first = int(skipped[0])
-    return td.at(first), (
-        f"{td.side}: {len(skipped)} times a request went on without drafting from an "
-        f"anchor the other engine drafted from (first: request {td.req_id(first)} "
-        f"before position {int(b.position[first])}): drafts dropped before verification"
-    )
+    elif first_bad >= 0:
+        where, head = td.at(first_bad), said.pop("bad")
+    else:
+        where = td.at(int(skipped[0]))
+        head = (
+            f"{len(skipped)} times a request went on without drafting from an anchor the "
+            f"other engine drafted from (first: request {td.req_id(int(skipped[0]))} before "
+            f"position {int(b.position[skipped[0]])}): drafts dropped before verification"
+        )
+    rest = [said[k] for k, hit in (("bad", bad.any()), ("stops", bool(stops))) if hit and k in said]
+    return where, f"{td.side}: " + "; ".join([head, *rest])
 
 
 def unverified(s: SideInput) -> Finding | None:
