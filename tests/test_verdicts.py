@@ -321,7 +321,8 @@ def test_drafts_proposed_but_never_installed(tmp_path, late):
     assert f["evidence"]["unverified_blocks"] == 8
     rc, doc = check_json(bad)
     assert first_error(rc, doc, "unverified_drafts")["evidence"]["unverified_blocks"] == 8
-    assert drafts_match_report(str(bad), str(good)) is not None
+    msg = drafts_match_report(str(bad), str(good))
+    assert msg is not None and "first error finding: unverified_drafts" in msg
 
 
 def test_installed_twin_is_clean(tmp_path):
@@ -359,7 +360,8 @@ def test_drafts_trimmed_before_verification(tmp_path, clean):
     assert doc["agreement"]["exact_matches"] == doc["agreement"]["paired_blocks"]  # 2, 8 agree
     rc, doc = check_json(bad)
     assert first_error(rc, doc, "trimmed_drafts")["evidence"]["blocks"] == 5
-    assert drafts_match_report(str(bad), str(clean)) is not None
+    msg = drafts_match_report(str(bad), str(clean))
+    assert msg is not None and "first error finding: trimmed_drafts" in msg
 
 
 def test_vt_log_whose_scheduler_trims_the_drafts(tmp_path):
@@ -484,12 +486,23 @@ def capture_engine(tmp_path, name, wrap=()):
 
 def test_live_ngram_run_is_clean_and_a_killed_one_is_not(tmp_path):
     """One healthy n-gram run (prompt-lookup stops proposing when matches run out) is clean
-    against itself and in check; the same run killed by SIGKILL after 2 s (the capture sees
+    against itself, in check and against a vanilla baseline of its outputs; the same run killed by SIGKILL after 2 s (the capture sees
     signal 9, whatever it had recorded by then) is named first in diff and check."""
     good, r = capture_engine(tmp_path, "ngram")
     assert r.returncode == 0, r.stderr[-2000:]
     assert_clean(*diff_json(good, good))
     assert_clean(*check_json(good))
+    # A vanilla baseline of the same prompts: the run's outputs alone (its requests file,
+    # imported without trace lines), as a non-speculative run would give them.
+    (tmp_path / "empty.log").write_text("")
+    vanilla = tmp_path / "vanilla.h5"
+    import_log(tmp_path / "empty.log", vanilla, requests_path=tmp_path / "ngram.requests.jsonl")
+    rc, doc = diff_json(good, vanilla)
+    assert_clean(rc, doc)
+    assert [f["evidence"] for f in doc["findings"] if f["kind"] == "content_only"] == [
+        {"without_drafts": ["theirs"], "requests": 5, "identical": 5}
+    ]
+    assert drafts_match_report(str(good), str(vanilla)) is None
     bad, r = capture_engine(tmp_path, "killed", ("timeout", "-s", "KILL", "2"))
     assert r.returncode == 137, r.stderr[-2000:]
     rc, doc = diff_json(bad, good)
