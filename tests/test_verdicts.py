@@ -305,11 +305,17 @@ def vt(tmp_path, name, requests_late=False):
     return out
 
 
-@pytest.mark.parametrize("late", [False, True], ids=["import", "capture"])
-def test_drafts_proposed_but_never_installed(tmp_path, late):
-    """Every step proposes 2 drafts from anchors 3..11 and installs none (plain decode):
-    9 unverified blocks; the last one (anchor 11) is legitimately unverified."""
-    bad, good = vt(tmp_path, "never_installed", late), vt(tmp_path, "installed")
+@pytest.mark.parametrize(
+    "log, late",
+    [("never_installed", False), ("never_installed", True), ("never_scheduled", False)],
+    ids=["import", "capture", "sched=0"],
+)
+def test_drafts_proposed_but_never_installed(tmp_path, log, late):
+    """Every step proposes 2 drafts from anchors 3..11 and installs none ([spec-install]
+    installed=0), or installs them and the next step schedules none ([spec-sched] sched=0):
+    plain decode, 9 unverified blocks; the last one (anchor 11) is legitimately
+    unverified."""
+    bad, good = vt(tmp_path, log, late), vt(tmp_path, "installed")
     t = open_trace(bad)
     assert t.blocks.position.tolist() == list(range(3, 12))
     assert t.blocks.num_verified.tolist() == [-1] * 9

@@ -47,6 +47,16 @@ class Proposal:
     hint: str | None = None  # the first proposing row's request, from [spec-update]
     hint_finished: bool = False
 
+    def join_note(self, b: Block, kind: str) -> str:
+        """The import note of a join to ``b`` that is not exact (proposed != verified)."""
+        why = ""
+        if kind == "truncated" and b.sched and b.sched[1] < b.sched[0]:
+            why = f" (explained by [spec-sched] have={b.sched[0]} sched={b.sched[1]})"
+        return (
+            f"req={b.req} pos={b.pos}: proposed {self.first.ids} (line {self.lineno}), "
+            f"verified {b.draft.ids} [{kind} join]{why}"
+        )
+
 
 @dataclass
 class Chain:
@@ -71,13 +81,16 @@ class NotInstalled:
     plain: dict[str, int] = field(default_factory=dict)
     waiting: list[tuple[str, int, Proposal, int]] = field(default_factory=list)
 
-    def install(self, p: Proposal | None, v: dict, step: int, payload: dict[str, int]) -> bool:
-        """A ``[spec-install]`` line (fields ``v``) at ``step``, ``payload`` the step's
-        ``[spec-update]`` rows (request -> batch row): True (``p`` queued in ``waiting``)
-        when nothing was installed and ``p`` is this step's proposal of that unfinished
-        row."""
-        req, row = v["req"], payload.get(v["req"], schema.PAD)
-        if v["installed"] != 0:
+    def install(
+        self, p: Proposal | None, req: str, installed: int, step: int, payload: dict[str, int]
+    ) -> bool:
+        """``req``'s drafts of ``step`` reach verification (``installed``) or not (0: a
+        ``[spec-install] installed=0``, or a ``[spec-sched] sched=0`` of the next step);
+        ``payload`` is that step's ``[spec-update]`` rows (request -> batch row). True
+        (``p`` queued in ``waiting``) when nothing was installed and ``p`` is that step's
+        proposal of that unfinished row."""
+        row = payload.get(req, schema.PAD)
+        if installed != 0:
             return False
         hit = p is not None and p.step == step and p.hint == req and not p.hint_finished
         if hit:

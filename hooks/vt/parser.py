@@ -281,6 +281,8 @@ class VtTraceParser:
         if v["sched"] < v["have"]:
             self.stats.probes["sched_truncated"] += 1
         self._sched[v["req"]] = (v["have"], v["sched"])
+        if v["sched"] == 0:  # every draft cut: last step's proposal is never verified
+            self._not_installed(v["req"], 0, self._step - 1, self._prev_payload)
 
     def _on_post(self, rec: Record) -> None:
         f, v = rec.family, rec.values
@@ -297,10 +299,8 @@ class VtTraceParser:
             f, "update_called" if rec.variant == "called" else "update_rows"
         )
         self.stats.probes[key] += 1
-        if key == "install" and self._held.install(self._proposal, v, self._step, self._payload):
-            self.stats.joins["not_installed"] += 1  # this step's proposal is never verified
-            self._proposal = None
-            self._write_not_installed()
+        if key == "install":
+            self._not_installed(v["req"], v["installed"], self._step, self._payload)
         if key != "update_rows":
             return
         self._payload.setdefault(v["req"], len(self._payload))
@@ -414,17 +414,17 @@ class VtTraceParser:
         self.stats.joins[kind] += 1
         b.proposed = p.first.padded(max(p.per_row, len(p.first.ids)))
         if kind != "exact":
-            why = ""
-            if kind == "truncated" and b.sched and b.sched[1] < b.sched[0]:
-                why = f" (explained by [spec-sched] have={b.sched[0]} sched={b.sched[1]})"
-            self.stats.note(
-                "proposed != verified",
-                b.lineno,
-                f"req={b.req} pos={b.pos}: proposed {p.first.ids} (line "
-                f"{p.lineno}), verified {b.draft.ids} [{kind} join]{why}",
-            )
+            self.stats.note("proposed != verified", b.lineno, p.join_note(b, kind))
             self.stats.joins["proposed != verified"] += 1
         self._proposal = None
+
+    def _not_installed(self, req: str, installed: int, step: int, payload: dict) -> None:
+        """Nothing of ``req``'s drafts proposed at ``step`` reaches verification
+        (``installed=0``, or ``[spec-sched] sched=0``): see :class:`~.blocks.NotInstalled`."""
+        if self._held.install(self._proposal, req, installed, step, payload):
+            self.stats.joins["not_installed"] += 1  # this step's proposal is never verified
+            self._proposal = None
+            self._write_not_installed()
 
     def _write_not_installed(self, final: bool = False) -> None:
         got = self._held.place(self._chains, self._requests or {}, self._anchor_from_requests)
