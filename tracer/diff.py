@@ -29,6 +29,8 @@ from .diff_result import (
     SideSummary,
 )
 from .findings import Finding, TraceData, detect_pair, prepare
+from .findings.pair import content_only
+from .findings.values import impossible_rows
 from .index import drafts_checked
 from .metrics import Acceptance, acceptance_counts, recompute_accepted
 from .parallel import in_parallel
@@ -104,14 +106,14 @@ def diff_traces(al: Alignment, examples: int = 5, decoder: Decoder | None = None
         although both traces have blocks.
     """
     a, b = al.a, al.b
-    prepare([(a, "ours"), (b, "theirs")])  # reads and derived columns, both sides at once
+    td_a, td_b = prepare([(a, "ours"), (b, "theirs")])  # reads and derived columns, at once
     pc = compare_alignment(al)
     bad = pc.blocks.divergent
     kmax = int(max(a.blocks.k.max(initial=0), b.blocks.k.max(initial=0)))
     acc_a, acc_b = in_parallel(
         [
-            lambda: _acceptance(a, al.comparable_a, kmax),
-            lambda: _acceptance(b, al.comparable_b, kmax),
+            lambda: _acceptance(a, al.comparable_a, kmax, impossible_rows(td_a)),
+            lambda: _acceptance(b, al.comparable_b, kmax, impossible_rows(td_b)),
         ]
     )
     found = detect_pair(al, pc, decoder)
@@ -139,7 +141,7 @@ def _reasons(al: Alignment, bad: np.ndarray, found: list[Finding]) -> list[str]:
     reasons = []
     if bad.any():
         reasons.append(f"{int(bad.sum())} of {P} paired blocks differ")
-    if P == 0:
+    if P == 0 and not content_only(al):  # a vanilla side: content_only says so
         reasons.append(nothing_compared(al))
     errors = [f for f in found if f.severity == "error"]
     if errors:
@@ -203,11 +205,17 @@ def _side(t: Trace) -> SideSummary:
     )
 
 
-def _acceptance(t: Trace, comparable: np.ndarray, kmax: int) -> EngineAcceptance:
-    """One engine's acceptance, recorded and recomputed, on matched and on all content."""
+def _acceptance(
+    t: Trace, comparable: np.ndarray, kmax: int, impossible: np.ndarray
+) -> EngineAcceptance:
+    """One engine's acceptance, recorded and recomputed, on matched and on all content;
+    blocks with ``impossible`` values (bool [n]; an impossible_values finding names them)
+    are left out, as unknown."""
     _, checked = drafts_checked(t)
     matched, every = {}, {}
     for name, acc in (("recorded", t.blocks.accepted), ("recomputed", recompute_accepted(t))):
+        if impossible.any():
+            acc = np.where(impossible, -1, acc)
         by_acc, ver = acceptance_counts(acc, checked, comparable, 2)  # 1: matched content
         matched[name] = Acceptance.from_counts(by_acc[1], ver[1], kmax)
         every[name] = Acceptance.from_counts(by_acc.sum(axis=0), ver.sum(), kmax)

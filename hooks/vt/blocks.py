@@ -1,14 +1,17 @@
 """The parser's pending items: a ``[SPECTRACE]`` block waiting to be written, a
-``[spec-propose]`` line waiting for its block in the next step, a request's anchor chain, and
-the propose join that pairs them (rules: :mod:`spectrace.hooks.vt.parser`)."""
+``[spec-propose]`` line waiting for its block in the next step, a request's anchor chain, the
+propose join that pairs them, and proposals never installed (rules:
+:mod:`spectrace.hooks.vt.parser`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from spectrace.tracer import schema
 
 from .lines import Ids
+from .requests import RequestRecord
 
 
 @dataclass
@@ -29,6 +32,8 @@ class Block:
     batch_row: int = schema.PAD
     batch_size: int = schema.PAD
     proposed: list[int] | None = None
+    #: False for a proposal never installed: no verified ids, accepted or emitted ids.
+    verify_record: bool = True
 
 
 @dataclass
@@ -42,6 +47,16 @@ class Proposal:
     hint: str | None = None  # the first proposing row's request, from [spec-update]
     hint_finished: bool = False
 
+    def join_note(self, b: Block, kind: str) -> str:
+        """The import note of a join to ``b`` that is not exact (proposed != verified)."""
+        why = ""
+        if kind == "truncated" and b.sched and b.sched[1] < b.sched[0]:
+            why = f" (explained by [spec-sched] have={b.sched[0]} sched={b.sched[1]})"
+        return (
+            f"req={b.req} pos={b.pos}: proposed {self.first.ids} (line {self.lineno}), "
+            f"verified {b.draft.ids} [{kind} join]{why}"
+        )
+
 
 @dataclass
 class Chain:
@@ -52,6 +67,64 @@ class Chain:
     ns: int
     last: int  # emit[-1], -1 when unknown
     lineno: int
+
+
+@dataclass
+class NotInstalled:
+    """Proposals whose row's ``[spec-install]`` said ``installed=0``: kept as blocks without
+    a verify record. A request decodes one token without drafts per ``installed=0``; its
+    anchor index is then its last block's ``pos + ns - 1`` (the prompt length before any
+    block) plus those plain steps. Proposals not placeable yet (a capture reads its
+    requests file at the end) wait in ``waiting`` as ``(request, plain steps, proposal,
+    batch row)``."""
+
+    plain: dict[str, int] = field(default_factory=dict)
+    waiting: list[tuple[str, int, Proposal, int]] = field(default_factory=list)
+
+    def install(
+        self, p: Proposal | None, req: str, installed: int, step: int, payload: dict[str, int]
+    ) -> bool:
+        """``req``'s drafts of ``step`` reach verification (``installed``) or not (0: a
+        ``[spec-install] installed=0``, or a ``[spec-sched] sched=0`` of the next step);
+        ``payload`` is that step's ``[spec-update]`` rows (request -> batch row). True
+        (``p`` queued in ``waiting``) when nothing was installed and ``p`` is that step's
+        proposal of that unfinished row."""
+        row = payload.get(req, schema.PAD)
+        if installed != 0:
+            return False
+        hit = p is not None and p.step == step and p.hint == req and not p.hint_finished
+        if hit:
+            self.waiting.append((req, self.plain.get(req, 0), p, row))
+        self.plain[req] = self.plain.get(req, 0) + 1
+        return hit
+
+    def place(
+        self,
+        chains: dict[str, Chain],
+        requests: Mapping[str, RequestRecord],
+        anchor_of: Callable[[str, int], int],
+    ) -> list[tuple[Block, str]]:
+        """The waiting proposals that can be placed now (from the request's chain, or its
+        prompt length in ``requests``), as blocks without a verify record, each with where
+        its anchor came from (``chain``: the last ``emit[-1]``; ``requests``:
+        ``anchor_of(req, pos)``; ``unknown``); the rest keep waiting."""
+        out, keep = [], []
+        for req, plain, p, row in self.waiting:
+            c = chains.get(req)
+            n = len(requests[req].prompt_ids) if req in requests else None
+            if c is None and n is None:
+                keep.append((req, plain, p, row))
+                continue
+            last = c.last if c is not None and plain == 0 else schema.PAD
+            pos = (c.pos + c.ns if c is not None else n + 1) + plain  # SPECTRACE pos
+            ids = Ids(p.first.padded(max(p.per_row, len(p.first.ids))))
+            b = Block(p.lineno, req, p.step, pos, len(ids.ids), -1, ids, Ids([]), 0, last, None)
+            b.batch_row, b.proposed, b.verify_record = row, ids.ids, False
+            src = "chain" if last >= 0 else "requests"
+            b.anchor = last if last >= 0 else anchor_of(req, pos)
+            out.append((b, src if b.anchor >= 0 else "unknown"))
+        self.waiting = keep
+        return out
 
 
 def block_problems(b: Block) -> list[tuple[str, str]]:

@@ -3,11 +3,11 @@
 Lines are read by :mod:`.lines`; this module decides what they mean. It mirrors the line
 formats of ``shared/reference/vt_spec_trace.md`` (vllm.cpp ``runner.cpp``, ``scheduler.cpp``,
 ``core.cpp``, ``qwen3_dflash.cpp``, DSpark ``speculator.cpp``): every family is matched on its
-tag and read **by field name**. Lenient mode (the default) also reads lines
-edited by hand in documents (tag dropped, double spaces, ``...`` ellipses, other ``[ ]``
-spacing) and counts them; strict mode requires the engine's exact format and raises
-:class:`ParseError` (``FILE:LINE: what``) on the first deviation, malformed line or broken
-invariant. Lines that are not trace lines pass through untouched (``feed_line`` returns False).
+tag and read **by field name**. Lenient mode (the default) also reads lines edited by hand
+in documents (tag dropped, double spaces, ``...`` ellipses, other ``[ ]`` spacing) and counts
+them; strict mode requires the engine's exact format and raises :class:`ParseError`
+(``FILE:LINE: what``) on the first deviation, malformed line or broken invariant. Lines that
+are not trace lines pass through untouched (``feed_line`` returns False).
 
 The rules this parser decides where the format leaves them open (steps, the block step, the
 propose join, anchors, batch rows, invariants, phase levels) are stated in the package
@@ -22,7 +22,7 @@ from spectrace.tracer import schema
 from spectrace.tracer.errors import InputError, ParseError
 from spectrace.tracer.store import TraceWriter
 
-from .blocks import Block, Chain, Proposal, block_problems, choose_join, ids_match
+from .blocks import Block, Chain, NotInstalled, Proposal, block_problems, choose_join, ids_match
 from .level import FAMILY_LEVEL, phase_level
 from .lines import Ids, MalformedLine, Record, parse_line, phase_rows
 from .requests import RequestRecord
@@ -82,6 +82,7 @@ class VtTraceParser:
         self._payload: dict[str, int] = {}  # [spec-update] rows of this step: req -> row
         self._prev_payload: dict[str, int] = {}  # ... of the previous (proposing) step
         self._runner_seen = False  # a runner/engine-core line was seen (not just sched)
+        self._held = NotInstalled()  # proposals never installed ([spec-install] installed=0)
         self._error: ParseError | None = None  # strict mode: raised after the line is recorded
 
     # -- input -------------------------------------------------------------------------------
@@ -177,6 +178,7 @@ class VtTraceParser:
             return self.stats
         self._finished = True
         self._close_section()
+        self._write_not_installed(final=True)
         if self._proposal is not None:
             self.stats.joins["not_verified"] += 1  # the log ended before the next step
             self._proposal = None
@@ -294,6 +296,8 @@ class VtTraceParser:
         if v["sched"] < v["have"]:
             self.stats.probes["sched_truncated"] += 1
         self._sched[v["req"]] = (v["have"], v["sched"])
+        if v["sched"] == 0:  # every draft cut: last step's proposal is never verified
+            self._not_installed(v["req"], 0, self._step - 1, self._prev_payload)
 
     def _on_post(self, rec: Record) -> None:
         f, v = rec.family, rec.values
@@ -310,6 +314,8 @@ class VtTraceParser:
             f, "update_called" if rec.variant == "called" else "update_rows"
         )
         self.stats.probes[key] += 1
+        if key == "install":
+            self._not_installed(v["req"], v["installed"], self._step, self._payload)
         if key != "update_rows":
             return
         self._payload.setdefault(v["req"], len(self._payload))
@@ -335,6 +341,7 @@ class VtTraceParser:
         acc = v.get("acc", max(ns - 1, 0))
         req = v["req"]
         self._reqs.add(req)
+        self._held.plain[req] = 0
         self.stats.k_max = max(self.stats.k_max, k)
         anchor = self._chain_anchor(req, v["pos"])
         self._chains[req] = Chain(
@@ -422,17 +429,26 @@ class VtTraceParser:
         self.stats.joins[kind] += 1
         b.proposed = p.first.padded(max(p.per_row, len(p.first.ids)))
         if kind != "exact":
-            why = ""
-            if kind == "truncated" and b.sched and b.sched[1] < b.sched[0]:
-                why = f" (explained by [spec-sched] have={b.sched[0]} sched={b.sched[1]})"
-            self.stats.note(
-                "proposed != verified",
-                b.lineno,
-                f"req={b.req} pos={b.pos}: proposed {p.first.ids} (line "
-                f"{p.lineno}), verified {b.draft.ids} [{kind} join]{why}",
-            )
+            self.stats.note("proposed != verified", b.lineno, p.join_note(b, kind))
             self.stats.joins["proposed != verified"] += 1
         self._proposal = None
+
+    def _not_installed(self, req: str, installed: int, step: int, payload: dict) -> None:
+        """Nothing of ``req``'s drafts proposed at ``step`` reaches verification
+        (``installed=0``, or ``[spec-sched] sched=0``): see :class:`~.blocks.NotInstalled`."""
+        if self._held.install(self._proposal, req, installed, step, payload):
+            self.stats.joins["not_installed"] += 1  # this step's proposal is never verified
+            self._proposal = None
+            self._write_not_installed()
+
+    def _write_not_installed(self, final: bool = False) -> None:
+        got = self._held.place(self._chains, self._requests or {}, self._anchor_from_requests)
+        for b, src in got:
+            self.stats.anchors[src] += 1
+            self._reqs.add(b.req)
+            self._write(b)
+        if final and self._held.waiting:  # never placed: the request stayed unknown
+            self.stats.joins["not_installed, position unknown"] += len(self._held.waiting)
 
     def _write(self, b: Block) -> None:
         verified = b.draft.padded(b.k) if not b.draft.complete else b.draft.ids
@@ -447,9 +463,9 @@ class VtTraceParser:
             b.pos - 1,
             b.anchor,
             proposed,
-            verified=verified,
+            verified=verified if b.verify_record else None,
             accepted=b.acc,
-            emitted=emitted,
+            emitted=emitted if b.verify_record else None,
             batch_row=b.batch_row,
             batch_size=b.batch_size,
             proposal_source=schema.PROPOSAL_FROM_DRAFTER

@@ -2,8 +2,10 @@
 
 Modules, in data-flow order: :mod:`.model` (Finding, KINDS, SEVERITIES, sort_findings,
 evidence helpers), :mod:`.thresholds`, :mod:`.data` (TraceData, SideInput, PairData),
-:mod:`.loops` (degenerate_output), :mod:`.single` (single-trace detectors), :mod:`.pair`
-(pair detectors), :mod:`.run` (the registry, :func:`check_trace`, :func:`detect_pair`).
+:mod:`.loops` (degenerate_output), :mod:`.values` (impossible values, trimmed drafts),
+:mod:`.work` (missing work: capture, requests, unverified drafts), :mod:`.single` (the other
+single-trace detectors), :mod:`.pair` (pair detectors), :mod:`.run` (the registry,
+:func:`check_trace`, :func:`detect_pair`).
 """
 
 from .data import PairData, SideInput, TraceData, prepare

@@ -100,8 +100,10 @@ class TraceData:
         return self.t.requests.req_id[int(self.t.blocks.request[block])]
 
     def at(self, block: int) -> dict:
-        """Location fields (``request``, ``position``) of a finding at ``block``."""
-        return {"request": self.req_id(block), "position": int(self.t.blocks.position[block])}
+        """Location fields (``request``, ``position``) of a finding at ``block`` (position
+        null when negative: impossible_values names such a block)."""
+        pos = int(self.t.blocks.position[block])
+        return {"request": self.req_id(block), "position": pos if pos >= 0 else None}
 
 
 def prepare(traces: list[tuple[Trace, str]]) -> list[TraceData]:
@@ -125,14 +127,26 @@ class SideInput:
         td: the side's columns.
         ref: the other side's columns in a diff, None for ``spectrace check``.
         skipped: int64 block indices after anchors the other side drafted from and this
-            side skipped (:func:`~.single.skipped_anchors`), None outside a diff.
+            side skipped (:func:`~.work.skipped_anchors`), None outside a diff.
         decoder: decodes example ids, or None.
+        al: the diff's alignment, None for ``spectrace check``.
+        side_a: ``td`` is the alignment's ours (``al.a``).
     """
 
     td: TraceData
     ref: TraceData | None = None
     skipped: np.ndarray | None = None
     decoder: Decoder | None = None
+    al: Alignment | None = None
+    side_a: bool = True
+
+    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Matched request rows ``(here, other)`` (int64 [m] each) of a diff (empty in a
+        check)."""
+        if self.al is None:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        a, b = self.al.req_a.astype(np.int64), self.al.req_b.astype(np.int64)
+        return (a, b) if self.side_a else (b, a)
 
 
 @dataclass

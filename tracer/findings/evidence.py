@@ -56,6 +56,15 @@ class ContentEvidence(TypedDict):
     divergences: list[DivergenceRef]
 
 
+class ContentOnlyEvidence(TypedDict):
+    """content_only: a side without draft blocks (a run without speculative decoding):
+    only the outputs of the matched requests were compared."""
+
+    without_drafts: list[str]
+    requests: int
+    identical: int
+
+
 class AnchorPair(TypedDict):
     """Both anchors of one paired block."""
 
@@ -170,11 +179,71 @@ class BatchEvidence(TypedDict):
 
 
 class UnverifiedEvidence(TypedDict):
-    """unverified_drafts: unverified blocks, stopping requests, skipped anchors."""
+    """unverified_drafts: unverified blocks, requests that stop drafting or never draft
+    where the other engine drafts (ids of this side), skipped anchors."""
 
     unverified_blocks: int
     requests_stopping: list[str]
+    requests_never_drafting: list[str]
     skipped_anchors: int
+
+
+class ImpossibleEvidence(TypedDict):
+    """impossible_values: block values no engine can produce, by rule; the first one."""
+
+    blocks: int
+    rules: dict[str, int]
+    rule: str
+    column: str
+    value: int
+    limit: int | None
+    row: int
+
+
+class CaptureEvidence(TypedDict):
+    """capture_incomplete: how the capture ended (/meta ``capture`` or the older
+    ``exit_status`` / ``killed_by_signal`` / ``interrupted`` / ``aborted`` items)."""
+
+    ended: str | None
+    exit_status: int | None
+    signal: int | None
+    interrupted: bool
+    aborted: str | None
+
+
+class IncompleteRef(TypedDict):
+    """One request whose work is missing: its finish reason and output length (tokens),
+    and the other side's (null in ``spectrace check``)."""
+
+    request: str
+    finish_reason: str
+    output_tokens: int
+    other_finish_reason: str | None
+    other_output_tokens: int | None
+
+
+class RequestsEvidence(TypedDict):
+    """requests_incomplete: request ids (of this side) aborted or unfinished, with an empty
+    output, or cut short where the other side went on; the other side's requests this side
+    lacks (their ids)."""
+
+    requests: int
+    aborted: list[str]
+    empty_output: list[str]
+    cut_short: list[str]
+    missing: list[str]
+    first: IncompleteRef | None
+
+
+class TrimmedEvidence(TypedDict):
+    """trimmed_drafts: blocks whose target verified fewer drafts than were proposed."""
+
+    blocks: int
+    verified_blocks: int
+    proposed_tokens: int
+    verified_tokens: int
+    first_k: int
+    first_num_verified: int
 
 
 class AcceptedPair(TypedDict):
@@ -206,8 +275,12 @@ class MismatchEvidence(TypedDict):
 
 #: The evidence type of each finding kind.
 EVIDENCE: dict[str, type] = {
+    "impossible_values": ImpossibleEvidence,
+    "capture_incomplete": CaptureEvidence,
+    "requests_incomplete": RequestsEvidence,
     "degenerate_output": DegenerateEvidence,
     "content_divergence": ContentEvidence,
+    "content_only": ContentOnlyEvidence,
     "anchor_shift": AnchorEvidence,
     "layout_shift": LayoutEvidence,
     "vocab_mapping": VocabEvidence,
@@ -218,6 +291,7 @@ EVIDENCE: dict[str, type] = {
     "stale_state": StaleEvidence,
     "batch_dependence": BatchEvidence,
     "unverified_drafts": UnverifiedEvidence,
+    "trimmed_drafts": TrimmedEvidence,
     "acceptance_bookkeeping": BookkeepingEvidence,
     "draft_mismatch": MismatchEvidence,
 }

@@ -16,11 +16,17 @@ from ..tokens import Decoder, show
 from ..typed_json import Constraint, from_json, json_schema, to_json
 from .evidence import EVIDENCE
 
-#: Finding kinds, in the order a report lists them within one severity: content first (it
-#: decides what is comparable), then the most specific explanations, generic mismatch last.
+#: Finding kinds, in the order a report lists them within one severity: values no engine can
+#: produce and missing work first (no comparison of what exists can be trusted past them),
+#: then content (it decides what is comparable), then the most specific explanations,
+#: generic mismatch last.
 KINDS: tuple[str, ...] = (
+    "impossible_values",
+    "capture_incomplete",
+    "requests_incomplete",
     "degenerate_output",
     "content_divergence",
+    "content_only",
     "anchor_shift",
     "layout_shift",
     "vocab_mapping",
@@ -33,6 +39,7 @@ KINDS: tuple[str, ...] = (
     "stale_state",
     "batch_dependence",
     "unverified_drafts",
+    "trimmed_drafts",
     "acceptance_bookkeeping",
     "draft_mismatch",
 )
@@ -43,8 +50,12 @@ SEVERITIES: tuple[str, ...] = ("error", "warning", "info")
 SIDES: tuple[str, ...] = ("ours", "theirs", "both")
 
 Kind = Literal[
+    "impossible_values",
+    "capture_incomplete",
+    "requests_incomplete",
     "degenerate_output",
     "content_divergence",
+    "content_only",
     "anchor_shift",
     "layout_shift",
     "vocab_mapping",
@@ -55,6 +66,7 @@ Kind = Literal[
     "stale_state",
     "batch_dependence",
     "unverified_drafts",
+    "trimmed_drafts",
     "acceptance_bookkeeping",
     "draft_mismatch",
 ]

@@ -17,6 +17,7 @@ from .evidence import (
     AnchorPair,
     BatchEvidence,
     ContentEvidence,
+    ContentOnlyEvidence,
     DepthEvidence,
     DivergenceRef,
     KEvidence,
@@ -352,6 +353,35 @@ def mismatch(pd: PairData) -> Finding | None:
         evidence=MismatchEvidence(
             blocks=int(bad.sum()), paired=P, rate=rate, from_slot0=slot0, example=pd.example(first)
         ),
+    )
+
+
+def content_only(al: Alignment) -> bool:
+    """A side has no draft blocks (a vanilla run) while both have outputs: every request of
+    each side is matched and every matched pair's content is known. Only the outputs are
+    then compared (identical outputs pass)."""
+    if len(al.a.blocks) and len(al.b.blocks):
+        return False
+    every = len(al.unmatched_a) == 0 and len(al.unmatched_b) == 0
+    return al.pairs > 0 and every and bool(al.content_known.all())
+
+
+def vanilla(al: Alignment) -> Finding | None:
+    """content_only (info): no draft comparison was possible, the outputs were compared."""
+    if not content_only(al):
+        return None
+    sides = [s for s, t in (("ours", al.a), ("theirs", al.b)) if not len(t.blocks)]
+    same = int((al.divergence == NO_DIVERGENCE).sum())
+    return Finding(
+        "content_only",
+        "info",
+        side="both" if len(sides) == 2 else sides[0],
+        message=(
+            f"{' and '.join(sides)} {'has' if len(sides) == 1 else 'have'} no draft blocks (a "
+            f"run without speculative decoding): no draft comparison was possible; the "
+            f"outputs were compared, identical in {same} of {al.pairs} matched requests"
+        ),
+        evidence=ContentOnlyEvidence(without_drafts=sides, requests=al.pairs, identical=same),
     )
 
 

@@ -19,7 +19,7 @@ from ..compare import PairedComparison
 from ..parallel import in_parallel
 from ..store import Trace
 from ..tokens import Decoder
-from . import pair, single
+from . import pair, single, values, work
 from .data import PairData, SideInput, TraceData, prepare
 from .loops import degenerate, pair_loop_findings, single_loop_finding
 from .model import Finding, sort_findings
@@ -59,10 +59,14 @@ class PairDetector:
 
 #: Single-trace detectors, in report order (the loop detector runs first, see ``loops``).
 SINGLE_TRACE: tuple[SingleDetector, ...] = (
+    SingleDetector("impossible_values", values.impossible),
+    SingleDetector("capture_incomplete", work.capture),
+    SingleDetector("requests_incomplete", work.requests),
     SingleDetector("anchor_shift", single.anchor_consistency),
     SingleDetector("verified_differs", single.verified_vs_proposed),
     SingleDetector("constant_drafts", single.constant_drafts, reads_other_side=True),
-    SingleDetector("unverified_drafts", single.unverified),
+    SingleDetector("unverified_drafts", work.unverified),
+    SingleDetector("trimmed_drafts", values.trimmed),
     SingleDetector("acceptance_bookkeeping", single.bookkeeping),
     SingleDetector("vocab_mapping", single.vocab_range),
 )
@@ -84,8 +88,9 @@ FALLBACK = PairDetector("draft_mismatch", pair.mismatch)
 
 def check_trace(t: Trace, decoder: Decoder | None = None, side: str = "ours") -> list[Finding]:
     """Single-trace findings (``spectrace check``): degenerate output, then
-    :data:`SINGLE_TRACE` (anchors, verified vs proposed, constant or unverified drafts,
-    bookkeeping, vocabulary range).
+    :data:`SINGLE_TRACE` (impossible values, how the capture ended, requests not completed,
+    anchors, verified vs proposed, constant, unverified or trimmed drafts, bookkeeping,
+    vocabulary range).
 
     Returns:
         Findings, most severe first.
@@ -113,7 +118,14 @@ def _own_checks(
     the detectors that read only this side, and the :func:`~.single.constant_rate` memo the
     cross-side constant_drafts check reads."""
     single.constant_rate(td)
-    s = SideInput(td=td, ref=ref, skipped=single.skipped_anchors(td, ref, al, side_a), decoder=dec)
+    s = SideInput(
+        td=td,
+        ref=ref,
+        skipped=work.skipped_anchors(td, ref, al, side_a),
+        decoder=dec,
+        al=al,
+        side_a=side_a,
+    )
     return _SideRun(
         input=s,
         loops=degenerate(td),
@@ -163,6 +175,7 @@ def detect_pair(
     found: list[Finding | None] = []
     found += pair_loop_findings(al, oa, ob, run_a.loops, run_b.loops, decoder)
     found.append(pair.content(al, oa, decoder))
+    found.append(pair.vanilla(al))
     for r in (run_a, run_b):
         found += [
             d.run(r.input) if d.reads_other_side else res for d, res in zip(SINGLE_TRACE, r.results)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..align import Alignment
 from ..compare import anchors_equal, slot_equal, slots_present
 from ..fmt import pct
 from ..index import memo
@@ -20,7 +19,6 @@ from .evidence import (
     AnchorEvidence,
     BookkeepingEvidence,
     ConstantEvidence,
-    UnverifiedEvidence,
     VerifiedEvidence,
     VerifiedExample,
     VocabEvidence,
@@ -223,101 +221,6 @@ def constant_drafts(s: SideInput) -> Finding | None:
             rate=float(rate),
             reference_rate=None if ref_rate is None else float(ref_rate),
             example=tok(dec, b.proposed[first, : b.k[first]]),
-        ),
-    )
-
-
-def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) -> np.ndarray:
-    """Blocks of ``td`` that follow a gap: the engine emitted up to anchor position q without
-    drafting from q, although ``ref`` drafted from q on matched content.
-
-    Args:
-        side_a: ``td`` is the alignment's ours (``al.a``).
-    Returns:
-        int64 block indices (the block after each such gap).
-    """
-    b = td.t.blocks
-    pob = al.pair_of_block_a if side_a else al.pair_of_block_b
-    rpob = al.pair_of_block_b if side_a else al.pair_of_block_a
-    rcomp = al.comparable_b if side_a else al.comparable_a
-    gaps, exp = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-    for c in chunks(len(b)):
-        pv = td.prev[c]
-        has = pv >= 0
-        pv = np.maximum(pv, 0)
-        acc = b.accepted[pv]
-        expected = b.position[pv].astype(np.int64) + acc + 1
-        gap = np.flatnonzero(has & (acc >= 0) & (b.position[c] > expected) & (pob[c] >= 0))
-        gaps.append(gap + c.start)
-        exp.append(expected[gap])
-    idx, expected = np.concatenate(gaps), np.concatenate(exp)
-    if not len(idx):
-        return idx
-    stride = (
-        int(max(b.position.max(initial=0), ref.t.blocks.position.max(initial=0), expected.max()))
-        + 2
-    )
-    want = pob[idx] * stride + expected
-    have = rpob[rcomp] * stride + ref.t.blocks.position[rcomp].astype(np.int64)
-    return idx[np.isin(want, have)]
-
-
-def _stopping_requests(td: TraceData) -> list[int]:
-    """Last blocks of requests that stop proposing long before their output ends."""
-    b = td.t.blocks
-    req = b.request.astype(np.int64)
-    kmax = int(b.k.max(initial=0))
-    return [
-        int(blk)
-        for blk in np.flatnonzero(td.last)
-        if td.length[req[blk]] and b.position[blk] + 1 + kmax + 1 < td.length[req[blk]] - 1
-    ]
-
-
-def unverified(s: SideInput) -> Finding | None:
-    """unverified_drafts: proposals without a verify record, requests whose blocks stop, or
-    (with ``s.skipped`` from :func:`skipped_anchors`) anchors the reference drafted from and
-    this engine silently skipped."""
-    td = s.td
-    b = td.t.blocks
-    none = (b.num_verified < 0) & (b.accepted < 0)
-    # The last proposal of a request is legitimately never verified (the request finished).
-    bad = none & ~td.last
-    stops = _stopping_requests(td)
-    skipped = np.zeros(0, np.int64) if s.skipped is None else s.skipped
-    if not bad.any() and len(stops) < 1 and len(skipped) < MIN_BLOCKS:
-        return None
-    if len(skipped) >= MIN_BLOCKS and not bad.any() and not stops:
-        first = int(skipped[0])
-        msg = (
-            f"{td.side}: {len(skipped)} times a request went on without drafting from an "
-            f"anchor the other engine drafted from (first: request {td.req_id(first)} "
-            f"before position {int(b.position[first])}): drafts dropped before "
-            f"verification"
-        )
-    elif bad.any():
-        first = int(np.flatnonzero(bad)[0])
-        msg = (
-            f"{td.side}: {int(bad.sum())} of {len(bad)} draft blocks were proposed but "
-            f"never verified"
-        )
-    else:
-        first = stops[0]
-        msg = (
-            f"{td.side}: {len(stops)} requests stop proposing long before their output "
-            f"ends (first: request {td.req_id(first)} after position "
-            f"{int(b.position[first])})"
-        )
-    return Finding(
-        "unverified_drafts",
-        "error",
-        side=td.side,
-        **td.at(first),
-        message=msg,
-        evidence=UnverifiedEvidence(
-            unverified_blocks=int(bad.sum()),
-            requests_stopping=[td.req_id(x) for x in stops[:10]],
-            skipped_anchors=int(len(skipped)),
         ),
     )
 

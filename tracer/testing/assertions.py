@@ -13,6 +13,7 @@ import numpy as np
 
 from ..align import Alignment, align
 from ..diff import DiffResult, diff_traces, nothing_compared
+from ..findings.pair import content_only
 from ..fmt import pct
 from ..store import Trace, open_trace
 from ..tokens import Decoder, decoder_for, show
@@ -106,7 +107,8 @@ def _problems(
     rate = r.agreement.exact_match_rate
     problems = []
     if paired == 0:
-        problems.append(nothing_compared(al))
+        if not content_only(al):  # a vanilla baseline passes on identical outputs
+            problems.append(nothing_compared(al))
     elif rate < min_agreement:
         problems.append(
             f"drafts match in {r.agreement.exact_matches} of {paired} paired "

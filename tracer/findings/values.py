@@ -1,0 +1,180 @@
+"""Value detectors of one trace: values no engine can produce, and drafts the target verified
+only in part. Both read one side (:class:`~.data.SideInput`) and return at most one error
+finding at the first offending block (block row order).
+
+``-1`` is the store's "unknown" for counts (``num_verified``, ``accepted``, ``num_emitted``,
+``batch_row``, ``batch_size``); anything below it, or above what the block holds, is an
+impossible value: reported, never clamped (an acceptance rate above 100% follows from
+``accepted > num_verified`` and is explained by this finding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..index import memo
+from ..store import Blocks
+from .data import SideInput, TraceData
+from .evidence import ImpossibleEvidence, TrimmedEvidence
+from .model import Finding
+from .thresholds import MIN_BLOCKS
+
+Rule = tuple[str, str, Callable[[Blocks, np.ndarray], tuple[np.ndarray, np.ndarray | None]]]
+
+
+def _i64(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.int64)
+
+
+#: The rules, in report order: ``(name, column, test)``; test(blocks, int64 [n] one past the
+#: largest possible position per block, 0 unknown) -> (bool [n] broken, int64 [n] the limit
+#: broken or None).
+RULES: tuple[Rule, ...] = (
+    ("k < 0", "k", lambda b, n: (_i64(b.k) < 0, None)),
+    ("num_verified < -1", "num_verified", lambda b, n: (_i64(b.num_verified) < -1, None)),
+    ("num_verified > k", "num_verified", lambda b, n: (b.num_verified > b.k, _i64(b.k))),
+    ("accepted < -1", "accepted", lambda b, n: (_i64(b.accepted) < -1, None)),
+    ("accepted > k", "accepted", lambda b, n: (b.accepted > b.k, _i64(b.k))),
+    (
+        "accepted > num_verified",
+        "accepted",
+        lambda b, n: ((b.num_verified >= 0) & (b.accepted > b.num_verified), _i64(b.num_verified)),
+    ),
+    ("num_emitted < -1", "num_emitted", lambda b, n: (_i64(b.num_emitted) < -1, None)),
+    ("num_emitted > k + 1", "num_emitted", lambda b, n: (b.num_emitted > b.k + 1, _i64(b.k) + 1)),
+    ("position < 0", "position", lambda b, n: (_i64(b.position) < 0, None)),
+    (
+        "position outside the sequence",
+        "position",
+        lambda b, n: ((n > 0) & (b.position >= n), n - 1),
+    ),
+    ("batch_row < -1", "batch_row", lambda b, n: (_i64(b.batch_row) < -1, None)),
+    ("batch_size < -1", "batch_size", lambda b, n: (_i64(b.batch_size) < -1, None)),
+    (
+        "batch_row >= batch_size",
+        "batch_row",
+        lambda b, n: (
+            (b.batch_row >= 0) & (b.batch_size >= 0) & (b.batch_row >= b.batch_size),
+            _i64(b.batch_size) - 1,
+        ),
+    ),
+)
+
+
+def _lengths(td: TraceData) -> np.ndarray:
+    """int64 [n] the full sequence length of each block's request (0 unknown)."""
+    req = td.t.blocks.request.astype(np.int64)
+    return np.where((req >= 0) & (req < len(td.length)), td.length[np.clip(req, 0, None)], 0)
+
+
+def _position_room(td: TraceData) -> np.ndarray:
+    """int64 [n] one past the largest possible anchor position per block (0 unknown): the
+    sequence length, plus k + 1 for a request's last block (the output is trimmed at
+    max_tokens or a stop after the engine emitted and drafted past it)."""
+    n = _lengths(td)
+    kmax = int(td.t.blocks.k.max(initial=0))
+    return np.where((n > 0) & td.last, n + kmax + 1, n)
+
+
+def impossible_rows(td: TraceData) -> np.ndarray:
+    """bool [n]: blocks breaking any of :data:`RULES` (memoised in the trace's cache)."""
+    return memo(td.t, "impossible_rows", lambda: _impossible_rows(td))
+
+
+def _impossible_rows(td: TraceData) -> np.ndarray:
+    b = td.t.blocks
+    n = _position_room(td)
+    bad = np.zeros(len(b), bool)
+    for _, _, test in RULES:
+        bad |= test(b, n)[0]
+    return bad
+
+
+def impossible(s: SideInput) -> Finding | None:
+    """impossible_values: accepted > k or > num_verified, counts below -1 (unknown), k < 0,
+    num_emitted > k + 1, positions outside the sequence, batch rows outside the batch."""
+    td = s.td
+    b = td.t.blocks
+    if not len(b):
+        return None
+    n = _position_room(td)
+    counts, first = {}, None
+    for name, col, test in RULES:
+        broken, limit = test(b, n)
+        rows = np.flatnonzero(broken)
+        if not len(rows):
+            continue
+        counts[name] = len(rows)
+        if first is None or rows[0] < first[0]:
+            lim = None if limit is None else int(limit[rows[0]])
+            first = (int(rows[0]), name, col, lim)
+    if first is None:
+        return None
+    row, rule, col, lim = first
+    value = int(getattr(b, col)[row])
+    pos = int(b.position[row])
+    bad = impossible_rows(td)
+    lim_txt = "" if lim is None else f", limit {lim}"
+    return Finding(
+        "impossible_values",
+        "error",
+        side=td.side,
+        request=td.req_id(row),
+        position=pos if pos >= 0 else None,
+        message=(
+            f"{td.side}: {int(bad.sum())} blocks hold values no engine can produce (first: "
+            f"block {row}, request {td.req_id(row)} at position {pos}: {rule}, {col}={value}"
+            f"{lim_txt}); the diff leaves them out of its acceptance figures, which they would "
+            f"push past 100%"
+        ),
+        evidence=ImpossibleEvidence(
+            blocks=int(bad.sum()),
+            rules=counts,
+            rule=rule,
+            column=col,
+            value=value,
+            limit=lim,
+            row=row,
+        ),
+    )
+
+
+def trimmed(s: SideInput) -> Finding | None:
+    """trimmed_drafts: the target verified fewer drafts than the drafter proposed
+    (``0 <= num_verified < k``) in at least :data:`~.thresholds.MIN_BLOCKS` blocks whose k
+    drafts fit inside the output (near the output's end the engine may trim legitimately).
+    The verified slots may agree with the reference while the acceptance per verified slot
+    looks better than it is."""
+    td = s.td
+    b = td.t.blocks
+    nv, k = b.num_verified.astype(np.int64), b.k.astype(np.int64)
+    n = _lengths(td)
+    at_end = (n > 0) & (b.position.astype(np.int64) + 1 + k >= n)
+    trim = (nv >= 0) & (nv < k) & ~at_end
+    if trim.sum() < MIN_BLOCKS:
+        return None
+    first = int(np.flatnonzero(trim)[0])
+    ntrim, nver = int(trim.sum()), int((nv >= 0).sum())
+    return Finding(
+        "trimmed_drafts",
+        "error",
+        side=td.side,
+        slot=int(nv[first]),
+        **td.at(first),
+        message=(
+            f"{td.side}: the target verified fewer drafts than were proposed in {ntrim} of "
+            f"{nver} verified blocks (first: k={int(k[first])}, verified {int(nv[first])}; "
+            f"{int(nv[trim].sum())} of {int(k[trim].sum())} proposed drafts verified): the "
+            f"drafts are cut before verification, and acceptance per verified slot overstates"
+        ),
+        evidence=TrimmedEvidence(
+            blocks=ntrim,
+            verified_blocks=nver,
+            proposed_tokens=int(k[trim].sum()),
+            verified_tokens=int(nv[trim].sum()),
+            first_k=int(k[first]),
+            first_num_verified=int(nv[first]),
+        ),
+    )

@@ -1,0 +1,331 @@
+"""Missing-work detectors: the work a run should have done and did not, per side.
+
+A comparison of the blocks that exist says nothing about the blocks that do not: a killed
+engine, aborted or cut-short requests, drafting that stops or never starts where the other
+engine drafts, proposals never verified and drafts trimmed before verification all leave the
+existing blocks agreeing. Each detector here reads one side (:class:`~.data.SideInput`; in a
+diff the alignment and the other side too) and returns at most one error finding.
+
+Silence is judged against the other side, never against the end of the output: prompt-lookup
+(n-gram) legitimately stops proposing when matches run out, on both sides alike.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..align import Alignment
+from ..parallel import chunks
+from .data import SideInput, TraceData
+from .evidence import CaptureEvidence, IncompleteRef, RequestsEvidence, UnverifiedEvidence
+from .model import Finding
+from .thresholds import MIN_BLOCKS
+
+#: Finish reasons of a request the engine did not complete.
+NOT_COMPLETED = ("abort", "unfinished")
+
+
+def _n(count: int, noun: str) -> str:
+    """``1 request``, ``2 requests``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _int_or_none(v) -> int | None:
+    return int(v) if isinstance(v, int | np.integer) and not isinstance(v, bool) else None
+
+
+def capture_end(meta: dict) -> CaptureEvidence:
+    """How a capture ended, from /meta: the ``capture`` object (``ended``, ``exit_status``,
+    ``signal``) when present, else the older items ``exit_status``, ``killed_by_signal``,
+    ``interrupted`` and ``aborted`` (hooks/capture.py). Missing items are null."""
+    cap = meta.get("capture") if isinstance(meta.get("capture"), dict) else {}
+    aborted = meta.get("aborted")
+    return CaptureEvidence(
+        ended=cap.get("ended") if isinstance(cap.get("ended"), str) else None,
+        exit_status=_int_or_none(cap.get("exit_status", meta.get("exit_status"))),
+        signal=_int_or_none(cap.get("signal", meta.get("killed_by_signal"))),
+        interrupted=bool(meta.get("interrupted")) or cap.get("ended") == "interrupted",
+        aborted=str(aborted) if aborted else None,
+    )
+
+
+def _how(ev: CaptureEvidence) -> list[str]:
+    """What went wrong with a capture, in words (empty: it ended cleanly or nothing says)."""
+    out = []
+    if ev["ended"] not in (None, "clean"):
+        out.append(f"ended {ev['ended']}")
+    if ev["signal"]:
+        out.append(f"the engine was killed by signal {ev['signal']}")
+    elif ev["exit_status"]:
+        out.append(f"the engine exited with status {ev['exit_status']}")
+    if ev["interrupted"] and "ended interrupted" not in out:
+        out.append("the capture was interrupted")
+    if ev["aborted"]:
+        out.append(f"the capture aborted ({ev['aborted']})")
+    return out
+
+
+def capture(s: SideInput) -> Finding | None:
+    """capture_incomplete: the engine did not exit cleanly (non-zero exit status, a signal),
+    or the capture was interrupted or aborted: work may be missing from the trace."""
+    td = s.td
+    ev = capture_end(td.t.meta)
+    how = _how(ev)
+    if not how:
+        return None
+    return Finding(
+        "capture_incomplete",
+        "error",
+        side=td.side,
+        message=(
+            f"{td.side}: the capture did not end cleanly ({'; '.join(how)}): requests and "
+            f"blocks after that point are missing, agreement of the rest proves nothing"
+        ),
+        evidence=ev,
+    )
+
+
+def _incomplete(s: SideInput) -> tuple[list[tuple[int, int | None]], list[str]]:
+    """Requests of this side whose work is missing: ``[(row, other row or None)]`` in row
+    order (not completed, empty output where the other has one, or a strict prefix of the
+    other's output without a stop), and the other side's request ids this side lacks."""
+    req = s.td.t.requests
+    fin, out = req.finish_reason, req.output_ids
+    if s.al is None:
+        return [(i, None) for i in range(len(req)) if fin[i] in NOT_COMPLETED], []
+    here, other = s.pairs()
+    oreq = s.ref.t.requests
+    bad = []
+    for p in range(len(here)):
+        i, j = int(here[p]), int(other[p])
+        n, m = len(out[i]), len(oreq.output_ids[j])
+        shorter = n < m and fin[i] != "stop" and s.al.divergence[p] >= len(req.prompt_ids[i]) + n
+        if fin[i] in NOT_COMPLETED or shorter:
+            bad.append((i, j))
+    lacking = s.al.unmatched_b if s.side_a else s.al.unmatched_a
+    missing = [oreq.req_id[int(j)] for j in lacking] if len(here) else []
+    return sorted(bad), missing
+
+
+def requests(s: SideInput) -> Finding | None:
+    """requests_incomplete: requests aborted or unfinished, or (in a diff) cut short or with
+    an empty output where the other side completed them, or absent where the other side has
+    them. Located at the first such request's end of work (prompt + output tokens)."""
+    td = s.td
+    bad, missing = _incomplete(s)
+    if not bad and not missing:
+        return None
+    req = td.t.requests
+    fin, out = req.finish_reason, req.output_ids
+    oreq = s.ref.t.requests if s.ref is not None else None
+    ids = [req.req_id[i] for i, _ in bad]
+    first = None
+    where: dict = {}
+    if bad:
+        i, j = bad[0]
+        first = IncompleteRef(
+            request=req.req_id[i],
+            finish_reason=fin[i],
+            output_tokens=len(out[i]),
+            other_finish_reason=None if j is None else oreq.finish_reason[j],
+            other_output_tokens=None if j is None else len(oreq.output_ids[j]),
+        )
+        where = {"request": req.req_id[i], "position": len(req.prompt_ids[i]) + len(out[i])}
+        other = ""
+        if j is not None:
+            name = "theirs" if td.side == "ours" else "ours"
+            other = (
+                f"; {name}: {first['other_finish_reason'] or '?'} after "
+                f"{first['other_output_tokens']} tokens"
+            )
+        what = (
+            f"{_n(len(bad), 'request')} did not complete (first: request {ids[0]}, finish "
+            f"{fin[i] or '?'} after {len(out[i])} output tokens{other})"
+        )
+    else:
+        verb = "is" if len(missing) == 1 else "are"
+        what = f"{_n(len(missing), 'request')} of the other side {verb} absent ({missing[0]}, ..)"
+    return Finding(
+        "requests_incomplete",
+        "error",
+        side=td.side,
+        **where,
+        message=f"{td.side}: {what}: their work is missing, not compared",
+        evidence=RequestsEvidence(
+            requests=len(bad) + len(missing),
+            aborted=[req.req_id[i] for i, _ in bad if fin[i] in NOT_COMPLETED][:10],
+            empty_output=[req.req_id[i] for i, _ in bad if len(out[i]) == 0][:10],
+            cut_short=[
+                req.req_id[i] for i, j in bad if j is not None and fin[i] not in NOT_COMPLETED
+            ][:10],
+            missing=missing[:10],
+            first=first,
+        ),
+    )
+
+
+def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) -> np.ndarray:
+    """Blocks of ``td`` that follow a gap: the engine emitted up to anchor position q without
+    drafting from q, although ``ref`` drafted from q on matched content.
+
+    Args:
+        side_a: ``td`` is the alignment's ours (``al.a``).
+    Returns:
+        int64 block indices (the block after each such gap).
+    """
+    b = td.t.blocks
+    pob = al.pair_of_block_a if side_a else al.pair_of_block_b
+    rpob = al.pair_of_block_b if side_a else al.pair_of_block_a
+    rcomp = al.comparable_b if side_a else al.comparable_a
+    gaps, exp = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for c in chunks(len(b)):
+        pv = td.prev[c]
+        has = pv >= 0
+        pv = np.maximum(pv, 0)
+        acc = b.accepted[pv]
+        expected = b.position[pv].astype(np.int64) + acc + 1
+        gap = np.flatnonzero(has & (acc >= 0) & (b.position[c] > expected) & (pob[c] >= 0))
+        gaps.append(gap + c.start)
+        exp.append(expected[gap])
+    idx, expected = np.concatenate(gaps), np.concatenate(exp)
+    if not len(idx):
+        return idx
+    stride = (
+        int(max(b.position.max(initial=0), ref.t.blocks.position.max(initial=0), expected.max()))
+        + 2
+    )
+    want = pob[idx] * stride + expected
+    have = rpob[rcomp] * stride + ref.t.blocks.position[rcomp].astype(np.int64)
+    return idx[np.isin(want, have)]
+
+
+def _last_verified(td: TraceData) -> np.ndarray:
+    """int64 [requests + 1]: each request's last block with a verify record (-1 none)."""
+    b = td.t.blocks
+    ver = (b.num_verified >= 0) | (b.accepted >= 0)
+    rows = td.order[ver[td.order]]  # by (request, position)
+    req = b.request[rows].astype(np.int64)
+    is_last = np.r_[req[1:] != req[:-1], True] if len(req) else np.zeros(0, bool)
+    last = np.full(len(td.t.requests) + 1, -1, np.int64)
+    last[req[is_last]] = rows[is_last]
+    return last
+
+
+def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
+    """Where this side stops drafting, or never drafts, while the other side drafts on
+    matched content inside this side's sequence.
+
+    A request stops when the other side drafted from an anchor past the end of this side's
+    last verified block (its anchor + accepted + 1) that this side's sequence holds; it
+    never drafts when it has no block at all (unverified proposals are reported as such).
+    Two identical traces never differ here, whatever the distance from the last block to
+    the output's end.
+
+    Returns:
+        ``(stops, never)``: stops, this side's last verified block row of each stopping
+        request (its last block when none is verified; sorted); never, ``(request row
+        here, the other side's first block row)``
+        per request without a block here (sorted by request row). Both empty when either
+        side has no blocks at all (a vanilla run: no draft comparison).
+    """
+    td, ref, al = s.td, s.ref, s.al
+    if al is None or ref is None or not len(td.t.blocks) or not len(ref.t.blocks):
+        return [], []
+    b, rb = td.t.blocks, ref.t.blocks
+    last = _last_verified(td)
+    any_last = np.full(len(last), -1, np.int64)  # the last block, verified or not
+    rows = np.flatnonzero(td.last)
+    any_last[b.request[rows]] = rows
+    has_block = any_last >= 0
+    rpob = al.pair_of_block_b if s.side_a else al.pair_of_block_a
+    rcomp = al.comparable_b if s.side_a else al.comparable_a
+    here, _ = s.pairs()
+    rows = np.flatnonzero(rcomp & (rpob >= 0))
+    rref_rows = rows[np.argsort(rpob[rows], kind="stable")]
+    bounds = np.searchsorted(rpob[rref_rows], np.arange(len(here) + 1))
+    stops, never = [], []
+    for p in range(len(here)):
+        o = rref_rows[bounds[p] : bounds[p + 1]]
+        r = int(here[p])
+        # Only anchors this side's (known) sequence holds: past its end the request was cut
+        # short (requests_incomplete), and without output ids nothing says how far it got.
+        o = o[rb.position[o] < td.length[r] - 1]
+        if not len(o):
+            continue
+        if not has_block[r]:
+            never.append((r, int(o[np.argmin(rb.position[o])])))
+            continue
+        x = int(last[r]) if last[r] >= 0 else int(any_last[r])
+        if (rb.position[o] > b.position[x] + max(int(b.accepted[x]), 0) + 1).any():
+            stops.append(x)
+    return sorted(stops), never
+
+
+def _unverified_message(
+    td: TraceData, bad: np.ndarray, stops: list, never: list, skipped: np.ndarray, s: SideInput
+) -> tuple[dict, str]:
+    """The location and sentence of :func:`unverified`, from the pattern that shows first:
+    requests that never draft, else unverified blocks or requests that stop drafting
+    (whichever comes first in engine steps), else skipped anchors; the others follow."""
+    b = td.t.blocks
+    first_bad = int(np.flatnonzero(bad)[0]) if bad.any() else -1
+    said = {
+        "bad": f"{int(bad.sum())} of {len(bad)} draft blocks were proposed but never verified",
+        "stops": f"{_n(len(stops), 'request')} stop drafting where the other engine goes on",
+    }
+    if never:
+        r, o = never[0]
+        rid, pos = td.t.requests.req_id[r], int(s.ref.t.blocks.position[o])
+        where, head = (
+            {"request": rid, "position": pos},
+            (
+                f"{_n(len(never), 'request')} never draft{'s' if len(never) == 1 else ''} where "
+                f"the other engine drafts (first: request {rid}, the other drafts from position "
+                f"{pos})"
+            ),
+        )
+    elif stops and (first_bad < 0 or b.step[stops[0]] < b.step[first_bad]):
+        where = td.at(stops[0])
+        head = (
+            f"{said.pop('stops')} (first: request {td.req_id(stops[0])} after position "
+            f"{int(b.position[stops[0]])})"
+        )
+    elif first_bad >= 0:
+        where, head = td.at(first_bad), said.pop("bad")
+    else:
+        where = td.at(int(skipped[0]))
+        head = (
+            f"{len(skipped)} times a request went on without drafting from an anchor the "
+            f"other engine drafted from (first: request {td.req_id(int(skipped[0]))} before "
+            f"position {int(b.position[skipped[0]])}): drafts dropped before verification"
+        )
+    rest = [said[k] for k, hit in (("bad", bad.any()), ("stops", bool(stops))) if hit and k in said]
+    return where, f"{td.side}: " + "; ".join([head, *rest])
+
+
+def unverified(s: SideInput) -> Finding | None:
+    """unverified_drafts: proposals without a verify record (but a request's last one), and
+    in a diff requests that never draft or stop drafting where the other side drafts
+    (:func:`drafting_ends`) or anchors it silently skipped (``s.skipped``)."""
+    td = s.td
+    b = td.t.blocks
+    # The last proposal of a request is legitimately never verified (the request finished).
+    bad = (b.num_verified < 0) & (b.accepted < 0) & ~td.last
+    stops, never = drafting_ends(s)
+    skipped = np.zeros(0, np.int64) if s.skipped is None else s.skipped
+    if not bad.any() and not stops and not never and len(skipped) < MIN_BLOCKS:
+        return None
+    where, msg = _unverified_message(td, bad, stops, never, skipped, s)
+    return Finding(
+        "unverified_drafts",
+        "error",
+        side=td.side,
+        **where,
+        message=msg,
+        evidence=UnverifiedEvidence(
+            unverified_blocks=int(bad.sum()),
+            requests_stopping=[td.req_id(x) for x in stops[:10]],
+            requests_never_drafting=[td.t.requests.req_id[r] for r, _ in never[:10]],
+            skipped_anchors=int(len(skipped)),
+        ),
+    )
