@@ -18,7 +18,7 @@ from .findings.model import Finding
 from .metrics import CONVENTIONS, Acceptance, Count, Rate
 from .typed_json import Constraint, from_json, to_json
 
-SCHEMA = "spectrace.diff/1"
+SCHEMA: Literal["spectrace.diff/1"] = "spectrace.diff/1"
 
 Position = Annotated[int, Constraint(minimum=0)]
 #: Ids of a proposal: ints, or ``"id:text"`` strings when decoded.

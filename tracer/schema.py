@@ -17,6 +17,7 @@ arrives. Minor versions only add optional columns; readers ignore columns they d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final, Literal
 
 import numpy as np
 
@@ -25,8 +26,10 @@ FORMAT_VERSION = "1.1"
 MAJOR_VERSION = 1
 
 #: File status attribute values. ``recording`` stays when a writer died before ``close()``.
-STATUS_RECORDING = "recording"
-STATUS_COMPLETE = "complete"
+STATUS_RECORDING: Final = "recording"
+STATUS_COMPLETE: Final = "complete"
+#: A trace's status: every file closed cleanly, or a writer had not closed one.
+Status = Literal["complete", "recording"]
 
 #: Suffix of a file that is still being written (renamed away on clean close).
 PARTIAL_SUFFIX = ".partial"
@@ -288,7 +291,7 @@ def meta_type_error(key: str, value: object) -> str | None:
         return None
     for kind in kinds:
         if isinstance(value, _JSON_TYPES[kind]) and (kind == "bool" or not isinstance(value, bool)):
-            if kind == "int" and key == "k" and value < 0:
+            if kind == "int" and key == "k" and isinstance(value, int) and value < 0:
                 return "expected an integer >= 0"
             return None
     return "expected " + " or ".join(_TYPE_WORDS[k] for k in kinds)

@@ -4,7 +4,7 @@ One walk over the annotations serves three jobs: :func:`to_json` writes a datacl
 JSON-ready dict (fields in declaration order), :func:`from_json` rebuilds the typed value
 from such a dict, and :func:`json_schema` states the same shape as JSON Schema (draft
 2020-12). Supported annotations: ``bool``, ``int``, ``float``, ``str``, ``Any``, ``X | None``,
-``list[X]``, ``dict[str, X]``, ``Literal[...]``, nested dataclasses, and
+``list[X]``, ``dict[str, X]`` / ``Mapping[str, X]``, ``Literal[...]``, nested dataclasses, and
 ``Annotated[X, Constraint(...)]`` for bounds, and ``TypedDict`` (a plain dict at run time).
 A field with ``metadata={"json": False}`` is left out of all three. Descriptions come from the
 class docstring's ``Attributes:`` section; a dataclass may add schema keywords of its own
@@ -13,6 +13,7 @@ with a ``__json_schema_extra__()`` classmethod.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import functools
 import re
@@ -96,13 +97,15 @@ def from_json(tp: Any, doc: Any) -> Any:
     if origin is list:
         (item,) = typing.get_args(tp)
         return [from_json(item, x) for x in doc]
-    if origin is dict:
+    if origin in _MAPPINGS:
         _, item = typing.get_args(tp)
         return {k: from_json(item, v) for k, v in doc.items()}
     return doc
 
 
 _SCALARS = {bool: "boolean", int: "integer", float: "number", str: "string"}
+#: ``dict[str, X]`` and ``Mapping[str, X]`` are both JSON objects.
+_MAPPINGS = (dict, collections.abc.Mapping)
 
 
 def json_schema(tp: Any) -> dict:
@@ -128,7 +131,7 @@ def _schema_of(tp: Any) -> dict:
         return {"const": values[0]} if len(values) == 1 else {"enum": values}
     if origin is list:
         return {"type": "array", "items": json_schema(typing.get_args(tp)[0])}
-    if origin is dict:
+    if origin in _MAPPINGS:
         item = typing.get_args(tp)[1]
         return (
             {"type": "object"}

@@ -93,7 +93,7 @@ class NotInstalled:
         if installed != 0:
             return False
         hit = p is not None and p.step == step and p.hint == req and not p.hint_finished
-        if hit:
+        if hit and p is not None:
             self.waiting.append((req, self.plain.get(req, 0), p, row))
         self.plain[req] = self.plain.get(req, 0) + 1
         return hit
@@ -116,7 +116,8 @@ class NotInstalled:
                 keep.append((req, plain, p, row))
                 continue
             last = c.last if c is not None and plain == 0 else schema.PAD
-            pos = (c.pos + c.ns if c is not None else n + 1) + plain  # SPECTRACE pos
+            # The [SPECTRACE] pos: after the chain, else after the prompt (n known then).
+            pos = (c.pos + c.ns if c is not None else (n or 0) + 1) + plain
             ids = Ids(p.first.padded(max(p.per_row, len(p.first.ids))))
             b = Block(p.lineno, req, p.step, pos, len(ids.ids), -1, ids, Ids([]), 0, last, None)
             b.batch_row, b.proposed, b.verify_record = row, ids.ids, False

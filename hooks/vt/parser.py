@@ -9,9 +9,7 @@ them; strict mode requires the engine's exact format and raises :class:`ParseErr
 (``FILE:LINE: what``) on the first deviation, malformed line or broken invariant. Lines that
 are not trace lines pass through untouched (``feed_line`` returns False).
 
-The rules this parser decides where the format leaves them open (steps, the block step, the
-propose join, anchors, batch rows, invariants, phase levels) are stated in the package
-docstring, :mod:`spectrace.hooks.vt`.
+The rules it decides where the format leaves them open: the package docstring.
 """
 
 from __future__ import annotations
@@ -369,6 +367,7 @@ class VtTraceParser:
         from_req = self._anchor_from_requests(req, pos)
         expected = prev.pos + prev.ns if prev is not None else pos
         if pos > expected:  # steps without drafts print no [SPECTRACE] line (ngram, k=0)
+            assert prev is not None  # expected == pos without a previous block
             self.stats.chain_gaps += 1
             self.stats.note(
                 "chain gap",
@@ -377,6 +376,7 @@ class VtTraceParser:
                 f"drafts since line {prev.lineno}",
             )
         elif pos < expected:
+            assert prev is not None
             self._violation(
                 "chain break",
                 f"req={req} pos={pos}, expected {expected} "
@@ -453,8 +453,10 @@ class VtTraceParser:
     def _write(self, b: Block) -> None:
         verified = b.draft.padded(b.k) if not b.draft.complete else b.draft.ids
         emitted = b.emit.padded(b.ns) if not b.emit.complete else b.emit.ids
-        proposed = b.proposed if b.proposed is not None else verified
-        self.stats.proposed_source["propose_line" if b.proposed is not None else "verified"] += 1
+        drafter = b.proposed is not None  # the drafter's own ids (a joined propose line)
+        proposed = b.proposed if drafter else verified
+        self.stats.proposed_source["propose_line" if drafter else "verified"] += 1
+        source = schema.PROPOSAL_FROM_DRAFTER if drafter else schema.PROPOSAL_COPIED_FROM_VERIFIED
         if not b.draft.complete or not b.emit.complete:
             self.stats.probes["ellipsis_blocks"] += 1
         self.writer.add_block(
@@ -468,9 +470,7 @@ class VtTraceParser:
             emitted=emitted if b.verify_record else None,
             batch_row=b.batch_row,
             batch_size=b.batch_size,
-            proposal_source=schema.PROPOSAL_FROM_DRAFTER
-            if b.proposed is not None
-            else schema.PROPOSAL_COPIED_FROM_VERIFIED,
+            proposal_source=source,
         )
         if b.anchor == schema.PAD:
             self._unresolved.append((self._rows, b.req, b.pos))
@@ -486,8 +486,6 @@ class VtTraceParser:
                 self.writer.add_phase(self._step, name, ms, level)
                 self.stats.phases += 1
 
-    # -- problems ----------------------------------------------------------------------------
-
     def _problem(self, kind: str, msg: str) -> None:
         self.stats.note(kind, self._lineno, msg)
         if self.strict and self._error is None:
@@ -498,18 +496,5 @@ class VtTraceParser:
         self._problem(kind, f"{kind}: {msg}")
 
     def _update_meta(self) -> None:
-        s = self.stats
-        s.trace_level = (
-            self.trace_level
-            if self.trace_level is not None
-            else (max(self._levels_seen) if self._levels_seen else (0 if s.trace_lines else None))
-        )
-        meta = self.writer.meta
-        imp = s.to_meta()
-        imp["trace_level_source"] = (
-            "configured" if self.trace_level is not None else "inferred (lower bound)"
-        )
-        items = {"import": imp, "k": meta.get("k") or s.k_max}
-        if meta.get("trace_level") is None and s.trace_level is not None:
-            items["trace_level"] = s.trace_level
+        items = self.stats.meta_items(self.trace_level, self._levels_seen, self.writer.meta)
         self.writer.update_meta(**items)

@@ -130,6 +130,21 @@ class ImportStats:
             **({"requests_check": self.requests_check} if self.requests_check else {}),
         }
 
+    def meta_items(self, configured: int | None, levels_seen: set[int], meta: dict) -> dict:
+        """The /meta items an import writes: ``import`` (these statistics), ``k`` (when the
+        meta has none: the widest block seen) and ``trace_level`` (configured, else the
+        highest level evidenced by the lines; a lower bound). Sets :attr:`trace_level`."""
+        seen = max(levels_seen) if levels_seen else (0 if self.trace_lines else None)
+        self.trace_level = configured if configured is not None else seen
+        imp = self.to_meta()
+        imp["trace_level_source"] = (
+            "configured" if configured is not None else "inferred (lower bound)"
+        )
+        items = {"import": imp, "k": meta.get("k") or self.k_max}
+        if meta.get("trace_level") is None and self.trace_level is not None:
+            items["trace_level"] = self.trace_level
+        return items
+
 
 def check_requests(source: str, log: str, reached: dict[str, int], lengths: dict[str, int]) -> dict:
     """Compare a requests file with the log it belongs to.

@@ -18,7 +18,7 @@ from ..schema import pad_to
 from ..store import Trace
 from ..tokens import Decoder
 from .evidence import ProposalPair
-from .model import tok
+from .model import Side, tok
 
 
 @dataclass
@@ -36,7 +36,7 @@ class TraceData:
     """
 
     t: Trace
-    side: str
+    side: Side
     ids: np.ndarray
     nchecked: np.ndarray
     recomputed: np.ndarray
@@ -63,12 +63,12 @@ class TraceData:
     )
 
     @classmethod
-    def build(cls, t: Trace, side: str) -> TraceData:
+    def build(cls, t: Trace, side: Side) -> TraceData:
         """Build (once per trace and side; memoised in ``t.cache``)."""
         return memo(t, f"TraceData.{side}", lambda: cls._build(t, side))
 
     @classmethod
-    def _build(cls, t: Trace, side: str) -> TraceData:
+    def _build(cls, t: Trace, side: Side) -> TraceData:
         b = t.blocks
         order = block_order(t)[0]
         n = len(order)
@@ -106,7 +106,7 @@ class TraceData:
         return {"request": self.req_id(block), "position": pos if pos >= 0 else None}
 
 
-def prepare(traces: list[tuple[Trace, str]]) -> list[TraceData]:
+def prepare(traces: list[tuple[Trace, Side]]) -> list[TraceData]:
     """Build each trace's :class:`TraceData`: the block columns are read here, one trace
     after the other (h5py holds the GIL), and each trace's derived columns (order,
     recomputed acceptance) are computed on a worker thread while the next trace reads."""

@@ -18,7 +18,7 @@ from ..compare import NO_DIVERGENCE
 from ..tokens import Decoder, show
 from .data import TraceData
 from .evidence import DegenerateEvidence, LoopRef
-from .model import Finding, tok
+from .model import Finding, Severity, tok
 from .thresholds import LOOP_MAX_PERIOD, LOOP_MIN_TOKENS
 
 
@@ -90,7 +90,7 @@ def degenerate(td: TraceData) -> list[Loop]:
 
 
 def degenerate_finding(
-    td: TraceData, loops: list[Loop], dec: Decoder | None, severity: str, why: str
+    td: TraceData, loops: list[Loop], dec: Decoder | None, severity: Severity, why: str
 ) -> Finding | None:
     """The degenerate_output finding for ``loops`` at ``severity`` (``why`` ends its
     sentence), or None when there are none."""

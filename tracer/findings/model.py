@@ -9,6 +9,7 @@ module holds the vocabulary and the evidence helpers; detectors live in
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -75,7 +76,7 @@ Side = Literal["ours", "theirs", "both"]
 
 #: Evidence of a finding: counts, ratios and example ids, JSON-serialisable; its keys per
 #: kind are the TypedDicts of :mod:`.evidence` (checked by the generated JSON Schema).
-Evidence = dict[str, Any]
+Evidence = Mapping[str, Any]
 
 
 @dataclass

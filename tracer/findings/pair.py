@@ -26,7 +26,7 @@ from .evidence import (
     StaleEvidence,
     VocabEvidence,
 )
-from .model import Finding, tok
+from .model import Finding, Severity, Side, tok
 from .single import constant_rate
 from .thresholds import MIN_BLOCKS, MISMATCH_ERROR_RATE, SYSTEMATIC
 
@@ -334,7 +334,7 @@ def mismatch(pd: PairData) -> Finding | None:
     rate = float(bad.mean())
     first = int(np.flatnonzero(bad)[0])
     slot0 = float((pd.both[:, 0] & ~pd.cmp.eq[:, 0])[bad].mean())
-    sev = "error" if rate >= MISMATCH_ERROR_RATE else "warning"
+    sev: Severity = "error" if rate >= MISMATCH_ERROR_RATE else "warning"
     tie = "" if sev == "error" else " (few: possibly numerical near-ties)"
     # The first differing slot both sides have (None: only the lengths differ).
     fs = int(pd.cmp.first_slot[first])
@@ -371,11 +371,12 @@ def vanilla(al: Alignment) -> Finding | None:
     if not content_only(al):
         return None
     sides = [s for s, t in (("ours", al.a), ("theirs", al.b)) if not len(t.blocks)]
+    side: Side = "both" if len(sides) == 2 else ("ours" if sides[0] == "ours" else "theirs")
     same = int((al.divergence == NO_DIVERGENCE).sum())
     return Finding(
         "content_only",
         "info",
-        side="both" if len(sides) == 2 else sides[0],
+        side=side,
         message=(
             f"{' and '.join(sides)} {'has' if len(sides) == 1 else 'have'} no draft blocks (a "
             f"run without speculative decoding): no draft comparison was possible; the "

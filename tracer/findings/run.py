@@ -22,7 +22,7 @@ from ..tokens import Decoder
 from . import pair, single, values, work
 from .data import PairData, SideInput, TraceData, prepare
 from .loops import degenerate, pair_loop_findings, single_loop_finding
-from .model import Finding, sort_findings
+from .model import Finding, Side, sort_findings
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ PAIR: tuple[PairDetector, ...] = (
 FALLBACK = PairDetector("draft_mismatch", pair.mismatch)
 
 
-def check_trace(t: Trace, decoder: Decoder | None = None, side: str = "ours") -> list[Finding]:
+def check_trace(t: Trace, decoder: Decoder | None = None, side: Side = "ours") -> list[Finding]:
     """Single-trace findings (``spectrace check``): degenerate output, then
     :data:`SINGLE_TRACE` (impossible values, how the capture ended, requests not completed,
     anchors, verified vs proposed, constant, unverified or trimmed drafts, bookkeeping,

@@ -55,7 +55,7 @@ def anchor_consistency(s: SideInput) -> Finding | None:
     shifts = {
         d: float((_token_at(td, req, pos + d) == anchor).mean()) for d in range(-4, 5) if d != 0
     }
-    best = max(shifts, key=shifts.get)
+    best = max(shifts, key=lambda d: shifts[d])
     first = int(idx[0])
     shift_txt = (
         f"; the anchor is the token at position{best:+d} in {pct(shifts[best], 0)}"

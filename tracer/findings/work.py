@@ -38,7 +38,7 @@ def capture_end(meta: dict) -> CaptureEvidence:
     """How a capture ended, from /meta: the ``capture`` object (``ended``, ``exit_status``,
     ``signal``) when present, else the older items ``exit_status``, ``killed_by_signal``,
     ``interrupted`` and ``aborted`` (hooks/capture.py). Missing items are null."""
-    cap = meta.get("capture") if isinstance(meta.get("capture"), dict) else {}
+    cap = meta["capture"] if isinstance(meta.get("capture"), dict) else {}
     aborted = meta.get("aborted")
     return CaptureEvidence(
         ended=cap.get("ended") if isinstance(cap.get("ended"), str) else None,
@@ -94,6 +94,7 @@ def _incomplete(s: SideInput) -> tuple[list[tuple[int, int | None]], list[str]]:
     if s.al is None:
         return [(i, None) for i in range(len(req)) if fin[i] in NOT_COMPLETED], []
     here, other = s.pairs()
+    assert s.ref is not None  # an alignment has both sides
     oreq = s.ref.t.requests
     bad = []
     for p in range(len(here)):
@@ -127,8 +128,8 @@ def requests(s: SideInput) -> Finding | None:
             request=req.req_id[i],
             finish_reason=fin[i],
             output_tokens=len(out[i]),
-            other_finish_reason=None if j is None else oreq.finish_reason[j],
-            other_output_tokens=None if j is None else len(oreq.output_ids[j]),
+            other_finish_reason=None if j is None or oreq is None else oreq.finish_reason[j],
+            other_output_tokens=None if j is None or oreq is None else len(oreq.output_ids[j]),
         )
         where = {"request": req.req_id[i], "position": len(req.prompt_ids[i]) + len(out[i])}
         other = ""
@@ -275,6 +276,7 @@ def _unverified_message(
     }
     if never:
         r, o = never[0]
+        assert s.ref is not None  # "never drafts" is judged against the other side
         rid, pos = td.t.requests.req_id[r], int(s.ref.t.blocks.position[o])
         where, head = (
             {"request": rid, "position": pos},

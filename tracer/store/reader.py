@@ -52,7 +52,7 @@ class Trace:
         self._req_offsets: list[int] = []  # per file: its first row in the joined /requests
         self._nreq_per_file: list[int] = []
         self._datasets: dict[tuple[int, str], h5py.Dataset | None] = {}
-        self.status = schema.STATUS_COMPLETE
+        self.status: schema.Status = schema.STATUS_COMPLETE
         for p in paths:
             self._open_one(p)
         self.meta = self.metas[0] if self.metas else {}

@@ -109,7 +109,7 @@ def _problems(
     if paired == 0:
         if not content_only(al):  # a vanilla baseline passes on identical outputs
             problems.append(nothing_compared(al))
-    elif rate < min_agreement:
+    elif rate is not None and rate < min_agreement:
         problems.append(
             f"drafts match in {r.agreement.exact_matches} of {paired} paired "
             f"blocks ({pct(rate)}), required {pct(min_agreement)}"

@@ -61,7 +61,7 @@ def meta_table(model: ViewModel) -> Table:
     traces = [("ours", model.a)] + ([("theirs", model.b)] if model.b is not None else [])
     for label, tr in traces:
         t.add_column(f"{label}: {tr.name}", overflow="fold", max_width=48)
-    rows = [
+    rows: list[tuple[str, list[str]]] = [
         ("files", [", ".join(p.name for p in tr.paths) for _, tr in traces]),
         ("status", [tr.status for _, tr in traces]),
         ("blocks", [f"{len(tr.blocks):,}" for _, tr in traces]),
