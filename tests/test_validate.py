@@ -102,16 +102,26 @@ READ_ERRORS = [
         "request index out of range (the file has 5 requests) at row 3 "
         "(field=blocks/request, value=5)",
     ),
-    (
-        set_cell("accepted", 10, 5),
-        "accepted > num_verified (4) at row 10 (field=blocks/accepted, value=5)",
-    ),
     (set_cell("position", 20, -5), "value below 0 at row 20 (field=blocks/position, value=-5)"),
     (
         lambda f: f.attrs.__setitem__("format_version", "1.banana"),
         "malformed format version (expected MAJOR.MINOR) (field=format_version, value='1.banana')",
     ),
 ]
+
+
+def test_an_impossible_count_is_a_finding_not_unreadable_input(tmp_path, capsys):
+    # accepted 5 > num_verified 4 at row 10: the file reads; check names it (exit 1) and
+    # validate reports it (exit 1); neither is an input error (exit 2).
+    path = damaged(tmp_path, set_cell("accepted", 10, 5))
+    assert open_trace(path).blocks.accepted[10] == 5
+    rc, out, _ = run(capsys, "check", str(path), "--format", "json")
+    assert rc == 1
+    first = json.loads(out)["findings"][0]
+    assert (first["kind"], first["evidence"]["row"]) == ("impossible_values", 10)
+    rc, out, _ = run(capsys, "validate", str(path))
+    assert rc == 1
+    assert "accepted > num_verified (4) at row 10 (field=blocks/accepted, value=5)" in out
 
 
 def cut_accepted(f: h5py.File) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from spectrace.hooks.vt.importer import import_log
+from spectrace.hooks.vt.requests import read_requests
 from spectrace.tracer.store import TraceWriter, open_trace
 from spectrace.tracer.testing.assertions import drafts_match_report
 
@@ -499,10 +500,11 @@ def test_live_ngram_run_is_clean_and_a_killed_one_is_not(tmp_path):
     assert_clean(*diff_json(good, good))
     assert_clean(*check_json(good))
     # A vanilla baseline of the same prompts: the run's outputs alone (its requests file,
-    # imported without trace lines), as a non-speculative run would give them.
-    (tmp_path / "empty.log").write_text("")
+    # written as a trace without blocks), as a non-speculative run would give them.
     vanilla = tmp_path / "vanilla.h5"
-    import_log(tmp_path / "empty.log", vanilla, requests_path=tmp_path / "ngram.requests.jsonl")
+    with TraceWriter(vanilla, {"engine": "vanilla", "method": None}) as w:
+        for r in read_requests(tmp_path / "ngram.requests.jsonl").values():
+            w.request(r.req_id, r.prompt_ids, r.output_ids, r.finish_reason)
     rc, doc = diff_json(good, vanilla)
     assert_clean(rc, doc)
     assert [f["evidence"] for f in doc["findings"] if f["kind"] == "content_only"] == [

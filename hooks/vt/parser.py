@@ -454,7 +454,7 @@ class VtTraceParser:
         verified = b.draft.padded(b.k) if not b.draft.complete else b.draft.ids
         emitted = b.emit.padded(b.ns) if not b.emit.complete else b.emit.ids
         drafter = b.proposed is not None  # the drafter's own ids (a joined propose line)
-        proposed = b.proposed if drafter else verified
+        proposed = b.proposed if b.proposed is not None else verified
         self.stats.proposed_source["propose_line" if drafter else "verified"] += 1
         source = schema.PROPOSAL_FROM_DRAFTER if drafter else schema.PROPOSAL_COPIED_FROM_VERIFIED
         if not b.draft.complete or not b.emit.complete:

@@ -146,6 +146,7 @@ def requests(s: SideInput) -> Finding | None:
     else:
         verb = "is" if len(missing) == 1 else "are"
         what = f"{_n(len(missing), 'request')} of the other side {verb} absent ({missing[0]}, ..)"
+        where = {"request": missing[0]}  # the first absent request, by the other side's id
     return Finding(
         "requests_incomplete",
         "error",

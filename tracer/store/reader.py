@@ -220,11 +220,6 @@ class Trace:
             else:
                 arr = ds[()] if ds.shape[0] == n else ds[:n]  # [()] skips hyperslab work
             parts.append(self._checked(i, c.name, arr))
-            if c.name == "accepted" and ds is not None and "num_verified" in f["blocks"]:
-                nv = f["blocks"]["num_verified"][:n]
-                problems = structure.accepted_problems(str(self.paths[i]), arr, nv)
-                if problems:
-                    raise problems[0].error()
         if not parts:
             return _filled(c, 0, None if c.width is None else 1)
         if c.width is not None:
@@ -236,11 +231,18 @@ class Trace:
         """File ``i``'s cells of block column ``name`` after the value checks that keep the
         analysis sound (never clamped); ``request`` re-based onto the joined /requests.
 
+        Impossible counts (:data:`structure.COUNT_COLUMNS`) are kept: the
+        ``impossible_values`` finding names them, and ``spectrace validate`` reports them.
+
         Raises:
             TraceFormatError: a value below the column's minimum, a request index that
                 is negative or (complete file) out of range.
         """
-        problems = structure.value_problems(str(self.paths[i]), name, arr)
+        problems = (
+            []
+            if name in structure.COUNT_COLUMNS
+            else structure.value_problems(str(self.paths[i]), name, arr)
+        )
         if problems:
             raise problems[0].error()
         return self._rebase_requests(i, arr) if name == "request" else arr

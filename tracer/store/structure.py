@@ -184,7 +184,12 @@ def request_index_problems(
     return problems
 
 
-#: The smallest value of a 1-D block column (``-1``: unknown); checked when a column loads.
+#: Count columns whose impossible values (below -1, accepted > num_verified) are findings
+#: of a readable trace (``impossible_values``, exit 1), not unreadable input (exit 2).
+COUNT_COLUMNS = frozenset({"num_verified", "accepted", "num_emitted"})
+
+#: The smallest value of a 1-D block column (``-1``: unknown); checked when a column loads
+#: (except :data:`COUNT_COLUMNS`) and by ``spectrace validate``.
 BLOCK_MINIMUM: dict[str, int] = {
     "step": 0,
     "position": 0,
@@ -214,7 +219,8 @@ def accepted_problems(
     path: str, accepted: np.ndarray, num_verified: np.ndarray, base: int = 0
 ) -> list[Problem]:
     """Blocks that accept more drafts than were verified (both known): acceptance rates
-    above 1 follow from them, so readers refuse them."""
+    above 1 follow from them (``spectrace validate`` reports them; the ``impossible_values``
+    finding names them)."""
     bad = np.flatnonzero((num_verified >= 0) & (accepted > num_verified))
     if not bad.size:
         return []
