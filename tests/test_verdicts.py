@@ -210,7 +210,9 @@ def test_request_missing_on_one_side(tmp_path, clean):
     )
     rc, doc = diff_json(fewer, clean)
     f = first_error(rc, doc, "requests_incomplete")
-    assert (f["side"], f["evidence"]["missing"], f["request"]) == ("ours", ["b"], None)
+    # Located at the absent request, by the id the other side gives it (no position).
+    assert (f["side"], f["evidence"]["missing"], f["request"]) == ("ours", ["b"], "b")
+    assert f["position"] is None
 
 
 # ------------------------------------------------------------- drafting: asymmetric silence
@@ -455,6 +457,9 @@ def test_spec_against_vanilla_with_identical_text_passes(tmp_path, clean):
     assert f["evidence"] == {"without_drafts": ["theirs"], "requests": 3, "identical": 3}
     text = run("diff", str(clean), str(vanilla))
     assert text.returncode == 0 and "no draft comparison was possible" in text.stdout
+    # The verdict line itself says what was compared: content, not drafts.
+    assert "no divergence in content (no drafts on one side: no draft comparison)" in text.stdout
+    assert "no divergence on comparable blocks" not in text.stdout
     assert drafts_match_report(str(clean), str(vanilla)) is None
     rc, doc = diff_json(vanilla, clean)
     assert_clean(rc, doc)

@@ -20,11 +20,17 @@ class Verdict:
         return self.word + self.detail
 
 
-def verdict(diverged: bool, reasons: list[str]) -> Verdict:
-    """The verdict sentence of a diff (``DiffResult.diverged`` and ``.reasons``).
+def verdict(diverged: bool, reasons: list[str], content_only: bool = False) -> Verdict:
+    """The verdict sentence of a diff (``DiffResult.diverged``, ``.reasons``, and whether a
+    ``content_only`` finding says one side has no drafts: a vanilla baseline).
 
-    ``DIVERGED: reason; reason`` or ``no divergence on comparable blocks``.
+    ``DIVERGED: reason; reason``, ``no divergence on comparable blocks``, or for a vanilla
+    baseline ``no divergence in content (no drafts on one side: no draft comparison)``.
     """
     if diverged:
         return Verdict(True, "DIVERGED", ": " + "; ".join(reasons))
+    if content_only:
+        return Verdict(
+            False, "no divergence", " in content (no drafts on one side: no draft comparison)"
+        )
     return Verdict(False, "no divergence", " on comparable blocks")

@@ -165,10 +165,9 @@ class VtTraceParser:
 
     def finish(self) -> ImportStats:
         """Write what is still pending, close the open proposal, check the requests file
-        against the log, store stats in /meta.
+        against the log (requests with only never-installed blocks count as in the log),
+        store stats in /meta. Idempotent; returns the :class:`ImportStats`.
 
-        Idempotent. Returns:
-            The :class:`ImportStats`.
         Raises:
             InputError: strict mode, when the requests file does not match the log.
         """
@@ -182,6 +181,7 @@ class VtTraceParser:
             self._proposal = None
         if self._requests is not None:
             reached = {r: c.pos for r, c in self._chains.items()}
+            reached |= {r: 0 for r in sorted(self._reqs - reached.keys())}
             lengths = {r: len(rec.full) for r, rec in self._requests.items()}
             check = check_requests(self._requests_source, self.stats.source, reached, lengths)
             self.stats.requests_check = check

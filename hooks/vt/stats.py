@@ -77,8 +77,14 @@ class ImportStats:
         if self.anchors.get("unknown"):
             parts.append(f"{self.anchors['unknown']} anchors unknown")
         if self.families.get("spec-propose"):
-            joined = self.proposed_source.get("propose_line", 0)
+            # A never-installed proposal is written from its propose line but joins nothing
+            # (once placed: without a known position it is not written at all).
+            held = self.joins.get("not_installed", 0)
+            placed = held - self.joins.get("not_installed, position unknown", 0)
+            joined = self.proposed_source.get("propose_line", 0) - placed
             parts.append(f"{joined} proposals joined, {self.joins.get('unjoined', 0)} unjoined")
+            if held:
+                parts.append(f"{held} never installed ({placed} kept as unverified blocks)")
             if self.joins.get("proposed != verified"):
                 parts.append(f"{self.joins['proposed != verified']} proposed != verified")
         if self.phases:

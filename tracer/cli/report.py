@@ -167,7 +167,7 @@ def _print_sides(con: Console, r: DiffResult) -> None:
                 f"{side.blocks} blocks)"
             )
         )
-    v = verdict(r.diverged, r.reasons)
+    v = verdict(r.diverged, r.reasons, any(f.kind == "content_only" for f in r.findings))
     style = "bold red" if v.diverged else "bold green"
     con.print(f"[{style}]{v.word}[/{style}]{escape(v.detail)}")
 

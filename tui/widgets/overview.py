@@ -110,7 +110,8 @@ def verdict_text(an: Analysis | None, model: ViewModel, error: str | None = None
             error or "Analysing the traces… (the block view works meanwhile: press 2)", style="dim"
         )
     elif an.diff is not None:
-        v = verdict(an.diff.diverged, an.diff.reasons)
+        only = any(f.kind == "content_only" for f in an.diff.findings)
+        v = verdict(an.diff.diverged, an.diff.reasons, only)
         t.append(v.word.upper(), style="bold red" if v.diverged else "bold green")
         t.append(v.detail + "\n")
         q = an.diff.requests
