@@ -26,8 +26,8 @@ import h5py
 import numpy as np
 
 from . import schema
-from .errors import InputError, TraceFormatError
 from .store import resolve_paths
+from .store.reader import open_h5
 from .store.structure import (
     Problem,
     accepted_problems,
@@ -47,14 +47,7 @@ def validate_file(path: Path) -> list[Problem]:
         InputError: missing file, a directory, not HDF5, not a spectrace trace or an
             unsupported major version (nothing to check).
     """
-    if path.is_dir():
-        raise InputError(f"{path}: is a directory, not a trace file")
-    try:
-        f = h5py.File(path, "r", locking=False)
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise TraceFormatError(f"{path}: not a readable HDF5 file ({_short(exc)})") from None
+    f = open_h5(path)
     with f:
         try:
             return _validate_open(str(path), f)

@@ -9,6 +9,7 @@ module holds the vocabulary and the evidence helpers; detectors live in
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -21,7 +22,7 @@ from .evidence import EVIDENCE
 #: produce and missing work first (no comparison of what exists can be trusted past them),
 #: then content (it decides what is comparable), then the most specific explanations,
 #: generic mismatch last.
-KINDS: tuple[str, ...] = (
+Kind = Literal[
     "impossible_values",
     "capture_incomplete",
     "requests_incomplete",
@@ -43,36 +44,15 @@ KINDS: tuple[str, ...] = (
     "trimmed_drafts",
     "acceptance_bookkeeping",
     "draft_mismatch",
-)
+]
+KINDS: tuple[Kind, ...] = typing.get_args(Kind)
 
-SEVERITIES: tuple[str, ...] = ("error", "warning", "info")
+Severity = Literal["error", "warning", "info"]
+SEVERITIES: tuple[Severity, ...] = typing.get_args(Severity)
 
 #: Which trace shows a finding.
-SIDES: tuple[str, ...] = ("ours", "theirs", "both")
-
-Kind = Literal[
-    "impossible_values",
-    "capture_incomplete",
-    "requests_incomplete",
-    "degenerate_output",
-    "content_divergence",
-    "content_only",
-    "anchor_shift",
-    "layout_shift",
-    "vocab_mapping",
-    "k_mismatch",
-    "verified_differs",
-    "constant_drafts",
-    "depth_divergence",
-    "stale_state",
-    "batch_dependence",
-    "unverified_drafts",
-    "trimmed_drafts",
-    "acceptance_bookkeeping",
-    "draft_mismatch",
-]
-Severity = Literal["error", "warning", "info"]
 Side = Literal["ours", "theirs", "both"]
+SIDES: tuple[Side, ...] = typing.get_args(Side)
 
 #: Evidence of a finding: counts, ratios and example ids, JSON-serialisable; its keys per
 #: kind are the TypedDicts of :mod:`.evidence` (checked by the generated JSON Schema).

@@ -94,14 +94,7 @@ class Trace:
     # -- opening -------------------------------------------------------------------------------
 
     def _open_one(self, path: Path) -> None:
-        if path.is_dir():
-            raise InputError(f"{path}: is a directory, not a trace file")
-        try:
-            f = h5py.File(path, "r", locking=False)
-        except FileNotFoundError:
-            raise InputError(f"{path}: no such file") from None
-        except OSError as exc:
-            raise TraceFormatError(f"{path}: {_unreadable(path, exc)}") from None
+        f = open_h5(path)
         try:
             self._check_and_add(path, f)
         except TraceFormatError:
@@ -424,6 +417,23 @@ def _attr(f: h5py.File, name: str) -> str | None:
 
 def _decode(v) -> str:
     return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+
+
+def open_h5(path: Path) -> h5py.File:
+    """Open one trace file for reading (no HDF5 file lock: a writer may hold it open).
+
+    Raises:
+        InputError: ``path`` is a directory or does not exist.
+        TraceFormatError: not a readable HDF5 file (truncated, or a VT log: says which).
+    """
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not a trace file")
+    try:
+        return h5py.File(path, "r", locking=False)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: {_unreadable(path, exc)}") from None
 
 
 def _unreadable(path: Path, exc: OSError) -> str:
