@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 #: num_speculative_tokens of the tiny DSpark drafter (its block_size).
@@ -39,3 +43,24 @@ def tiny_dspark():
         return m.eval()
 
     return make
+
+
+def _capture_reference(
+    tmp: Path, name: str, args: list[str], k: int = 4, max_tokens: int = 64
+) -> subprocess.CompletedProcess:
+    """``spectrace capture`` of the reference engine (draft model, greedy) into
+    ``tmp/NAME.h5`` with its requests file and raw log beside it; ``args`` go to the engine
+    (e.g. ``["--fault", "layout_shift"]``)."""
+    h5, req, log = tmp / f"{name}.h5", tmp / f"{name}.requests.jsonl", tmp / f"{name}.log"
+    spectrace = str(Path(sys.executable).parent / "spectrace")
+    engine = [sys.executable, "-m", "spectrace.engine", "--method", "draft_model"]
+    engine += ["--k", str(k), "--max-tokens", str(max_tokens), "--requests-out", str(req)]
+    cmd = [spectrace, "capture", "-o", str(h5), "--requests", str(req), "--log", str(log)]
+    return subprocess.run([*cmd, "--", *engine, *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def capture_reference():
+    """``capture_reference(tmp, name, args, k=4, max_tokens=64)`` -> the finished process
+    of a reference-engine capture into ``tmp/NAME.h5`` (see :func:`_capture_reference`)."""
+    return _capture_reference

@@ -149,39 +149,16 @@ def common(ours: Run, theirs: Run) -> list[tuple[Block, Block]]:
 # ---------------------------------------------------------------------------- fixtures
 
 
-def _capture(tmp: Path, name: str, args: list[str]) -> tuple[str, subprocess.CompletedProcess]:
-    h5, req, log = tmp / f"{name}.h5", tmp / f"{name}.requests.jsonl", tmp / f"{name}.log"
-    cmd = [
-        SPECTRACE,
-        "capture",
-        "-o",
-        str(h5),
-        "--requests",
-        str(req),
-        "--log",
-        str(log),
-        "--",
-        sys.executable,
-        "-m",
-        "spectrace.engine",
-        "--method",
-        "draft_model",
-        "--k",
-        str(K),
-        "--max-tokens",
-        str(MAX_TOKENS),
-        "--requests-out",
-        str(req),
-        *args,
-    ]
-    return name, subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Run]:
+def runs(tmp_path_factory, capture_reference) -> dict[str, Run]:
     tmp = tmp_path_factory.mktemp("faults")
+
+    def one(item: tuple[str, list[str]]) -> tuple[str, subprocess.CompletedProcess]:
+        name, args = item
+        return name, capture_reference(tmp, name, args, K, MAX_TOKENS)
+
     with ThreadPoolExecutor(max_workers=2) as pool:
-        done = list(pool.map(lambda item: _capture(tmp, *item), RUNS.items()))
+        done = list(pool.map(one, RUNS.items()))
     out = {}
     for name, proc in done:
         assert proc.returncode == 0, f"{name}: {proc.stderr[-2000:]}"

@@ -83,10 +83,9 @@ def _imports(module: str) -> set[str]:
                 anchor = pkg.split(".")
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
-            # ``from pkg import sub`` imports the submodule when there is one.
-            names = [
-                f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names
-            ]
+            # ``from pkg import sub`` imports the submodule when there is one, after running
+            # the package's __init__: an edge to both.
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
         else:
             continue
         found.update(n for n in names if n in MODULES and n != module)
@@ -136,6 +135,13 @@ def test_no_import_cycles():
 def test_cycle_finder_finds_a_cycle():
     # The twin of test_no_import_cycles: a two-module cycle (c only imports into it) is found.
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+
+
+def test_from_package_import_counts_the_package():
+    # ``from . import x`` inside a package's module runs the package's __init__ first.
+    graph = {m: _imports(m) for m in MODULES}
+    assert "spectrace.tracer.cli" in graph["spectrace.tracer.cli.commands"]
+    assert "spectrace.tracer.cli.output" in graph["spectrace.tracer.cli.commands"]
 
 
 def test_function_level_imports_count():

@@ -18,11 +18,11 @@ from types import ModuleType
 
 from spectrace.tracer.cli.output import say
 
-from . import registry
 from .common import vllm_version
 from .counters import VllmCounters, fmt_counts, hand_off
 from .patching import wrap_init
 from .paths import output_path, trace_of_handoff, trace_path
+from .registry import waiting_for_counters
 
 _NEEDED = ("num_draft_tokens", "num_accepted_tokens")
 
@@ -56,7 +56,7 @@ def _attach_counters(sched) -> None:
     )
     sched._spectrace_counters = c
     out = output_path()
-    session = registry.waiting_for_counters(trace_path(out, c.dp_rank)) if out else None
+    session = waiting_for_counters(trace_path(out, c.dp_rank)) if out else None
     if session is not None:
         session.counters = c
         c.local = True

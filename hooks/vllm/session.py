@@ -13,12 +13,13 @@ from pathlib import Path
 from spectrace.tracer.cli.output import say
 from spectrace.tracer.store import TraceWriter
 
-from . import registry
 from .columns import ColumnWriter
 from .common import strict, vllm_version
 from .counters import VllmCounters, take_handoff
 from .crosscheck import cross_check, flushed_totals, report
 from .joiner import BlockJoiner
+from .registry import add as register_session
+from .registry import close_all
 from .sampling import sampling_meta
 
 
@@ -57,7 +58,7 @@ class Session:
         self._lock = threading.RLock()
         self.closed = False
         self.disabled = False
-        registry.add(self)
+        register_session(self)
 
     @property
     def writer(self) -> TraceWriter:
@@ -69,7 +70,7 @@ class Session:
             # was imported; atexit runs handlers last-in first-out, so register the close
             # again now: it then runs before h5py's teardown (and before vLLM's own
             # finalizers, which in one-process mode would shut the engine down later).
-            atexit.register(registry.close_all)
+            atexit.register(close_all)
         return self._writer
 
     def update_meta(self, **items) -> None:

@@ -11,8 +11,6 @@ them), (b) the bundled pair, (c) reference-engine runs with ``--fault``s against
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,7 +24,6 @@ from spectrace.tui.fmt import row_note
 from spectrace.tui.model import S_PAST, analyse, compute_window
 
 ROOT = Path(__file__).resolve().parents[2]
-SPECTRACE = str(Path(sys.executable).parent / "spectrace")
 
 
 def _diff_blocks(a: Path, b: Path):
@@ -154,42 +151,14 @@ def test_bundled_pair(order, load_model):
 FAULTS = {"layout_shift": "differ", "anchor_shift": "differ", "content": "past"}
 
 
-def _capture(tmp: Path, name: str, args: list[str]) -> subprocess.CompletedProcess:
-    h5, req, log = tmp / f"{name}.h5", tmp / f"{name}.requests.jsonl", tmp / f"{name}.log"
-    cmd = [
-        SPECTRACE,
-        "capture",
-        "-o",
-        str(h5),
-        "--requests",
-        str(req),
-        "--log",
-        str(log),
-        "--",
-        sys.executable,
-        "-m",
-        "spectrace.engine",
-        "--method",
-        "draft_model",
-        "--k",
-        "4",
-        "--max-tokens",
-        "64",
-        "--requests-out",
-        str(req),
-        *args,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-
-
 @pytest.fixture(scope="module")
-def fault_runs(tmp_path_factory) -> Path:
+def fault_runs(tmp_path_factory, capture_reference) -> Path:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     tmp = tmp_path_factory.mktemp("agreement")
     runs = {"clean": [], **{f: ["--fault", f] for f in FAULTS}}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        done = dict(zip(runs, pool.map(lambda kv: _capture(tmp, *kv), runs.items())))
+        done = dict(zip(runs, pool.map(lambda kv: capture_reference(tmp, *kv), runs.items())))
     for name, proc in done.items():
         assert proc.returncode == 0, f"{name}: {proc.stderr[-2000:]}"
     return tmp

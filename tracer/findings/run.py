@@ -13,13 +13,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# Module imports, not ``from . import``: the package's __init__ imports this module.
+import spectrace.tracer.findings.pair as pair
+import spectrace.tracer.findings.single as single
+import spectrace.tracer.findings.values as values
+import spectrace.tracer.findings.work as work
+
 from .. import schema
 from ..align import Alignment
 from ..compare import PairedComparison
 from ..parallel import in_parallel
 from ..store import Trace
 from ..tokens import Decoder
-from . import pair, single, values, work
 from .data import PairData, SideInput, TraceData, prepare
 from .loops import degenerate, pair_loop_findings, single_loop_finding
 from .model import Finding, Side, sort_findings

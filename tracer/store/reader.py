@@ -19,9 +19,18 @@ import numpy as np
 
 from .. import schema
 from ..errors import InputError, TraceFormatError
-from . import structure
 from .columns import Blocks, RaggedColumn, Requests
 from .paths import TraceSpec, TraceWarning, resolve_paths
+from .structure import (
+    COUNT_COLUMNS,
+    column_problems,
+    format_version,
+    is_complete,
+    length_problems,
+    read_meta,
+    request_index_problems,
+    value_problems,
+)
 
 
 class Trace:
@@ -106,20 +115,20 @@ class Trace:
             raise TraceFormatError(f"{path}: damaged trace file ({_short(exc)})") from None
 
     def _check_and_add(self, path: Path, f: h5py.File) -> None:
-        version, problems = structure.format_version(str(path), f)
+        version, problems = format_version(str(path), f)
         if problems:
             raise problems[0].error()
-        meta, problems = structure.read_meta(str(path), f)
-        problems += structure.column_problems(str(path), f)
+        meta, problems = read_meta(str(path), f)
+        problems += column_problems(str(path), f)
         status = _attr(f, "status")
-        complete = structure.is_complete(str(path), f)
+        complete = is_complete(str(path), f)
         if complete and not problems:
-            problems = structure.length_problems(str(path), f)
+            problems = length_problems(str(path), f)
         n = self._flushed_rows(f)
         if complete and not problems:  # one int column: a bad index fails here, not mid-view
             nreq = f["requests"]["req_id"].shape[0]
             request = f["blocks"]["request"][:n]
-            problems = structure.request_index_problems(str(path), request, nreq, complete)
+            problems = request_index_problems(str(path), request, nreq, complete)
         if problems:
             raise problems[0].error()
         if not complete:
@@ -224,18 +233,14 @@ class Trace:
         """File ``i``'s cells of block column ``name`` after the value checks that keep the
         analysis sound (never clamped); ``request`` re-based onto the joined /requests.
 
-        Impossible counts (:data:`structure.COUNT_COLUMNS`) are kept: the
+        Impossible counts (:data:`COUNT_COLUMNS`) are kept: the
         ``impossible_values`` finding names them, and ``spectrace validate`` reports them.
 
         Raises:
             TraceFormatError: a value below the column's minimum, a request index that
                 is negative or (complete file) out of range.
         """
-        problems = (
-            []
-            if name in structure.COUNT_COLUMNS
-            else structure.value_problems(str(self.paths[i]), name, arr)
-        )
+        problems = [] if name in COUNT_COLUMNS else value_problems(str(self.paths[i]), name, arr)
         if problems:
             raise problems[0].error()
         return self._rebase_requests(i, arr) if name == "request" else arr
@@ -243,7 +248,7 @@ class Trace:
     def _rebase_requests(self, i: int, arr: np.ndarray) -> np.ndarray:
         """File ``i``'s ``request`` cells as rows of the concatenated /requests table; rows
         flushed before their request row was point at placeholder requests (kept, not lost)."""
-        problems = structure.request_index_problems(
+        problems = request_index_problems(
             str(self.paths[i]), arr, self._nreq_per_file[i], self._complete[i]
         )
         if problems:
