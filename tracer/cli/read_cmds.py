@@ -1,0 +1,158 @@
+"""The commands that read traces: ``schema``, ``info``, ``diff``, ``check``, ``validate``.
+
+Each imports what it needs inside its body, so none loads textual, torch or vllm.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from . import output
+from .options import exit_verdict, format_option, tokenizer_option
+
+
+@click.command()
+@click.option(
+    "--diff",
+    "diff_json",
+    is_flag=True,
+    help="Print the JSON Schema of `spectrace diff --format json` instead.",
+)
+def schema(diff_json: bool) -> None:
+    """Print the trace store schema (HDF5, format 1.x)."""
+    if diff_json:
+        from ..diff_schema import SCHEMA
+
+        output.out(json.dumps(SCHEMA, indent=2))
+        return
+    from .. import schema as _schema
+
+    output.out(_schema.describe())
+
+
+@click.command()
+@click.argument("trace", nargs=-1, required=True)
+@format_option
+def info(trace: tuple[str, ...], fmt: str) -> None:
+    """Show a trace's metadata and acceptance figures.
+
+    TRACE is one file, several files or a glob (one trace written by several processes).
+    """
+    from ..metrics import trace_summary
+    from ..store import open_trace
+    from . import report
+
+    t = open_trace(list(trace))
+    summary = trace_summary(t)
+    if fmt == "json":
+        output.out(json.dumps({"schema": "spectrace.info/1", **summary}, indent=2))
+    else:
+        report.print_info(output.console(), summary)
+
+
+@click.command()
+@click.argument("ours")
+@click.argument("theirs")
+@format_option
+@click.option(
+    "--examples",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Divergent blocks to show as examples.",
+)
+@tokenizer_option
+def diff(ours: str, theirs: str, fmt: str, examples: int, tokenizer: str | None) -> None:
+    """Align two traces per anchor and report where their drafts differ.
+
+    OURS and THEIRS are trace files or globs (quote the glob). Exit status: 0 when every
+    comparable block agrees, 1 on an error finding, a differing comparable block or nothing
+    comparable, 2 on bad input.
+    """
+    from ..align import align
+    from ..diff import diff_traces, open_pair
+    from ..tokens import decoder_for
+    from . import report
+
+    a, b = open_pair(ours, theirs)
+    dec = decoder_for(tokenizer, a.meta, b.meta)
+    result = diff_traces(align(a, b), examples=examples, decoder=dec)
+    if fmt == "json":
+        output.out(json.dumps(result.to_json(), indent=2))
+    else:
+        report.print_diff(output.console(), result)
+    exit_verdict(result.diverged)
+
+
+@click.command()
+@click.argument("trace", nargs=-1, required=True)
+@format_option
+@tokenizer_option
+def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None) -> None:
+    """Check one trace on its own: loops, constant or unverified drafts, bookkeeping,
+    vocabulary range, verified vs proposed, anchors. Exit 1 on an error finding."""
+    from ..findings import check_trace
+    from ..metrics import trace_summary
+    from ..store import open_trace
+    from ..tokens import decoder_for
+    from . import report
+
+    t = open_trace(list(trace))
+    found = check_trace(t, decoder_for(tokenizer, t.meta))
+    summary = trace_summary(t)
+    if fmt == "json":
+        output.out(
+            json.dumps(
+                {
+                    "schema": "spectrace.check/1",
+                    "findings": [f.to_json() for f in found],
+                    "summary": summary,
+                },
+                indent=2,
+            )
+        )
+    else:
+        con = output.console()
+        report.print_findings(con, found)
+        report.print_info(con, summary)
+    exit_verdict(any(f.severity == "error" for f in found))
+
+
+@click.command("validate")
+@click.argument("trace", nargs=-1, required=True)
+@format_option
+def validate_cmd(trace: tuple[str, ...], fmt: str) -> None:
+    """Check trace files in full (fsck): structure, meta types, column shapes and dtypes,
+    checksums, value ranges, cross-column invariants (accepted <= num_verified <= k,
+    num_emitted = accepted + 1, positions within the request, request indexes in range).
+
+    One line per problem (its first row and a count). Exit status: 0 every file valid,
+    1 a problem found, 2 a file that cannot be read as a trace.
+    """
+    import dataclasses
+
+    from ..validate import validate
+
+    results = validate(list(trace))
+    if fmt == "json":
+        doc = {
+            "schema": "spectrace.validate/1",
+            "files": [
+                {
+                    "file": str(path),
+                    "valid": not problems,
+                    "problems": [dataclasses.asdict(p) for p in problems],
+                }
+                for path, problems in results
+            ],
+        }
+        output.out(json.dumps(doc, indent=2, default=str))
+    else:
+        for path, problems in results:
+            for p in problems:
+                output.out(p.line())
+            if not problems:
+                output.out(f"{path}: valid")
+    exit_verdict(any(problems for _, problems in results))
