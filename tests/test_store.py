@@ -224,7 +224,7 @@ def test_verified_same_lets_the_reader_skip_verified(tmp_path):
     path = _verified_trace(tmp_path / "same.h5", [([1, 2, 3], [1, 2, 3]), ([4, 5], [4, 5])])
     with h5py.File(path, "r") as f:
         assert f["blocks/verified_same"][:].tolist() == [1, 1]
-        assert f.attrs["format_version"] == "1.1"
+        assert f.attrs["format_version"] == "1.2"
     t = open_trace(path)
     assert t.blocks.verified is t.blocks.proposed
     assert t.blocks.verified.tolist() == [[1, 2, 3], [4, 5, -1]]

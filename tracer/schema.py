@@ -22,7 +22,7 @@ from typing import Final, Literal
 import numpy as np
 
 FORMAT = "spectrace.trace"
-FORMAT_VERSION = "1.1"
+FORMAT_VERSION = "1.2"
 MAJOR_VERSION = 1
 
 #: File status attribute values. ``recording`` stays when a writer died before ``close()``.
@@ -38,7 +38,7 @@ PARTIAL_SUFFIX = ".partial"
 PAD = -1
 
 
-def pad_to(mat: np.ndarray, w: int, fill: int = PAD) -> np.ndarray:
+def pad_to(mat: np.ndarray, w: int, fill: int | float = PAD) -> np.ndarray:
     """``mat`` [n, m] cut or padded with ``fill`` to ``w`` columns (no copy when m >= w)."""
     if mat.shape[1] >= w:
         return mat[:, :w]
@@ -59,7 +59,7 @@ class Column:
     doc: str
     width: str | None = None
     vlen: bool = False
-    fill: int = 0
+    fill: int | float = 0
     #: Optional columns (minor-version additions) may be absent; readers fill them.
     optional: bool = False
     #: Computed by the writer from other columns (callers never pass it).
@@ -128,6 +128,22 @@ BLOCK_COLUMNS: tuple[Column, ...] = (
         "where `proposed` comes from: 1 the drafter's output, "
         "0 a copy of `verified` (the engine printed no proposal), -1 unknown",
         fill=PAD,
+        optional=True,
+    ),
+    Column(
+        "draft_margin",
+        "float32",
+        "drafter's top-1 minus top-2 logit (or log-probability) per slot, the confidence "
+        "of each proposed id; NaN unknown (1.2)",
+        width="k",
+        fill=float("nan"),
+        optional=True,
+    ),
+    Column(
+        "target_margin",
+        "float32",
+        "target's top-1 minus top-2 logit where it sampled the anchor; NaN unknown (1.2)",
+        fill=float("nan"),
         optional=True,
     ),
     Column(

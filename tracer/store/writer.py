@@ -213,6 +213,8 @@ class TraceWriter:
         batch_row: int = schema.PAD,
         batch_size: int = schema.PAD,
         proposal_source: int = schema.PAD,
+        draft_margin: Sequence[float] | None = None,
+        target_margin: float = float("nan"),
     ) -> None:
         """Record one draft block.
 
@@ -230,6 +232,10 @@ class TraceWriter:
                 number of rows (-1: unknown); they expose batch-dependent drafts.
             proposal_source: 1 when ``proposed`` is the drafter's output, 0 when it only
                 copies ``verified`` (-1 unknown); see ``schema.PROPOSAL_*``.
+            draft_margin: the drafter's top-1 minus top-2 logit per proposed slot (float,
+                len k), or ``None`` when not recorded (NaN).
+            target_margin: the target's top-1 minus top-2 logit where it sampled the anchor
+                (NaN: unknown).
         """
         with self._lock:
             b = self._blocks
@@ -251,6 +257,8 @@ class TraceWriter:
             b["batch_row"].append(batch_row)
             b["batch_size"].append(batch_size)
             b["proposal_source"].append(proposal_source)
+            b["draft_margin"].append([] if draft_margin is None else list(draft_margin))
+            b["target_margin"].append(target_margin)
             if len(b["request"]) >= self._flush_rows:
                 self._flush_locked()
 
@@ -337,6 +345,8 @@ class TraceWriter:
         g = self._file[table]
         n = len(buf[cols[0].name])
         arrays = {}
+        # Every k-wide column gets the same width, so slot j is column j in all of them.
+        wk = max((len(v) for c in cols if c.width == "k" for v in buf[c.name]), default=0)
         for c in cols:
             if c.derived:
                 continue
@@ -344,7 +354,7 @@ class TraceWriter:
             if c.width is None:
                 arrays[c.name] = np.asarray(values, dtype=c.np_dtype)
             else:
-                w = max((len(v) for v in values), default=0)
+                w = wk if c.width == "k" else max((len(v) for v in values), default=0)
                 arr = np.full((n, max(w, 1)), c.fill, dtype=c.np_dtype)
                 for i, v in enumerate(values):
                     arr[i, : len(v)] = v
