@@ -49,3 +49,39 @@ def import_vt(
     for line in (stats.requests_warning(), stats.no_blocks_warning()):
         if line:
             output.say(f"warning: {line}")
+
+
+def _say_problems(problems) -> None:
+    """One warning line per problem class (count, first location)."""
+    for line in problems.lines():
+        output.say(f"warning: {line}")
+
+
+@import_.command("golden")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option(
+    "-o", "--out", required=True, type=click.Path(dir_okay=False), help="Output trace file (.h5)."
+)
+@strict_option
+@meta_option
+@force_option
+def import_golden(file: str, out: str, strict: bool, meta: dict[str, object], force: bool) -> None:
+    """Import an oracle-capture JSON golden (FILE) of a parity gate.
+
+    Blocks are placed as the gate does: the first anchor at position len(prompt), acceptance
+    the longest draft prefix equal to the following tokens, the next anchor at p + acc + 1; a
+    block whose anchor differs or lies past the end ends its request's walk. Prints how many
+    blocks were placed and why the rest were not, and the golden's counters against the
+    placed totals.
+    """
+    from spectrace.hooks.importers.golden import import_golden as run
+
+    from ..store.paths import check_outputs
+
+    check_outputs({"-o": out}, {"FILE": file}, force=force)
+    stats = run(file, out, strict=strict, meta=meta or None)
+    output.say(stats.summary())
+    assert stats.problems is not None and stats.check is not None
+    _say_problems(stats.problems)
+    check = stats.check
+    output.say(("" if check["equal"] else "warning: ") + check["message"])

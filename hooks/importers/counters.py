@@ -1,0 +1,97 @@
+"""The golden's own counters (vLLM's spec-decode metrics) against the totals of the blocks
+the walk placed: both are reported, and a shortfall is explained where it can be."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .common import is_int
+from .placement import PlacedBlock
+
+#: Our name -> vLLM's counter (``vllm/v1/spec_decode/metrics.py``, the Prometheus names).
+GOLDEN_COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+    "accepted_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos",
+}
+
+
+def placed_totals(placed: Sequence[PlacedBlock], k: int | None) -> dict:
+    """vLLM's four counters recomputed over the placed blocks.
+
+    Returns:
+        ``{"drafts", "draft_tokens", "accepted_tokens", "accepted_per_pos"}``: blocks, drafts
+        proposed, drafts accepted, and per slot i the blocks with accepted > i (``k`` slots,
+        or the widest block's).
+    """
+    width = k or max((len(b.drafts) for b in placed), default=0)
+    return {
+        "drafts": len(placed),
+        "draft_tokens": sum(len(b.drafts) for b in placed),
+        "accepted_tokens": sum(b.accepted for b in placed),
+        "accepted_per_pos": [sum(b.accepted > i for b in placed) for i in range(width)],
+        "past_max_tokens": sum(b.past_end for b in placed),
+    }
+
+
+def _golden_counters(metrics: object) -> dict | None:
+    """The golden's counters under our names (None when it has none that read as counts)."""
+    if not isinstance(metrics, dict):
+        return None
+    out: dict = {}
+    for ours, theirs in GOLDEN_COUNTERS.items():
+        v = metrics.get(theirs)
+        if ours == "accepted_per_pos":
+            if isinstance(v, list) and all(is_int(x, 0, 2**62) for x in v):
+                out[ours] = v
+        elif is_int(v, 0, 2**62):
+            out[ours] = v
+    return out or None
+
+
+def counters_check(metrics: object, placed: dict) -> dict:
+    """Compare the golden's counters with the placed totals.
+
+    Returns:
+        ``{"golden", "placed", "shortfall", "equal", "message"}``: the two sets of counters
+        (``golden`` None without metrics), golden minus placed per counter, whether they
+        are equal, and one line saying so (a shortfall names the blocks past
+        ``max_tokens``, whose acceptance is only what the output shows).
+    """
+    golden = _golden_counters(metrics)
+    past = placed["past_max_tokens"]
+    placed = {k: v for k, v in placed.items() if k != "past_max_tokens"}
+    out: dict = {"golden": golden, "placed": placed, "past_max_tokens": past}
+    if golden is None:
+        out.update(shortfall=None, equal=None, message="the golden has no spec-decode counters")
+        return out
+    short = {k: _minus(v, placed[k]) for k, v in golden.items()}
+    equal = all(v == 0 or (isinstance(v, list) and not any(v)) for v in short.values())
+    out.update(shortfall=short, equal=equal, message=_message(golden, placed, short, past, equal))
+    return out
+
+
+def _minus(a, b):
+    if isinstance(a, list):
+        n = max(len(a), len(b))
+        a, b = a + [0] * (n - len(a)), b + [0] * (n - len(b))
+        return [x - y for x, y in zip(a, b)]
+    return a - b
+
+
+def _message(golden: dict, placed: dict, short: dict, past: int, equal: bool) -> str:
+    names = [k for k in ("drafts", "draft_tokens", "accepted_tokens") if k in golden]
+    both = ", ".join(f"{k.replace('_', ' ')} {golden[k]} vs {placed[k]}" for k in names)
+    if "accepted_per_pos" in golden:
+        both += f", accepted per position {golden['accepted_per_pos']} vs "
+        both += f"{placed['accepted_per_pos']}"
+    if equal:
+        return f"golden counters equal the placed blocks' ({both})"
+    text = f"golden counters vs placed blocks: {both}"
+    if short.get("accepted_tokens", 0) > 0 and past:
+        text += (
+            f"; {past} placed block(s) reach past max_tokens, where the golden's output shows "
+            f"only part of what the engine accepted"
+        )
+    return text

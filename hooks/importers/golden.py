@@ -1,0 +1,251 @@
+"""``spectrace import golden``: an oracle-capture JSON golden (what a parity gate keeps, e.g.
+vllm.cpp's DFlash/DSpark gates) into a trace.
+
+The golden is one JSON object: run metadata (``oracle_version``, ``pin``, ``target``,
+``draft``, ``num_speculative_tokens``, ``max_tokens``, ``attention_backend``,
+``enforce_eager``, ``max_num_seqs``), vLLM's counters under ``metrics``
+(``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``, ``..._num_accepted_tokens``,
+``..._num_accepted_tokens_per_pos``) and ``records``: per request ``prompt``,
+``prompt_token_ids``, ``output_token_ids``, ``text`` and ``blocks``, each ``{call, req_row,
+anchor, drafts}`` in call order. Blocks are placed as the gate does (:mod:`.placement`), and
+the placed totals are checked against the golden's own counters (``meta["checks"]["golden
+_counters"]``): blocks whose bonus token falls past ``max_tokens`` keep their visible
+acceptance and explain an accepted-token shortfall, unplaced blocks a drafts shortfall.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+from spectrace.tracer import schema
+from spectrace.tracer.errors import InputError
+from spectrace.tracer.store import TraceWriter
+
+from .common import Located, Problems, id_list, is_int, load_located_json, read_text, write_trace
+from .counters import GOLDEN_COUNTERS, counters_check, placed_totals
+from .placement import UNPLACED_REASONS, PlacedBlock, place
+
+SOURCE = "golden"
+#: Golden keys copied into /meta as they are (under ``meta["golden"]``).
+RUN_KEYS = ("oracle_version", "pin", "attention_backend", "enforce_eager", "max_tokens")
+
+
+@dataclass
+class GoldenStats:
+    """What an import of a golden found (stored as ``meta["import"]``).
+
+    Attributes:
+        source: the golden's file name; ``records``: records read, ``requests``: written.
+        blocks: blocks in the golden; ``placed``: placed and written.
+        unplaced: reason -> blocks not placed (:data:`UNPLACED_REASONS`, ``invalid_record``).
+        past_max_tokens: placed blocks whose bonus token falls past the output's end.
+        problems: the counted problems; ``check``: the counter cross-check (or None).
+    """
+
+    source: str
+    records: int = 0
+    requests: int = 0
+    blocks: int = 0
+    placed: int = 0
+    unplaced: Counter = field(default_factory=Counter)
+    past_max_tokens: int = 0
+    problems: Problems | None = None
+    check: dict | None = None
+
+    def summary(self) -> str:
+        """One line: ``imported 5 of 9 blocks of 3 requests from FILE (not placed: ...)``."""
+        why = ", ".join(
+            f"{self.unplaced[r]} {r.replace('_', ' ')}"
+            for r in (*UNPLACED_REASONS, "invalid_record")
+            if self.unplaced[r]
+        )
+        parts = [f"not placed: {why}" if why else "every block placed"]
+        if self.past_max_tokens:
+            parts.append(f"{self.past_max_tokens} past max_tokens (visible acceptance)")
+        return (
+            f"imported {self.placed} of {self.blocks} blocks of {self.requests} requests "
+            f"from {self.source} ({'; '.join(parts)})"
+        )
+
+    def to_meta(self) -> dict:
+        return {
+            "source": self.source,
+            "records": self.records,
+            "requests": self.requests,
+            "blocks": self.blocks,
+            "placed": self.placed,
+            "unplaced": dict(self.unplaced),
+            "past_max_tokens": self.past_max_tokens,
+            "problems": self.problems.to_meta() if self.problems else {},
+        }
+
+
+def import_golden(
+    path: str | os.PathLike, out: str | os.PathLike, strict: bool = False, meta: dict | None = None
+) -> GoldenStats:
+    """Import an oracle-capture JSON golden (what ``spectrace import golden`` runs).
+
+    Args:
+        path: the golden JSON file; ``out``: the trace to write (``.h5``).
+        strict: fail on the first problem (an unreadable record or block, a block that ends
+            a walk, bad metadata) instead of counting it.
+        meta: /meta items that override the defaults.
+    Returns:
+        The :class:`GoldenStats` (also in ``meta["import"]``; the cross-check in
+        ``meta["checks"]["golden_counters"]``).
+    Raises:
+        InputError: missing, empty or binary file, not JSON (``FILE:LINE``), no ``records``
+            list; ParseError: strict mode. The ``.partial`` file is removed.
+    """
+    source = str(path)
+    doc = load_located_json(read_text(path, "golden JSON file"), source)
+    if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
+        raise InputError(f"{source}:1: not an oracle-capture golden (no 'records' list)")
+    assert isinstance(doc, Located)
+    stats = GoldenStats(source, problems=Problems(source, strict))
+    base = {**_run_meta(doc, stats.problems), **(meta or {})}
+
+    def fill(writer: TraceWriter) -> dict:
+        placed = _write_records(writer, doc["records"], stats, _max_tokens(doc))
+        stats.check = counters_check(doc.get("metrics"), placed_totals(placed, base.get("k")))
+        return {"import": stats.to_meta(), "checks": {"golden_counters": stats.check}}
+
+    write_trace(out, base, fill)
+    return stats
+
+
+def _run_meta(doc: Located, problems: Problems) -> dict:
+    """The /meta of the trace from the golden's run metadata (bad types are problems)."""
+    k = doc.get("num_speculative_tokens")
+    if k is not None and not is_int(k, 0, 2**15 - 1):
+        problems.add("invalid_meta", doc.line, "not a draft count", "num_speculative_tokens", k)
+        k = None
+    mns = doc.get("max_num_seqs")
+    if mns is not None and not is_int(mns, 0):
+        problems.add("invalid_meta", doc.line, "not a batch limit", "max_num_seqs", mns)
+        mns = None
+    out: dict = {"source": SOURCE, "engine": "vllm", "k": k, "max_num_seqs": mns}
+    for key, dest in (("target", "target_model"), ("draft", "draft_model")):
+        if isinstance(doc.get(key), str):
+            out[dest] = doc[key]
+    out["golden"] = {key: doc.get(key) for key in RUN_KEYS if key in doc}
+    return {k2: v for k2, v in out.items() if v is not None}
+
+
+def _max_tokens(doc: Located) -> int | None:
+    v = doc.get("max_tokens")
+    return v if is_int(v, 1) else None
+
+
+def _write_records(
+    writer: TraceWriter, records: list, stats: GoldenStats, max_tokens: int | None
+) -> list[PlacedBlock]:
+    """Place and write every record's blocks; returns every placed block."""
+    assert stats.problems is not None
+    placed_all: list[PlacedBlock] = []
+    for i, rec in enumerate(records):
+        stats.records += 1
+        ids = _record_ids(rec, stats.problems)
+        nblocks = len(rec["blocks"]) if isinstance(rec, dict) and _is_list(rec, "blocks") else 0
+        stats.blocks += nblocks
+        if ids is None:
+            stats.unplaced["invalid_record"] += nblocks
+            continue
+        prompt, output = ids
+        req_id = str(rec.get("request_id", i))
+        reason = "length" if max_tokens and len(output) >= max_tokens else "stop"
+        writer.request(req_id, prompt, output, str(rec.get("finish_reason") or reason))
+        stats.requests += 1
+        placed = _place_record(rec, prompt + output, len(prompt), stats)
+        _add_blocks(writer, req_id, rec["blocks"], placed, prompt + output)
+        placed_all += placed
+    return placed_all
+
+
+def _is_list(rec: dict, key: str) -> bool:
+    return isinstance(rec.get(key), list)
+
+
+def _record_ids(rec: object, problems: Problems) -> tuple[list[int], list[int]] | None:
+    """A record's prompt and output ids, or None (an ``invalid_record`` problem)."""
+    line = rec.line if isinstance(rec, Located) else 0
+    if not isinstance(rec, dict):
+        problems.add("invalid_record", line, "a record is not an object", "records", rec)
+        return None
+    for key in ("prompt_token_ids", "output_token_ids"):
+        if id_list(rec.get(key)) is None:
+            problems.add("invalid_record", line, "not a list of token ids", key, rec.get(key))
+            return None
+    if not _is_list(rec, "blocks"):
+        problems.add("invalid_record", line, "no blocks list", "blocks", rec.get("blocks"))
+        return None
+    return rec["prompt_token_ids"], rec["output_token_ids"]
+
+
+def _place_record(rec: dict, full: list[int], prompt_len: int, stats: GoldenStats) -> list:
+    """Walk one record's blocks; the block that ends the walk is a problem."""
+    assert stats.problems is not None
+    blocks = rec["blocks"]
+    readable = [_block(b, stats.problems) for b in blocks]
+    walk = place(full, prompt_len, readable)
+    stats.unplaced.update(walk.unplaced)
+    if walk.ended_at is not None and walk.ended_at[1] != "invalid_block":
+        i, reason = walk.ended_at
+        blk = blocks[i]
+        p = walk.placed[-1].position + walk.placed[-1].accepted + 1 if walk.placed else prompt_len
+        what = {
+            "anchor_mismatch": f"anchor is not the token at position {p} ({_at(full, p)}): "
+            f"the walk ends",
+            "past_end": f"position {p} is past the end of the output ({len(full)} tokens)",
+        }[reason]
+        stats.problems.add(reason, blk.line, what, "anchor", blk.get("anchor"))
+    stats.placed += len(walk.placed)
+    stats.past_max_tokens += sum(b.past_end for b in walk.placed)
+    return walk.placed
+
+
+def _at(full: list[int], p: int) -> str:
+    return str(full[p]) if 0 <= p < len(full) else "none"
+
+
+def _block(b: object, problems: Problems) -> tuple[int, list[int]] | None:
+    """``(anchor, drafts)`` of a readable block, else None (an ``invalid_block`` problem)."""
+    line = b.line if isinstance(b, Located) else 0
+    if not isinstance(b, dict):
+        problems.add("invalid_block", line, "a block is not an object", "blocks", b)
+        return None
+    if not is_int(b.get("anchor")):
+        problems.add("invalid_block", line, "not a token id", "anchor", b.get("anchor"))
+        return None
+    drafts = id_list(b.get("drafts"))
+    if drafts is None or len(drafts) > 2**15 - 1:
+        problems.add("invalid_block", line, "not a list of token ids", "drafts", b.get("drafts"))
+        return None
+    return b["anchor"], drafts
+
+
+def _add_blocks(
+    writer: TraceWriter, req_id: str, blocks: list, placed: list[PlacedBlock], full: list[int]
+) -> None:
+    for pb in placed:
+        blk = blocks[pb.index]
+        call, row = blk.get("call"), blk.get("req_row")
+        p, acc = pb.position, pb.accepted
+        writer.add_block(
+            req_id,
+            call if is_int(call) else 0,
+            p,
+            pb.anchor,
+            pb.drafts,
+            verified=pb.drafts,
+            accepted=acc,
+            emitted=full[p + 1 : p + acc + 2],
+            t_ns=0,
+            batch_row=row if is_int(row, 0, 2**15 - 1) else schema.PAD,
+            proposal_source=schema.PROPOSAL_FROM_DRAFTER,
+        )
+
+
+__all__ = ["GOLDEN_COUNTERS", "GoldenStats", "import_golden"]
