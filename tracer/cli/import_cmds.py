@@ -85,3 +85,43 @@ def import_golden(file: str, out: str, strict: bool, meta: dict[str, object], fo
     _say_problems(stats.problems)
     check = stats.check
     output.say(("" if check["equal"] else "warning: ") + check["message"])
+
+
+@import_.command("llama-dump")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option(
+    "-o", "--out", required=True, type=click.Path(dir_okay=False), help="Output trace file (.h5)."
+)
+@click.option(
+    "--requests",
+    "requests_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="JSONL with req_id, seq (default: req_id), prompt_ids, output_ids per request.",
+)
+@strict_option
+@meta_option
+@force_option
+def import_llama_dump(
+    file: str,
+    out: str,
+    requests_path: str,
+    strict: bool,
+    meta: dict[str, object],
+    force: bool,
+) -> None:
+    """Import llama.cpp's LLAMA_SPEC_DUMP JSONL (FILE: one object per verification step).
+
+    Steps are placed per sequence on the requests file's prompt + output ids (first anchor
+    at len(prompt), the next at p + n_accepted + 1); pmin_drop drafts are kept as proposed
+    but not verified, the top-1 minus top-2 log-probability as each slot's draft margin.
+    """
+    from spectrace.hooks.importers.llama_dump import import_dump
+
+    from ..store.paths import check_outputs
+
+    check_outputs({"-o": out}, {"FILE": file, "--requests": requests_path}, force=force)
+    stats = import_dump(file, out, requests_path, strict=strict, meta=meta or None)
+    output.say(stats.summary())
+    assert stats.problems is not None
+    _say_problems(stats.problems)
