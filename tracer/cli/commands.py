@@ -12,6 +12,7 @@ from __future__ import annotations
 import click
 
 from .capture_cmds import capture
+from .export_cmd import export_cmd
 from .import_cmds import import_
 from .inspect_cmd import inspect_draft_cmd
 from .read_cmds import check, diff, info, schema, validate_cmd
@@ -27,6 +28,7 @@ COMMANDS: tuple[click.Command, ...] = (
     view,
     capture,
     import_,
+    export_cmd,
     inspect_draft_cmd,
     schema,
 )

@@ -1,0 +1,59 @@
+"""spectrace's public Python API, for notebooks and scripts.
+
+>>> import spectrace
+>>> t = spectrace.open("traces/reference.h5")        # a file, a list or a glob of ranks
+>>> t.blocks_df().groupby("k").accepted.mean()       # pandas (or .blocks_arrow(): pyarrow)
+>>> r = spectrace.diff("traces/reference.h5", "traces/vllm.h5")
+>>> r.agreement.exact_match_rate, r.diverged
+
+This package's ``__init__`` runs before every ``spectrace.*`` import (the CLI, the vLLM
+plugin), so it imports nothing itself: :func:`open` and :func:`diff` load the library when
+called, and pandas/pyarrow load only inside the methods that return their tables.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from spectrace.tables import TraceTables
+    from spectrace.tracer.diff_result import DiffResult
+    from spectrace.tracer.store import TraceSpec
+
+
+def open(path_or_glob: TraceSpec, *, run: str | None = None) -> TraceTables:  # noqa: A001
+    """Open a trace (a file, a list of files or a glob of one run's rank files).
+
+    Args:
+        run: the run name its tables carry (default: the file name without ``.h5`` and a
+            trailing rank tag, as ``spectrace export`` names it).
+    Returns:
+        A :class:`spectrace.tables.TraceTables`: ``.blocks_df()``, ``.requests_df()``,
+        ``.blocks_arrow()``, ``.requests_arrow()``, ``.info()``, ``.trace`` (the reader).
+    Raises:
+        InputError: no such file; TraceFormatError: not a spectrace trace.
+    """
+    from spectrace.tables import TraceTables
+
+    return TraceTables.open(path_or_glob, run=run)
+
+
+def diff(a: TraceSpec | TraceTables, b: TraceSpec | TraceTables, *, examples: int = 5):
+    """Align two traces per anchor and compare them: what ``spectrace diff`` reports.
+
+    Args:
+        a, b: ours and theirs, as paths/globs or opened traces.
+        examples: how many divergent blocks to keep as examples.
+    Returns:
+        The typed :class:`spectrace.tracer.diff_result.DiffResult` (``.diverged``,
+        ``.agreement``, ``.acceptance``, ``.findings``, ``.to_json()``).
+    """
+    from spectrace.tables import as_trace
+    from spectrace.tracer.align import align
+    from spectrace.tracer.diff import diff_traces
+
+    result: DiffResult = diff_traces(align(as_trace(a), as_trace(b)), examples=examples)
+    return result
+
+
+__all__ = ["diff", "open"]

@@ -1,0 +1,89 @@
+"""The trace a notebook holds: blocks and requests as Arrow tables or pandas DataFrames.
+
+Columns and types are those of ``spectrace export`` (:mod:`spectrace.tracer.export`), so a
+DataFrame here and the Parquet files of an export are the same table.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from spectrace.tracer import export
+from spectrace.tracer.metrics import trace_summary
+from spectrace.tracer.store import Trace, TraceSpec, open_trace
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+
+
+class TraceTables:
+    """An open trace with table views.
+
+    Attributes:
+        trace: the :class:`spectrace.tracer.store.Trace` reader (numpy columns).
+        run: the run name the tables carry.
+    """
+
+    def __init__(self, trace: Trace, run: str | None = None) -> None:
+        self.trace = trace
+        self.run = run or export.run_name(trace)
+
+    @classmethod
+    def open(cls, spec: TraceSpec, *, run: str | None = None) -> TraceTables:
+        """Open ``spec`` (see :func:`spectrace.open`)."""
+        return cls(open_trace(spec), run)
+
+    @property
+    def meta(self) -> dict:
+        """The first file's /meta document."""
+        return self.trace.meta
+
+    def __len__(self) -> int:
+        return len(self.trace.blocks)
+
+    def blocks(self) -> dict[str, object]:
+        """The blocks table as name -> numpy array or list of lists (no pandas/pyarrow)."""
+        return export.block_columns(self.trace, self.run)
+
+    def requests(self) -> dict[str, object]:
+        """The requests table as name -> numpy array or list of lists."""
+        return export.request_columns(self.trace, self.run)
+
+    def blocks_arrow(self) -> pa.Table:
+        """The blocks table (schema :func:`spectrace.tracer.export.arrow_schema`)."""
+        return export.to_arrow(self.blocks(), "blocks")
+
+    def requests_arrow(self) -> pa.Table:
+        """The requests table as a pyarrow Table."""
+        return export.to_arrow(self.requests(), "requests")
+
+    def blocks_df(self) -> pd.DataFrame:
+        """The blocks table as a pandas DataFrame (list columns hold Python lists)."""
+        return self.blocks_arrow().to_pandas(types_mapper=None)
+
+    def requests_df(self) -> pd.DataFrame:
+        """The requests table as a pandas DataFrame."""
+        return self.requests_arrow().to_pandas()
+
+    def info(self) -> dict:
+        """What ``spectrace info --format json`` prints (metadata, acceptance figures)."""
+        return trace_summary(self.trace)
+
+    def close(self) -> None:
+        self.trace.close()
+
+    def __enter__(self) -> TraceTables:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def as_trace(x: TraceSpec | TraceTables | Trace) -> Trace:
+    """The reader of ``x``: an opened :class:`TraceTables` or :class:`Trace`, or a spec."""
+    if isinstance(x, TraceTables):
+        return x.trace
+    if isinstance(x, Trace):
+        return x
+    return open_trace(x)

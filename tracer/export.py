@@ -1,0 +1,235 @@
+"""A trace as two flat tables (blocks, requests) for engines that query files: Parquet
+(pyarrow, imported only inside the functions that need it), CSV and JSONL.
+
+Layout of an export folder ``OUT`` (``spectrace export``)::
+
+    OUT/blocks/run=<run>/rank=<rank>/part-0.parquet      (or OUT/blocks.csv, blocks.jsonl)
+    OUT/requests/run=<run>/rank=<rank>/part-0.parquet    (or OUT/requests.csv, requests.jsonl)
+
+Hive partitioning: every TRACE argument is one **run**, every file of it one **rank**. The
+run is named by ``--run`` or else the trace's first file name without its suffixes and a
+trailing rank tag (``run.dp1.h5`` -> ``run``); the rank is the file's ``dp_rank`` from
+/meta, else its index among the run's files. Arrow schemas: :data:`BLOCKS_SCHEMA_DOC`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import schema
+from .errors import InputError
+from .metrics import recompute_accepted
+from .store import Trace
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+#: Blocks table: (column, Arrow type, meaning). ``run`` and ``rank`` are the hive partition
+#: keys (directory names in Parquet, columns in CSV/JSONL and in memory).
+BLOCK_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("run", "string", "run name (partition key)"),
+    ("rank", "int32", "data-parallel rank of the file (partition key)"),
+    ("block", "int64", "row of the block in its trace (record order)"),
+    ("request", "int32", "row of the block's request in the run's requests table"),
+    ("req_id", "string", "the request's engine id"),
+    ("step", "int32", "engine step that proposed the block"),
+    ("position", "int32", "anchor position in prompt + output (tokens)"),
+    ("anchor", "int32", "anchor token id (-1 unknown)"),
+    ("k", "int16", "proposed drafts"),
+    ("proposed", "list<int32>", "the k proposed ids (-1: an id the engine did not keep)"),
+    ("num_verified", "int16", "drafts the target verified (-1 unknown)"),
+    ("verified", "list<int32>", "the num_verified verified ids; null when unknown"),
+    ("accepted", "int16", "accepted drafts as recorded (-1 unknown)"),
+    ("accepted_recomputed", "int16", "longest draft prefix the output took (-1 unknown)"),
+    ("num_emitted", "int16", "tokens emitted (accepted + 1; -1 unknown)"),
+    ("emitted", "list<int32>", "the num_emitted emitted ids; null when unknown"),
+    ("t_ns", "int64", "wall-clock time recorded (ns since the epoch)"),
+    ("batch_row", "int16", "row in the proposing step's batch (-1 unknown)"),
+    ("batch_size", "int16", "rows in that batch (-1 unknown)"),
+    ("proposal_source", "int8", "1 drafter output, 0 copy of verified, -1 unknown"),
+    ("draft_margin", "list<float32>", "k drafter top-1 minus top-2 margins (NaN unknown)"),
+    ("target_margin", "float32", "target top-1 minus top-2 margin at the anchor (NaN unknown)"),
+)
+#: Requests table, same conventions.
+REQUEST_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("run", "string", "run name (partition key)"),
+    ("rank", "int32", "data-parallel rank of the file (partition key)"),
+    ("request", "int32", "row of the request in the run's requests table"),
+    ("req_id", "string", "engine request id"),
+    ("prompt_ids", "list<int32>", "prompt token ids"),
+    ("output_ids", "list<int32>", "output token ids (trimmed at stop/max_tokens)"),
+    ("finish_reason", "string", "length | stop | abort | unfinished | ''"),
+)
+TABLES = {"blocks": BLOCK_FIELDS, "requests": REQUEST_FIELDS}
+PARTITION_KEYS = ("run", "rank")
+_RANK_TAG = re.compile(r"[._-](dp|rank|tp)[._-]?\d+$")
+
+
+def run_name(trace: Trace) -> str:
+    """The default run name of a trace: its first file's name without ``.h5``/``.partial``
+    and a trailing rank tag (``.dp1``, ``-rank0``), made safe for a directory name."""
+    name = trace.paths[0].name if trace.paths else "run"
+    for suffix in (".partial", ".h5", ".hdf5"):
+        name = name[: -len(suffix)] if name.endswith(suffix) else name
+    name = _RANK_TAG.sub("", name)
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "run"
+
+
+def file_ranks(trace: Trace) -> list[int]:
+    """Per file of ``trace``, its rank: /meta ``dp_rank`` when every file has a distinct
+    one, else the file's index."""
+    ranks = [m.get("dp_rank") for m in trace.metas]
+    if all(isinstance(r, int) for r in ranks) and len(set(ranks)) == len(ranks):
+        return [int(r) for r in ranks]  # type: ignore[arg-type]
+    return list(range(len(trace.metas)))
+
+
+def _rows(
+    mat: np.ndarray, n: np.ndarray, known: np.ndarray | None = None, fill: float = schema.PAD
+) -> list:
+    """Row i of ``mat`` cut to ``n[i]`` entries as a list (None where not ``known``); a
+    matrix narrower than that (a column an older file lacks) is padded with ``fill``."""
+    mat = schema.pad_to(mat, max(int(n.max(initial=0)), mat.shape[1]), fill)
+    out: list = [row[: max(int(m), 0)].tolist() for row, m in zip(mat, n)]
+    if known is not None:
+        out = [r if ok else None for r, ok in zip(out, known.tolist())]
+    return out
+
+
+def block_columns(trace: Trace, run: str) -> dict[str, object]:
+    """The blocks table of one trace (:data:`BLOCK_FIELDS`): name -> numpy array or list
+    of lists (ragged list columns), ``len(trace.blocks)`` rows."""
+    b = trace.blocks
+    n = len(b)
+    ranks = np.asarray(file_ranks(trace), np.int32)
+    file_of = np.repeat(np.arange(len(ranks)), trace.nblocks_per_file)
+    k, nv, ne = b.k, b.num_verified, b.num_emitted
+    cols: dict[str, object] = {
+        "run": [run] * n,
+        "rank": ranks[file_of] if n else np.zeros(0, np.int32),
+        "block": np.arange(n, dtype=np.int64),
+        "request": b.request.astype(np.int32),
+        "req_id": [trace.requests.req_id[r] for r in b.request.tolist()],
+        "proposed": _rows(b.proposed, k),
+        "verified": _rows(b.verified, nv, nv >= 0),
+        "accepted_recomputed": recompute_accepted(trace),
+        "emitted": _rows(b.emitted, ne, ne >= 0),
+        "draft_margin": _rows(b.draft_margin, k, fill=math.nan),
+    }
+    for name, _, _ in BLOCK_FIELDS:
+        if name not in cols:
+            cols[name] = getattr(b, name)
+    return {name: cols[name] for name, _, _ in BLOCK_FIELDS}
+
+
+def request_columns(trace: Trace, run: str) -> dict[str, object]:
+    """The requests table of one trace (:data:`REQUEST_FIELDS`); placeholder requests of a
+    partial trace have rank -1."""
+    r = trace.requests
+    ranks = np.append(np.asarray(file_ranks(trace), np.int32), -1)
+    return {
+        "run": [run] * len(r),
+        "rank": ranks[r.file],
+        "request": np.arange(len(r), dtype=np.int32),
+        "req_id": list(r.req_id),
+        "prompt_ids": [p.tolist() for p in r.prompt_ids],
+        "output_ids": [o.tolist() for o in r.output_ids],
+        "finish_reason": list(r.finish_reason),
+    }
+
+
+def arrow_schema(table: str) -> pa.Schema:
+    """The Arrow schema of ``table`` (``blocks`` or ``requests``), with each field's meaning
+    as its ``doc`` metadata."""
+    import pyarrow as pa
+
+    types = {
+        "string": pa.string(),
+        "int8": pa.int8(),
+        "int16": pa.int16(),
+        "int32": pa.int32(),
+        "int64": pa.int64(),
+        "float32": pa.float32(),
+        "list<int32>": pa.list_(pa.int32()),
+        "list<float32>": pa.list_(pa.float32()),
+    }
+    return pa.schema(
+        [pa.field(n, types[t], metadata={"doc": d}) for n, t, d in TABLES[table]],
+        metadata={"spectrace.table": table},
+    )
+
+
+def to_arrow(columns: dict[str, object], table: str) -> pa.Table:
+    """A column dict of :func:`block_columns` / :func:`request_columns` as an Arrow table."""
+    import pyarrow as pa
+
+    schema = arrow_schema(table)
+    arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def partitions(columns: dict[str, object]) -> Iterator[tuple[str, int, np.ndarray]]:
+    """``(run, rank, row indices)`` of each partition of a column dict."""
+    ranks = np.asarray(columns["rank"])
+    run = columns["run"][0] if len(ranks) else ""  # type: ignore[index]
+    for rank in np.unique(ranks).tolist():
+        yield str(run), int(rank), np.flatnonzero(ranks == rank)
+
+
+def write_parquet(columns: dict[str, object], table: str, out: Path) -> list[Path]:
+    """Write one run's table as ``out/<table>/run=R/rank=N/part-0.parquet`` files (the
+    partition keys live in the directory names only). Returns the files written."""
+    import pyarrow.parquet as pq
+
+    full = to_arrow(columns, table)
+    written = []
+    for run, rank, rows in partitions(columns):
+        part = full.take(rows).drop_columns(list(PARTITION_KEYS))
+        d = out / table / f"run={run}" / f"rank={rank}"
+        d.mkdir(parents=True, exist_ok=True)
+        pq.write_table(part, d / "part-0.parquet")
+        written.append(d / "part-0.parquet")
+    return written
+
+
+def plain_rows(columns: dict[str, object]) -> Iterator[dict]:
+    """Rows of a column dict as JSON-ready dicts (NaN -> None), for CSV and JSONL."""
+    names = list(columns)
+    cols = [c.tolist() if isinstance(c, np.ndarray) else c for c in columns.values()]
+    for values in zip(*cols):
+        yield {n: _plain(v) for n, v in zip(names, values)}
+
+
+def _plain(v):
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v
+
+
+def check_run_names(names: list[str]) -> None:
+    """Raises InputError when two runs share a name (their partitions would mix)."""
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise InputError(f"two traces are both run {dup[0]!r}: name them with --run NAME")
+
+
+def read_parquet(folder: str | Path, table: str) -> pa.Table:
+    """Read an export folder's table back (``run``/``rank`` from the directory names, typed
+    as in :func:`arrow_schema`), sorted by run, rank and the row index."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    schema = arrow_schema(table)
+    keys = pa.schema([schema.field(k) for k in PARTITION_KEYS])
+    part = ds.partitioning(keys, flavor="hive")
+    data = ds.dataset(Path(folder) / table, format="parquet", partitioning=part, schema=schema)
+    key = "block" if table == "blocks" else "request"
+    return data.to_table().sort_by([("run", "ascending"), (key, "ascending")])
