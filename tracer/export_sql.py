@@ -1,0 +1,86 @@
+"""The documented DuckDB queries over a Parquet export (``spectrace export``): the figures of
+``spectrace info`` per run and rank, and of ``spectrace diff`` for two runs (the README
+shows them verbatim; tests/test_export.py runs them and compares with both commands).
+
+``{out}`` is the export folder; ``$ours`` / ``$theirs`` are run names (DuckDB parameters).
+Requests pair by identical prompt ids (``spectrace diff`` falls back to request ids and
+order for requests without prompts, and pairs duplicate prompts in order: not done here);
+a block is on matched content when its anchor position is before the first token where the
+two full sequences differ and before the last token of the shorter one; blocks pair by
+(request pair, anchor position), the first block of each position on each side.
+"""
+
+from __future__ import annotations
+
+#: Per run and rank: blocks, recorded acceptance, per-position acceptance (the survival
+#: curve over max(k) slots): ``spectrace info``'s ``blocks`` and ``recorded`` figures.
+RUN_FIGURES = """
+WITH b AS (
+  SELECT run, rank, k, accepted,
+         CASE WHEN num_verified >= 0 THEN num_verified ELSE k END AS checked
+  FROM read_parquet('{out}/blocks/*/*/*.parquet', hive_partitioning = true)
+)
+SELECT run, rank,
+       count(*) AS blocks,
+       count(*) FILTER (accepted >= 0) AS verified_blocks,
+       sum(checked) FILTER (accepted >= 0) AS verified_tokens,
+       sum(accepted) FILTER (accepted >= 0) AS accepted_tokens,
+       accepted_tokens / verified_tokens AS acceptance_rate,
+       1 + accepted_tokens / verified_blocks AS mean_acceptance_length,
+       list_transform(range(max(k)), lambda i:
+         len(list_filter(list(accepted) FILTER (accepted >= 0), lambda a: a > i))
+         / verified_blocks) AS per_position
+FROM b
+GROUP BY run, rank
+ORDER BY run, rank
+"""
+
+#: Two runs paired by request and position: paired blocks, exact matches, per-slot
+#: agreement and the blocks on matched content: ``spectrace diff``'s ``agreement`` and
+#: ``coverage`` figures.
+PAIR_FIGURES = """
+WITH req AS (
+  SELECT run, request, prompt_ids, prompt_ids || output_ids AS seq
+  FROM read_parquet('{out}/requests/*/*/*.parquet', hive_partitioning = true)
+  WHERE len(output_ids) > 0
+),
+pairs AS (
+  SELECT a.request AS ra, b.request AS rb,
+         least(
+           coalesce(list_position(list_transform(list_zip(a.seq, b.seq),
+                                                 lambda z: z[1] = z[2]), false) - 1,
+                    len(a.seq) + len(b.seq)),
+           least(len(a.seq), len(b.seq)) - 1) AS lim
+  FROM req a JOIN req b ON a.prompt_ids = b.prompt_ids
+  WHERE a.run = $ours AND b.run = $theirs
+),
+blk AS (
+  SELECT run, request, position, block, k, proposed
+  FROM read_parquet('{out}/blocks/*/*/*.parquet', hive_partitioning = true)
+  WHERE run IN ($ours, $theirs)
+),
+oa AS (SELECT blk.*, p.ra, p.rb FROM blk JOIN pairs p ON blk.request = p.ra
+       WHERE blk.run = $ours AND blk.position < p.lim),
+ob AS (SELECT blk.*, p.ra, p.rb FROM blk JOIN pairs p ON blk.request = p.rb
+       WHERE blk.run = $theirs AND blk.position < p.lim),
+paired AS (
+  SELECT a.k AS ka, b.k AS kb, a.proposed AS pa, b.proposed AS pb
+  FROM (FROM oa QUALIFY row_number() OVER (PARTITION BY request, position ORDER BY block) = 1) a
+  JOIN (FROM ob QUALIFY row_number() OVER (PARTITION BY request, position ORDER BY block) = 1) b
+    ON a.ra = b.ra AND a.rb = b.rb AND a.position = b.position
+),
+slots AS (
+  SELECT unnest(range(least(ka, kb))) AS slot, pa, pb FROM paired
+),
+per_slot AS (
+  SELECT slot, count(*) AS present, count(*) FILTER (pa[slot + 1] = pb[slot + 1]) AS equal
+  FROM slots GROUP BY slot
+)
+SELECT (SELECT count(*) FROM oa) AS ours_on_matched_content,
+       (SELECT count(*) FROM ob) AS theirs_on_matched_content,
+       (SELECT count(*) FROM paired) AS paired_blocks,
+       (SELECT count(*) FILTER (ka = kb AND pa = pb) FROM paired) AS exact_matches,
+       (SELECT count(*) FILTER (ka = kb AND pa = pb) / count(*) FROM paired) AS exact_match_rate,
+       (SELECT list(equal / present ORDER BY slot) FROM per_slot) AS per_position,
+       (SELECT list(present ORDER BY slot) FROM per_slot) AS per_position_blocks
+"""
