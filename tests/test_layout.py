@@ -29,9 +29,10 @@ LONG_MODULES: dict[str, str] = {
 def _modules() -> dict[str, Path]:
     """``spectrace.<dotted>`` -> file, for every module of the package."""
     out = {}
-    for top in TOPS:
+    for top in (*TOPS, "api"):  # api/ is the top-level package ``spectrace`` itself
         for p in sorted((ROOT / top).rglob("*.py")):
-            parts = ["spectrace", *p.relative_to(ROOT).with_suffix("").parts]
+            rel = p.relative_to(ROOT / "api" if top == "api" else ROOT).with_suffix("").parts
+            parts = ["spectrace", *rel]
             if parts[-1] == "__init__":
                 parts.pop()
             out[".".join(parts)] = p
