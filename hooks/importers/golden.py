@@ -23,7 +23,7 @@ from spectrace.tracer import schema
 from spectrace.tracer.errors import InputError
 from spectrace.tracer.store import TraceWriter
 
-from .common import Located, Problems, id_list, is_int, load_located_json, read_text, write_trace
+from .common import JsonLines, Problems, id_list, is_int, load_json, read_text, write_trace
 from .counters import GOLDEN_COUNTERS, counters_check, placed_totals
 from .placement import UNPLACED_REASONS, PlacedBlock, place
 
@@ -100,15 +100,16 @@ def import_golden(
             list; ParseError: strict mode. The ``.partial`` file is removed.
     """
     source = str(path)
-    doc = load_located_json(read_text(path, "golden JSON file"), source)
+    text = read_text(path, "golden JSON file")
+    doc = load_json(text, source)
     if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
         raise InputError(f"{source}:1: not an oracle-capture golden (no 'records' list)")
-    assert isinstance(doc, Located)
+    lines = JsonLines(text, source)
     stats = GoldenStats(source, problems=Problems(source, strict))
-    base = {**_run_meta(doc, stats.problems), **(meta or {})}
+    base = {**_run_meta(doc, stats.problems, lines), **(meta or {})}
 
     def fill(writer: TraceWriter) -> dict:
-        placed = _write_records(writer, doc["records"], stats, _max_tokens(doc))
+        placed = _write_records(writer, doc["records"], stats, _max_tokens(doc), lines)
         stats.check = counters_check(doc.get("metrics"), placed_totals(placed, base.get("k")))
         return {"import": stats.to_meta(), "checks": {"golden_counters": stats.check}}
 
@@ -116,15 +117,15 @@ def import_golden(
     return stats
 
 
-def _run_meta(doc: Located, problems: Problems) -> dict:
+def _run_meta(doc: dict, problems: Problems, lines: JsonLines) -> dict:
     """The /meta of the trace from the golden's run metadata (bad types are problems)."""
     k = doc.get("num_speculative_tokens")
     if k is not None and not is_int(k, 0, 2**15 - 1):
-        problems.add("invalid_meta", doc.line, "not a draft count", "num_speculative_tokens", k)
+        problems.add("invalid_meta", lines.line, "not a draft count", "num_speculative_tokens", k)
         k = None
     mns = doc.get("max_num_seqs")
     if mns is not None and not is_int(mns, 0):
-        problems.add("invalid_meta", doc.line, "not a batch limit", "max_num_seqs", mns)
+        problems.add("invalid_meta", lines.line, "not a batch limit", "max_num_seqs", mns)
         mns = None
     out: dict = {"source": SOURCE, "engine": "vllm", "k": k, "max_num_seqs": mns}
     for key, dest in (("target", "target_model"), ("draft", "draft_model")):
@@ -134,20 +135,20 @@ def _run_meta(doc: Located, problems: Problems) -> dict:
     return {k2: v for k2, v in out.items() if v is not None}
 
 
-def _max_tokens(doc: Located) -> int | None:
+def _max_tokens(doc: dict) -> int | None:
     v = doc.get("max_tokens")
     return v if is_int(v, 1) else None
 
 
 def _write_records(
-    writer: TraceWriter, records: list, stats: GoldenStats, max_tokens: int | None
+    writer: TraceWriter, records: list, stats: GoldenStats, max_tokens: int | None, lines: JsonLines
 ) -> list[PlacedBlock]:
     """Place and write every record's blocks; returns every placed block."""
     assert stats.problems is not None
     placed_all: list[PlacedBlock] = []
     for i, rec in enumerate(records):
         stats.records += 1
-        ids = _record_ids(rec, stats.problems)
+        ids = _record_ids(rec, stats.problems, lambda i=i: lines.line("records", i))
         nblocks = len(rec["blocks"]) if isinstance(rec, dict) and _is_list(rec, "blocks") else 0
         stats.blocks += nblocks
         if ids is None:
@@ -158,7 +159,8 @@ def _write_records(
         reason = "length" if max_tokens and len(output) >= max_tokens else "stop"
         writer.request(req_id, prompt, output, str(rec.get("finish_reason") or reason))
         stats.requests += 1
-        placed = _place_record(rec, prompt + output, len(prompt), stats)
+        at = _block_lines(lines, i)
+        placed = _place_record(rec, prompt + output, len(prompt), stats, at)
         _add_blocks(writer, req_id, rec["blocks"], placed, prompt + output)
         placed_all += placed
     return placed_all
@@ -168,9 +170,13 @@ def _is_list(rec: dict, key: str) -> bool:
     return isinstance(rec.get(key), list)
 
 
-def _record_ids(rec: object, problems: Problems) -> tuple[list[int], list[int]] | None:
+def _block_lines(lines: JsonLines, i: int):
+    """Block index -> a function computing that block's line (for a problem)."""
+    return lambda j: lambda: lines.line("records", i, "blocks", j)
+
+
+def _record_ids(rec: object, problems: Problems, line) -> tuple[list[int], list[int]] | None:
     """A record's prompt and output ids, or None (an ``invalid_record`` problem)."""
-    line = rec.line if isinstance(rec, Located) else 0
     if not isinstance(rec, dict):
         problems.add("invalid_record", line, "a record is not an object", "records", rec)
         return None
@@ -184,11 +190,12 @@ def _record_ids(rec: object, problems: Problems) -> tuple[list[int], list[int]] 
     return rec["prompt_token_ids"], rec["output_token_ids"]
 
 
-def _place_record(rec: dict, full: list[int], prompt_len: int, stats: GoldenStats) -> list:
-    """Walk one record's blocks; the block that ends the walk is a problem."""
+def _place_record(rec: dict, full: list[int], prompt_len: int, stats: GoldenStats, at) -> list:
+    """Walk one record's blocks; the block that ends the walk is a problem. ``at(j)`` is
+    block j's line function."""
     assert stats.problems is not None
     blocks = rec["blocks"]
-    readable = [_block(b, stats.problems) for b in blocks]
+    readable = [_block(b, stats.problems, at(j)) for j, b in enumerate(blocks)]
     walk = place(full, prompt_len, readable)
     stats.unplaced.update(walk.unplaced)
     if walk.ended_at is not None and walk.ended_at[1] != "invalid_block":
@@ -200,7 +207,7 @@ def _place_record(rec: dict, full: list[int], prompt_len: int, stats: GoldenStat
             f"the walk ends",
             "past_end": f"position {p} is past the end of the output ({len(full)} tokens)",
         }[reason]
-        stats.problems.add(reason, blk.line, what, "anchor", blk.get("anchor"))
+        stats.problems.add(reason, at(i), what, "anchor", blk.get("anchor"))
     stats.placed += len(walk.placed)
     stats.past_max_tokens += sum(b.past_end for b in walk.placed)
     return walk.placed
@@ -210,9 +217,8 @@ def _at(full: list[int], p: int) -> str:
     return str(full[p]) if 0 <= p < len(full) else "none"
 
 
-def _block(b: object, problems: Problems) -> tuple[int, list[int]] | None:
+def _block(b: object, problems: Problems, line) -> tuple[int, list[int]] | None:
     """``(anchor, drafts)`` of a readable block, else None (an ``invalid_block`` problem)."""
-    line = b.line if isinstance(b, Located) else 0
     if not isinstance(b, dict):
         problems.add("invalid_block", line, "a block is not an object", "blocks", b)
         return None
