@@ -3,11 +3,12 @@
 shows them verbatim; tests/test_export.py runs them and compares with both commands).
 
 ``{out}`` is the export folder; ``$ours`` / ``$theirs`` are run names (DuckDB parameters).
-Requests pair by identical prompt ids (``spectrace diff`` falls back to request ids and
-order for requests without prompts, and pairs duplicate prompts in order: not done here);
-a block is on matched content when its anchor position is before the first token where the
-two full sequences differ and before the last token of the shorter one; blocks pair by
-(request pair, anchor position), the first block of each position on each side.
+Requests pair by identical prompt ids, the n-th request of a prompt with the n-th on the
+other side (``spectrace diff`` also pairs requests without prompt ids by request id, then
+order: not done here); a block is on matched content when its anchor position is before the
+first token where the two full sequences differ and before the last token of the shorter
+one (any position when either side lacks output ids); blocks pair by (request pair, anchor
+position), the first block of each position on each side.
 """
 
 from __future__ import annotations
@@ -40,18 +41,20 @@ ORDER BY run, rank
 #: ``coverage`` figures.
 PAIR_FIGURES = """
 WITH req AS (
-  SELECT run, request, prompt_ids, prompt_ids || output_ids AS seq
+  SELECT run, request, prompt_ids, len(output_ids) > 0 AS known,
+         prompt_ids || output_ids AS seq,
+         row_number() OVER (PARTITION BY run, prompt_ids ORDER BY request) AS nth
   FROM read_parquet('{out}/requests/*/*/*.parquet', hive_partitioning = true)
-  WHERE len(output_ids) > 0
+  WHERE len(prompt_ids) > 0
 ),
 pairs AS (
   SELECT a.request AS ra, b.request AS rb,
-         least(
+         CASE WHEN a.known AND b.known THEN least(
            coalesce(list_position(list_transform(list_zip(a.seq, b.seq),
                                                  lambda z: z[1] = z[2]), false) - 1,
                     len(a.seq) + len(b.seq)),
-           least(len(a.seq), len(b.seq)) - 1) AS lim
-  FROM req a JOIN req b ON a.prompt_ids = b.prompt_ids
+           least(len(a.seq), len(b.seq)) - 1) ELSE 2147483647 END AS lim
+  FROM req a JOIN req b ON a.prompt_ids = b.prompt_ids AND a.nth = b.nth
   WHERE a.run = $ours AND b.run = $theirs
 ),
 blk AS (

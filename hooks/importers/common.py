@@ -170,7 +170,8 @@ def load_located_json(text: str, source: str) -> object:
         return out, end
 
     decoder.parse_object = parse_object  # type: ignore[attr-defined]
-    decoder.scan_once = py_make_scanner(decoder)  # the C scanner ignores parse_object
+    # the C scanner ignores parse_object
+    decoder.scan_once = py_make_scanner(decoder)  # type: ignore[attr-defined]
     try:
         return decoder.decode(text)
     except json.JSONDecodeError as exc:

@@ -105,8 +105,9 @@ def import_golden(
     if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
         raise InputError(f"{source}:1: not an oracle-capture golden (no 'records' list)")
     lines = JsonLines(text, source)
-    stats = GoldenStats(source, problems=Problems(source, strict))
-    base = {**_run_meta(doc, stats.problems, lines), **(meta or {})}
+    problems = Problems(source, strict)
+    stats = GoldenStats(source, problems=problems)
+    base = {**_run_meta(doc, problems, lines), **(meta or {})}
 
     def fill(writer: TraceWriter) -> dict:
         placed = _write_records(writer, doc["records"], stats, _max_tokens(doc), lines)

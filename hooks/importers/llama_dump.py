@@ -183,7 +183,7 @@ def _step(n: int, obj: dict, problems: Problems) -> Step | None:
     nd, acc = obj["n_draft"], obj.get("n_accepted")
     if len(pos) != nd:
         problems.add("count_mismatch", n, f"{len(pos)} pos entries", "n_draft", nd)
-    if not is_int(acc, 0, len(pos)):
+    if not isinstance(acc, int) or not is_int(acc, 0, len(pos)):
         problems.add("invalid_step", n, f"not in [0, {len(pos)}]", "n_accepted", acc)
         return None
     for j, q in enumerate(pos):
