@@ -36,6 +36,7 @@ def test_the_group_has_every_command():
         "check",
         "demo",
         "diff",
+        "export",
         "import",
         "info",
         "inspect-draft",
@@ -44,7 +45,7 @@ def test_the_group_has_every_command():
         "view",
     }
     assert set(cli.commands["capture"].commands) == {"vt", "vllm"}
-    assert set(cli.commands["import"].commands) == {"vt"}
+    assert set(cli.commands["import"].commands) == {"vt", "golden", "llama-dump"}
 
 
 @pytest.mark.parametrize(
