@@ -202,3 +202,88 @@ def test_export_refuses_to_overwrite_and_force_replaces_only_an_export(tmp_path)
     r = _run("export", REF, REF, "-o", tmp_path / "twice")
     assert r.returncode == 2 and "both run 'reference'" in r.stderr
     assert not (tmp_path / "twice").exists() and not (tmp_path / "twice.partial").exists()
+
+
+def _write(path: Path, requests, blocks, meta=None) -> Path:
+    """A small trace: requests (req_id, prompt, output), blocks (req_id, position, proposed)."""
+    with TraceWriter(path, {"engine": "t", "k": 3, **(meta or {})}, flush_interval=0) as w:
+        for rid, prompt, out in requests:
+            w.request(rid, prompt, out, "length")
+        for i, (rid, pos, prop) in enumerate(blocks):
+            w.add_block(rid, i, pos, 0, prop, verified=prop, accepted=0, emitted=[1], t_ns=0)
+    return path
+
+
+def test_duckdb_pairing_matches_diff_on_an_awkward_pair(tmp_path):
+    # a duplicate prompt (paired in order), content that diverges at index 6, a request
+    # without output ids (every position comparable), one without a partner, a position
+    # recorded twice (the first block counts) and a k mismatch
+    ours = _write(
+        tmp_path / "ours.h5",
+        [
+            ("a0", [1, 2], [3, 4, 5, 6, 7, 8]),
+            ("a1", [1, 2], [3, 4, 9, 9, 9, 9]),
+            ("a2", [7], []),
+            ("a3", [5, 5], [1, 1, 1]),
+        ],
+        [
+            ("a0", 2, [4, 5, 6]),
+            ("a0", 5, [7, 8, 1]),
+            ("a0", 6, [8, 1, 1]),
+            ("a1", 2, [4, 9, 9]),
+            ("a1", 2, [0, 0, 0]),
+            ("a1", 4, [9, 9]),
+            ("a2", 9, [1, 2, 3]),
+            ("a3", 2, [1, 1, 1]),
+        ],
+    )
+    theirs = _write(
+        tmp_path / "theirs.h5",
+        [("b0", [1, 2], [3, 4, 5, 6, 0, 0]), ("b1", [1, 2], [3, 4, 9, 9, 9, 9]), ("b2", [7], [8])],
+        [
+            ("b0", 2, [4, 5, 6]),
+            ("b0", 5, [0, 0, 1]),
+            ("b0", 6, [0, 1, 1]),
+            ("b1", 2, [4, 9, 8]),
+            ("b1", 4, [9, 9, 9]),
+            ("b2", 9, [1, 2, 3]),
+        ],
+    )
+    out = tmp_path / "x"
+    from spectrace.tracer.export import block_columns, request_columns, write_parquet
+
+    for name, path in (("ours", ours), ("theirs", theirs)):
+        t = open_trace(path)
+        write_parquet(block_columns(t, name), "blocks", out)
+        write_parquet(request_columns(t, name), "requests", out)
+    d = spectrace.diff(ours, theirs).to_json()
+    (row,) = _query(PAIR_FIGURES, out, ours="ours", theirs="theirs")
+    agr, cov = d["agreement"], d["coverage"]
+    keys = ("paired_blocks", "exact_matches", "exact_match_rate", "per_position")
+    assert {k: row[k] for k in keys} == {k: agr[k] for k in keys}
+    assert row["per_position_blocks"] == agr["per_position_blocks"]
+    assert row["ours_on_matched_content"] == cov["ours_on_matched_content"]
+    assert row["theirs_on_matched_content"] == cov["theirs_on_matched_content"]
+    # by hand: a0/b0 differ at index 6, so positions 2 and 5 pair (6 does not); a1/b1 pair
+    # at 2 (first block) and 4 (k 2 vs 3); a2/b2 at 9 (a2 has no output ids): 5 paired,
+    # exact at a0:2 and a2:9 only
+    assert (row["paired_blocks"], row["exact_matches"]) == (5, 2)
+
+
+def test_ranks_of_one_run_are_partitions(tmp_path):
+    for rank in (0, 1):
+        _write(
+            tmp_path / f"run.dp{rank}.h5",
+            [(f"r{rank}", [1, 2], [3, 4])],
+            [(f"r{rank}", 2, [4, 5, 6])],
+            {"dp_rank": rank},
+        )
+    out = tmp_path / "x"
+    r = _run("export", tmp_path / "run.dp*.h5", "-o", out)
+    assert r.returncode == 0, r.stderr
+    back = read_parquet(out, "blocks")
+    assert back.column("rank").to_pylist() == [0, 1]
+    assert back.column("request").to_pylist() == [0, 1]
+    assert back.column("req_id").to_pylist() == ["r0", "r1"]
+    rows = _query(RUN_FIGURES, out)
+    assert [(x["run"], x["rank"], x["blocks"]) for x in rows] == [("run", 0, 1), ("run", 1, 1)]
