@@ -4,17 +4,22 @@ queries reproduce ``spectrace info`` and ``spectrace diff`` figures exactly."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import spectrace
 from spectrace.tracer import schema
+from spectrace.tracer.cli.main import main
 from spectrace.tracer.export import BLOCK_FIELDS, read_parquet
 from spectrace.tracer.export_sql import PAIR_FIGURES, RUN_FIGURES
 from spectrace.tracer.store import TraceWriter, open_trace
@@ -27,7 +32,25 @@ duckdb = pytest.importorskip("duckdb")
 pytest.importorskip("pyarrow")
 
 
-def _run(*args) -> subprocess.CompletedProcess:
+def _run(*args) -> SimpleNamespace:
+    """``spectrace ARGS`` in this process (a process start costs seconds on a busy machine):
+    ``returncode``, ``stdout``, ``stderr`` as a subprocess would give them."""
+    out, err = io.StringIO(), io.StringIO()
+    saved = warnings.showwarning
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main([str(a) for a in args])
+                code = 0
+            except SystemExit as exc:
+                code = int(exc.code or 0)
+    finally:
+        warnings.showwarning = saved
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+
+
+def _run_process(*args) -> subprocess.CompletedProcess:
+    """The installed ``spectrace`` command itself."""
     return subprocess.run([SPECTRACE, *map(str, args)], capture_output=True, text=True, timeout=120)
 
 
@@ -57,7 +80,7 @@ def exported(tmp_path_factory):
     d = tmp_path_factory.mktemp("export")
     bad = _perturbed(d / "bad.h5")
     out = d / "out"
-    r = _run("export", REF, VLLM, bad, "-o", out)
+    r = _run_process("export", REF, VLLM, bad, "-o", out)
     assert r.returncode == 0, r.stderr
     assert r.stderr.splitlines() == [
         f"spectrace: exported 422 blocks and 15 requests of 3 run(s) (reference, vllm, bad) "
@@ -287,3 +310,18 @@ def test_ranks_of_one_run_are_partitions(tmp_path):
     assert back.column("req_id").to_pylist() == ["r0", "r1"]
     rows = _query(RUN_FIGURES, out)
     assert [(x["run"], x["rank"], x["blocks"]) for x in rows] == [("run", 0, 1), ("run", 1, 1)]
+
+
+def test_parquet_without_pyarrow_is_one_line_and_exit_2(tmp_path):
+    code = (
+        "import sys; sys.modules['pyarrow'] = None; "
+        "from spectrace.tracer.cli.main import main; "
+        f"main(['export', {str(REF)!r}, '-o', {str(tmp_path / 'o')!r}])"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        "spectrace: error: pyarrow is not installed: the Parquet export and the table views "
+        "need it (pip install 'spectrace[export]')"
+    ]
+    assert list(tmp_path.iterdir()) == []  # the .partial folder is removed
