@@ -138,7 +138,7 @@ def test_golden_counters_are_cross_checked(golden_trace):
         "accepted_tokens": 2,
         "accepted_per_pos": [0, 1, 1],
     }
-    assert check["equal"] is False and check["past_max_tokens"] == 1
+    assert check["equal"] is False and check["past_max_tokens"] == 1 and check["unplaced"] == 4
     assert "1 placed block(s) reach past max_tokens" in check["message"]
     assert t.meta["k"] == 3 and t.meta["target_model"] == "toy/target-1b"
     assert t.meta["golden"]["pin"] == "vllm==0.32.0"
@@ -302,3 +302,14 @@ def test_dump_strict_names_the_line(tmp_path):
         f"spectrace: imported 6 blocks of 3 requests from {DUMP} (7 steps; 3 drafts trimmed "
         "by p_min in 2 blocks; 3 draft margins; not placed: 1 unknown_seq)"
     )
+
+
+def test_golden_drafts_shortfall_names_the_unplaced_blocks(tmp_path):
+    # the golden counted all 9 blocks as drafts; the walk placed 5
+    doc = json.loads(GOLDEN.read_text())
+    doc["metrics"]["vllm:spec_decode_num_drafts"] = 9
+    src = tmp_path / "g.json"
+    src.write_text(json.dumps(doc))
+    stats = import_golden(src, tmp_path / "g.h5")
+    assert stats.check["shortfall"]["drafts"] == 4  # 9 counted - 5 placed
+    assert stats.check["message"].endswith("; 4 golden block(s) were not placed")

@@ -50,25 +50,29 @@ def _golden_counters(metrics: object) -> dict | None:
     return out or None
 
 
-def counters_check(metrics: object, placed: dict) -> dict:
+def counters_check(metrics: object, placed: dict, unplaced: int = 0) -> dict:
     """Compare the golden's counters with the placed totals.
 
     Returns:
         ``{"golden", "placed", "shortfall", "equal", "message"}``: the two sets of counters
         (``golden`` None without metrics), golden minus placed per counter, whether they
         are equal, and one line saying so (a shortfall names the blocks past
-        ``max_tokens``, whose acceptance is only what the output shows).
+        ``max_tokens``, whose acceptance is only what the output shows, and the ``unplaced``
+        golden blocks).
     """
     golden = _golden_counters(metrics)
     past = placed["past_max_tokens"]
     placed = {k: v for k, v in placed.items() if k != "past_max_tokens"}
-    out: dict = {"golden": golden, "placed": placed, "past_max_tokens": past}
+    out: dict = {"golden": golden, "placed": placed, "past_max_tokens": past, "unplaced": unplaced}
     if golden is None:
         out.update(shortfall=None, equal=None, message="the golden has no spec-decode counters")
         return out
     short = {k: _minus(v, placed[k]) for k, v in golden.items()}
     equal = all(v == 0 or (isinstance(v, list) and not any(v)) for v in short.values())
-    out.update(shortfall=short, equal=equal, message=_message(golden, placed, short, past, equal))
+    text = _message(golden, placed, short, past, equal)
+    if not equal and short.get("drafts", 0) > 0 and unplaced:
+        text += f"; {unplaced} golden block(s) were not placed"
+    out.update(shortfall=short, equal=equal, message=text)
     return out
 
 

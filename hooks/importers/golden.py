@@ -111,7 +111,8 @@ def import_golden(
 
     def fill(writer: TraceWriter) -> dict:
         placed = _write_records(writer, doc["records"], stats, _max_tokens(doc), lines)
-        stats.check = counters_check(doc.get("metrics"), placed_totals(placed, base.get("k")))
+        totals = placed_totals(placed, base.get("k"))
+        stats.check = counters_check(doc.get("metrics"), totals, sum(stats.unplaced.values()))
         return {"import": stats.to_meta(), "checks": {"golden_counters": stats.check}}
 
     write_trace(out, base, fill)
