@@ -14,9 +14,11 @@ trailing rank tag (``run.dp1.h5`` -> ``run``); the rank is the file's ``dp_rank`
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -90,21 +92,48 @@ def file_ranks(trace: Trace) -> list[int]:
     return list(range(len(trace.metas)))
 
 
-def _rows(
-    mat: np.ndarray, n: np.ndarray, known: np.ndarray | None = None, fill: float = schema.PAD
-) -> list:
-    """Row i of ``mat`` cut to ``n[i]`` entries as a list (None where not ``known``); a
-    matrix narrower than that (a column an older file lacks) is padded with ``fill``."""
-    mat = schema.pad_to(mat, max(int(n.max(initial=0)), mat.shape[1]), fill)
-    out: list = [row[: max(int(m), 0)].tolist() for row, m in zip(mat, n)]
-    if known is not None:
-        out = [r if ok else None for r, ok in zip(out, known.tolist())]
-    return out
+@dataclass
+class Ragged:
+    """A list column without Python lists: row i is ``values[offsets[i]:offsets[i + 1]]``,
+    null where ``valid`` is False (Arrow's list layout, built by one mask over a matrix).
+
+    Attributes:
+        values: the cells of every row, concatenated ([total], the matrix's dtype).
+        offsets: int64 [n + 1] row starts; valid: bool [n], or None when every row is.
+    """
+
+    values: np.ndarray
+    offsets: np.ndarray
+    valid: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @classmethod
+    def from_matrix(
+        cls, mat: np.ndarray, n: np.ndarray, valid: np.ndarray | None = None, fill=schema.PAD
+    ) -> Ragged:
+        """Row i of ``mat`` [rows, w] cut to ``max(n[i], 0)`` cells; a matrix narrower than
+        that (a column an older file lacks) is padded with ``fill``."""
+        lengths = np.maximum(n.astype(np.int64), 0)
+        mat = schema.pad_to(mat, max(int(lengths.max(initial=0)), mat.shape[1]), fill)
+        keep = np.arange(mat.shape[1]) < lengths[:, None]
+        offsets = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return cls(mat[keep], offsets, valid)
+
+    def tolist(self) -> list:
+        """The rows as Python lists (None for a null row)."""
+        vals, off = self.values.tolist(), self.offsets.tolist()
+        rows: list = [vals[a:b] for a, b in zip(off[:-1], off[1:])]
+        if self.valid is not None:
+            rows = [r if ok else None for r, ok in zip(rows, self.valid.tolist())]
+        return rows
 
 
 def block_columns(trace: Trace, run: str) -> dict[str, object]:
-    """The blocks table of one trace (:data:`BLOCK_FIELDS`): name -> numpy array or list
-    of lists (ragged list columns), ``len(trace.blocks)`` rows."""
+    """The blocks table of one trace (:data:`BLOCK_FIELDS`): name -> numpy array, list (of
+    str) or :class:`Ragged` (list columns), ``len(trace.blocks)`` rows."""
     b = trace.blocks
     n = len(b)
     ranks = np.asarray(file_ranks(trace), np.int32)
@@ -115,12 +144,12 @@ def block_columns(trace: Trace, run: str) -> dict[str, object]:
         "rank": ranks[file_of] if n else np.zeros(0, np.int32),
         "block": np.arange(n, dtype=np.int64),
         "request": b.request.astype(np.int32),
-        "req_id": [trace.requests.req_id[r] for r in b.request.tolist()],
-        "proposed": _rows(b.proposed, k),
-        "verified": _rows(b.verified, nv, nv >= 0),
+        "req_id": np.asarray(trace.requests.req_id, dtype=object)[b.request].tolist(),
+        "proposed": Ragged.from_matrix(b.proposed, k),
+        "verified": Ragged.from_matrix(b.verified, nv, nv >= 0),
         "accepted_recomputed": recompute_accepted(trace),
-        "emitted": _rows(b.emitted, ne, ne >= 0),
-        "draft_margin": _rows(b.draft_margin, k, fill=math.nan),
+        "emitted": Ragged.from_matrix(b.emitted, ne, ne >= 0),
+        "draft_margin": Ragged.from_matrix(b.draft_margin, k, fill=math.nan),
     }
     for name, _, _ in BLOCK_FIELDS:
         if name not in cols:
@@ -144,10 +173,30 @@ def request_columns(trace: Trace, run: str) -> dict[str, object]:
     }
 
 
+def require(module: str):
+    """Import an optional dependency (``pyarrow``, ``pyarrow.parquet``, ``pandas``).
+
+    Raises:
+        InputError: it is not installed (names the ``export`` extra).
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        top = module.split(".")[0]
+        raise InputError(
+            f"{top} is not installed: the Parquet export and the table views need it "
+            f"(pip install 'spectrace[export]')"
+        ) from None
+
+
 def arrow_schema(table: str) -> pa.Schema:
     """The Arrow schema of ``table`` (``blocks`` or ``requests``), with each field's meaning
-    as its ``doc`` metadata."""
-    import pyarrow as pa
+    as its ``doc`` metadata.
+
+    Raises:
+        InputError: pyarrow is not installed.
+    """
+    pa = require("pyarrow")
 
     types = {
         "string": pa.string(),
@@ -167,11 +216,21 @@ def arrow_schema(table: str) -> pa.Schema:
 
 def to_arrow(columns: dict[str, object], table: str) -> pa.Table:
     """A column dict of :func:`block_columns` / :func:`request_columns` as an Arrow table."""
-    import pyarrow as pa
+    pa = require("pyarrow")
 
     schema = arrow_schema(table)
-    arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
+    arrays = [_arrow_array(pa, columns[f.name], f.type) for f in schema]
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _arrow_array(pa, col: object, type_):
+    """One column as an Arrow array: a :class:`Ragged` through its offsets (no Python
+    lists), anything else through ``pa.array``."""
+    if not isinstance(col, Ragged):
+        return pa.array(col, type=type_)
+    values = pa.array(col.values, type=type_.value_type)
+    mask = None if col.valid is None else pa.array(~col.valid)
+    return pa.ListArray.from_arrays(pa.array(col.offsets, pa.int32()), values, mask=mask)
 
 
 def partitions(columns: dict[str, object]) -> Iterator[tuple[str, int, np.ndarray]]:
@@ -185,7 +244,7 @@ def partitions(columns: dict[str, object]) -> Iterator[tuple[str, int, np.ndarra
 def write_parquet(columns: dict[str, object], table: str, out: Path) -> list[Path]:
     """Write one run's table as ``out/<table>/run=R/rank=N/part-0.parquet`` files (the
     partition keys live in the directory names only). Returns the files written."""
-    import pyarrow.parquet as pq
+    pq = require("pyarrow.parquet")
 
     full = to_arrow(columns, table)
     written = []
@@ -201,7 +260,7 @@ def write_parquet(columns: dict[str, object], table: str, out: Path) -> list[Pat
 def plain_rows(columns: dict[str, object]) -> Iterator[dict]:
     """Rows of a column dict as JSON-ready dicts (NaN -> None), for CSV and JSONL."""
     names = list(columns)
-    cols = [c.tolist() if isinstance(c, np.ndarray) else c for c in columns.values()]
+    cols = [c.tolist() if isinstance(c, (np.ndarray, Ragged)) else c for c in columns.values()]
     for values in zip(*cols):
         yield {n: _plain(v) for n, v in zip(names, values)}
 
@@ -224,9 +283,7 @@ def check_run_names(names: list[str]) -> None:
 def read_parquet(folder: str | Path, table: str) -> pa.Table:
     """Read an export folder's table back (``run``/``rank`` from the directory names, typed
     as in :func:`arrow_schema`), sorted by run, rank and the row index."""
-    import pyarrow as pa
-    import pyarrow.dataset as ds
-
+    pa, ds = require("pyarrow"), require("pyarrow.dataset")
     schema = arrow_schema(table)
     keys = pa.schema([schema.field(k) for k in PARTITION_KEYS])
     part = ds.partitioning(keys, flavor="hive")
