@@ -1,10 +1,11 @@
 """spectrace's public Python API, for notebooks and scripts.
 
 >>> import spectrace
->>> t = spectrace.open("traces/reference.h5")        # a file, a list or a glob of ranks
->>> t.blocks_df().groupby("k").accepted.mean()       # pandas (or .blocks_arrow(): pyarrow)
->>> r = spectrace.diff("traces/reference.h5", "traces/vllm.h5")
->>> r.agreement.exact_match_rate, r.diverged
+>>> t = spectrace.open("traces/vllm.h5")          # a file, a list of files or a glob of ranks
+>>> df = t.blocks_df()                             # pandas (t.blocks_arrow(): a pyarrow Table)
+>>> r = spectrace.diff("traces/reference.h5", t)   # the typed DiffResult of `spectrace diff`
+>>> df[df.accepted >= 0].accepted.mean(), r.diverged, r.agreement.exact_match_rate
+(1.330935251798561, False, 1.0)
 
 This package's ``__init__`` runs before every ``spectrace.*`` import (the CLI, the vLLM
 plugin), so it imports nothing itself: :func:`open` and :func:`diff` load the library when

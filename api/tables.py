@@ -60,10 +60,12 @@ class TraceTables:
 
     def blocks_df(self) -> pd.DataFrame:
         """The blocks table as a pandas DataFrame (list columns hold Python lists)."""
-        return self.blocks_arrow().to_pandas(types_mapper=None)
+        export.require("pandas")
+        return self.blocks_arrow().to_pandas()
 
     def requests_df(self) -> pd.DataFrame:
         """The requests table as a pandas DataFrame."""
+        export.require("pandas")
         return self.requests_arrow().to_pandas()
 
     def info(self) -> dict:
