@@ -4,7 +4,7 @@
 >>> t = spectrace.open("traces/vllm.h5")          # a file, a list of files or a glob of ranks
 >>> df = t.blocks_df()                             # pandas (t.blocks_arrow(): a pyarrow Table)
 >>> r = spectrace.diff("traces/reference.h5", t)   # the typed DiffResult of `spectrace diff`
->>> df[df.accepted >= 0].accepted.mean(), r.diverged, r.agreement.exact_match_rate
+>>> float(df[df.accepted >= 0].accepted.mean()), r.diverged, r.agreement.exact_match_rate
 (1.330935251798561, False, 1.0)
 
 This package's ``__init__`` runs before every ``spectrace.*`` import (the CLI, the vLLM

@@ -7,6 +7,13 @@ import click
 from . import output
 from .options import force_option, meta_option, strict_option
 
+#: ``--strict`` of the file importers (golden, llama-dump).
+strict_file_option = click.option(
+    "--strict",
+    is_flag=True,
+    help="Fail on the first problem (exit 2, FILE:LINE) instead of counting it.",
+)
+
 
 @click.group("import")
 def import_() -> None:
@@ -62,7 +69,7 @@ def _say_problems(problems) -> None:
 @click.option(
     "-o", "--out", required=True, type=click.Path(dir_okay=False), help="Output trace file (.h5)."
 )
-@strict_option
+@strict_file_option
 @meta_option
 @force_option
 def import_golden(file: str, out: str, strict: bool, meta: dict[str, object], force: bool) -> None:
@@ -99,7 +106,7 @@ def import_golden(file: str, out: str, strict: bool, meta: dict[str, object], fo
     type=click.Path(dir_okay=False),
     help="JSONL with req_id, seq (default: req_id), prompt_ids, output_ids per request.",
 )
-@strict_option
+@strict_file_option
 @meta_option
 @force_option
 def import_llama_dump(
