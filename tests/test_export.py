@@ -21,7 +21,7 @@ import spectrace
 from spectrace.tracer import schema
 from spectrace.tracer.cli.main import main
 from spectrace.tracer.export import BLOCK_FIELDS, read_parquet
-from spectrace.tracer.export_sql import PAIR_FIGURES, RUN_FIGURES
+from spectrace.tracer.export_sql import PAIR_FIGURES, RUN_FIGURES, RUN_TOTALS
 from spectrace.tracer.store import TraceWriter, open_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -301,15 +301,38 @@ def test_ranks_of_one_run_are_partitions(tmp_path):
             [(f"r{rank}", 2, [4, 5, 6])],
             {"dp_rank": rank},
         )
+    _write(  # a second run of two ranks, with different acceptance per rank
+        tmp_path / "other.dp0.h5", [("x", [1], [2, 3, 4])], [("x", 1, [3, 4, 9])], {"dp_rank": 0}
+    )
+    with TraceWriter(tmp_path / "other.dp1.h5", {"engine": "t", "k": 3, "dp_rank": 1}) as w:
+        w.request("y", [1], [2, 3, 4, 5], "length")
+        w.add_block("y", 0, 1, 2, [3, 4, 5], verified=[3, 4, 5], accepted=2, emitted=[3, 4, 5])
+        w.add_block("y", 1, 4, 5, [6, 7, 8])  # never verified
     out = tmp_path / "x"
-    r = _run("export", tmp_path / "run.dp*.h5", "-o", out)
+    r = _run("export", tmp_path / "run.dp*.h5", tmp_path / "other.dp*.h5", "-o", out)
     assert r.returncode == 0, r.stderr
     back = read_parquet(out, "blocks")
+    back = back.filter(_is_run(back, "run"))
     assert back.column("rank").to_pylist() == [0, 1]
     assert back.column("request").to_pylist() == [0, 1]
     assert back.column("req_id").to_pylist() == ["r0", "r1"]
     rows = _query(RUN_FIGURES, out)
-    assert [(x["run"], x["rank"], x["blocks"]) for x in rows] == [("run", 0, 1), ("run", 1, 1)]
+    assert [(x["run"], x["rank"], x["blocks"]) for x in rows] == [
+        ("other", 0, 1),
+        ("other", 1, 2),
+        ("run", 0, 1),
+        ("run", 1, 1),
+    ]
+    for row in _query(RUN_TOTALS, out):  # all ranks of a run: info of its files as one trace
+        info = _json("info", tmp_path / f"{row['run']}.dp*.h5")
+        assert row["blocks"] == info["blocks"]
+        rec = info["recorded"]
+        assert (row["verified_blocks"], row["accepted_tokens"]) == (
+            rec["blocks"],
+            rec["accepted_tokens"],
+        )
+        assert row["per_position"] == rec["per_position"]
+        assert row["acceptance_rate"] == rec["acceptance_rate"]
 
 
 def test_parquet_without_pyarrow_is_one_line_and_exit_2(tmp_path):

@@ -87,3 +87,11 @@ SELECT (SELECT count(*) FROM oa) AS ours_on_matched_content,
        (SELECT list(equal / present ORDER BY slot) FROM per_slot) AS per_position,
        (SELECT list(present ORDER BY slot) FROM per_slot) AS per_position_blocks
 """
+
+#: :data:`RUN_FIGURES` over all ranks of each run: ``spectrace info`` of the run's files read
+#: as one trace (``spectrace info 'run.dp*.h5'``).
+RUN_TOTALS = (
+    RUN_FIGURES.replace("SELECT run, rank,\n", "SELECT run,\n")
+    .replace("GROUP BY run, rank", "GROUP BY run")
+    .replace("ORDER BY run, rank", "ORDER BY run")
+)
