@@ -224,6 +224,10 @@ def test_export_refuses_to_overwrite_and_force_replaces_only_an_export(tmp_path)
     assert r.returncode == 2 and (other / "notes.txt").read_text() == "keep"
     r = _run("export", REF, REF, "-o", tmp_path / "twice")
     assert r.returncode == 2 and "both run 'reference'" in r.stderr
+    r = _run("export", REF, "--run", "a/b", "-o", tmp_path / "twice")
+    assert r.stderr.splitlines() == [
+        "spectrace: error: run name 'a/b': use letters, digits, '.', '_' and '-' only"
+    ]
     assert not (tmp_path / "twice").exists() and not (tmp_path / "twice.partial").exists()
 
 

@@ -141,7 +141,7 @@ def test_golden_counters_are_cross_checked(golden_trace):
     assert check["equal"] is False and check["past_max_tokens"] == 1 and check["unplaced"] == 4
     assert "1 placed block(s) reach past max_tokens" in check["message"]
     assert t.meta["k"] == 3 and t.meta["target_model"] == "toy/target-1b"
-    assert t.meta["golden"]["pin"] == "vllm==0.32.0"
+    assert t.meta["golden"]["pin"] == "vllm==0.32.0" and t.meta["engine_version"] == "0.32.0"
     s = trace_summary(t)
     assert (s["blocks"], s["recorded"]["accepted_tokens"], s["verified_tokens"]) == (5, 7, 15)
 
@@ -313,3 +313,15 @@ def test_golden_drafts_shortfall_names_the_unplaced_blocks(tmp_path):
     stats = import_golden(src, tmp_path / "g.h5")
     assert stats.check["shortfall"]["drafts"] == 4  # 9 counted - 5 placed
     assert stats.check["message"].endswith("; 4 golden block(s) were not placed")
+
+
+def test_golden_blocks_out_of_call_order_are_counted(tmp_path):
+    doc = json.loads(GOLDEN.read_text())
+    blocks = doc["records"][0]["blocks"]
+    blocks[1]["call"], blocks[2]["call"] = 2, 1  # calls 0, 2, 1, 3: the third block is out
+    src = tmp_path / "g.json"
+    src.write_text(json.dumps(doc, indent=2))
+    stats = import_golden(src, tmp_path / "g.h5")
+    c = stats.problems.classes["call_order"]
+    assert (c.count, c.what) == (1, "call 1 after call 2 (field=call, value=1)")
+    assert stats.placed == 5  # the walk is the file order's: the same placements

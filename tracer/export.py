@@ -274,7 +274,11 @@ def _plain(v):
 
 
 def check_run_names(names: list[str]) -> None:
-    """Raises InputError when two runs share a name (their partitions would mix)."""
+    """Raises InputError when a run name is not a plain directory name (letters, digits,
+    ``._-``) or two runs share a name (their partitions would mix)."""
+    bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9._-]+", n) or n in (".", "..")]
+    if bad:
+        raise InputError(f"run name {bad[0]!r}: use letters, digits, '.', '_' and '-' only")
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise InputError(f"two traces are both run {dup[0]!r}: name them with --run NAME")

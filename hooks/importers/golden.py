@@ -134,6 +134,9 @@ def _run_meta(doc: dict, problems: Problems, lines: JsonLines) -> dict:
         if isinstance(doc.get(key), str):
             out[dest] = doc[key]
     out["golden"] = {key: doc.get(key) for key in RUN_KEYS if key in doc}
+    pin = doc.get("pin")
+    if isinstance(pin, str) and pin.startswith("vllm=="):  # the pinned upstream version
+        out["engine_version"] = pin[len("vllm==") :]
     return {k2: v for k2, v in out.items() if v is not None}
 
 
@@ -198,6 +201,7 @@ def _place_record(rec: dict, full: list[int], prompt_len: int, stats: GoldenStat
     assert stats.problems is not None
     blocks = rec["blocks"]
     readable = [_block(b, stats.problems, at(j)) for j, b in enumerate(blocks)]
+    _check_call_order(blocks, stats.problems, at)
     walk = place(full, prompt_len, readable)
     stats.unplaced.update(walk.unplaced)
     if walk.ended_at is not None and walk.ended_at[1] != "invalid_block":
@@ -213,6 +217,19 @@ def _place_record(rec: dict, full: list[int], prompt_len: int, stats: GoldenStat
     stats.placed += len(walk.placed)
     stats.past_max_tokens += sum(b.past_end for b in walk.placed)
     return walk.placed
+
+
+def _check_call_order(blocks: list, problems: Problems, at) -> None:
+    """Blocks are kept in call order: a ``call`` not above the previous block's is a
+    ``call_order`` problem (the walk still takes the blocks in file order)."""
+    prev = None
+    for j, b in enumerate(blocks):
+        call = b.get("call") if isinstance(b, dict) else None
+        if not is_int(call):
+            continue
+        if prev is not None and call <= prev:
+            problems.add("call_order", at(j), f"call {call} after call {prev}", "call", call)
+        prev = call
 
 
 def _at(full: list[int], p: int) -> str:
