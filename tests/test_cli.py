@@ -105,6 +105,6 @@ def test_no_command_is_one_line_and_exit_2(capsys):
         main([])
     assert e.value.code == 2
     assert capsys.readouterr().err == (
-        "spectrace: error: no command given; commands: capture, check, demo, diff, import, "
+        "spectrace: error: no command given; commands: capture, check, demo, diff, export, import, "
         "info, inspect-draft, schema, validate, view (see 'spectrace --help')\n"
     )
