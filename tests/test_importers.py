@@ -300,7 +300,7 @@ def test_dump_strict_names_the_line(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stderr.splitlines()[0] == (
         f"spectrace: imported 6 blocks of 3 requests from {DUMP} (7 steps; 3 drafts trimmed "
-        "by p_min in 2 blocks; 3 draft margins; not placed: 1 unknown_seq)"
+        "by p_min in 2 blocks; 3 draft margins; not placed: 1 unknown seq)"
     )
 
 

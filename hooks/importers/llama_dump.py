@@ -87,7 +87,10 @@ class DumpStats:
             )
         parts.append(f"{self.margins} draft margins")
         if self.unplaced:
-            parts.append("not placed: " + ", ".join(f"{n} {r}" for r, n in self.unplaced.items()))
+            parts.append(
+                "not placed: "
+                + ", ".join(f"{n} {r.replace('_', ' ')}" for r, n in self.unplaced.items())
+            )
         return (
             f"imported {self.blocks} blocks of {self.requests} requests from {self.source} "
             f"({'; '.join(parts)})"
