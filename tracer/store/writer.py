@@ -232,10 +232,8 @@ class TraceWriter:
                 number of rows (-1: unknown); they expose batch-dependent drafts.
             proposal_source: 1 when ``proposed`` is the drafter's output, 0 when it only
                 copies ``verified`` (-1 unknown); see ``schema.PROPOSAL_*``.
-            draft_margin: the drafter's top-1 minus top-2 logit per proposed slot (float,
-                len k), or ``None`` when not recorded (NaN).
-            target_margin: the target's top-1 minus top-2 logit where it sampled the anchor
-                (NaN: unknown).
+            draft_margin, target_margin: top-1 minus top-2 logits per proposed slot and
+                where the target sampled the anchor (``None``/NaN: unknown).
         """
         with self._lock:
             b = self._blocks
