@@ -179,7 +179,7 @@ def _print_requests(con: Console, r: DiffResult) -> None:
         f"requests: {q.matched} matched (by prompt {q.matched_by.prompt}, "
         f"by id {q.matched_by.req_id}, by order {q.matched_by.order}); "
         f"unmatched ours {len(q.unmatched_ours)}, theirs {len(q.unmatched_theirs)}; "
-        f"content diverged in {q.content_diverged}"
+        f"content diverged in {q.content_diverged}{_drift_note(r)}"
     )
     for c in r.content_divergence[:CONTENT_LINES]:
         con.print(
@@ -192,6 +192,12 @@ def _print_requests(con: Console, r: DiffResult) -> None:
             f"  ... and {len(r.content_divergence) - CONTENT_LINES} more requests "
             f"diverge (--format json lists every one)"
         )
+
+
+def _drift_note(r: DiffResult) -> str:
+    """``; N paired by similar prompts (prompt_drift, not compared)`` or empty."""
+    n = sum(f.evidence.get("requests", 0) for f in r.findings if f.kind == "prompt_drift")
+    return f"; {n} paired by similar prompts (prompt_drift, not compared)" if n else ""
 
 
 def _print_agreement(con: Console, r: DiffResult) -> None:

@@ -26,6 +26,8 @@ Kind = Literal[
     "impossible_values",
     "capture_incomplete",
     "requests_incomplete",
+    # Content: prompts that differ (nothing of those pairs is comparable), then outputs.
+    "prompt_drift",
     "degenerate_output",
     "content_divergence",
     "content_only",

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 # Module imports, not ``from . import``: the package's __init__ imports this module.
+import spectrace.tracer.findings.drift as drift
 import spectrace.tracer.findings.pair as pair
 import spectrace.tracer.findings.single as single
 import spectrace.tracer.findings.values as values
@@ -152,7 +153,7 @@ def _pair_findings(pd: PairData) -> list[Finding]:
 def detect_pair(
     al: Alignment, paired: PairedComparison, decoder: Decoder | None = None
 ) -> list[Finding]:
-    """All findings of a diff: loops, content divergence, both traces' single-trace
+    """All findings of a diff: loops, prompt drift, content divergence, both traces' single-trace
     detectors (ours, then theirs) and the pair detectors.
 
     Args:
@@ -179,6 +180,7 @@ def detect_pair(
         pd.trusted = np.asarray(src != schema.PROPOSAL_COPIED_FROM_VERIFIED)
     found: list[Finding | None] = []
     found += pair_loop_findings(al, oa, ob, run_a.loops, run_b.loops, decoder)
+    found.append(drift.prompts(al, decoder))
     found.append(pair.content(al, oa, decoder))
     found.append(pair.vanilla(al))
     for r in (run_a, run_b):
