@@ -40,12 +40,12 @@ def info(trace: tuple[str, ...], fmt: str) -> None:
 
     TRACE is one file, several files or a glob (one trace written by several processes).
     """
-    from ..metrics import trace_summary
+    from ..findings.summary import explained_summary
     from ..store import open_trace
     from . import report
 
     t = open_trace(list(trace))
-    summary = trace_summary(t)
+    summary = explained_summary(t)
     if fmt == "json":
         output.out(json.dumps({"schema": "spectrace.info/1", **summary}, indent=2))
     else:
@@ -94,14 +94,14 @@ def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None) -> None:
     """Check one trace on its own: loops, constant or unverified drafts, bookkeeping,
     vocabulary range, verified vs proposed, anchors. Exit 1 on an error finding."""
     from ..findings import check_trace
-    from ..metrics import trace_summary
+    from ..findings.summary import explained_summary
     from ..store import open_trace
     from ..tokens import decoder_for
     from . import report
 
     t = open_trace(list(trace))
     found = check_trace(t, decoder_for(tokenizer, t.meta))
-    summary = trace_summary(t)
+    summary = explained_summary(t)
     if fmt == "json":
         output.out(
             json.dumps(

@@ -90,10 +90,22 @@ def print_info(con: Console, s: dict) -> None:
     for i, (x, y) in enumerate(zip(rec["per_position"], rc["per_position"])):
         f.add_row(f"acceptance at slot {i}", pct(x), pct(y))
     con.print(f)
+    _print_left_out(con, s)
     if s["phases_ms"]:
         ph = ", ".join(f"{k}={v:.2f}ms" for k, v in s["phases_ms"].items())
         con.print(f"phase medians: {ph}")
     con.print(f"[dim]conventions: {CONVENTIONS}[/dim]")
+
+
+def _print_left_out(con: Console, s: dict) -> None:
+    """The impossible_values line under the figures, when blocks were left out of them."""
+    found = s.get("impossible_values")
+    if found:
+        con.print(
+            f"[bold red]impossible values[/bold red]: {escape(found['message'])}; the "
+            f"figures above leave the same {s.get('left_out_blocks', 0)} block(s) out "
+            f"(spectrace check exits 1 on them)"
+        )
 
 
 #: How :func:`capture_text` words each ``ended`` value (:data:`schema.CAPTURE_END`).
@@ -138,9 +150,11 @@ def print_findings(con: Console, findings: list) -> None:
             if x
         )
         style = SEVERITY_STYLE[f.severity]
+        # One trace (check): no side to name; a diff names ours, theirs or both.
+        place = "; ".join(x for x in ("" if f.side == "trace" else f.side, where) if x)
         con.print(
-            f"  [{style}]{f.severity:<7}[/{style}] [bold]{f.kind}[/bold] ({f.side}"
-            f"{'; ' + where if where else ''})"
+            f"  [{style}]{f.severity:<7}[/{style}] [bold]{f.kind}[/bold]"
+            f"{f' ({place})' if place else ''}"
         )
         con.print(f"          {escape(f.message)}")
 

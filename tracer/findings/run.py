@@ -92,12 +92,15 @@ PAIR: tuple[PairDetector, ...] = (
 FALLBACK = PairDetector("draft_mismatch", pair.mismatch)
 
 
-def check_trace(t: Trace, decoder: Decoder | None = None, side: Side = "ours") -> list[Finding]:
+def check_trace(t: Trace, decoder: Decoder | None = None, side: Side = "trace") -> list[Finding]:
     """Single-trace findings (``spectrace check``): degenerate output, then
     :data:`SINGLE_TRACE` (impossible values, how the capture ended, requests not completed,
     anchors, verified vs proposed, constant, unverified or trimmed drafts, bookkeeping,
     vocabulary range).
 
+    Args:
+        side: the findings' side and the name their messages use: ``trace`` (the one trace
+            of ``spectrace check``), or ours/theirs where a caller shows it beside another.
     Returns:
         Findings, most severe first.
     """
