@@ -49,7 +49,7 @@ def print_info(con: Console, s: dict) -> None:
     t.add_column("value")
     for key in _META_SHOWN:
         if key in meta:
-            t.add_row(key, str(meta[key]))
+            t.add_row(key, escape(_meta_text(key, meta[key])))
     ended = capture_end(meta, s["status"])
     if ended is not None:
         t.add_row("capture", escape(capture_text(ended)))
@@ -106,6 +106,13 @@ def _print_left_out(con: Console, s: dict) -> None:
             f"figures above leave the same {s.get('left_out_blocks', 0)} block(s) out "
             f"(spectrace check exits 1 on them)"
         )
+
+
+def _meta_text(key: str, value: object) -> str:
+    """A /meta value as shown; None (unknown, e.g. the engine of an imported log) says so."""
+    if value is None:
+        return f"unknown (not recorded; set it with --meta {key}=...)"
+    return str(value)
 
 
 #: How :func:`capture_text` words each ``ended`` value (:data:`schema.CAPTURE_END`).
@@ -176,8 +183,8 @@ def _print_sides(con: Console, r: DiffResult) -> None:
         engine = " ".join(str(x) for x in (side.engine, side.engine_version) if x)
         con.print(
             escape(
-                f"{label} {', '.join(side.files)}  ({engine or '?'}, "
-                f"{side.method or 'method ?'}, k={side.k or '?'}, "
+                f"{label} {', '.join(side.files)}  ({engine or 'engine unknown'}, "
+                f"{side.method or 'method unknown'}, k={side.k or '?'}, "
                 f"{side.blocks} blocks)"
             )
         )

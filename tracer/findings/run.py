@@ -15,6 +15,7 @@ import numpy as np
 
 # Module imports, not ``from . import``: the package's __init__ imports this module.
 import spectrace.tracer.findings.drift as drift
+import spectrace.tracer.findings.ksize as ksize
 import spectrace.tracer.findings.pair as pair
 import spectrace.tracer.findings.single as single
 import spectrace.tracer.findings.values as values
@@ -82,7 +83,7 @@ PAIR: tuple[PairDetector, ...] = (
     PairDetector("anchor_shift", pair.anchor_pairs),
     PairDetector("layout_shift", pair.layout_shift),
     PairDetector("vocab_mapping", pair.vocab_pairs),
-    PairDetector("k_mismatch", pair.k_pairs),
+    PairDetector("k_mismatch", ksize.k_pairs),
     PairDetector("depth_divergence", pair.depth),
     PairDetector("stale_state", pair.stale, thread="blocks"),
     PairDetector("batch_dependence", pair.batch, thread="blocks"),
