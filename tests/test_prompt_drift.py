@@ -11,8 +11,9 @@ import sys
 
 import numpy as np
 
-from spectrace.tracer.align import align, longest_common_run, prompt_drift
+from spectrace.tracer.align import align
 from spectrace.tracer.diff import diff_traces
+from spectrace.tracer.similar import longest_common_run, prompt_drift
 from spectrace.tracer.store import TraceWriter, open_trace
 
 SPECTRACE = os.path.join(os.path.dirname(sys.executable), "spectrace")
@@ -180,3 +181,33 @@ def test_unrelated_prompts_stay_different_jobs(tmp_path):
         "different jobs"
     ]
     assert not r.findings
+
+
+def test_shared_system_prompt_pairs_by_the_user_text():
+    # 40 requests: one 30-token system prompt, then a 12-token user text of its own. Theirs
+    # wraps each in a 3-token chat template and lists them in reverse: each pairs with its
+    # own user text (the shared system prompt's 8-grams are in every prompt: ignored).
+    from spectrace.tracer.similar import match_drift
+
+    system = list(range(500, 530))
+    users = [[1000 + 12 * r + t for t in range(12)] for r in range(40)]
+    ours = [np.array(system + u) for u in users]
+    theirs = [np.array([7, 7] + system + u + [9]) for u in reversed(users)]
+    got = match_drift(ours, theirs, np.arange(40), np.arange(40))
+    assert [(d.req_a, d.req_b) for d in got] == [(r, 39 - r) for r in range(40)]
+    d = got[0]
+    # ours 42 tokens, theirs 45; all of ours is inside theirs from token 2 on.
+    assert (d.ours_len, d.theirs_len, d.common_run, d.run_ours, d.run_theirs) == (42, 45, 42, 0, 2)
+    assert (d.first_difference, d.common_prefix, d.common_suffix) == (0, 0, 0)
+
+
+def test_duplicate_prompts_pair_up_in_order():
+    # 20 samples of one prompt on each side (best-of-n), theirs under a template: 20 pairs,
+    # in order, though the prompt's 8-grams are in 20 requests (one distinct prompt).
+    from spectrace.tracer.similar import match_drift
+
+    ours = [np.array(USER)] * 20
+    theirs = [np.array([5] + USER + [6])] * 20
+    got = match_drift(ours, theirs, np.arange(20), np.arange(20))
+    assert [(d.req_a, d.req_b) for d in got] == [(r, r) for r in range(20)]
+    assert (got[0].common_run, got[0].run_ours, got[0].run_theirs) == (12, 0, 1)

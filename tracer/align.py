@@ -3,7 +3,7 @@
 1. Requests are matched by identical prompt ids, then by request id, then by order. Requests
    left over on both sides with prompts that differ but share most of their tokens (a chat
    template or system prompt wrapped around the same user text) pair up as *prompt drift*
-   (:func:`match_drift`, threshold :data:`DRIFT_MIN_TOKENS` / :data:`DRIFT_SHARE`): they are
+   (:func:`~spectrace.tracer.similar.match_drift`, threshold in :mod:`.similar`): they are
    reported (``prompt_drift``), never compared block by block, since their contexts differ.
 2. Per matched pair the *content divergence position* is the first index where the two full
    sequences (prompt + output) differ; a block is comparable only when its anchor position is
@@ -18,7 +18,6 @@ All block work is vectorised: one stable sort of each trace's blocks by (request
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,39 +25,8 @@ import numpy as np
 from .compare import NO_DIVERGENCE, comparable, comparable_limit, first_difference
 from .index import block_order
 from .parallel import chunks, in_parallel
+from .similar import PromptDrift, match_drift
 from .store import Trace
-
-#: Prompt drift threshold: two differing prompts pair up when their longest common run of
-#: consecutive tokens (a shared prefix, suffix, or the user text inside a template) is at
-#: least DRIFT_MIN_TOKENS tokens long and covers at least DRIFT_SHARE of the shorter prompt.
-DRIFT_MIN_TOKENS = 8
-DRIFT_SHARE = 0.5
-
-
-@dataclass(frozen=True)
-class PromptDrift:
-    """Two requests whose prompts differ but share most of their tokens.
-
-    Attributes:
-        req_a, req_b: request indices (ours, theirs).
-        first_difference: first token index where the prompts differ (= common_prefix).
-        ours_len, theirs_len: prompt lengths (tokens).
-        common_prefix, common_suffix: lengths (tokens) of the shared head and tail; they
-            never overlap (prefix + suffix <= the shorter length).
-        common_run: length (tokens) of the longest run of consecutive tokens both prompts
-            hold; ``run_ours``, ``run_theirs``: where it starts in each prompt.
-    """
-
-    req_a: int
-    req_b: int
-    first_difference: int
-    ours_len: int
-    theirs_len: int
-    common_prefix: int
-    common_suffix: int
-    common_run: int
-    run_ours: int
-    run_theirs: int
 
 
 @dataclass
@@ -236,86 +204,6 @@ def align(a: Trace, b: Trace) -> Alignment:
         ib=ib,
         drift=drift,
     )
-
-
-def match_drift(
-    prompts_a: list[np.ndarray],
-    prompts_b: list[np.ndarray],
-    free_a: np.ndarray,
-    free_b: np.ndarray,
-) -> list[PromptDrift]:
-    """Pair left-over requests whose prompts share most of their tokens (content drift).
-
-    Candidates share a :data:`DRIFT_MIN_TOKENS`-gram (an inverted index of their n-grams);
-    each of our requests, in order, takes the free candidate with the longest common run
-    that passes the threshold (ties: the one sharing most n-grams, then the first).
-
-    Args:
-        prompts_a, prompts_b: prompt ids per request (int arrays, one per request).
-        free_a, free_b: int64 request indices left unmatched by :func:`match_requests`.
-    Returns:
-        The drift pairs, sorted by our request.
-    """
-    grams_b: dict[bytes, list[int]] = {}
-    for j in free_b.tolist():
-        for g in set(_grams(prompts_b[j])):
-            grams_b.setdefault(g, []).append(j)
-    taken: set[int] = set()
-    out: list[PromptDrift] = []
-    for i in free_a.tolist():
-        x = np.asarray(prompts_a[i], np.int64)
-        shared = Counter(j for g in set(_grams(x)) for j in grams_b.get(g, ()) if j not in taken)
-        best: PromptDrift | None = None
-        for j, _ in shared.most_common():
-            d = prompt_drift(i, j, x, np.asarray(prompts_b[j], np.int64))
-            if d is not None and (best is None or d.common_run > best.common_run):
-                best = d
-        if best is not None:
-            taken.add(best.req_b)
-            out.append(best)
-    return out
-
-
-def prompt_drift(i: int, j: int, x: np.ndarray, y: np.ndarray) -> PromptDrift | None:
-    """How prompt ``x`` (our request ``i``) differs from ``y`` (their request ``j``), or None
-    when they are equal or share too little (the :data:`DRIFT_MIN_TOKENS` /
-    :data:`DRIFT_SHARE` threshold on their longest common run)."""
-    n = min(len(x), len(y))
-    if n == 0 or (len(x) == len(y) and np.array_equal(x, y)):
-        return None
-    run, ox, oy = longest_common_run(x, y)
-    if run < max(DRIFT_MIN_TOKENS, DRIFT_SHARE * n):
-        return None
-    prefix = first_difference(x, y)
-    prefix = n if prefix == NO_DIVERGENCE else prefix
-    tail = first_difference(x[::-1][: n - prefix], y[::-1][: n - prefix])
-    suffix = n - prefix if tail == NO_DIVERGENCE else tail
-    return PromptDrift(i, j, prefix, len(x), len(y), prefix, suffix, run, ox, oy)
-
-
-def longest_common_run(x: np.ndarray, y: np.ndarray) -> tuple[int, int, int]:
-    """The longest run of consecutive tokens in both ``x`` and ``y`` (int arrays):
-    ``(length, start in x, start in y)``; the first such run in ``x`` on ties, (0, 0, 0)
-    when none. O(len(x) * len(y)) in numpy rows (prompts, not outputs)."""
-    prev = np.zeros(len(y) + 1, np.int64)
-    best = (0, 0, 0)
-    for r in range(len(x)):
-        cur = np.zeros_like(prev)
-        cur[1:] = np.where(y == x[r], prev[:-1] + 1, 0)
-        c = int(cur.argmax())
-        if cur[c] > best[0]:
-            best = (int(cur[c]), r - int(cur[c]) + 1, c - int(cur[c]))
-        prev = cur
-    return best
-
-
-def _grams(x: np.ndarray) -> list[bytes]:
-    """The :data:`DRIFT_MIN_TOKENS`-grams of ``x`` as bytes (none when shorter)."""
-    w = DRIFT_MIN_TOKENS
-    if len(x) < w:
-        return []
-    v = np.lib.stride_tricks.sliding_window_view(np.asarray(x, np.int32), w)
-    return [row.tobytes() for row in v]
 
 
 def _pair_of_block(t: Trace, req: np.ndarray) -> np.ndarray:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..align import DRIFT_MIN_TOKENS, DRIFT_SHARE, Alignment, PromptDrift
+from ..align import Alignment
 from ..fmt import pct
+from ..similar import DRIFT_MIN_TOKENS, DRIFT_SHARE, PromptDrift
 from ..tokens import Decoder, show
 from .evidence import DriftRef, PromptDriftEvidence
 from .model import Finding, tok
