@@ -130,7 +130,8 @@ def test_drift_cli_exit_and_schema(tmp_path):
         "1 request pair shares most of the prompt but not all of it (first: ours chat vs "
         "theirs chat: the prompts differ from token 0; 15 vs 17 tokens, common prefix 0, "
         "suffix 13, a common run of 13 (87% of the shorter) at ours 2 / theirs 4): a chat "
-        "template or system prompt differs; their drafts are not compared (the contexts differ)"
+        "template, system prompt or truncation differs; their drafts are not compared (the "
+        "contexts differ)"
     ) in text
     assert "1 paired by similar prompts (prompt_drift, not compared)" in out.stdout
     js = run("diff", "--format", "json", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"))

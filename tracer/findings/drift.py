@@ -91,8 +91,8 @@ def prompts(al: Alignment, dec: Decoder | None = None) -> Finding | None:
             f"prompts differ from token {d.first_difference}; {d.ours_len} vs {d.theirs_len} "
             f"tokens, common prefix {d.common_prefix}, suffix {d.common_suffix}, a common run "
             f"of {d.common_run} ({pct(share, 0)} of the shorter) at ours {d.run_ours} / "
-            f"theirs {d.run_theirs}{_decoded(dec, x, y, d)}): a chat template or system prompt "
-            f"differs; their drafts are not compared (the contexts differ)"
+            f"theirs {d.run_theirs}{_decoded(dec, x, y, d)}): a chat template, system "
+            f"prompt or truncation differs; their drafts are not compared (the contexts differ)"
         ),
         evidence=PromptDriftEvidence(
             requests=n,
