@@ -12,7 +12,6 @@ once: requests of one prompt pair up in order).
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,7 +63,8 @@ def match_drift(
 
     Each of our requests, in order, takes among the free requests of theirs that share an
     8-gram with it (the :data:`CANDIDATES` sharing most) the one with the longest common
-    run passing the threshold (ties: the first found).
+    run passing the threshold (ties: the first found). N-grams are compared by a 64-bit
+    hash; a collision only adds a candidate, which the exact measure then rejects.
 
     Args:
         prompts_a, prompts_b: prompt ids per request (int arrays, one per request).
@@ -75,18 +75,16 @@ def match_drift(
     by_prompt: dict[bytes, list[int]] = {}  # their free requests per distinct prompt
     for j in free_b.tolist():
         by_prompt.setdefault(np.asarray(prompts_b[j], np.int32).tobytes(), []).append(j)
-    grams_b: dict[bytes, list[bytes]] = {}
-    for key, js in by_prompt.items():
-        for g in set(_grams(prompts_b[js[0]])):
-            grams_b.setdefault(g, []).append(key)
+    keys = list(by_prompt)
+    index = _GramIndex([prompts_b[by_prompt[k][0]] for k in keys])
     out: list[PromptDrift] = []
-    for i in free_a.tolist():
-        x = np.asarray(prompts_a[i], np.int64)
-        hits = (grams_b.get(g, ()) for g in set(_grams(x)))
-        shared = Counter(k for ks in hits if len(ks) <= COMMON_GRAM for k in ks if by_prompt[k])
+    mine = [np.asarray(prompts_a[i], np.int64) for i in free_a.tolist()]
+    for i, x, cands in zip(free_a.tolist(), mine, index.candidates(mine)):
         best: PromptDrift | None = None
-        for key, _ in shared.most_common(CANDIDATES):
-            j = by_prompt[key][0]
+        for c in cands:
+            if not by_prompt[keys[c]]:
+                continue
+            j = by_prompt[keys[c]][0]
             d = prompt_drift(i, j, x, np.asarray(prompts_b[j], np.int64))
             if d is not None and (best is None or d.common_run > best.common_run):
                 best = d
@@ -94,6 +92,41 @@ def match_drift(
             by_prompt[np.asarray(prompts_b[best.req_b], np.int32).tobytes()].pop(0)
             out.append(best)
     return out
+
+
+class _GramIndex:
+    """Hashed 8-grams of distinct prompts: sorted hashes ``h`` and the prompt of each."""
+
+    def __init__(self, prompts: list[np.ndarray]) -> None:
+        per = [np.unique(_hashes(p)) for p in prompts]
+        h = np.concatenate(per) if per else np.zeros(0, np.uint64)
+        owner = np.repeat(np.arange(len(per)), [len(x) for x in per])
+        order = np.argsort(h, kind="stable")
+        h, owner = h[order], owner[order]
+        # A gram of more than COMMON_GRAM distinct prompts tells no request from another.
+        u, first, count = np.unique(h, return_index=True, return_counts=True)
+        keep = np.repeat(count <= COMMON_GRAM, count)
+        self.h, self.owner, self.n = h[keep], owner[keep], len(prompts)
+
+    def candidates(self, xs: list[np.ndarray]) -> list[list[int]]:
+        """Per prompt of ``xs``, the indexed prompts sharing most hashed 8-grams with it (at
+        most :data:`CANDIDATES`, most shared first, then lowest index), in one pass."""
+        per = [np.unique(_hashes(x)) for x in xs]
+        hx = np.concatenate(per) if per else np.zeros(0, np.uint64)
+        who = np.repeat(np.arange(len(per)), [len(x) for x in per])
+        lo, hi = np.searchsorted(self.h, hx, "left"), np.searchsorted(self.h, hx, "right")
+        n = hi - lo
+        out: list[list[int]] = [[] for _ in xs]
+        if not n.sum():
+            return out
+        at = np.repeat(lo - np.concatenate(([0], np.cumsum(n)[:-1])), n) + np.arange(n.sum())
+        pair = np.repeat(who, n).astype(np.int64) * self.n + self.owner[at]
+        key, shared = np.unique(pair, return_counts=True)
+        a, b = key // self.n, key % self.n
+        for r in np.lexsort((b, -shared, a)).tolist():
+            if len(out[a[r]]) < CANDIDATES:
+                out[a[r]].append(int(b[r]))
+        return out
 
 
 def prompt_drift(i: int, j: int, x: np.ndarray, y: np.ndarray) -> PromptDrift | None:
@@ -116,13 +149,19 @@ def longest_common_run(x: np.ndarray, y: np.ndarray) -> tuple[int, int, int]:
     """The longest run of at least :data:`DRIFT_MIN_TOKENS` consecutive tokens in both ``x``
     and ``y`` (int arrays): ``(length, start in x, start in y)``, the first in ``x`` on
     ties; (0, 0, 0) when none. Such a run holds a shared 8-gram, so only the diagonals
-    (offset y - x) of shared 8-grams are measured, the :data:`DIAGONALS` with most first."""
-    at_x: dict[bytes, list[int]] = {}
-    for p, g in enumerate(_grams(x)):
-        at_x.setdefault(g, []).append(p)
-    diag = Counter(q - p for q, g in enumerate(_grams(y)) for p in at_x.get(g, ()))
+    (offset y - x) of shared hashed 8-grams are measured, the :data:`DIAGONALS` with most
+    first (exactly: a hash collision only measures one more diagonal)."""
+    hx, hy = _hashes(x), _hashes(y)
+    oy = np.argsort(hy, kind="stable")
+    lo = np.searchsorted(hy[oy], hx, "left")
+    n = np.searchsorted(hy[oy], hx, "right") - lo
+    if not n.sum():
+        return 0, 0, 0
+    p = np.repeat(np.arange(len(hx)), n)
+    q = oy[np.repeat(lo - np.concatenate(([0], np.cumsum(n)[:-1])), n) + np.arange(n.sum())]
+    diag, count = np.unique(q - p, return_counts=True)
     best = (0, 0, 0)
-    for d, _ in diag.most_common(DIAGONALS):
+    for d in diag[np.argsort(-count, kind="stable")[:DIAGONALS]].tolist():
         length, start = _longest_true(x[max(0, -d) : len(y) - d] == y[max(0, d) : len(x) + d])
         start += max(0, -d)
         if length > best[0] or (length == best[0] and length and start < best[1]):
@@ -140,10 +179,17 @@ def _longest_true(eq: np.ndarray) -> tuple[int, int]:
     return int(ends[k] - starts[k]), int(starts[k])
 
 
-def _grams(x: np.ndarray) -> list[bytes]:
-    """The :data:`DRIFT_MIN_TOKENS`-grams of ``x`` as bytes (none when shorter)."""
+#: Multiplier of the polynomial 8-gram hash (odd, 64-bit; arithmetic wraps modulo 2**64).
+_BASE = np.uint64(0x9E3779B97F4A7C15)
+_POWERS = np.array([_BASE ** np.uint64(DRIFT_MIN_TOKENS - 1 - t) for t in range(DRIFT_MIN_TOKENS)])
+
+
+def _hashes(x: np.ndarray) -> np.ndarray:
+    """uint64 [len(x) - 7] hashes of the :data:`DRIFT_MIN_TOKENS`-grams of ``x`` (empty when
+    shorter), in order."""
     w = DRIFT_MIN_TOKENS
     if len(x) < w:
-        return []
-    v = np.lib.stride_tricks.sliding_window_view(np.asarray(x, np.int32), w)
-    return [row.tobytes() for row in v]
+        return np.zeros(0, np.uint64)
+    v = np.lib.stride_tricks.sliding_window_view(np.asarray(x, np.int64).astype(np.uint64), w)
+    with np.errstate(over="ignore"):
+        return (v * _POWERS).sum(axis=1, dtype=np.uint64)
