@@ -104,7 +104,7 @@ class _GramIndex:
         order = np.argsort(h, kind="stable")
         h, owner = h[order], owner[order]
         # A gram of more than COMMON_GRAM distinct prompts tells no request from another.
-        u, first, count = np.unique(h, return_index=True, return_counts=True)
+        count = np.unique(h, return_counts=True)[1]
         keep = np.repeat(count <= COMMON_GRAM, count)
         self.h, self.owner, self.n = h[keep], owner[keep], len(prompts)
 
