@@ -228,14 +228,16 @@ def test_every_diff_fits_the_generated_schema_and_the_types(diffs):
 # ---------------------------------------------------------------------------- registry
 
 
-#: Kinds no engine fault produces (missing work, impossible values, vanilla baselines): each is
-#: built by hand, with a clean twin, in tests/test_verdicts.py by the test named here.
+#: Kinds no engine fault produces (missing work, impossible values, vanilla baselines, prompt
+#: drift): each is built by hand, with a clean twin, in one of CASE_FILES by the test named here.
+CASE_FILES = ("test_verdicts.py", "test_prompt_drift.py")
 CASE_KINDS = {
     "impossible_values": "test_accepted_above_k",
     "capture_incomplete": "test_killed_engine_is_named_in_diff_check_and_assertion",
     "requests_incomplete": "test_request_cut_short_on_one_side",
     "content_only": "test_spec_against_vanilla_with_identical_text_passes",
     "trimmed_drafts": "test_drafts_trimmed_before_verification",
+    "prompt_drift": "test_drifted_prompts_are_named",
 }
 
 
@@ -243,7 +245,7 @@ def test_registry_covers_every_finding_kind():
     fault_kinds = {f.kind for f in FAULTS.values()}
     assert fault_kinds.isdisjoint(CASE_KINDS)
     assert fault_kinds | set(CASE_KINDS) == set(KINDS)
-    verdicts = (Path(__file__).parent / "test_verdicts.py").read_text()
+    verdicts = "".join((Path(__file__).parent / name).read_text() for name in CASE_FILES)
     assert all(f"\ndef {name}(" in verdicts for name in CASE_KINDS.values())
     proc = subprocess.run(
         [sys.executable, "-m", "spectrace.engine", "--list-faults"],

@@ -1,6 +1,10 @@
 """Align two traces per anchor on identical content.
 
-1. Requests are matched by identical prompt ids, then by request id, then by order.
+1. Requests are matched by identical prompt ids, then by request id, then by order. Requests
+   left over on both sides with prompts that differ but share most of their tokens (a chat
+   template or system prompt wrapped around the same user text) pair up as *prompt drift*
+   (:func:`~spectrace.tracer.similar.match_drift`, threshold in :mod:`.similar`): they are
+   reported (``prompt_drift``), never compared block by block, since their contexts differ.
 2. Per matched pair the *content divergence position* is the first index where the two full
    sequences (prompt + output) differ; a block is comparable only when its anchor position is
    before it (both engines saw the same prefix up to and including the anchor), as defined
@@ -14,13 +18,14 @@ All block work is vectorised: one stable sort of each trace's blocks by (request
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .compare import NO_DIVERGENCE, comparable, comparable_limit, first_difference
 from .index import block_order
 from .parallel import chunks, in_parallel
+from .similar import PromptDrift, match_drift
 from .store import Trace
 
 
@@ -32,7 +37,9 @@ class Alignment:
         a, b: the traces ("ours" and "theirs").
         req_a, req_b: int64 [m] request indices of the m matched request pairs.
         matched_by: list of m str: ``prompt`` | ``req_id`` | ``order``.
-        unmatched_a, unmatched_b: int64 request indices without a partner.
+        unmatched_a, unmatched_b: int64 request indices without a partner (exact or drift).
+        drift: the request pairs with similar, differing prompts (:class:`PromptDrift`),
+            sorted by our request; none of them is in ``req_a``/``req_b``.
         divergence: int64 [m] first differing index of the full sequences (tokens), or
             :data:`NO_DIVERGENCE`; ``content_known``: bool [m], False when either side lacks
             output ids (then only anchors tell whether content matches).
@@ -60,6 +67,7 @@ class Alignment:
     comparable_b: np.ndarray
     ia: np.ndarray
     ib: np.ndarray
+    drift: list[PromptDrift] = field(default_factory=list)
 
     @property
     def pairs(self) -> int:
@@ -153,6 +161,9 @@ def align(a: Trace, b: Trace) -> Alignment:
     """
     a.blocks.request, b.blocks.request  # noqa: B018 - may add placeholder request rows
     req_a, req_b, matched_by = match_requests(a, b)
+    free_a = np.setdiff1d(np.arange(len(a.requests)), req_a)
+    free_b = np.setdiff1d(np.arange(len(b.requests)), req_b)
+    drift = match_drift(a.requests.prompt_ids, b.requests.prompt_ids, free_a, free_b)
     m = len(req_a)
     divergence = np.full(m, NO_DIVERGENCE, np.int64)
     common_len = np.zeros(m, np.int64)
@@ -180,8 +191,8 @@ def align(a: Trace, b: Trace) -> Alignment:
         req_a=req_a,
         req_b=req_b,
         matched_by=matched_by,
-        unmatched_a=np.setdiff1d(np.arange(len(a.requests)), req_a),
-        unmatched_b=np.setdiff1d(np.arange(len(b.requests)), req_b),
+        unmatched_a=np.setdiff1d(free_a, [d.req_a for d in drift]),
+        unmatched_b=np.setdiff1d(free_b, [d.req_b for d in drift]),
         divergence=divergence,
         content_known=known,
         common_len=common_len,
@@ -191,6 +202,7 @@ def align(a: Trace, b: Trace) -> Alignment:
         comparable_b=comp_b,
         ia=ia,
         ib=ib,
+        drift=drift,
     )
 
 

@@ -60,14 +60,22 @@ def open_pair(ours, theirs) -> tuple[Trace, Trace]:
 
 
 def nothing_compared(al: Alignment) -> str:
-    """Why an alignment paired no block (one line): no blocks, no matching request (then the
-    target models, when they differ), content diverging first, or no common anchor."""
+    """Why an alignment paired no block (one line): no blocks, only prompts that drifted
+    (similar, not equal), no matching request (then the target models, when they differ),
+    content diverging first, or no common anchor."""
     a, b = al.a, al.b
     empty = [side for side, t in (("ours", a), ("theirs", b)) if len(t.blocks) == 0]
     if empty:
         return (
             f"{' and '.join(empty)} {'has' if len(empty) == 1 else 'have'} no draft "
             f"blocks: nothing to compare"
+        )
+    if al.pairs == 0 and al.drift:
+        n = len(al.drift)
+        return (
+            f"no request of ours matches one of theirs exactly; {n} pair{'s' if n > 1 else ''} "
+            f"of similar prompts differ (prompt_drift): their drafts are not compared, the "
+            f"contexts differ"
         )
     if al.pairs == 0:
         ta, tb = a.meta.get("target_model"), b.meta.get("target_model")

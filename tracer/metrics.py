@@ -171,22 +171,32 @@ CONVENTIONS = (
 )
 
 
-def trace_summary(trace: Trace) -> dict:
+def trace_summary(trace: Trace, impossible: np.ndarray | None = None) -> dict:
     """Everything ``spectrace info`` shows: metadata and acceptance figures of one trace.
 
+    Args:
+        trace: the trace.
+        impossible: bool [blocks], blocks holding values no engine produces (the
+            impossible_values finding's rows), left out of the acceptance figures as unknown
+            so no rate leaves [0, 1]; None: every block counts.
     Returns:
         A JSON-serialisable dict: ``files``, ``status``, ``format_version`` (the files'
         trace format versions), ``warnings``, ``meta``, ``requests``,
         ``blocks``, ``proposed_tokens``, ``verified_tokens``, ``unverified_blocks``,
-        ``recorded`` and ``recomputed`` (see :func:`acceptance`), ``phases_ms`` (median ms
-        per phase name), ``conventions``.
+        ``recorded`` and ``recomputed`` (see :func:`acceptance`), ``left_out_blocks``
+        (blocks of ``impossible`` left out of them), ``phases_ms`` (median ms per phase
+        name), ``conventions``.
     """
     b = trace.blocks
     _, checked = drafts_checked(trace)
     k = b.k.astype(np.int64)
     kmax = int(k.max()) if len(k) else 0
     unverified = int(((b.num_verified < 0) & (b.accepted < 0)).sum())
-    recomputed = recompute_accepted(trace)
+    recorded, recomputed = b.accepted, recompute_accepted(trace)
+    left_out = 0
+    if impossible is not None and impossible.any():
+        left_out = int(impossible.sum())
+        recorded, recomputed = (np.where(impossible, -1, x) for x in (recorded, recomputed))
     phases = trace.phases()
     phase_ms = {}
     for name in dict.fromkeys(phases["name"].tolist()):
@@ -202,8 +212,9 @@ def trace_summary(trace: Trace) -> dict:
         "proposed_tokens": int(k.sum()),
         "verified_tokens": int(np.maximum(b.num_verified, 0).sum()),
         "unverified_blocks": unverified,
-        "recorded": acceptance(b.accepted, checked, kmax),
+        "recorded": acceptance(recorded, checked, kmax),
         "recomputed": acceptance(recomputed, checked, kmax),
+        "left_out_blocks": left_out,
         "phases_ms": phase_ms,
         "conventions": CONVENTIONS,
     }

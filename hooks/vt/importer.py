@@ -11,9 +11,14 @@ from spectrace.tracer.cli.output import say
 from spectrace.tracer.errors import InputError, SpectraceError
 from spectrace.tracer.store import TraceWriter
 
-from .parser import DEFAULT_ENGINE, SOURCE, VtTraceParser
+from .parser import SOURCE, VtTraceParser
 from .requests import read_requests
 from .stats import ImportStats
+
+#: /meta of an imported log before ``--meta``: a ``VT_SPEC_TRACE`` log names neither the
+#: engine that wrote it (our engine and the reference engine write the same lines) nor the
+#: drafting method, so both are recorded as unknown (None) rather than guessed.
+UNKNOWN_META: dict = {"source": SOURCE, "engine": None, "method": None}
 
 
 def _open_log(log: str | os.PathLike) -> tuple[Iterable[str], str, Callable[[], None]]:
@@ -50,7 +55,8 @@ def import_log(
             that do not match the log are counted in ``meta["import"]["requests_check"]``.
         strict: fail on the first malformed/edited line, broken invariant or requests file
             that does not match the log.
-        meta: /meta items that override the defaults (``engine``, ``k``, ``method``, ...).
+        meta: /meta items that override the defaults (:data:`UNKNOWN_META`: ``engine``
+            and ``method`` unknown; ``k`` is the log's largest).
     Returns:
         The :class:`ImportStats` (also stored as ``meta["import"]``).
     Raises:
@@ -62,7 +68,7 @@ def import_log(
     requests = read_requests(requests_path) if requests_path is not None else None
     lines, name, close = _open_log(log)
     try:
-        writer = TraceWriter(out, {"source": SOURCE, "engine": DEFAULT_ENGINE, **(meta or {})})
+        writer = TraceWriter(out, {**UNKNOWN_META, **(meta or {})})
         parser = VtTraceParser(writer, strict=strict, source_name=name)
         try:
             if requests is not None:

@@ -291,9 +291,11 @@ def test_sync_log_blocks_exactly(tmp_path):
     assert [round(x, 2) for x in ph["ms"].tolist()] == [0.1, 0.2, 0.3, 1.1, 1.2, 1.3, 2.1, 2.2, 2.3]
     assert set(ph["level"].tolist()) == {1}
     meta = t.meta
-    assert (meta["source"], meta["engine"], meta["k"], meta["trace_level"]) == (
+    # A VT log names neither its engine nor its method: unknown (None), never guessed.
+    assert (meta["source"], meta["engine"], meta["method"], meta["k"], meta["trace_level"]) == (
         "vt_spec_trace",
-        "vllm.cpp",
+        None,
+        None,
         3,
         1,
     )

@@ -13,7 +13,10 @@ checked, against vLLM 0.32 (``transformers_utils/configs/speculators/algos.py:up
 
 * ``format``: config.json and the weight files; tensor count and dtypes.
 * ``method``: ``speculators_model_type`` (or a dense DSpark config) and the architecture vLLM
-  loads it as.
+  loads it as; or a plain draft model (a standalone ``*ForCausalLM``, vLLM's
+  ``method="draft_model"``), for which ``tokenizer`` (``tokenizer.json`` equal to the
+  target's) and ``context`` (``max_position_embeddings`` at least the target's) are checked
+  (:mod:`.plain`) and no aux layers are expected.
 * ``layout``: ``sample_from_anchor``. A speculators checkpoint without it is drafted in the
   anchor layout by speculators (default true) but loaded in the 1+N layout by vLLM
   (``config_dict.get("sample_from_anchor", False)``): every draft shifts one slot.

@@ -60,6 +60,17 @@ class Draft:
         )
 
     @property
+    def plain(self) -> bool:
+        """A plain draft model: a standalone causal LM (``*ForCausalLM``, no speculators or
+        DSpark keys), what vLLM runs with ``method="draft_model"``."""
+        return (
+            self.model_type is None
+            and not self.dense
+            and "speculators_config" not in self.config
+            and any(str(a).endswith("ForCausalLM") for a in self.architectures)
+        )
+
+    @property
     def is_dspark(self) -> bool:
         """A DSpark draft, speculators or dense: the DSpark-only checks apply."""
         return self.model_type == "dspark" or self.dense

@@ -28,8 +28,8 @@ def check_format(rep: Report, dr: Draft) -> None:
 
 
 def check_method(rep: Report, dr: Draft) -> None:
-    """``method``: the speculators model type (or a dense DSpark config) and the architecture
-    vLLM loads it as."""
+    """``method``: the speculators model type (or a dense DSpark config, or a plain draft
+    model) and the architecture vLLM loads it as."""
     d, smt, archs = dr.config, dr.model_type, dr.architectures
     if smt == "dspark":
         vllm_arch = [a for a in archs if a in ("Qwen3DSparkModel", "Qwen3OmniDSparkModel")] or [
@@ -55,6 +55,15 @@ def check_method(rep: Report, dr: Draft) -> None:
             f"dspark (dense config, model_type {d.get('model_type')!r}), "
             f"architectures {archs or 'none'} -> vLLM loads Qwen3DSparkModel",
         )
+    elif dr.plain:
+        rep.add(
+            "method",
+            "ok",
+            f"plain draft model (model_type {d.get('model_type')!r}, architectures {archs}): "
+            f"a standalone causal LM that vLLM runs with method 'draft_model', reading no "
+            f"target features; checked for it: vocabulary and tokenizer equal to the "
+            f"target's, no d2t, context length, attention, embed_tokens, lm_head",
+        )
     elif smt is not None:
         rep.add(
             "method",
@@ -66,8 +75,9 @@ def check_method(rep: Report, dr: Draft) -> None:
         rep.add(
             "method",
             "error",
-            "neither a speculators config (speculators_model_type) nor a "
-            "dense DSpark config (dspark_* keys): unknown draft format",
+            "neither a speculators config (speculators_model_type), a dense DSpark config "
+            "(dspark_* keys) nor a plain causal LM (architectures *ForCausalLM): unknown "
+            "draft format",
         )
 
 

@@ -6,6 +6,7 @@ import os
 
 from .draft import load_draft
 from .identity import check_block_size, check_format, check_layout, check_mask_token, check_method
+from .plain import check_context, check_tokenizer
 from .report import Report
 from .shapes import (
     check_attention,
@@ -41,6 +42,9 @@ def inspect_draft(
     sfa = check_layout(rep, dr)
     vocab = check_vocab(rep, dr)
     check_t2d(rep, dr, vocab, check_d2t(rep, dr, vocab))
+    if dr.plain:
+        check_tokenizer(rep, dr)
+        check_context(rep, dr)
     if dr.is_dspark:
         check_markov(rep, dr, vocab)
         check_confidence(rep, dr)

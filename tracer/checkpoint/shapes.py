@@ -128,6 +128,9 @@ def check_aux_layers(rep: Report, dr: Draft) -> list[int]:
     """
     aux = aux_layer_ids(dr)
     t_layers = (dr.target or {}).get("num_hidden_layers")
+    if (not isinstance(aux, list) or not aux) and dr.plain:
+        rep.add("aux_layers", "ok", "none: a plain draft model reads no target features")
+        return []
     if not isinstance(aux, list) or not aux:
         rep.add(
             "aux_layers",

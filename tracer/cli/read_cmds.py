@@ -6,6 +6,9 @@ Each imports what it needs inside its body, so none loads textual, torch or vllm
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
 
 import click
 
@@ -40,12 +43,12 @@ def info(trace: tuple[str, ...], fmt: str) -> None:
 
     TRACE is one file, several files or a glob (one trace written by several processes).
     """
-    from ..metrics import trace_summary
+    from ..findings.summary import explained_summary
     from ..store import open_trace
     from . import report
 
     t = open_trace(list(trace))
-    summary = trace_summary(t)
+    summary = explained_summary(t)
     if fmt == "json":
         output.out(json.dumps({"schema": "spectrace.info/1", **summary}, indent=2))
     else:
@@ -77,6 +80,11 @@ def diff(ours: str, theirs: str, fmt: str, examples: int, tokenizer: str | None)
     from . import report
 
     a, b = open_pair(ours, theirs)
+    if _same_files(a.paths, b.paths):
+        output.say(
+            f"note: ours and theirs are the same file ({ours}): the diff compares the trace "
+            f"with itself and agrees by construction"
+        )
     dec = decoder_for(tokenizer, a.meta, b.meta)
     result = diff_traces(align(a, b), examples=examples, decoder=dec)
     if fmt == "json":
@@ -84,6 +92,16 @@ def diff(ours: str, theirs: str, fmt: str, examples: int, tokenizer: str | None)
     else:
         report.print_diff(output.console(), result)
     exit_verdict(result.diverged)
+
+
+def _same_files(a: Sequence[Path], b: Sequence[Path]) -> bool:
+    """True when both traces are read from the same files (symlinks and hard links too)."""
+    if len(a) != len(b):
+        return False
+    try:
+        return all(any(os.path.samefile(x, y) for y in b) for x in a)
+    except OSError:
+        return False
 
 
 @click.command()
@@ -94,14 +112,14 @@ def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None) -> None:
     """Check one trace on its own: loops, constant or unverified drafts, bookkeeping,
     vocabulary range, verified vs proposed, anchors. Exit 1 on an error finding."""
     from ..findings import check_trace
-    from ..metrics import trace_summary
+    from ..findings.summary import explained_summary
     from ..store import open_trace
     from ..tokens import decoder_for
     from . import report
 
     t = open_trace(list(trace))
     found = check_trace(t, decoder_for(tokenizer, t.meta))
-    summary = trace_summary(t)
+    summary = explained_summary(t)
     if fmt == "json":
         output.out(
             json.dumps(

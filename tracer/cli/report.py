@@ -49,7 +49,7 @@ def print_info(con: Console, s: dict) -> None:
     t.add_column("value")
     for key in _META_SHOWN:
         if key in meta:
-            t.add_row(key, str(meta[key]))
+            t.add_row(key, escape(_meta_text(key, meta[key])))
     ended = capture_end(meta, s["status"])
     if ended is not None:
         t.add_row("capture", escape(capture_text(ended)))
@@ -90,10 +90,29 @@ def print_info(con: Console, s: dict) -> None:
     for i, (x, y) in enumerate(zip(rec["per_position"], rc["per_position"])):
         f.add_row(f"acceptance at slot {i}", pct(x), pct(y))
     con.print(f)
+    _print_left_out(con, s)
     if s["phases_ms"]:
         ph = ", ".join(f"{k}={v:.2f}ms" for k, v in s["phases_ms"].items())
         con.print(f"phase medians: {ph}")
     con.print(f"[dim]conventions: {CONVENTIONS}[/dim]")
+
+
+def _print_left_out(con: Console, s: dict) -> None:
+    """The impossible_values line under the figures, when blocks were left out of them."""
+    found = s.get("impossible_values")
+    if found:
+        con.print(
+            f"[bold red]impossible values[/bold red]: {escape(found['message'])}; the "
+            f"figures above leave the same {s.get('left_out_blocks', 0)} block(s) out "
+            f"(spectrace check exits 1 on them)"
+        )
+
+
+def _meta_text(key: str, value: object) -> str:
+    """A /meta value as shown; None (unknown, e.g. the engine of an imported log) says so."""
+    if value is None:
+        return f"unknown (not recorded; set it with --meta {key}=...)"
+    return str(value)
 
 
 #: How :func:`capture_text` words each ``ended`` value (:data:`schema.CAPTURE_END`).
@@ -138,9 +157,11 @@ def print_findings(con: Console, findings: list) -> None:
             if x
         )
         style = SEVERITY_STYLE[f.severity]
+        # One trace (check): no side to name; a diff names ours, theirs or both.
+        place = "; ".join(x for x in ("" if f.side == "trace" else f.side, where) if x)
         con.print(
-            f"  [{style}]{f.severity:<7}[/{style}] [bold]{f.kind}[/bold] ({f.side}"
-            f"{'; ' + where if where else ''})"
+            f"  [{style}]{f.severity:<7}[/{style}] [bold]{f.kind}[/bold]"
+            f"{f' ({place})' if place else ''}"
         )
         con.print(f"          {escape(f.message)}")
 
@@ -162,8 +183,8 @@ def _print_sides(con: Console, r: DiffResult) -> None:
         engine = " ".join(str(x) for x in (side.engine, side.engine_version) if x)
         con.print(
             escape(
-                f"{label} {', '.join(side.files)}  ({engine or '?'}, "
-                f"{side.method or 'method ?'}, k={side.k or '?'}, "
+                f"{label} {', '.join(side.files)}  ({engine or 'engine unknown'}, "
+                f"{side.method or 'method unknown'}, k={side.k or '?'}, "
                 f"{side.blocks} blocks)"
             )
         )
@@ -179,7 +200,7 @@ def _print_requests(con: Console, r: DiffResult) -> None:
         f"requests: {q.matched} matched (by prompt {q.matched_by.prompt}, "
         f"by id {q.matched_by.req_id}, by order {q.matched_by.order}); "
         f"unmatched ours {len(q.unmatched_ours)}, theirs {len(q.unmatched_theirs)}; "
-        f"content diverged in {q.content_diverged}"
+        f"content diverged in {q.content_diverged}{_drift_note(r)}"
     )
     for c in r.content_divergence[:CONTENT_LINES]:
         con.print(
@@ -192,6 +213,12 @@ def _print_requests(con: Console, r: DiffResult) -> None:
             f"  ... and {len(r.content_divergence) - CONTENT_LINES} more requests "
             f"diverge (--format json lists every one)"
         )
+
+
+def _drift_note(r: DiffResult) -> str:
+    """``; N paired by similar prompts (prompt_drift, not compared)`` or empty."""
+    n = sum(f.evidence.get("requests", 0) for f in r.findings if f.kind == "prompt_drift")
+    return f"; {n} paired by similar prompts (prompt_drift, not compared)" if n else ""
 
 
 def _print_agreement(con: Console, r: DiffResult) -> None:

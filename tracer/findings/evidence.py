@@ -273,11 +273,44 @@ class MismatchEvidence(TypedDict):
     example: ProposalPair
 
 
+class DriftRef(TypedDict):
+    """One pair of requests whose prompts differ but share most tokens (lengths in tokens;
+    ``run_ours``/``run_theirs``: where the common run starts in each prompt)."""
+
+    ours_request: str
+    theirs_request: str
+    first_difference: int
+    ours_len: int
+    theirs_len: int
+    common_prefix: int
+    common_suffix: int
+    common_run: int
+    run_ours: int
+    run_theirs: int
+
+
+class PromptDriftEvidence(TypedDict):
+    """prompt_drift: request pairs paired by prompt similarity (the threshold: a common run
+    of at least ``min_common_run`` tokens and ``min_share`` of the shorter prompt); the first
+    pair's tokens outside the common run (the last 16 before it, the first 16 after it)."""
+
+    requests: int
+    min_common_run: int
+    min_share: float
+    first: DriftRef
+    ours_before: Ids
+    ours_after: Ids
+    theirs_before: Ids
+    theirs_after: Ids
+    pairs: list[DriftRef]
+
+
 #: The evidence type of each finding kind.
 EVIDENCE: dict[str, type] = {
     "impossible_values": ImpossibleEvidence,
     "capture_incomplete": CaptureEvidence,
     "requests_incomplete": RequestsEvidence,
+    "prompt_drift": PromptDriftEvidence,
     "degenerate_output": DegenerateEvidence,
     "content_divergence": ContentEvidence,
     "content_only": ContentOnlyEvidence,

@@ -26,6 +26,8 @@ Kind = Literal[
     "impossible_values",
     "capture_incomplete",
     "requests_incomplete",
+    # Content: prompts that differ (nothing of those pairs is comparable), then outputs.
+    "prompt_drift",
     "degenerate_output",
     "content_divergence",
     "content_only",
@@ -50,8 +52,9 @@ KINDS: tuple[Kind, ...] = typing.get_args(Kind)
 Severity = Literal["error", "warning", "info"]
 SEVERITIES: tuple[Severity, ...] = typing.get_args(Severity)
 
-#: Which trace shows a finding.
-Side = Literal["ours", "theirs", "both"]
+#: Which trace shows a finding: in a diff ours, theirs or both; ``trace`` is the one trace of
+#: ``spectrace check`` (there is no other side to call it "ours").
+Side = Literal["ours", "theirs", "both", "trace"]
 SIDES: tuple[Side, ...] = typing.get_args(Side)
 
 #: Evidence of a finding: counts, ratios and example ids, JSON-serialisable; its keys per
@@ -68,7 +71,7 @@ class Finding:
         severity: error (a bug or an invalid comparison), warning (suspicious, or a figure
             that must not be compared), info.
         message: one plain sentence for people.
-        side: which trace shows it: ours, theirs or both.
+        side: which trace shows it: ours, theirs or both (a diff), trace (a check).
         request: request id of the first location (ours for pairs), or null.
         position: absolute anchor position (tokens) of the first location, or null.
         slot: draft slot (0-based) of the first location, or null.

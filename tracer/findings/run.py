@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 # Module imports, not ``from . import``: the package's __init__ imports this module.
+import spectrace.tracer.findings.drift as drift
+import spectrace.tracer.findings.ksize as ksize
 import spectrace.tracer.findings.pair as pair
 import spectrace.tracer.findings.single as single
 import spectrace.tracer.findings.values as values
@@ -81,7 +83,7 @@ PAIR: tuple[PairDetector, ...] = (
     PairDetector("anchor_shift", pair.anchor_pairs),
     PairDetector("layout_shift", pair.layout_shift),
     PairDetector("vocab_mapping", pair.vocab_pairs),
-    PairDetector("k_mismatch", pair.k_pairs),
+    PairDetector("k_mismatch", ksize.k_pairs),
     PairDetector("depth_divergence", pair.depth),
     PairDetector("stale_state", pair.stale, thread="blocks"),
     PairDetector("batch_dependence", pair.batch, thread="blocks"),
@@ -91,12 +93,15 @@ PAIR: tuple[PairDetector, ...] = (
 FALLBACK = PairDetector("draft_mismatch", pair.mismatch)
 
 
-def check_trace(t: Trace, decoder: Decoder | None = None, side: Side = "ours") -> list[Finding]:
+def check_trace(t: Trace, decoder: Decoder | None = None, side: Side = "trace") -> list[Finding]:
     """Single-trace findings (``spectrace check``): degenerate output, then
     :data:`SINGLE_TRACE` (impossible values, how the capture ended, requests not completed,
     anchors, verified vs proposed, constant, unverified or trimmed drafts, bookkeeping,
     vocabulary range).
 
+    Args:
+        side: the findings' side and the name their messages use: ``trace`` (the one trace
+            of ``spectrace check``), or ours/theirs where a caller shows it beside another.
     Returns:
         Findings, most severe first.
     """
@@ -152,7 +157,7 @@ def _pair_findings(pd: PairData) -> list[Finding]:
 def detect_pair(
     al: Alignment, paired: PairedComparison, decoder: Decoder | None = None
 ) -> list[Finding]:
-    """All findings of a diff: loops, content divergence, both traces' single-trace
+    """All findings of a diff: loops, prompt drift, content divergence, both traces' single-trace
     detectors (ours, then theirs) and the pair detectors.
 
     Args:
@@ -179,6 +184,7 @@ def detect_pair(
         pd.trusted = np.asarray(src != schema.PROPOSAL_COPIED_FROM_VERIFIED)
     found: list[Finding | None] = []
     found += pair_loop_findings(al, oa, ob, run_a.loops, run_b.loops, decoder)
+    found.append(drift.prompts(al, decoder))
     found.append(pair.content(al, oa, decoder))
     found.append(pair.vanilla(al))
     for r in (run_a, run_b):

@@ -133,6 +133,24 @@ class Rows:
             return 0
         return min(int(np.searchsorted(self.pos, position)), len(self.pos) - 1)
 
+    def goto(self, position: int) -> tuple[int | None, str | None]:
+        """Where ``:position`` goes: ``(row, note)``. The row at ``position`` (no note), the
+        first row after it (a note naming the anchor shown), or None with a note when the
+        position lies outside these rows' anchors (the cursor stays)."""
+        if not len(self.pos):
+            return None, "this request has no rows"
+        lo, hi = int(self.pos[0]), int(self.pos[-1])
+        if position < 0 or position > hi:
+            return None, (
+                f"position {position} is outside this request's rows (anchor positions "
+                f"{lo}..{hi}): the cursor stays"
+            )
+        row = int(np.searchsorted(self.pos, position))
+        shown = int(self.pos[row])
+        if shown == position:
+            return row, None
+        return row, f"no block at position {position}: showing the next anchor, {shown}"
+
     def subset(self, keep: np.ndarray, key: tuple) -> Rows:
         """The rows at indices ``keep`` (int64, ascending), numbered by their base rows."""
         return Rows(

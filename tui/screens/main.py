@@ -433,7 +433,12 @@ class MainScreen(Screen):
             return
 
         def done(pos: int | None) -> None:
-            if pos is not None:
+            if pos is None:
+                return
+            row, note = self._rows(self.pair).goto(pos)
+            if note is not None:
+                self.notify(note, severity="warning" if row is None else "information")
+            if row is not None:
                 self._goto_tab("blocks")
                 self.show_pair(self.pair, pos)
 

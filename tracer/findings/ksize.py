@@ -1,0 +1,82 @@
+"""k_mismatch: the two engines propose different numbers of drafts per block, and why.
+
+A difference of one draft is the signature of one side counting the anchor in k (proposing
+k - 1, fault ``k_minus_one``) or of runs configured with k and k + 1; a larger difference
+cannot come from the anchor (it is one token) and means the runs were configured with
+different k (``num_speculative_tokens``). The trace's ``/meta`` ``k`` decides between the
+two when it shows a side proposing fewer drafts than its own configured k.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .data import PairData
+from .evidence import KEvidence
+from .model import Finding
+from .thresholds import MIN_BLOCKS, SYSTEMATIC
+
+
+def _meta_k(meta: dict) -> int | None:
+    """The configured k in /meta (an int >= 1), or None."""
+    k = meta.get("k")
+    return k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else None
+
+
+def k_reason(ka: int, kb: int, meta_ka: int | None, meta_kb: int | None) -> str:
+    """Why ours proposes ``ka`` drafts and theirs ``kb`` (``ka != kb``), given each side's
+    configured k from /meta (None unknown). One clause, e.g. ``the runs are configured with
+    different k ...``."""
+    cfg = (
+        f" (/meta k: ours {meta_ka if meta_ka is not None else '?'}, theirs "
+        f"{meta_kb if meta_kb is not None else '?'})"
+    )
+    if abs(ka - kb) >= 2:
+        return (
+            f"the runs draft {min(ka, kb)} and {max(ka, kb)} tokens per block{cfg}: they are "
+            f"configured with different k (num_speculative_tokens), not off by the anchor "
+            f"(that shifts k by one); compare runs of one k"
+        )
+    for name, k, cfg_k in (("ours", ka, meta_ka), ("theirs", kb, meta_kb)):
+        if cfg_k is not None and k == cfg_k - 1:
+            return (
+                f"{name} proposes {k} = k - 1 drafts although configured with k={cfg_k}: it "
+                f"counts the anchor in k"
+            )
+    return (
+        f"a difference of one draft{cfg}: either one side counts the anchor in k (k - 1 "
+        f"drafts) or the runs are configured with k={min(ka, kb)} and k={max(ka, kb)}"
+    )
+
+
+def k_pairs(pd: PairData) -> Finding | None:
+    """k_mismatch: the number of proposed ids differs between paired blocks in at least
+    :data:`~.thresholds.MIN_BLOCKS` and :data:`~.thresholds.SYSTEMATIC` of them; located
+    at the first, explained by :func:`k_reason`."""
+    bad = pd.ka != pd.kb
+    if bad.sum() < MIN_BLOCKS or bad.mean() < SYSTEMATIC:
+        return None
+    first = int(np.flatnonzero(bad)[0])
+    d = pd.ka[bad] - pd.kb[bad]
+    vals, cnt = np.unique(d, return_counts=True)
+    typical = int(vals[cnt.argmax()])
+    ka, kb = int(pd.ka[first]), int(pd.kb[first])
+    why = k_reason(ka, kb, _meta_k(pd.al.a.meta), _meta_k(pd.al.b.meta))
+    return Finding(
+        "k_mismatch",
+        "error",
+        side="ours",
+        **pd.at(first),
+        message=(
+            f"k differs in {int(bad.sum())} of {len(bad)} paired blocks: ours proposes "
+            f"{abs(typical)} {'fewer' if typical < 0 else 'more'} draft "
+            f"id{'s' if abs(typical) != 1 else ''} than theirs (ours k={ka}, theirs k={kb} "
+            f"at the first); {why}"
+        ),
+        evidence=KEvidence(
+            blocks=int(bad.sum()),
+            typical_difference=typical,
+            ours_k=np.unique(pd.ka).tolist(),
+            theirs_k=np.unique(pd.kb).tolist(),
+        ),
+    )
