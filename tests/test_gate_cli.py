@@ -355,3 +355,27 @@ def test_import_reports_bytes_read(tmp_path):
     size = log.stat().st_size
     assert calls[-1] == (size, size)
     assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+
+
+def test_default_gate_is_the_diff_verdict(tmp_path, pair):
+    """With the defaults the gate fails exactly when the diff diverges, also where only an
+    anchor differs (one block of theirs recorded with another anchor, same proposals)."""
+    from spectrace.tracer.gate import gated_diff
+    from spectrace.tracer.store import open_trace
+
+    ours, theirs = pair
+    odd = tmp_path / "odd.h5"
+    with TraceWriter(odd, {"k": K}, flush_interval=0) as w:
+        for req, prompt in (("A", [1, 2, 3]), ("B", [4, 5, 6])):
+            seq = prompt + OUTPUT
+            w.request(req, prompt_ids=prompt, output_ids=OUTPUT, finish_reason="length")
+            for pos in (2, 6, 10, 14, 18):
+                d = seq[pos + 1 : pos + 1 + K]
+                anchor = 77 if (req, pos) == ("B", 10) else seq[pos]
+                w.add_block(req, 0, pos, anchor, d, verified=d, accepted=K,
+                            emitted=seq[pos + 1 : pos + 2 + K])  # fmt: skip
+    for a, b in ((ours, theirs), (ours, ours), (theirs, odd), (theirs, theirs)):
+        _, r, g = gated_diff(open_trace(a), open_trace(b))
+        assert g.passed == (not r.diverged) and r.gate is None, (a, b)
+    _, r, g = gated_diff(open_trace(theirs), open_trace(odd))
+    assert r.diverged and (g.paired_blocks, g.agreeing_blocks) == (10, 9)

@@ -10,6 +10,7 @@ allowed); a breaking change bumps it.
 
 from __future__ import annotations
 
+from .diff_result import RUNS_SCHEMA as RUNS_SCHEMA_ID
 from .diff_result import SCHEMA as SCHEMA_ID
 from .diff_result import DiffResult, RunsResult
 from .typed_json import json_schema
@@ -27,7 +28,10 @@ def diff_schema() -> dict:
         "$id": SCHEMA_ID,
         "title": "spectrace diff report",
         "$defs": {"diff": one},
-        "anyOf": [{"$ref": "#/$defs/diff"}, runs],
+        # if/then/else rather than anyOf: an invalid document gets the error of its own kind
+        "if": {"required": ["schema"], "properties": {"schema": {"const": RUNS_SCHEMA_ID}}},
+        "then": runs,
+        "else": {"$ref": "#/$defs/diff"},
     }
 
 
