@@ -20,7 +20,6 @@ fixture ``spectrace_assert_drafts_match``'s ``requests``, ``positions``, ``min_a
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -168,8 +167,6 @@ class Thresholds:
         m = self.min_agreement
         if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m <= 1:
             raise GateError("min_agreement", f"{m!r} is outside [0, 1]")
-        if math.isnan(float(m)):
-            raise GateError("min_agreement", "nan is outside [0, 1]")
         e = self.max_errors
         if isinstance(e, bool) or not isinstance(e, int) or e < 0:
             raise GateError("max_errors", f"{e!r} is not an int >= 0")
@@ -211,8 +208,10 @@ def _select_requests(al: Alignment, ids: frozenset[str]) -> Alignment:
     ).reshape(-1)
     new = np.where(keep, np.cumsum(keep) - 1, -1)
 
-    def remap(pob: np.ndarray) -> np.ndarray:
-        return np.where(pob >= 0, new[np.maximum(pob, 0)], -1) if len(new) else pob * 0 - 1
+    def remap(pob: np.ndarray) -> np.ndarray:  # old pair index per block -> new, -1 dropped
+        if not len(new):
+            return np.full(len(pob), -1, np.int64)
+        return np.where(pob >= 0, new[np.maximum(pob, 0)], -1)
 
     pa, pb = remap(al.pair_of_block_a), remap(al.pair_of_block_b)
     paired = pa[al.ia] >= 0 if len(al.ia) else np.zeros(0, bool)
