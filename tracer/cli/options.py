@@ -159,6 +159,6 @@ def gate_from_options(
 
     try:
         pos = parse_positions(positions) if positions is not None else None
-        return Selection.of(requests, pos), Thresholds(min_agreement, max_errors, ignore)
+        return Selection.of(requests, pos), Thresholds(min_agreement, max_errors, frozenset(ignore))
     except GateError as exc:
         raise click.BadParameter(exc.what, param_hint=_GATE_OPTION[exc.field]) from None

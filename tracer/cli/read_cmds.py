@@ -6,12 +6,15 @@ Each imports what it needs inside its body, so none loads textual, torch or vllm
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from . import output
 from .options import exit_verdict, format_option, gate_from_options, gate_options, tokenizer_option
+
+if TYPE_CHECKING:
+    from ..store import Trace
 
 
 @click.command()
@@ -102,7 +105,8 @@ def diff(
     from . import report
 
     sel, th = gate_from_options(**gate)
-    results, golden = [], ours
+    results: list = []
+    golden: str | Trace = ours
     for run in theirs:
         a, b = open_pair(golden, run)
         golden = a  # opened once
@@ -147,7 +151,10 @@ def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None, **gate: Any) 
     summary = trace_summary(t)
     gated = not (sel.everything and th.default)
     if fmt == "json":
-        doc = {"schema": "spectrace.check/1", "findings": [f.to_json() for f in found]}
+        doc: dict[str, object] = {
+            "schema": "spectrace.check/1",
+            "findings": [f.to_json() for f in found],
+        }
         if gated:
             doc["gate"] = {"passed": not problems, "problems": problems}
         output.out(json.dumps({**doc, "summary": summary}, indent=2))
