@@ -94,26 +94,28 @@ _GATE_OPTION = {
 }
 
 
-def _selection_options(f):
+def _selection_options(f, pairs: bool):
+    what = "paired blocks (and findings)" if pairs else "findings"
     f = click.option(
         "--positions",
         metavar="A:B",
-        help="Only paired blocks (and findings) at anchor positions A <= p < B (tokens; "
-        "either end may be left out).",
+        help=f"Only {what} at anchor positions A <= p < B (tokens; either end may be left out).",
     )(f)
     return click.option(
         "--request",
         "requests",
         multiple=True,
         metavar="ID",
-        help="Only this request (our or their id; repeatable).",
+        help="Only this request (our or their id; repeatable)."
+        if pairs
+        else "Only the findings of this request (repeatable).",
     )(f)
 
 
-def gate_options(*, agreement: bool = True):
+def gate_options(*, pairs: bool = True):
     """``--request ID`` (repeatable), ``--positions A:B``, ``--min-agreement F`` (with
-    ``agreement``), ``--max-errors N`` and ``--ignore KIND`` (repeatable): the arguments of
-    the fixture ``spectrace_assert_drafts_match`` (see :mod:`spectrace.tracer.gate`)."""
+    ``pairs``: a diff), ``--max-errors N`` and ``--ignore KIND`` (repeatable): the arguments
+    of the fixture ``spectrace_assert_drafts_match`` (see :mod:`spectrace.tracer.gate`)."""
 
     def wrap(f):
         f = click.option(
@@ -129,7 +131,7 @@ def gate_options(*, agreement: bool = True):
             show_default=True,
             help="Most error findings tolerated (ignored kinds not counted).",
         )(f)
-        if agreement:
+        if pairs:
             f = click.option(
                 "--min-agreement",
                 type=float,
@@ -138,7 +140,7 @@ def gate_options(*, agreement: bool = True):
                 metavar="F",
                 help="Least share (0..1) of paired blocks whose anchor and proposals agree.",
             )(f)
-        return _selection_options(f)
+        return _selection_options(f, pairs)
 
     return wrap
 

@@ -128,7 +128,7 @@ def diff(
 @click.command()
 @click.argument("trace", nargs=-1, required=True)
 @format_option
-@gate_options(agreement=False)
+@gate_options(pairs=False)
 @tokenizer_option
 def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None, **gate: Any) -> None:
     """Check one trace on its own: loops, constant or unverified drafts, bookkeeping,
