@@ -48,11 +48,13 @@ def open_pair(ours, theirs) -> tuple[Trace, Trace]:
     draft matrices, and our side's preparation starts while theirs still reads.
 
     Args:
-        ours, theirs: trace specs as :func:`~spectrace.tracer.store.open_trace` takes them.
+        ours, theirs: trace specs as :func:`~spectrace.tracer.store.open_trace` takes them,
+            or open traces (one golden against several runs is opened once).
     Raises:
         InputError, TraceFormatError: as ``open_trace``.
     """
-    a, b = open_trace(ours), open_trace(theirs)
+    a = ours if isinstance(ours, Trace) else open_trace(ours)
+    b = theirs if isinstance(theirs, Trace) else open_trace(theirs)
     first = ("position", "k", "anchor")
     cols = first + tuple(c for c in TraceData.COLUMNS if c not in first)
     prefetch([a.blocks, b.blocks], cols)
@@ -100,12 +102,14 @@ def compare_alignment(al: Alignment) -> PairedComparison:
     return compare_paired(a.proposed, b.proposed, al.ia, al.ib, a.k, b.k, a.anchor, b.anchor)
 
 
-def diff_traces(al: Alignment, examples: int = 5, decoder: Decoder | None = None) -> DiffResult:
+def diff_traces(
+    al: Alignment, examples: int | None = 5, decoder: Decoder | None = None
+) -> DiffResult:
     """Compare the paired blocks of an alignment. See the module docstring.
 
     Args:
         al: the alignment of ours (``al.a``) and theirs (``al.b``).
-        examples: how many divergent blocks to include as examples.
+        examples: how many divergent blocks to include as examples (None: every one).
         decoder: a :class:`~spectrace.tracer.tokens.Decoder` for the findings' examples, or
             None (the result's examples keep ids).
     Returns:
@@ -261,8 +265,9 @@ def _content(al: Alignment) -> list[ContentDivergence]:
     return out
 
 
-def _examples(al: Alignment, pc: PairedComparison, n: int) -> list[Example]:
-    """The first ``n`` divergent paired blocks (kernel: divergent, anchor_eq, first_slot)."""
+def _examples(al: Alignment, pc: PairedComparison, n: int | None) -> list[Example]:
+    """The first ``n`` divergent paired blocks, all with None (kernel: divergent, anchor_eq,
+    first_slot)."""
     a, b = al.a.blocks, al.b.blocks
     out = []
     for x in np.flatnonzero(pc.blocks.divergent)[:n]:

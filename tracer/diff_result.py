@@ -229,6 +229,74 @@ class Example:
     first_differing_slot: int | None
 
 
+@dataclass
+class GateSummary:
+    """The thresholds and selection a diff was judged by (``--request``, ``--positions``,
+    ``--min-agreement``, ``--max-errors``, ``--ignore``; see spectrace.tracer.gate).
+
+    Attributes:
+        passed: the gate passed (then ``diverged`` is false).
+        problems: why it failed, one line each (empty when it passed).
+        paired_blocks: paired blocks in the selection.
+        agreeing_blocks: of those, the blocks with the same anchor, k and every slot.
+        agreement: agreeing_blocks / paired_blocks, null when none.
+        errors_counted: error findings in the selection, ignored kinds left out.
+        min_agreement: the least agreement required (0..1).
+        max_errors: the most error findings allowed.
+        ignore: the finding kinds not counted.
+        requests: the request ids selected (ours or theirs), null: all.
+        positions: the anchor positions selected (``A:B``, half-open), null: all.
+    """
+
+    passed: bool
+    problems: list[str]
+    paired_blocks: Count
+    agreeing_blocks: Count
+    agreement: Rate
+    errors_counted: Count
+    min_agreement: Annotated[float, Constraint(minimum=0, maximum=1)]
+    max_errors: Count
+    ignore: list[str]
+    requests: list[str] | None
+    positions: str | None
+
+
+@dataclass
+class RequestRow:
+    """One matched request pair's figures (``spectrace diff --by-request``).
+
+    Attributes:
+        ours_req, theirs_req: the request ids.
+        paired_blocks: paired blocks of the pair (in the selection).
+        exact_matches: of those, the exact matches (same k, every slot equal).
+        exact_match_rate: exact_matches / paired_blocks, null when none.
+        content_divergence: the first differing position of the full sequences, null when
+            they agree.
+        first_divergent_position: anchor position of the first divergent paired block,
+            null when none.
+        first_divergent_slot: its first differing slot, null when only the anchors differ
+            or there is none.
+        ours, theirs: that block's proposals (``"id:text"`` strings when decoded).
+        first_error: the kind of the first error finding located at this request, or null.
+        acceptance_ours, acceptance_theirs: recorded acceptance rate (accepted / verified
+            drafts) of each side's blocks of this pair on matched content, null when none.
+    """
+
+    ours_req: str
+    theirs_req: str
+    paired_blocks: Count
+    exact_matches: Count
+    exact_match_rate: Rate
+    content_divergence: Position | None
+    first_divergent_position: Position | None
+    first_divergent_slot: Position | None
+    ours: Ids
+    theirs: Ids
+    first_error: str | None
+    acceptance_ours: Rate
+    acceptance_theirs: Rate
+
+
 @dataclass(kw_only=True)
 class DiffResult:
     """The spectrace diff report (spectrace.diff/1).
@@ -245,8 +313,11 @@ class DiffResult:
         agreement: how the paired blocks compare.
         acceptance: acceptance per engine.
         content_divergence: every matched request pair whose content differs.
-        examples: the first divergent paired blocks.
+        examples: the first divergent paired blocks (``--examples N``; 0: all).
         conventions: the acceptance conventions, in words.
+        gate: present when a selection or thresholds were given: what the verdict was
+            judged by (then diverged and reasons are the gate's).
+        by_request: present with ``--by-request``: one row per matched request pair.
     """
 
     schema: Literal["spectrace.diff/1"] = SCHEMA
@@ -262,6 +333,8 @@ class DiffResult:
     content_divergence: list[ContentDivergence]
     examples: list[Example]
     conventions: str = CONVENTIONS
+    gate: GateSummary | None = field(default=None, metadata={"omit_none": True})
+    by_request: list[RequestRow] | None = field(default=None, metadata={"omit_none": True})
     #: bool [P]: paired block whose anchor or proposal differs (not in the JSON; None in a
     #: result rebuilt by :meth:`from_json`).
     bad: np.ndarray | None = field(default=None, metadata={"json": False})
@@ -281,3 +354,81 @@ class DiffResult:
         if doc.get("schema") != SCHEMA:
             raise ValueError(f"not a {SCHEMA} document: schema {doc.get('schema')!r}")
         return from_json(cls, doc)
+
+
+@dataclass
+class RunSummary:
+    """One run's row of ``spectrace diff GOLDEN RUN [RUN...]``.
+
+    Attributes:
+        files: the run's trace files.
+        diverged: the run diverges from the golden (exit status 1).
+        paired_blocks: paired blocks (golden and run, same request pair and position).
+        exact_matches: of those, the exact matches.
+        exact_match_rate: exact_matches / paired_blocks, null when none.
+        first_error: ``kind: sentence`` of the first error finding, null when none.
+        golden_acceptance, run_acceptance: recorded acceptance rate (accepted / verified
+            drafts) on matched content, null when nothing was counted.
+    """
+
+    files: list[str]
+    diverged: bool
+    paired_blocks: Count
+    exact_matches: Count
+    exact_match_rate: Rate
+    first_error: str | None
+    golden_acceptance: Rate
+    run_acceptance: Rate
+
+    @classmethod
+    def of(cls, r: DiffResult) -> RunSummary:
+        """The row of diff result ``r`` (golden = ours, the run = theirs)."""
+        errors = [f for f in r.findings if f.severity == "error"]
+        acc = r.acceptance
+        return cls(
+            files=list(r.theirs.files),
+            diverged=r.diverged,
+            paired_blocks=r.agreement.paired_blocks,
+            exact_matches=r.agreement.exact_matches,
+            exact_match_rate=r.agreement.exact_match_rate,
+            first_error=f"{errors[0].kind}: {errors[0].message}" if errors else None,
+            golden_acceptance=acc.ours.matched_content.recorded.acceptance_rate,
+            run_acceptance=acc.theirs.matched_content.recorded.acceptance_rate,
+        )
+
+
+RUNS_SCHEMA: Literal["spectrace.diff-runs/1"] = "spectrace.diff-runs/1"
+
+
+@dataclass(kw_only=True)
+class RunsResult:
+    """``spectrace diff GOLDEN RUN RUN...``: each run against one golden (spectrace.diff-runs/1).
+
+    Attributes:
+        schema: the document's schema id.
+        diverged: true: exit status 1 (at least one run diverges).
+        golden: the golden's trace files (ours in each per-run result).
+        runs: one summary row per run, in the order given.
+        results: each run's full diff result (golden = ours, the run = theirs).
+    """
+
+    schema: Literal["spectrace.diff-runs/1"] = RUNS_SCHEMA
+    diverged: bool
+    golden: list[str]
+    runs: list[RunSummary]
+    results: list[DiffResult]
+
+    @classmethod
+    def of(cls, results: list[DiffResult]) -> RunsResult:
+        """The document of per-run results (at least one) against one golden."""
+        rows = [RunSummary.of(r) for r in results]
+        return cls(
+            diverged=any(x.diverged for x in rows),
+            golden=list(results[0].ours.files),
+            runs=rows,
+            results=results,
+        )
+
+    def to_json(self) -> dict:
+        """The ``spectrace.diff-runs/1`` document (JSON-serialisable)."""
+        return to_json(self)

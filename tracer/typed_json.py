@@ -6,7 +6,9 @@ from such a dict, and :func:`json_schema` states the same shape as JSON Schema (
 2020-12). Supported annotations: ``bool``, ``int``, ``float``, ``str``, ``Any``, ``X | None``,
 ``list[X]``, ``dict[str, X]`` / ``Mapping[str, X]``, ``Literal[...]``, nested dataclasses, and
 ``Annotated[X, Constraint(...)]`` for bounds, and ``TypedDict`` (a plain dict at run time).
-A field with ``metadata={"json": False}`` is left out of all three. Descriptions come from the
+A field with ``metadata={"json": False}`` is left out of all three; one with
+``metadata={"omit_none": True}`` (and a default) is left out of the JSON while None and is
+optional in the schema. Descriptions come from the
 class docstring's ``Attributes:`` section; a dataclass may add schema keywords of its own
 with a ``__json_schema_extra__()`` classmethod.
 """
@@ -45,6 +47,12 @@ def _fields(cls: type) -> list[tuple[str, Any]]:
 
 
 @functools.cache
+def _omissible(cls: type) -> frozenset[str]:
+    """Fields of ``cls`` left out of the JSON while None (``metadata={"omit_none": True}``)."""
+    return frozenset(f.name for f in dataclasses.fields(cls) if f.metadata.get("omit_none"))
+
+
+@functools.cache
 def _hints(cls: type) -> dict:
     return typing.get_type_hints(cls, include_extras=True)
 
@@ -66,7 +74,12 @@ def to_json(value: Any) -> Any:
     """A dataclass (or list/dict/scalar of them) as JSON-ready Python values; dataclass
     fields keep their declaration order, fields marked ``json: False`` are left out."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {name: to_json(getattr(value, name)) for name, _ in _fields(type(value))}
+        omit = _omissible(type(value))
+        return {
+            name: to_json(getattr(value, name))
+            for name, _ in _fields(type(value))
+            if not (name in omit and getattr(value, name) is None)
+        }
     if isinstance(value, (list, tuple)):
         return [to_json(x) for x in value]
     if isinstance(value, dict):
@@ -167,7 +180,9 @@ def _object_schema(cls: type) -> dict:
         props[name] = json_schema(tp)
         if name in docs:
             props[name]["description"] = docs[name]
-    out = _described(cls) | {"required": list(props), "properties": props}
+    omit = _omissible(cls)
+    required = [name for name in props if name not in omit]
+    out = _described(cls) | {"required": required, "properties": props}
     extra = getattr(cls, "__json_schema_extra__", None)
     return out | extra() if extra else out
 

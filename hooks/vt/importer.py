@@ -44,6 +44,7 @@ def import_log(
     requests_path: str | os.PathLike | None = None,
     strict: bool = False,
     meta: dict | None = None,
+    progress: Callable[[int, int | None], None] | None = None,
 ) -> ImportStats:
     """Import a ``VT_SPEC_TRACE`` log (what ``spectrace import vt`` runs).
 
@@ -57,6 +58,8 @@ def import_log(
             that does not match the log.
         meta: /meta items that override the defaults (:data:`UNKNOWN_META`: ``engine``
             and ``method`` unknown; ``k`` is the log's largest).
+        progress: ``callback(bytes_read, total_bytes)`` called while reading (total None
+            for stdin), e.g. a ``spectrace.tracer.cli.progress`` bar; None: no reports.
     Returns:
         The :class:`ImportStats` (also stored as ``meta["import"]``).
     Raises:
@@ -73,7 +76,7 @@ def import_log(
         try:
             if requests is not None:
                 parser.set_requests(requests, source=str(requests_path))
-            binary = _feed(parser, lines)
+            binary = _feed(parser, lines, progress)
             _refuse_non_log(parser.stats, name, binary)
             stats = parser.finish()
         except Exception as exc:
@@ -89,13 +92,40 @@ def import_log(
     return stats
 
 
-def _feed(parser: VtTraceParser, lines: Iterable[str]) -> bool:
-    """Feed every line; returns True when a NUL character showed the input is binary."""
+#: Lines between two progress reports.
+_REPORT_EVERY = 4096
+
+
+def _feed(
+    parser: VtTraceParser, lines: Iterable[str], progress: Callable[[int, int | None], None] | None
+) -> bool:
+    """Feed every line; returns True when a NUL character showed the input is binary.
+    ``progress(bytes_read, total)`` every :data:`_REPORT_EVERY` lines and at the end."""
     binary = False
+    tell, total = _position(lines) if progress else (None, None)
+    read = 0  # characters, where the stream cannot tell its byte position (stdin)
     for n, line in enumerate(lines, 1):
         binary = binary or "\x00" in line
         parser.feed_line(line, n)
+        if progress is not None:
+            read += len(line)
+            if n % _REPORT_EVERY == 0:
+                progress(min(tell(), total) if tell and total else read, total)
+    if progress is not None:
+        progress(read if total is None else total, total)
     return binary
+
+
+def _position(lines: Iterable[str]) -> tuple[Callable[[], int] | None, int | None]:
+    """``(tell, size)`` of a log file's byte stream (``tell`` runs ahead by at most one
+    buffer); ``(None, None)`` for a pipe (stdin)."""
+    raw = getattr(lines, "buffer", None)
+    try:
+        if raw is None or not raw.seekable():
+            return None, None
+        return raw.tell, os.fstat(raw.fileno()).st_size
+    except (OSError, ValueError):
+        return None, None
 
 
 def _refuse_non_log(stats: ImportStats, name: str, binary: bool) -> None:

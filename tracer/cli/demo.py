@@ -27,6 +27,7 @@ from ..errors import SpectraceError
 from ..store import open_trace, spectrace_version
 from ..tokens import decoder_for
 from .output import console, say
+from .progress import progress
 from .report import print_diff
 
 
@@ -138,12 +139,17 @@ def run_demo(out: Path, max_tokens: int = 64, k: int = 4) -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     t0 = time.perf_counter()
     cmds = demo_commands(out, max_tokens, k)
-    t_ref = _run(
-        "reference engine (spectrace capture)", cmds["reference"], out / "reference.capture.log"
-    )
-    t_vllm = _run(
-        f"vLLM draft_model k={k} (spectrace capture vllm)", cmds["vllm"], out / "vllm.capture.log"
-    )
+    with progress(2, "demo: reference engine, then vLLM") as step:  # a bar on a TTY only
+        t_ref = _run(
+            "reference engine (spectrace capture)", cmds["reference"], out / "reference.capture.log"
+        )
+        step(1, 2)
+        t_vllm = _run(
+            f"vLLM draft_model k={k} (spectrace capture vllm)",
+            cmds["vllm"],
+            out / "vllm.capture.log",
+        )
+        step(2, 2)
     ours, theirs = open_trace(out / "reference.h5"), open_trace(out / "vllm.h5")
     result = diff_traces(align(ours, theirs), decoder=decoder_for(None, ours.meta, theirs.meta))
     print_diff(console(), result)

@@ -6,6 +6,7 @@ import click
 
 from . import output
 from .options import force_option, meta_option, strict_option
+from .progress import progress
 
 #: ``--strict`` of the file importers (golden, llama-dump).
 strict_file_option = click.option(
@@ -51,7 +52,10 @@ def import_vt(
     from ..store.paths import check_outputs
 
     check_outputs({"-o": out}, {"LOG": log, "--requests": requests_path}, force=force)
-    stats = import_log(log, out, requests_path=requests_path, strict=strict, meta=meta or None)
+    with progress(None, f"import vt {log}") as cb:
+        stats = import_log(
+            log, out, requests_path=requests_path, strict=strict, meta=meta or None, progress=cb
+        )
     output.say(stats.summary())
     for line in (stats.requests_warning(), stats.no_blocks_warning()):
         if line:

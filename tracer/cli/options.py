@@ -83,3 +83,84 @@ meta_option = click.option(
     help="Extra trace metadata KEY=VALUE (repeatable), e.g. engine=vllm.cpp method=dspark k=8 "
     "tokenizer=PATH.",
 )
+
+
+#: CLI option of each :class:`~spectrace.tracer.gate.GateError` field.
+_GATE_OPTION = {
+    "min_agreement": "--min-agreement",
+    "max_errors": "--max-errors",
+    "ignore": "--ignore",
+    "positions": "--positions",
+}
+
+
+def _selection_options(f, pairs: bool):
+    what = "paired blocks (and findings)" if pairs else "findings"
+    f = click.option(
+        "--positions",
+        metavar="A:B",
+        help=f"Only {what} at anchor positions A <= p < B (tokens; either end may be left out).",
+    )(f)
+    return click.option(
+        "--request",
+        "requests",
+        multiple=True,
+        metavar="ID",
+        help="Only this request (our or their id; repeatable)."
+        if pairs
+        else "Only the findings of this request (repeatable).",
+    )(f)
+
+
+def gate_options(*, pairs: bool = True):
+    """``--request ID`` (repeatable), ``--positions A:B``, ``--min-agreement F`` (with
+    ``pairs``: a diff), ``--max-errors N`` and ``--ignore KIND`` (repeatable): the arguments
+    of the fixture ``spectrace_assert_drafts_match`` (see :mod:`spectrace.tracer.gate`)."""
+
+    def wrap(f):
+        f = click.option(
+            "--ignore",
+            multiple=True,
+            metavar="KIND",
+            help="A finding kind not counted (still listed; repeatable).",
+        )(f)
+        f = click.option(
+            "--max-errors",
+            type=int,
+            default=0,
+            show_default=True,
+            help="Most error findings tolerated (ignored kinds not counted).",
+        )(f)
+        if pairs:
+            f = click.option(
+                "--min-agreement",
+                type=float,
+                default=1.0,
+                show_default=True,
+                metavar="F",
+                help="Least share (0..1) of paired blocks whose anchor and proposals agree.",
+            )(f)
+        return _selection_options(f, pairs)
+
+    return wrap
+
+
+def gate_from_options(
+    requests: tuple[str, ...],
+    positions: str | None,
+    max_errors: int,
+    ignore: tuple[str, ...],
+    min_agreement: float = 1.0,
+):
+    """The :class:`~spectrace.tracer.gate.Selection` and ``Thresholds`` of the options.
+
+    Raises:
+        click.BadParameter: a value the gate refuses, named by its option (exit 2).
+    """
+    from ..gate import GateError, Selection, Thresholds, parse_positions
+
+    try:
+        pos = parse_positions(positions) if positions is not None else None
+        return Selection.of(requests, pos), Thresholds(min_agreement, max_errors, frozenset(ignore))
+    except GateError as exc:
+        raise click.BadParameter(exc.what, param_hint=_GATE_OPTION[exc.field]) from None

@@ -9,11 +9,15 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from . import output
-from .options import exit_verdict, format_option, tokenizer_option
+from .options import exit_verdict, format_option, gate_from_options, gate_options, tokenizer_option
+
+if TYPE_CHECKING:
+    from ..store import Trace
 
 
 @click.command()
@@ -57,41 +61,76 @@ def info(trace: tuple[str, ...], fmt: str) -> None:
 
 @click.command()
 @click.argument("ours")
-@click.argument("theirs")
+@click.argument("theirs", nargs=-1, required=True)
 @format_option
 @click.option(
     "--examples",
     default=5,
     show_default=True,
     type=click.IntRange(min=0),
-    help="Divergent blocks to show as examples.",
+    help="Divergent blocks to show as examples (0: every one).",
 )
+@click.option(
+    "--by-request",
+    is_flag=True,
+    help="A table per matched request pair: paired blocks, exact share, first divergent "
+    "block (decoded with a tokenizer), first error, acceptance on both sides.",
+)
+@gate_options()
 @tokenizer_option
-def diff(ours: str, theirs: str, fmt: str, examples: int, tokenizer: str | None) -> None:
+def diff(
+    ours: str,
+    theirs: tuple[str, ...],
+    fmt: str,
+    examples: int,
+    by_request: bool,
+    tokenizer: str | None,
+    **gate: Any,
+) -> None:
     """Align two traces per anchor and report where their drafts differ.
 
-    OURS and THEIRS are trace files or globs (quote the glob). Exit status: 0 when every
-    comparable block agrees, 1 on an error finding, a differing comparable block or nothing
-    comparable, 2 on bad input.
+    OURS and THEIRS are trace files or globs (quote the glob). With several THEIRS, OURS
+    is the golden: each run is diffed against it, one summary row per run (--format json:
+    a spectrace.diff-runs/1 document with every run's result).
+
+    --request, --positions, --min-agreement, --max-errors and --ignore judge the diff as
+    the pytest fixture spectrace_assert_drafts_match does with the same arguments.
+
+    Exit status: 0 when every comparable block agrees (or the thresholds are met), 1 on an
+    error finding, a differing comparable block or nothing comparable (any run), 2 on bad
+    input.
     """
-    from ..align import align
-    from ..diff import diff_traces, open_pair
+    from ..diff import open_pair
+    from ..diff_result import RunsResult
+    from ..gate import gated_diff
+    from ..request_table import request_rows
     from ..tokens import decoder_for
     from . import report
 
-    a, b = open_pair(ours, theirs)
-    if _same_files(a.paths, b.paths):
-        output.say(
-            f"note: ours and theirs are the same file ({ours}): the diff compares the trace "
-            f"with itself and agrees by construction"
-        )
-    dec = decoder_for(tokenizer, a.meta, b.meta)
-    result = diff_traces(align(a, b), examples=examples, decoder=dec)
+    sel, th = gate_from_options(**gate)
+    results: list = []
+    golden: str | Trace = ours
+    for run in theirs:
+        a, b = open_pair(golden, run)
+        golden = a  # opened once
+        if _same_files(a.paths, b.paths):
+            output.say(
+                f"note: ours and theirs are the same file ({run}): the diff compares the "
+                f"trace with itself and agrees by construction"
+            )
+        dec = decoder_for(tokenizer, a.meta, b.meta)
+        al, r, _ = gated_diff(a, b, sel, th, examples=examples or None, decoder=dec)
+        if by_request:
+            r.by_request = request_rows(al, r, dec)
+        results.append(r)
+    doc = results[0] if len(results) == 1 else RunsResult.of(results)
     if fmt == "json":
-        output.out(json.dumps(result.to_json(), indent=2))
+        output.out(json.dumps(doc.to_json(), indent=2))
+    elif len(results) == 1:
+        report.print_diff(output.console(), results[0])
     else:
-        report.print_diff(output.console(), result)
-    exit_verdict(result.diverged)
+        report.print_runs(output.console(), results)
+    exit_verdict(doc.diverged)
 
 
 def _same_files(a: Sequence[Path], b: Sequence[Path]) -> bool:
@@ -107,35 +146,43 @@ def _same_files(a: Sequence[Path], b: Sequence[Path]) -> bool:
 @click.command()
 @click.argument("trace", nargs=-1, required=True)
 @format_option
+@gate_options(pairs=False)
 @tokenizer_option
-def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None) -> None:
+def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None, **gate: Any) -> None:
     """Check one trace on its own: loops, constant or unverified drafts, bookkeeping,
-    vocabulary range, verified vs proposed, anchors. Exit 1 on an error finding."""
+    vocabulary range, verified vs proposed, anchors. Exit 1 on an error finding.
+
+    --request and --positions keep the findings located there (a finding without a
+    location always counts); --max-errors and --ignore set the threshold, as the pytest
+    fixture's max_error_findings and ignore do.
+    """
     from ..findings import check_trace
     from ..findings.summary import explained_summary
+    from ..gate import check_gate
     from ..store import open_trace
     from ..tokens import decoder_for
     from . import report
 
+    sel, th = gate_from_options(**gate)
     t = open_trace(list(trace))
-    found = check_trace(t, decoder_for(tokenizer, t.meta))
+    found, problems = check_gate(check_trace(t, decoder_for(tokenizer, t.meta)), th, sel)
     summary = explained_summary(t)
+    gated = not (sel.everything and th.default)
     if fmt == "json":
-        output.out(
-            json.dumps(
-                {
-                    "schema": "spectrace.check/1",
-                    "findings": [f.to_json() for f in found],
-                    "summary": summary,
-                },
-                indent=2,
-            )
-        )
+        doc: dict[str, object] = {
+            "schema": "spectrace.check/1",
+            "findings": [f.to_json() for f in found],
+        }
+        if gated:
+            doc["gate"] = {"passed": not problems, "problems": problems}
+        output.out(json.dumps({**doc, "summary": summary}, indent=2))
     else:
         con = output.console()
         report.print_findings(con, found)
+        if gated:
+            report.print_check_gate(con, problems)
         report.print_info(con, summary)
-    exit_verdict(any(f.severity == "error" for f in found))
+    exit_verdict(bool(problems))
 
 
 @click.command("validate")

@@ -12,7 +12,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..diff_result import AcceptanceBySide, DiffResult, Example
+from ..diff_result import (
+    AcceptanceBySide,
+    DiffResult,
+    Example,
+    GateSummary,
+    RequestRow,
+    RunSummary,
+)
 from ..fmt import SEVERITY_STYLE, num, pct
 from ..metrics import CONVENTIONS
 from ..schema import capture_end
@@ -169,12 +176,99 @@ def print_findings(con: Console, findings: list) -> None:
 def print_diff(con: Console, r: DiffResult) -> None:
     """Render a :class:`DiffResult`: verdict, content, agreement, acceptance, examples."""
     _print_sides(con, r)
+    if r.gate is not None:
+        _print_gate(con, r.gate)
     print_findings(con, r.findings)
     _print_requests(con, r)
     _print_agreement(con, r)
     _print_acceptance(con, r.acceptance)
     _print_examples(con, r.examples)
+    if r.by_request is not None:
+        print_by_request(con, r.by_request)
     con.print(f"[dim]conventions: {CONVENTIONS}[/dim]")
+
+
+def _print_gate(con: Console, g: GateSummary) -> None:
+    """One line: what the verdict was judged by, and the agreement it met or missed."""
+    where = [
+        f"requests {', '.join(g.requests)}" if g.requests is not None else "",
+        f"positions {g.positions}" if g.positions is not None else "",
+    ]
+    rule = (
+        f"agreement {g.agreeing_blocks}/{g.paired_blocks} ({pct(g.agreement)}) >= "
+        f"{pct(g.min_agreement)}, error findings {g.errors_counted} <= {g.max_errors}"
+        + (f" (ignoring {', '.join(g.ignore)})" if g.ignore else "")
+    )
+    style, word = ("green", "passed") if g.passed else ("red", "FAILED")
+    scope = "; ".join(x for x in where if x)
+    con.print(
+        f"gate: {escape(scope + ': ' if scope else '')}{escape(rule)}: [{style}]{word}[/{style}]"
+    )
+
+
+def print_check_gate(con: Console, problems: list[str]) -> None:
+    """``check``'s threshold verdict (one line)."""
+    if problems:
+        con.print(f"gate: [red]FAILED[/red]: {escape('; '.join(problems))}")
+    else:
+        con.print("gate: [green]passed[/green]")
+
+
+def print_by_request(con: Console, rows: list[RequestRow]) -> None:
+    """The ``--by-request`` table: one row per matched request pair."""
+    t = Table(title="per request (matched pairs)", title_justify="left")
+    for col in ("request", "paired", "exact", "first divergent block", "first error"):
+        t.add_column(col, justify="right" if col in ("paired", "exact") else "left")
+    t.add_column("acceptance ours", justify="right")
+    t.add_column("acceptance theirs", justify="right")
+    for x in rows:
+        req = x.ours_req if x.ours_req == x.theirs_req else f"{x.ours_req} / {x.theirs_req}"
+        first = "-"
+        if x.first_divergent_position is not None:
+            first = (
+                f"position {x.first_divergent_position} slot {x.first_divergent_slot}: "
+                f"{x.ours} vs {x.theirs}"
+            )
+        t.add_row(
+            escape(req),
+            str(x.paired_blocks),
+            pct(x.exact_match_rate),
+            escape(first),
+            escape(x.first_error or "-"),
+            pct(x.acceptance_ours),
+            pct(x.acceptance_theirs),
+        )
+    con.print(t)
+
+
+def print_runs(con: Console, results: list[DiffResult]) -> None:
+    """``diff GOLDEN RUN RUN...``: one summary row per run, then how many diverge (and the
+    per-request table of each run given ``--by-request``)."""
+    con.print(escape(f"golden: {', '.join(results[0].ours.files)}"))
+    t = Table(title="runs against the golden", title_justify="left")
+    for col in ("run", "verdict", "paired", "exact", "first error", "acc golden", "acc run"):
+        t.add_column(col, justify="right" if col in ("paired", "exact") or "acc" in col else "left")
+    for r in results:
+        row = RunSummary.of(r)
+        word = "[bold red]DIVERGED[/bold red]" if row.diverged else "[green]agrees[/green]"
+        t.add_row(
+            escape(", ".join(row.files)),
+            word,
+            str(row.paired_blocks),
+            f"{row.exact_matches}/{row.paired_blocks} ({pct(row.exact_match_rate)})",
+            escape(row.first_error or "-"),
+            pct(row.golden_acceptance),
+            pct(row.run_acceptance),
+        )
+    con.print(t)
+    n = sum(r.diverged for r in results)
+    style = "bold red" if n else "bold green"
+    con.print(f"[{style}]{n} of {len(results)} runs diverge[/{style}]")
+    for r in results:
+        if r.by_request is not None:
+            con.print(escape(f"run {', '.join(r.theirs.files)}:"))
+            print_by_request(con, r.by_request)
+    con.print(f"[dim]acceptance: recorded, on matched content; {CONVENTIONS}[/dim]")
 
 
 def _print_sides(con: Console, r: DiffResult) -> None:

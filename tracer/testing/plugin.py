@@ -8,7 +8,8 @@ Fixtures (all prefixed ``spectrace_``):
 * ``spectrace_load(path, requests=None)`` -> Trace: an HDF5 trace, or a ``VT_SPEC_TRACE`` log
   (imported next to the test's tmp dir) with its requests JSONL.
 * ``spectrace_assert_drafts_match(ours, theirs, *, min_agreement=1.0, max_error_findings=0,
-  positions=None, ignore=())``: fails with a short text naming the first divergent block.
+  positions=None, ignore=(), requests=None)``: fails with a short text naming the first
+  divergent block (the gate of :mod:`spectrace.tracer.gate`, as ``spectrace diff``'s options).
 * ``spectrace_regression.check(trace)``: golden-trace workflow (``--spectrace-regen``).
 * ``spectrace_capture_cmd(cmd, requests=None)`` / ``spectrace_capture_vllm(cmd)`` -> Trace:
   run an engine command or a vLLM script under capture.
@@ -73,7 +74,13 @@ def spectrace_load(tmp_path):
 @pytest.fixture
 def spectrace_assert_drafts_match():
     """``check(ours, theirs, *, min_agreement=1.0, max_error_findings=0, positions=None,
-    ignore=(), tokenizer=None)``: fail the test unless our drafts match theirs.
+    ignore=(), requests=None, tokenizer=None)``: fail the test unless our drafts match theirs
+    (the same gate as ``spectrace diff --min-agreement F --max-errors N --positions A:B
+    --ignore KIND --request ID``).
+
+    Raises:
+        GateError (a ValueError): ``min_agreement`` outside [0, 1], a negative
+            ``max_error_findings``, an unknown kind in ``ignore``, bad ``positions``.
 
     Passing needs comparable content: content that diverged before any comparable block
     fails (never a vacuous pass). The failure text names the first divergent block (request,

@@ -1,0 +1,338 @@
+"""The draft-match gate: which blocks and findings count (a :class:`Selection`) and the
+:class:`Thresholds` a comparison must meet.
+
+The ONE definition behind ``spectrace diff`` / ``spectrace check``'s ``--request``,
+``--positions``, ``--min-agreement``, ``--max-errors`` and ``--ignore`` and the pytest
+fixture ``spectrace_assert_drafts_match``'s ``requests``, ``positions``, ``min_agreement``,
+``max_error_findings`` and ``ignore``:
+
+* a selection narrows an :class:`~spectrace.tracer.align.Alignment` to the request pairs
+  named (by our or their request id) and to the paired blocks whose anchor position lies in
+  the positions; a finding counts only when its location lies in the selection (a finding
+  without a request or position counts always);
+* the gate then fails on: nothing compared (unless one side is a vanilla run, see
+  ``content_only``), agreement (paired blocks with the same anchor, the same k and every slot
+  equal, over paired blocks) below ``min_agreement``, or more than ``max_errors`` error
+  findings outside ``ignore``. With the defaults (1.0, 0, none) it fails exactly when
+  :func:`~spectrace.tracer.diff.diff_traces` says ``diverged``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .align import Alignment, align
+from .diff import diff_traces, nothing_compared
+from .diff_result import DiffResult, GateSummary
+from .errors import InputError
+from .findings.model import KINDS, Finding
+from .findings.pair import content_only
+from .fmt import pct
+from .store import Trace
+from .tokens import Decoder
+
+
+class GateError(InputError, ValueError):
+    """A bad selection or threshold (exit 2 on the CLI; a ValueError in the fixture).
+
+    Attributes:
+        field: the argument at fault (``min_agreement``, ``max_errors``, ``ignore``,
+            ``positions``).
+    """
+
+    def __init__(self, field: str, what: str) -> None:
+        super().__init__(f"{field}: {what}")
+        self.field = field
+        self.what = what
+
+
+#: Positions as given: a ``slice``/``range`` (half-open, ends may be None) or ints.
+PositionSpec = slice | range | Iterable[int] | None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What counts in a comparison.
+
+    Attributes:
+        requests: request ids (ours or theirs) whose pairs are compared; None: all.
+        positions: half-open ``slice`` of anchor positions (tokens), a frozenset of
+            positions, or None: all.
+    """
+
+    requests: frozenset[str] | None = None
+    positions: slice | frozenset[int] | None = None
+
+    @classmethod
+    def of(cls, requests: Iterable[str] | None = None, positions: PositionSpec = None):
+        """A validated selection (``requests``: ids; ``positions``: slice, range or ints).
+
+        Raises:
+            GateError: a non-integer position or a slice with a step.
+        """
+        reqs = None if requests is None else frozenset(str(r) for r in requests)
+        if reqs is not None and not reqs:
+            reqs = None  # an empty repeatable option means "all"
+        return cls(reqs, _positions(positions))
+
+    @property
+    def everything(self) -> bool:
+        """True when nothing is narrowed."""
+        return self.requests is None and self.positions is None
+
+    def position_mask(self, pos: np.ndarray) -> np.ndarray:
+        """bool [n]: which anchor positions (int [n]) lie in the selection."""
+        p = self.positions
+        if p is None:
+            return np.ones(len(pos), bool)
+        if isinstance(p, slice):
+            lo = -1 if p.start is None else p.start
+            hi = np.iinfo(np.int64).max if p.stop is None else p.stop
+            return (pos >= lo) & (pos < hi)
+        return np.isin(pos, np.fromiter(p, np.int64, len(p)))
+
+    def positions_text(self) -> str | None:
+        """The positions as ``A:B`` (a slice; ends may be empty) or ``3, 7`` (a set)."""
+        p = self.positions
+        if isinstance(p, slice):
+            lo, hi = ("" if x is None else str(x) for x in (p.start, p.stop))
+            return f"{lo}:{hi}"
+        return None if p is None else ", ".join(str(x) for x in sorted(p))
+
+
+def _positions(p: PositionSpec) -> slice | frozenset[int] | None:
+    if p is None:
+        return None
+    if isinstance(p, range) and p.step == 1:
+        return slice(p.start, p.stop)
+    if isinstance(p, slice):
+        if p.step not in (None, 1):
+            raise GateError("positions", f"a slice with step {p.step} is not supported")
+        for end in (p.start, p.stop):
+            if end is not None and (not isinstance(end, int) or isinstance(end, bool)):
+                raise GateError("positions", f"slice ends must be ints (got {end!r})")
+        return slice(p.start, p.stop)
+    out = []
+    for x in p:
+        if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+            raise GateError("positions", f"{x!r} is not an int")
+        out.append(int(x))
+    return frozenset(out)
+
+
+def parse_positions(text: str) -> slice:
+    """``A:B`` (half-open, tokens; either end may be left out) as a slice.
+
+    Raises:
+        GateError: not ``A:B`` with non-negative ints, or B < A.
+    """
+    lo, sep, hi = text.partition(":")
+    try:
+        ends = [None if not x.strip() else int(x) for x in (lo, hi)]
+    except ValueError:
+        ends = [-1, -1]
+    if not sep or any(x is not None and x < 0 for x in ends):
+        raise GateError(
+            "positions", f"expected A:B with positions >= 0, e.g. 5:20 or 40: (got {text!r})"
+        )
+    start, stop = ends
+    if start is not None and stop is not None and stop < start:
+        raise GateError("positions", f"end {stop} is before start {start} (got {text!r})")
+    return slice(start, stop)
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """What a comparison must meet.
+
+    Attributes:
+        min_agreement: least share (0..1) of paired blocks that agree.
+        max_errors: most error findings tolerated (kinds in ``ignore`` not counted).
+        ignore: finding kinds never counted (still listed).
+
+    Raises:
+        GateError: ``min_agreement`` outside [0, 1], a negative or non-integer
+            ``max_errors``, or an unknown kind in ``ignore``.
+    """
+
+    min_agreement: float = 1.0
+    max_errors: int = 0
+    ignore: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        m = self.min_agreement
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m <= 1:
+            raise GateError("min_agreement", f"{m!r} is outside [0, 1]")
+        e = self.max_errors
+        if isinstance(e, bool) or not isinstance(e, int) or e < 0:
+            raise GateError("max_errors", f"{e!r} is not an int >= 0")
+        if isinstance(self.ignore, str):
+            raise GateError("ignore", f"expected finding kinds, got the string {self.ignore!r}")
+        object.__setattr__(self, "ignore", frozenset(self.ignore))
+        unknown = sorted(self.ignore - set(KINDS))
+        if unknown:
+            raise GateError(
+                "ignore", f"unknown finding kind {unknown[0]!r} (kinds: {', '.join(KINDS)})"
+            )
+
+    @property
+    def default(self) -> bool:
+        """True for the defaults (1.0, 0, none): the gate equals the diff's verdict."""
+        return self == Thresholds()
+
+
+def select(al: Alignment, sel: Selection) -> Alignment:
+    """``al`` narrowed to ``sel`` (a new Alignment; ``al`` is left as is).
+
+    Requests: only the matched pairs where our or their request id is in ``sel.requests``
+    stay (blocks of the others are no longer on matched content), and only the unmatched
+    requests so named. Positions: only the paired blocks whose anchor position is in
+    ``sel.positions`` stay paired.
+    """
+    if sel.everything:
+        return al
+    if sel.requests is not None:
+        al = _select_requests(al, sel.requests)
+    keep = sel.position_mask(al.a.blocks.position[al.ia].astype(np.int64))
+    return dataclasses.replace(al, ia=al.ia[keep], ib=al.ib[keep])
+
+
+def _select_requests(al: Alignment, ids: frozenset[str]) -> Alignment:
+    ra, rb = al.a.requests.req_id, al.b.requests.req_id
+    keep = np.array(
+        [ra[i] in ids or rb[j] in ids for i, j in zip(al.req_a, al.req_b)], bool
+    ).reshape(-1)
+    new = np.where(keep, np.cumsum(keep) - 1, -1)
+
+    def remap(pob: np.ndarray) -> np.ndarray:  # old pair index per block -> new, -1 dropped
+        if not len(new):
+            return np.full(len(pob), -1, np.int64)
+        return np.where(pob >= 0, new[np.maximum(pob, 0)], -1)
+
+    pa, pb = remap(al.pair_of_block_a), remap(al.pair_of_block_b)
+    paired = pa[al.ia] >= 0 if len(al.ia) else np.zeros(0, bool)
+    return dataclasses.replace(
+        al,
+        req_a=al.req_a[keep],
+        req_b=al.req_b[keep],
+        matched_by=[m for m, k in zip(al.matched_by, keep) if k],
+        unmatched_a=np.array([i for i in al.unmatched_a if ra[i] in ids], np.int64),
+        unmatched_b=np.array([j for j in al.unmatched_b if rb[j] in ids], np.int64),
+        divergence=al.divergence[keep],
+        content_known=al.content_known[keep],
+        common_len=al.common_len[keep],
+        pair_of_block_a=pa,
+        pair_of_block_b=pb,
+        comparable_a=al.comparable_a & (pa >= 0),
+        comparable_b=al.comparable_b & (pb >= 0),
+        ia=al.ia[paired],
+        ib=al.ib[paired],
+    )
+
+
+def request_ids(al: Alignment) -> frozenset[str]:
+    """Both sides' ids of ``al``'s matched and unmatched requests."""
+    ra, rb = al.a.requests.req_id, al.b.requests.req_id
+    ids = {ra[i] for i in al.req_a} | {rb[j] for j in al.req_b}
+    ids |= {ra[i] for i in al.unmatched_a} | {rb[j] for j in al.unmatched_b}
+    return frozenset(ids)
+
+
+def in_selection(f: Finding, sel: Selection, ids: frozenset[str] | None = None) -> bool:
+    """Whether finding ``f`` lies in ``sel``: its request is selected (``ids``: every id of
+    the selected pairs, both sides; default ``sel.requests``) and its position lies in the
+    positions. A finding without a request or position is never left out by that part."""
+    if sel.requests is not None and f.request is not None:
+        if f.request not in (sel.requests if ids is None else ids | sel.requests):
+            return False
+    if sel.positions is not None and f.position is not None:
+        return bool(sel.position_mask(np.array([f.position], np.int64))[0])
+    return True
+
+
+def counted_errors(findings: list[Finding], th: Thresholds) -> list[Finding]:
+    """The error findings the gate counts (kinds in ``th.ignore`` left out)."""
+    return [f for f in findings if f.severity == "error" and f.kind not in th.ignore]
+
+
+def check_gate(
+    findings: list[Finding], th: Thresholds, sel: Selection
+) -> tuple[list[Finding], list[str]]:
+    """The gate of one trace (``spectrace check``): the findings in ``sel`` and why the
+    gate fails (more than ``th.max_errors`` counted error findings; empty: it passes)."""
+    kept = [f for f in findings if in_selection(f, sel)]
+    n = len(counted_errors(kept, th))
+    return kept, (
+        [f"{n} error finding(s), at most {th.max_errors} allowed"] if n > th.max_errors else []
+    )
+
+
+def judge(al: Alignment, r: DiffResult, th: Thresholds, sel: Selection) -> GateSummary:
+    """The gate's verdict on diff result ``r`` of alignment ``al`` narrowed to ``sel``
+    (``r.findings`` already in the selection).
+
+    Returns:
+        A :class:`GateSummary`; ``problems`` empty when the gate passes.
+    """
+    paired = r.agreement.paired_blocks
+    bad = r.bad if r.bad is not None else np.zeros(0, bool)
+    agreeing = paired - int(bad.sum()) if r.bad is not None else r.agreement.exact_matches
+    rate = agreeing / paired if paired else None
+    errors = counted_errors(r.findings, th)
+    problems = []
+    if paired == 0:
+        if not content_only(al):  # a vanilla baseline passes on identical outputs
+            problems.append(nothing_compared(al))
+    elif rate is not None and rate < th.min_agreement:
+        problems.append(
+            f"drafts match in {agreeing} of {paired} paired blocks ({pct(rate)}), "
+            f"required {pct(th.min_agreement)}"
+        )
+    if len(errors) > th.max_errors:
+        problems.append(f"{len(errors)} error finding(s), at most {th.max_errors} allowed")
+    return GateSummary(
+        passed=not problems,
+        problems=problems,
+        paired_blocks=paired,
+        agreeing_blocks=agreeing,
+        agreement=rate,
+        errors_counted=len(errors),
+        min_agreement=float(th.min_agreement),
+        max_errors=th.max_errors,
+        ignore=sorted(th.ignore),
+        requests=None if sel.requests is None else sorted(sel.requests),
+        positions=sel.positions_text(),
+    )
+
+
+def gated_diff(
+    a: Trace,
+    b: Trace,
+    sel: Selection = Selection(),
+    th: Thresholds = Thresholds(),
+    examples: int | None = 5,
+    decoder: Decoder | None = None,
+) -> tuple[Alignment, DiffResult, GateSummary]:
+    """Align ``a`` (ours) and ``b`` (theirs), narrow to ``sel``, diff and judge.
+
+    The result's findings are those in the selection. When ``sel`` or ``th`` is not the
+    default, the result's ``diverged`` and ``reasons`` are the gate's (``passed`` and
+    ``problems``) and ``result.gate`` holds the summary; with the defaults the result is
+    :func:`~spectrace.tracer.diff.diff_traces`'s own (the gate agrees with it).
+
+    Returns:
+        ``(alignment, result, gate)``.
+    """
+    al = select(align(a, b), sel)
+    r = diff_traces(al, examples=examples, decoder=decoder)
+    if not sel.everything:
+        ids = request_ids(al)
+        r.findings = [f for f in r.findings if in_selection(f, sel, ids)]
+    g = judge(al, r, th, sel)
+    if not (sel.everything and th.default):
+        r.diverged, r.reasons, r.gate = not g.passed, list(g.problems), g
+    return al, r, g
