@@ -8,7 +8,7 @@ from types import ModuleType
 
 from spectrace.tracer.cli.output import say
 
-from .common import SpecTraceLayoutError, strict, vllm_version
+from .common import SpecTraceLayoutError, dp_rank_of, strict, vllm_version
 from .meta import base_meta
 from .patching import wrap_init
 from .paths import output_path, trace_path
@@ -65,8 +65,7 @@ def attach(runner, kind: str | None = None) -> Session | None:
         kind = "v2" if hasattr(runner, "speculator") else "v1"
     if _tp_rank() != 0:
         return None
-    pc = getattr(runner, "parallel_config", None)
-    dp_rank = int(getattr(pc, "data_parallel_rank", 0) or 0)
+    dp_rank = dp_rank_of(getattr(runner, "parallel_config", None))
     path = trace_path(out, dp_rank)
     if kind == "v2":
         if getattr(runner, "speculator", None) is None:
