@@ -51,7 +51,8 @@ def attach(runner, kind: str | None = None) -> Session | None:
     """Attach spectrace to a vLLM model runner (after its ``__init__``).
 
     A no-op (returns None) without ``SPECTRACE_OUT``, without a speculative config, without a
-    drafter (not the last PP rank) and on TP rank != 0. ``kind`` is ``"v1"``, ``"v2"`` or None
+    drafter (not the last PP rank) and on TP rank != 0 (its drafts and verdicts are TP rank
+    0's; vLLM returns rank 0's model output). ``kind`` is ``"v1"``, ``"v2"`` or None
     (detect: a ``speculator`` attribute means V2, a ``drafter`` V1).
 
     Raises:

@@ -89,7 +89,7 @@ def runs(tmp_path_factory):
     (root / "p.jsonl").write_text("".join(PROMPTS.read_text().splitlines(True)[:2]))
     how = {
         "tp2": (["--tensor-parallel-size", "2"], {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}),
-        "dp2": (["--data-parallel-size", "2"], {}),
+        "dp2": (["--data-parallel-size", "2"], {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}),
     }
     cache: dict = {}
 
