@@ -27,10 +27,11 @@ Roles, per process (a process may hold several):
 The cross-check (:mod:`.crosscheck`): before the trace closes, the library's acceptance
 figures of the file on disk are compared with vLLM's counters; the result is stored in
 ``meta["checks"]`` and one ``spectrace:`` line goes to stderr (``spectrace: WARNING`` on a
-mismatch). With vLLM's per-request metrics on, every request's per-step accepted/drafted counts
-are compared with its verified blocks too (:mod:`.request_check`, ``meta["checks"]
-["per_request"]``, one ``WARNING`` line per differing request). One trace per ``SPECTRACE_OUT`` (per DP rank): a second engine started with the
-same output replaces the file when it closes.
+mismatch). With vLLM's per-request metrics on, every request's per-step accepted/drafted
+counts are compared with its verified blocks too (:mod:`.request_check`,
+``meta["checks"]["per_request"]``, one ``WARNING`` line per differing request). One trace per
+``SPECTRACE_OUT`` (per DP rank): a second engine started with the same output replaces the
+file when it closes.
 
 Block semantics (schema v1, :mod:`spectrace.tracer.schema`): a block is opened by a proposal
 (anchor = the last verified or bonus token, ``position`` = its absolute index in prompt +
@@ -49,8 +50,8 @@ line).
 Modules, in the order data flows: :mod:`.plugin` (entry point) -> :mod:`.patching` (lazy class
 patches) -> :mod:`.attach` -> :mod:`.v1` / :mod:`.v2` (recorders) -> :mod:`.joiner` ->
 :mod:`.session` (+ :mod:`.columns`, :mod:`.sampling`, :mod:`.meta`) -> :mod:`.crosscheck`
-(with :mod:`.counters` from :mod:`.engine_core`). :mod:`.driver` is a small vLLM run to
-capture.
+and :mod:`.request_check` (with :mod:`.counters` from :mod:`.engine_core`). :mod:`.driver` is
+a small vLLM run to capture (``LLM``, TP N; ``AsyncLLM`` for DP N).
 """
 
 from .plugin import register
