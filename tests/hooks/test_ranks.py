@@ -189,6 +189,7 @@ def test_dp2_one_file_per_rank_each_cross_checked_with_its_rank(runs):
         assert checks["status"] == "ok", checks
         assert _four(checks["trace"]) == _four(checks["vllm"]) == _four(by_engine[str(rank)])
         assert checks["trace"]["num_drafts"] == DRAFTS[pid] and prompts[pid]["dp_rank"] == rank
+        assert checks["trace"]["blocks"] == DRAFTS[pid] + 1  # + the unverified last proposal
         pr = checks["per_request"]
         assert (pr["status"], pr["checked"], pr["mismatched"]) == ("ok", 1, 0)
         (rid,) = pr["requests"]
