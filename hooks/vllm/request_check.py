@@ -163,7 +163,8 @@ def report_requests(path, checks: dict) -> None:
     ``WARNING`` line per mismatching request (the first :data:`SHOWN_MISMATCHES`)."""
     level, n = checks["level"], checks["checked"]
     if checks["status"] == "ok":
-        say(f"{path}: per-request spec-decode metrics ({level}) match the trace on {n} requests")
+        what = "1 request" if n == 1 else f"{n} requests"
+        say(f"{path}: per-request spec-decode metrics ({level}) match the trace on {what}")
         return
     bad = [(rid, r) for rid, r in sorted(checks["requests"].items()) if r["status"] != "ok"]
     say(
