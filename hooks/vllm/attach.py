@@ -8,7 +8,7 @@ from types import ModuleType
 
 from spectrace.tracer.cli.output import say
 
-from .common import SpecTraceLayoutError, strict, vllm_version
+from .common import SpecTraceLayoutError, dp_rank_of, strict, vllm_version
 from .meta import base_meta
 from .patching import wrap_init
 from .paths import output_path, trace_path
@@ -51,7 +51,8 @@ def attach(runner, kind: str | None = None) -> Session | None:
     """Attach spectrace to a vLLM model runner (after its ``__init__``).
 
     A no-op (returns None) without ``SPECTRACE_OUT``, without a speculative config, without a
-    drafter (not the last PP rank) and on TP rank != 0. ``kind`` is ``"v1"``, ``"v2"`` or None
+    drafter (not the last PP rank) and on TP rank != 0 (its drafts and verdicts are TP rank
+    0's; vLLM returns rank 0's model output). ``kind`` is ``"v1"``, ``"v2"`` or None
     (detect: a ``speculator`` attribute means V2, a ``drafter`` V1).
 
     Raises:
@@ -65,8 +66,7 @@ def attach(runner, kind: str | None = None) -> Session | None:
         kind = "v2" if hasattr(runner, "speculator") else "v1"
     if _tp_rank() != 0:
         return None
-    pc = getattr(runner, "parallel_config", None)
-    dp_rank = int(getattr(pc, "data_parallel_rank", 0) or 0)
+    dp_rank = dp_rank_of(getattr(runner, "parallel_config", None))
     path = trace_path(out, dp_rank)
     if kind == "v2":
         if getattr(runner, "speculator", None) is None:

@@ -49,6 +49,21 @@ def require_attrs(obj: object, names: Iterable[str], what: str, hint: str = "") 
         )
 
 
+def dp_rank_of(parallel_config) -> int:
+    """The data-parallel rank a process serves: ``parallel_config.data_parallel_index``.
+
+    vLLM 0.32 runs the DP ranks of a dense (non-MoE) model as independent engines and
+    resets ``data_parallel_rank`` to 0 (and ``data_parallel_size`` to 1) in every engine-core
+    process (``ParallelConfig.reconfigure_for_independent_dp_rank``, called from
+    ``vllm/v1/engine/core.py``); ``data_parallel_index`` keeps the real rank. Older vLLM
+    without ``data_parallel_index``: ``data_parallel_rank``. None (no config): 0.
+    """
+    index = getattr(parallel_config, "data_parallel_index", None)
+    if index is None:
+        index = getattr(parallel_config, "data_parallel_rank", 0)
+    return int(index or 0)
+
+
 def is_warmup(req_id: str) -> bool:
     """True for vLLM's warmup and dummy request ids (``_warmup_...``, ``_v2_mixed_warmup...``)."""
     return str(req_id).startswith(WARMUP_PREFIXES)

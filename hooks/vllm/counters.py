@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,10 @@ class VllmCounters:
     local: bool = False  # the trace writer is in this process
     handed_off: bool = False  # written for the worker at engine-core shutdown
     broken: bool = False  # counting failed: no counters to compare with
+    #: vLLM's ``per_request_spec_decode_metrics`` level (``none`` | ``summary`` | ``detailed``).
+    per_request_level: str = "none"
+    #: request id -> ``RequestSpecDecodeMetrics.to_dict()``, taken when the request was freed.
+    per_request: dict = field(default_factory=dict)
 
     def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         """Count one verified draft of one request (``SpecDecodingStats.observe_draft``)."""
@@ -82,6 +86,9 @@ def hand_off(c: VllmCounters) -> Path | None:
     """Write ``c`` for the worker process that writes the trace of its DP rank (atomically:
     a temporary file, then a rename). Called when the engine core begins to shut down.
 
+    The file holds :meth:`VllmCounters.as_dict`, plus ``per_request`` and
+    ``per_request_level`` when vLLM kept per-request metrics.
+
     Returns:
         The hand-off file, or None (no output configured, counting broke, or the write
         failed: one ``spectrace: WARNING`` line).
@@ -92,6 +99,8 @@ def hand_off(c: VllmCounters) -> Path | None:
     if not out or counted is None:
         return None
     path = counters_handoff_path(trace_path(out, c.dp_rank))
+    if c.per_request:
+        counted.update(per_request=c.per_request, per_request_level=c.per_request_level)
     try:
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(counted))

@@ -72,7 +72,10 @@ def cross_check(trace: dict, vllm: dict | None) -> dict:
             unavailable.
     Returns:
         The ``meta["checks"]`` object: ``status`` (``ok`` | ``mismatch`` | ``unavailable``),
-        ``vllm``, ``trace``, ``mismatch`` (the names that differ) and ``source``.
+        ``vllm``, ``trace``, ``mismatch`` (the names that differ) and ``source``. The
+        session adds ``per_request`` (:mod:`.request_check`) when vLLM kept per-request
+        metrics; a per-request difference makes ``status`` ``mismatch`` and appends
+        ``per_request`` to ``mismatch``.
     """
     if vllm is None:
         return {
@@ -95,18 +98,21 @@ def cross_check(trace: dict, vllm: dict | None) -> dict:
 
 
 def report(path: Path, checks: dict) -> None:
-    """One stderr line about a cross-check (a ``WARNING`` unless it passed)."""
+    """One stderr line about the totals' cross-check (a ``WARNING`` unless they match; the
+    per-request check, ``mismatch`` entry ``per_request``, reports itself:
+    :func:`~.request_check.report_requests`)."""
     t = checks["trace"]
-    if checks["status"] == "ok":
+    totals = [name for name in checks["mismatch"] if name in COUNTER_NAMES]
+    if checks["status"] == "unavailable":
+        say(f"WARNING {path}: not cross-checked: {checks['source']}; trace {fmt_counts(t)}")
+    elif totals:
+        say(
+            f"WARNING {path}: trace totals differ from vLLM's spec-decode counters in "
+            f"{', '.join(totals)}: trace {fmt_counts(t)} vs vLLM "
+            f"{fmt_counts(checks['vllm'])}"
+        )
+    else:
         say(
             f"{path}: {t['blocks']} blocks; totals match vLLM's spec-decode counters "
             f"({fmt_counts(t)})"
         )
-    elif checks["status"] == "mismatch":
-        say(
-            f"WARNING {path}: trace totals differ from vLLM's spec-decode counters in "
-            f"{', '.join(checks['mismatch'])}: trace {fmt_counts(t)} vs vLLM "
-            f"{fmt_counts(checks['vllm'])}"
-        )
-    else:
-        say(f"WARNING {path}: not cross-checked: {checks['source']}; trace {fmt_counts(t)}")

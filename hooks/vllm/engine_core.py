@@ -6,6 +6,9 @@ their hand-off at shutdown (see :mod:`.counters`).
 * ``Scheduler.make_spec_decoding_stats`` (``vllm/v1/core/sched/scheduler.py``) feeds it with
   the arguments vLLM itself counts (minus invalid spec tokens), whether or not stats logging
   is on.
+* ``Scheduler._free_request`` snapshots vLLM's per-request spec-decode metrics
+  (``request.spec_decode_metrics.to_dict()``, with ``--per-request-spec-decode-metrics``)
+  into the counters, for the per-request cross-check (:mod:`.request_check`).
 * ``EngineCore.shutdown`` (``vllm/v1/engine/core.py``) writes the counters for the worker
   before the original shutdown stops it.
 """
@@ -18,7 +21,7 @@ from types import ModuleType
 
 from spectrace.tracer.cli.output import say
 
-from .common import vllm_version
+from .common import dp_rank_of, vllm_version
 from .counters import VllmCounters, fmt_counts, hand_off
 from .patching import wrap_init
 from .paths import output_path, trace_of_handoff, trace_path
@@ -41,6 +44,9 @@ def patch_scheduler(module: ModuleType) -> None:
         )
         return
     cls.make_spec_decoding_stats = _counting(make)
+    free = cls.__dict__.get("_free_request")
+    if free is not None:
+        cls._free_request = _snapshotting(free)
     wrap_init(cls, _attach_counters)
 
 
@@ -52,8 +58,9 @@ def _attach_counters(sched) -> None:
         return
     c = VllmCounters(
         k=int(cfg.speculative_config.num_speculative_tokens or 0),
-        dp_rank=int(cfg.parallel_config.data_parallel_rank or 0),
+        dp_rank=dp_rank_of(cfg.parallel_config),
     )
+    c.per_request_level = str(getattr(sched, "spec_decode_metrics_level", "none") or "none")
     sched._spectrace_counters = c
     out = output_path()
     session = waiting_for_counters(trace_path(out, c.dp_rank)) if out else None
@@ -85,6 +92,23 @@ def _counting(make):
         return result
 
     return make_spec_decoding_stats
+
+
+def _snapshotting(free):
+    """``_free_request`` that first keeps the request's ``spec_decode_metrics.to_dict()``."""
+
+    @functools.wraps(free)
+    def _free_request(self, request, *args, **kwargs):
+        c = getattr(self, "_spectrace_counters", None)
+        m = getattr(request, "spec_decode_metrics", None)
+        if c is not None and m is not None:
+            try:
+                c.per_request[str(request.request_id)] = m.to_dict()
+            except Exception as exc:
+                say(f"WARNING reading vLLM's per-request spec-decode metrics failed: {exc}")
+        return free(self, request, *args, **kwargs)
+
+    return _free_request
 
 
 def patch_engine_core(module: ModuleType) -> None:

@@ -53,7 +53,8 @@ def base_meta(runner, runner_kind: str, dp_rank: int) -> dict:
         "enforce_eager": getattr(mc, "enforce_eager", None),
         "dtype": str(getattr(mc, "dtype", "")).replace("torch.", ""),
         "engine_seed": getattr(mc, "seed", None),
-        "tp_rank": 0,
+        "tp_rank": 0,  # the TP group's drafts are recorded on its rank 0 (vLLM's output rank)
+        "tp_size": getattr(pc, "tensor_parallel_size", None),
         "dp_rank": dp_rank,
         "pp_size": getattr(pc, "pipeline_parallel_size", None),
         "pid": os.getpid(),

@@ -20,6 +20,7 @@ from .crosscheck import cross_check, flushed_totals, report
 from .joiner import BlockJoiner
 from .registry import add as register_session
 from .registry import close_all
+from .request_check import cross_check_requests, report_requests, trace_steps
 from .sampling import sampling_meta
 
 
@@ -193,6 +194,8 @@ class Session:
                     self._writer.close(complete=True)
             if checks is not None:
                 report(self.path, checks)
+                if "per_request" in checks:
+                    report_requests(self.path, checks["per_request"])
             return self.path if self._writer is not None else None
 
     def _finish_recording(self) -> dict | None:
@@ -204,7 +207,19 @@ class Session:
         if self._writer is None:
             return None
         vllm = self._vllm_counters()
-        checks = cross_check(flushed_totals(self._writer, int(self.meta.get("k") or 0)), vllm)
+        per_request = (vllm or {}).pop("per_request", None)
+        level = (vllm or {}).pop("per_request_level", None)
+        k = int(self.meta.get("k") or 0)
+        checks = cross_check(flushed_totals(self._writer, k), vllm)
+        by_request = cross_check_requests(
+            trace_steps(self._writer.partial_path), per_request, level, k
+        )
+        if by_request is not None:
+            checks["per_request"] = by_request
+            if by_request["status"] != "ok" and checks["status"] == "ok":
+                checks["status"] = "mismatch"
+            if by_request["status"] != "ok":
+                checks["mismatch"].append("per_request")
         self._writer.update_meta(checks=checks)
         if self.joiner.verified_mismatch:
             self._writer.update_meta(verified_not_prefix_of_proposed=self.joiner.verified_mismatch)
@@ -212,10 +227,15 @@ class Session:
 
     def _vllm_counters(self) -> dict | None:
         """vLLM's counters for this trace: from the scheduler in this process, else from the
-        hand-off file the engine core wrote when it began to shut down (consumed here)."""
-        if self.counters is not None:
-            return self.counters.as_dict()  # None if counting broke
-        return take_handoff(self.path, self.started)
+        hand-off file the engine core wrote when it began to shut down (consumed here); with
+        ``per_request`` and ``per_request_level`` when vLLM kept per-request metrics."""
+        c = self.counters
+        if c is None:
+            return take_handoff(self.path, self.started)
+        counted = c.as_dict()  # None if counting broke
+        if counted is not None and c.per_request:
+            counted.update(per_request=c.per_request, per_request_level=c.per_request_level)
+        return counted
 
 
 def close_on_shutdown(orig: Callable, session: Session) -> Callable:
