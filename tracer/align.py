@@ -7,6 +7,10 @@
    once in :mod:`spectrace.tracer.compare`.
 3. Comparable blocks pair up by (request pair, anchor position): with different acceptance the
    engines draft from different positions, so only positions both drafted from pair up.
+4. A replay pair (both traces ``/meta`` ``source: "replay"``, see :mod:`spectrace.hooks.replay`)
+   drafted from the same reference prefixes by construction: every position pairs, except
+   where the two targets sampled different anchors there (the drafts then follow different
+   contexts); those are counted in ``anchor_disagreements``, not paired.
 
 All block work is vectorised: one stable sort of each trace's blocks by (request, position)
 (memoised, shared with the detectors), then a binary search of our keys in theirs.
@@ -42,6 +46,8 @@ class Alignment:
         comparable_a, comparable_b: bool [blocks] block lies on matched content.
         ia, ib: int64 [P] indices of the P paired blocks (same pair, same anchor position),
             sorted by (pair, position).
+        replay: both traces are replays of the same references; ``anchor_disagreements``:
+            positions left unpaired because the two targets sampled different anchors.
     """
 
     a: Trace
@@ -60,6 +66,8 @@ class Alignment:
     comparable_b: np.ndarray
     ia: np.ndarray
     ib: np.ndarray
+    replay: bool = False
+    anchor_disagreements: int = 0
 
     @property
     def pairs(self) -> int:
@@ -174,6 +182,12 @@ def align(a: Trace, b: Trace) -> Alignment:
 
     (pob_a, comp_a), (pob_b, comp_b) = in_parallel([lambda: side(a, req_a), lambda: side(b, req_b)])
     ia, ib = _pair_blocks(a, b, pob_a, comp_a, comp_b, req_b)
+    replay = is_replay(a) and is_replay(b)
+    disagree = 0
+    if replay:
+        same = a.blocks.anchor[ia] == b.blocks.anchor[ib]
+        disagree = int((~same).sum())
+        ia, ib = ia[same], ib[same]
     return Alignment(
         a=a,
         b=b,
@@ -191,7 +205,14 @@ def align(a: Trace, b: Trace) -> Alignment:
         comparable_b=comp_b,
         ia=ia,
         ib=ib,
+        replay=replay,
+        anchor_disagreements=disagree,
     )
+
+
+def is_replay(t: Trace) -> bool:
+    """Whether ``t`` was written by ``spectrace replay`` (``/meta`` ``source: "replay"``)."""
+    return t.meta.get("source") == "replay"
 
 
 def _pair_of_block(t: Trace, req: np.ndarray) -> np.ndarray:

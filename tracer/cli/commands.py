@@ -15,6 +15,7 @@ from .capture_cmds import capture
 from .import_cmds import import_
 from .inspect_cmd import inspect_draft_cmd
 from .read_cmds import check, diff, info, schema, validate_cmd
+from .replay_cmd import replay_cmd
 from .session_cmds import demo, view
 
 #: Every top-level command; :mod:`main` adds them to the group (help lists them sorted).
@@ -29,4 +30,5 @@ COMMANDS: tuple[click.Command, ...] = (
     import_,
     inspect_draft_cmd,
     schema,
+    replay_cmd,
 )
