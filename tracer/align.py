@@ -18,7 +18,7 @@ All block work is vectorised: one stable sort of each trace's blocks by (request
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -46,8 +46,9 @@ class Alignment:
         comparable_a, comparable_b: bool [blocks] block lies on matched content.
         ia, ib: int64 [P] indices of the P paired blocks (same pair, same anchor position),
             sorted by (pair, position).
-        replay: both traces are replays of the same references; ``anchor_disagreements``:
-            positions left unpaired because the two targets sampled different anchors.
+        replay: both traces are replays of the same references; ``disagree_a``,
+            ``disagree_b``: int64 block indices of the positions left unpaired because the two
+            targets sampled different anchors there (empty otherwise).
     """
 
     a: Trace
@@ -67,7 +68,8 @@ class Alignment:
     ia: np.ndarray
     ib: np.ndarray
     replay: bool = False
-    anchor_disagreements: int = 0
+    disagree_a: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    disagree_b: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def pairs(self) -> int:
@@ -183,11 +185,10 @@ def align(a: Trace, b: Trace) -> Alignment:
     (pob_a, comp_a), (pob_b, comp_b) = in_parallel([lambda: side(a, req_a), lambda: side(b, req_b)])
     ia, ib = _pair_blocks(a, b, pob_a, comp_a, comp_b, req_b)
     replay = is_replay(a) and is_replay(b)
-    disagree = 0
+    dis_a = dis_b = np.zeros(0, np.int64)
     if replay:
         same = a.blocks.anchor[ia] == b.blocks.anchor[ib]
-        disagree = int((~same).sum())
-        ia, ib = ia[same], ib[same]
+        dis_a, dis_b, ia, ib = ia[~same], ib[~same], ia[same], ib[same]
     return Alignment(
         a=a,
         b=b,
@@ -206,7 +207,8 @@ def align(a: Trace, b: Trace) -> Alignment:
         ia=ia,
         ib=ib,
         replay=replay,
-        anchor_disagreements=disagree,
+        disagree_a=dis_a,
+        disagree_b=dis_b,
     )
 
 

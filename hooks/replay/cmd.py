@@ -19,18 +19,17 @@ The default command is the reference engine::
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from spectrace.hooks.capture import capture_command
 from spectrace.tracer.errors import InputError
 from spectrace.tracer.store import open_trace
 
-from .engine_io import drafts_of, write_prefixes
+from .engine_io import drafts_of, stdout_to_stderr, write_prefixes
 from .options import EngineOptions
 from .positions import Reference, Site
 from .write import Draft
@@ -74,7 +73,7 @@ def replay_cmd(
         meta: dict = {"method": opts.method, "k": opts.k}
         if not opts.command:
             meta["engine"] = "spectrace-reference"
-        with _stdout_to_stderr():
+        with stdout_to_stderr():
             status = capture_command(cmd, out, requests, meta=meta, forward_trace_lines=False)
         if status != 0:
             raise InputError(f"--engine cmd: {cmd[0]} exited with status {status}")
@@ -84,19 +83,6 @@ def replay_cmd(
     if progress is not None:
         progress(len(sites), len(sites))
     return drafts, meta
-
-
-@contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """The engine's stdout (its completions) goes to stderr: stdout carries data only."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def _fill(arg: str, paths: dict[str, str]) -> str:

@@ -3,9 +3,12 @@ they read and the trace of one-token requests they leave, read back into :class:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -79,3 +82,16 @@ def _site_index(t: Trace, refs: list[Reference], sites: list[Site], by: str) -> 
         if cands:
             out[s.ident] = cands.pop(0)
     return out
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """The engine's stdout (its completions) goes to stderr: stdout carries data only."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)

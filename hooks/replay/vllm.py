@@ -19,7 +19,7 @@ from spectrace.hooks.capture import capture_vllm
 from spectrace.tracer.errors import InputError
 from spectrace.tracer.store import open_trace
 
-from .engine_io import drafts_of, write_prefixes
+from .engine_io import drafts_of, stdout_to_stderr, write_prefixes
 from .options import EngineOptions
 from .positions import Reference, Site
 from .write import Draft
@@ -58,7 +58,8 @@ def replay_vllm(
     with tempfile.TemporaryDirectory(prefix="spectrace-replay-") as tmp:
         prefixes = write_prefixes(Path(tmp) / "prefixes.jsonl", refs, sites)
         out = Path(tmp) / "vllm.h5"
-        status = capture_vllm(driver_command(prefixes, opts), out, timeout=opts.timeout_s)
+        with stdout_to_stderr():
+            status = capture_vllm(driver_command(prefixes, opts), out, timeout=opts.timeout_s)
         if status != 0 or not out.exists():
             raise InputError(f"--engine vllm: the vLLM run failed (exit status {status})")
         t = open_trace(out)
