@@ -1,14 +1,14 @@
 """Teacher-forced acceptance and the replay trace.
 
 A replay block at position p holds the engine's anchor (what its target sampled after the
-reference prefix ``sequence[:p]``) and its k proposals. Where the anchor is the reference
-token, the proposals were drafted from the reference context and are checked against the
-reference continuation (teacher-forced): ``verified`` = the drafts that have a reference
-token to check against (all k but near the end), ``accepted`` = their longest prefix equal
-to the reference, ``emitted`` = the reference tokens that acceptance produces (accepted + 1).
-Where the engine's target sampled another token, the block is kept with that anchor and
-left unverified (accepted -1): its drafts come from another context, and the disagreement
-itself is the evidence (counted in ``meta["replay"]["anchor_mismatches"]``).
+reference prefix ``sequence[:p]``) and its k proposals, checked against the reference
+continuation (teacher-forced): ``verified`` = the drafts that have a reference token to check
+against (all k but near the end), ``accepted`` = their longest prefix equal to the
+reference, ``emitted`` = the reference tokens that acceptance produces (accepted + 1).
+Where the engine's target sampled another token than the reference, the block keeps that
+anchor (its drafts follow from it, so they rarely match the reference): the disagreement
+itself is the evidence, counted in ``meta["replay"]["anchor_mismatches"]``, and a replay
+diff leaves such positions unpaired.
 """
 
 from __future__ import annotations
@@ -48,24 +48,24 @@ class Draft:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Teacher-forced verdict of one block (None / -1 where the anchor disagrees)."""
+    """Teacher-forced verdict of one block (None / -1 past the reference's end)."""
 
     verified: list[int] | None
     accepted: int
     emitted: list[int] | None
 
 
-def teacher_forced(sequence: Sequence[int], position: int, anchor: int, proposed: Sequence[int]):
+def teacher_forced(sequence: Sequence[int], position: int, proposed: Sequence[int]) -> Verdict:
     """The :class:`Verdict` of ``proposed`` drafted after ``anchor`` at ``position``.
 
     With ``nxt = sequence[position+1 : position+1+k+1]`` (up to k+1 reference tokens):
     verified = ``proposed[:min(k, len(nxt) - 1)]``, accepted = the longest verified prefix
-    equal to ``nxt``, emitted = ``nxt[:accepted + 1]``. A disagreeing anchor
-    (``sequence[position] != anchor``) or no token after the anchor gives (None, -1, None).
+    equal to ``nxt``, emitted = ``nxt[:accepted + 1]``. No token after the anchor gives
+    (None, -1, None). The anchor itself is not checked (see the module docstring).
     """
     k = len(proposed)
     nxt = [int(t) for t in sequence[position + 1 : position + 2 + k]]
-    if position >= len(sequence) or int(sequence[position]) != int(anchor) or not nxt:
+    if not nxt:
         return Verdict(None, schema.PAD, None)
     verified = [int(t) for t in proposed[: min(k, len(nxt) - 1)]]
     acc = 0
@@ -108,7 +108,7 @@ def write_replay(
         w.request(ref.req_id, ref.prompt_ids, ref.output_ids, ref.finish_reason)
     for step, d in enumerate(drafts):
         ref = refs[d.site.request]
-        v = teacher_forced(ref.sequence, d.site.position, d.anchor, d.proposed)
+        v = teacher_forced(ref.sequence, d.site.position, d.proposed)
         w.add_block(
             ref.req_id,
             step,
