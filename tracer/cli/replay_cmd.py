@@ -118,7 +118,7 @@ def replay_cmd(
     fmt,
     tokenizer,
     force,
-) -> None:  # noqa: E501
+) -> None:
     """Replay REF's sequences (a trace, or a requests JSONL with prompt_ids and output_ids):
     one block per (request, position), drafted from the reference prefix, with acceptance
     recomputed against the reference (teacher-forced). With --vs ENGINE (or a second
@@ -126,7 +126,6 @@ def replay_cmd(
     """
     from spectrace.hooks.replay.options import EngineOptions
     from spectrace.hooks.replay.positions import parse_positions
-    from spectrace.hooks.replay.run import replay
 
     from ..store.paths import check_outputs
 
@@ -159,26 +158,29 @@ def replay_cmd(
         margins=margins,
         timeout_s=timeout_s,
     )
-    results = []
-    for n, (name, path) in enumerate(zip(names, outs.values())):
-        opts = EngineOptions(**{**base.__dict__, "faults": list(faults) if n == 0 else []})
-        r = replay(
-            ref,
-            path,
-            name,
-            opts,
-            where,
-            list(requests) or None,
-            blocks_of,
-            progress_printer(f"replay {name}"),
-        )
-        output.say(
-            f"replay {name}: {r.sites} positions in {r.wall_s:.1f} s, {r.anchor_mismatches} "
-            f"where the target sampled another anchor; wrote {r.path}"
-        )
-        results.append(r)
-    if len(results) == 2:
-        _diff(str(results[0].path), str(results[1].path), fmt, tokenizer)
+    paths = [str(p) for p in outs.values()]
+    run = [
+        (name, path, list(faults) if n == 0 else [])
+        for n, (name, path) in enumerate(zip(names, paths))
+    ]
+    for name, path, planted in run:
+        opts = EngineOptions(**{**base.__dict__, "faults": planted})
+        _replay_one(ref, path, name, opts, where, list(requests) or None, blocks_of)
+    if len(paths) == 2:
+        _diff(paths[0], paths[1], fmt, tokenizer)
+
+
+def _replay_one(ref, path, name, opts, where, requests, blocks_of) -> None:
+    """One engine's replay, with a progress line on a TTY and a summary line after it."""
+    from spectrace.hooks.replay.run import replay
+
+    r = replay(
+        ref, path, name, opts, where, requests, blocks_of, progress_printer(f"replay {name}")
+    )
+    output.say(
+        f"replay {name}: {r.sites} positions in {r.wall_s:.1f} s, {r.anchor_mismatches} "
+        f"where the target sampled another anchor; wrote {r.path}"
+    )
 
 
 def _diff(ours: str, theirs: str, fmt: str, tokenizer: str | None) -> None:
