@@ -37,6 +37,7 @@ def test_the_group_has_every_command():
         "demo",
         "diff",
         "import",
+        "replay",
         "info",
         "inspect-draft",
         "schema",
