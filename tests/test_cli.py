@@ -106,5 +106,5 @@ def test_no_command_is_one_line_and_exit_2(capsys):
     assert e.value.code == 2
     assert capsys.readouterr().err == (
         "spectrace: error: no command given; commands: capture, check, demo, diff, import, "
-        "info, inspect-draft, schema, validate, view (see 'spectrace --help')\n"
+        "info, inspect-draft, replay, schema, validate, view (see 'spectrace --help')\n"
     )
