@@ -285,3 +285,28 @@ def test_replay_reaches_what_an_early_divergence_hides(tmp_path, capture_referen
     assert not tie or tie[0].evidence["near_ties"] < 0.1 * tie[0].evidence["differing"]
     ours, theirs = rep.acceptance.ours.matched_content, rep.acceptance.theirs.matched_content
     assert ours.recorded.acceptance_rate < theirs.recorded.acceptance_rate
+
+
+def test_vt_printer_margin_field_only_when_asked():
+    import io
+
+    from spectrace.engine import vt_trace
+
+    vt_trace.reset_latches()
+    try:
+        import os
+
+        old = os.environ.get(vt_trace.ENV_VAR)
+        os.environ[vt_trace.ENV_VAR] = "1"
+        on, off = io.StringIO(), io.StringIO()
+        vt_trace.VtTrace(on, margins=True).propose(1, 4, [13, 198], [0.5234, 0.0104])
+        vt_trace.VtTrace(off).propose(1, 4, [13, 198], [0.5234, 0.0104])
+    finally:
+        vt_trace.reset_latches()
+        if old is None:
+            os.environ.pop(vt_trace.ENV_VAR, None)
+        else:
+            os.environ[vt_trace.ENV_VAR] = old
+    head = "[spec-propose] rows=1 nqpr=4 drafts/row=2 first=[13 198 ]"
+    assert on.getvalue() == head + " margin=[ 0.523 0.010 ]\n"
+    assert off.getvalue() == head + "\n"

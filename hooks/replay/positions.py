@@ -81,7 +81,7 @@ def read_references(path: str | os.PathLike) -> tuple[list[Reference], Trace | N
 
 
 def _read_jsonl(p: Path) -> list[Reference]:
-    refs = []
+    refs: list[Reference] = []
     try:
         lines = p.read_text().splitlines()
     except OSError as exc:
