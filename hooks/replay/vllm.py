@@ -32,14 +32,13 @@ MARGINS_ENV = "SPECTRACE_MARGINS"
 
 
 def driver_command(prefixes: Path, opts: EngineOptions) -> list[str]:
-    """The :mod:`.vllm_driver` command line for ``opts`` (bundled models by default)."""
-    from spectrace.tracer.cli.demo import bundled_dir
-
-    root = bundled_dir()
+    """The :mod:`.vllm_driver` command line for ``opts`` (the driver defaults to the
+    bundled models)."""
     cmd = [sys.executable, "-m", "spectrace.hooks.replay.vllm_driver"]
-    cmd += ["--target", str(opts.target or root / "models" / "target")]
-    if opts.method == "draft_model":
-        cmd += ["--draft", str(opts.draft or root / "models" / "draft")]
+    if opts.target:
+        cmd += ["--target", str(opts.target)]
+    if opts.draft and opts.method == "draft_model":
+        cmd += ["--draft", str(opts.draft)]
     return cmd + ["--method", opts.method, "--k", str(opts.k), "--prefixes", str(prefixes)]
 
 
