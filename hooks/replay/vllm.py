@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from spectrace.hooks.capture import capture_vllm
+from spectrace.hooks.vllm.margins import ENV as MARGINS_ENV
 from spectrace.tracer.errors import InputError
 from spectrace.tracer.store import open_trace
 
@@ -25,10 +26,6 @@ from .positions import Reference, Site
 from .write import Draft
 
 Progress = Callable[[int, int], None] | None
-
-#: Environment variable that turns the plugin's drafter-margin recording on or off
-#: (``1``/``0``; unset: on for a CPU device, off on a GPU where it costs a host sync).
-MARGINS_ENV = "SPECTRACE_MARGINS"
 
 
 def driver_command(prefixes: Path, opts: EngineOptions) -> list[str]:
