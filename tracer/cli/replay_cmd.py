@@ -85,7 +85,9 @@ def vs_path(out: str, engine: str) -> Path:
     help="Reference engine (the first --engine): plant a fault.",
 )
 @click.option(
-    "--command", "command", help="--engine cmd: the engine command ({prompts} = the JSONL path)."
+    "--command",
+    "command",
+    help="--engine cmd: the engine command ({prompts}, {requests}: the JSONL paths).",
 )
 @click.option(
     "--margins/--no-margins",
