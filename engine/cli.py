@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="plant a deliberate bug (repeatable; see --list-faults); off by default",
     )
+    ap.add_argument(
+        "--margins",
+        action="store_true",
+        help="print the drafter's top-1 minus top-2 logit per draft on [spec-propose] lines "
+        "(margin=[ 0.523 0.010 ]; needs a VT parser that knows the field)",
+    )
     ap.add_argument("--list-faults", action="store_true", help="list the faults and exit")
     return ap
 
@@ -172,7 +178,15 @@ def run(args: argparse.Namespace) -> int:
             args.k, args.prompt_lookup_min, args.prompt_lookup_max, target.max_model_len
         )
 
-    engine = Engine(target, drafter, batch_size=args.batch_size, ignore_eos=not args.stop_on_eos)
+    from .vt_trace import VtTrace
+
+    engine = Engine(
+        target,
+        drafter,
+        batch_size=args.batch_size,
+        ignore_eos=not args.stop_on_eos,
+        trace=VtTrace(margins=args.margins),
+    )
     prompts = read_prompts(args.prompts or bundled_prompts_path(), tokenizer)
     for i, ids in enumerate(prompts):
         engine.add_request(str(i), ids, args.max_tokens)

@@ -242,12 +242,13 @@ class Engine:
         # prints them only on its block path) so the pipeline exercises the propose/verify join.
         if proposal.timings is None:
             return
-        rows = [d for d in proposal.drafts if d]
+        rows = [i for i, d in enumerate(proposal.drafts) if d]
         t = proposal.timings
         self.trace.phase(t.pre_s * 1e3, t.backbone_s * 1e3, t.sample_s * 1e3, proposal.logits_numel)
         if rows:
             nqpr = getattr(self.drafter, "num_query_per_req", self.drafter.k)  # dspark: k or 1 + k
-            self.trace.propose(len(rows), nqpr, rows[0])
+            margins = proposal.margins[rows[0]] if proposal.margins is not None else None
+            self.trace.propose(len(rows), nqpr, proposal.drafts[rows[0]], margins)
         else:
             self.trace.propose_none(len(batch))
 

@@ -45,6 +45,9 @@ class Proposal:
     drafts: list[list[int]]
     timings: ProposeTimings | None = None  # None for drafters that print no propose-side lines
     logits_numel: int = 0  # elements of the logits the selection looked at, for `logits=`
+    #: Per row, the drafter's top-1 minus top-2 logit of each draft (fp32 logit units), or
+    #: None for drafters without logits (ngram).
+    margins: list[list[float]] | None = None
 
 
 class Drafter(Protocol):
@@ -75,6 +78,15 @@ def draft_logits_last(
 def greedy_select(logits: torch.Tensor) -> int:
     """Greedy draft selection: argmax over the vocab (first index on ties, like torch/vLLM)."""
     return int(torch.argmax(logits).item())
+
+
+def top2_margin(logits: torch.Tensor) -> float:
+    """Top-1 minus top-2 of ``logits`` (fp32 [vocab]; logit units, >= 0): how close the greedy
+    choice was to a tie. NaN for a vocabulary of one id."""
+    if logits.shape[-1] < 2:
+        return float("nan")
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
 
 
 def reduced_vocab(lm_head: torch.Tensor, n: int) -> tuple[torch.Tensor, list[int]]:
@@ -115,27 +127,37 @@ class DraftModelDrafter:
         """The scheduler's num_lookahead_tokens for this method (tokens), as vLLM sets it."""
         return self.k
 
-    def select(self, logits: torch.Tensor) -> tuple[int, int]:
-        """(id fed back to the draft model, id handed to the scheduler) of one draft step.
+    def select(self, logits: torch.Tensor) -> tuple[int, int, float]:
+        """(id fed back to the draft model, id handed to the scheduler, top-2 margin of the
+        logits the argmax ran over) of one draft step.
 
         The draft loop always feeds back the right target id; the ``d2t_*`` faults corrupt only
         the ids handed out (the mapping step at the proposer's output).
         """
         if self.vocab_ids is None:
             tok = greedy_select(logits)
-            return tok, tok
+            return tok, tok, top2_margin(logits)
         assert self.d2t is not None  # set together with vocab_ids
-        idx = greedy_select(logits[self.vocab_ids])  # argmax over the draft vocabulary
-        return idx + self.d2t[idx], faults.map_draft_index(idx, self.d2t, self.draft.vocab_size)
+        sub = logits[self.vocab_ids]
+        idx = greedy_select(sub)  # argmax over the draft vocabulary
+        mapped = faults.map_draft_index(idx, self.d2t, self.draft.vocab_size)
+        return idx + self.d2t[idx], mapped, top2_margin(sub)
 
-    def propose_row(self, sequence: Sequence[int], timings: ProposeTimings) -> list[int]:
-        """k greedy tokens after `sequence` (ints, anchor last). Adds to `timings` in place."""
+    def propose_row(
+        self,
+        sequence: Sequence[int],
+        timings: ProposeTimings,
+        margins: list[float] | None = None,
+    ) -> list[int]:
+        """k greedy tokens after `sequence` (ints, anchor last). Adds to `timings` in place;
+        appends each returned draft's top-2 logit margin to `margins` when given."""
         seq = list(sequence)
         if faults.active("wrong_features"):
             seq = seq[-faults.FEATURE_WINDOW :]
         ctx = len(seq)
         n = self.k + faults.active("layout_shift") - faults.active("k_minus_one")
         out: list[int] = []
+        gaps: list[float] = []
         for depth in range(n):
             t0 = time.perf_counter()
             ids = torch.tensor([seq], dtype=torch.int64)
@@ -146,25 +168,29 @@ class DraftModelDrafter:
             with torch.no_grad():
                 logits = draft_logits_last(self.draft.model, ids, positions)
             t2 = time.perf_counter()
-            fed, tok = self.select(logits)
+            fed, tok, gap = self.select(logits)
             t3 = time.perf_counter()
             timings.pre_s += t1 - t0
             timings.backbone_s += t2 - t1
             timings.sample_s += t3 - t2
             seq.append(fed)
             out.append(tok)
+            gaps.append(gap)
         if faults.active("layout_shift"):
-            out = out[1:]  # slot 0 is the anchor's own (bonus) slot in the 1+N layout
+            out, gaps = out[1:], gaps[1:]  # slot 0 is the anchor's own (bonus) slot in 1+N
         if faults.active("constant_depth"):
-            out = out[:1] * len(out)
+            out, gaps = out[:1] * len(out), gaps[:1] * len(gaps)
+        if margins is not None:
+            margins.extend(gaps)
         return out
 
     def propose(self, sequences: Sequence[Sequence[int]]) -> Proposal:
         """Propose drafts for each sequence (prompt + output ids, int); returns a :class:`Proposal` with one list of at most k ids per sequence."""
         timings = ProposeTimings()
-        drafts = [self.propose_row(seq, timings) for seq in sequences]
+        margins: list[list[float]] = [[] for _ in sequences]
+        drafts = [self.propose_row(seq, timings, m) for seq, m in zip(sequences, margins)]
         vocab = self.draft_vocab or self.draft.vocab_size
-        return Proposal(drafts, timings, logits_numel=len(sequences) * self.k * vocab)
+        return Proposal(drafts, timings, len(sequences) * self.k * vocab, margins)
 
 
 # ---------------------------------------------------------------------------- ngram

@@ -70,6 +70,11 @@ def spaced_ids(ids: Sequence[int]) -> str:
     return "[ " + "".join(f"{int(t)} " for t in ids) + "]"
 
 
+def spaced_margins(margins: Sequence[float]) -> str:
+    """`[ 0.523 0.010 ]`: the optional `[spec-propose] margin=` list (one %.3f per draft)."""
+    return "[ " + "".join(f"{float(m):.3f} " for m in margins) + "]"
+
+
 def tight_ids(ids: Sequence[int]) -> str:
     """`[13 198 ]`: the `[spec-propose]` list form (no space after '[', each id then a space)."""
     return "[" + "".join(f"{int(t)} " for t in ids) + "]"
@@ -78,8 +83,10 @@ def tight_ids(ids: Sequence[int]) -> str:
 class VtTrace:
     """Writes the trace families to `stream` (stderr by default), each gated by its latch."""
 
-    def __init__(self, stream: TextIO | None = None):
+    def __init__(self, stream: TextIO | None = None, margins: bool = False):
         self._stream = stream
+        #: Print the optional per-slot `margin=[ ... ]` field on `[spec-propose]` lines.
+        self.margins = margins
 
     def _emit(self, line: str) -> None:
         stream = self._stream if self._stream is not None else sys.stderr
@@ -129,11 +136,23 @@ class VtTrace:
                 f"[spec-phase] pre={pre_ms:.2f}ms backbone={backbone_ms:.2f}ms sample={sample_ms:.2f}ms logits={logits}"
             )
 
-    def propose(self, rows: int, nqpr: int, first: Sequence[int]) -> None:
-        """Print `[spec-propose]` for the first proposing row (level >= 1); mirrors runner.cpp `propose_drafts_block`."""
+    def propose(
+        self,
+        rows: int,
+        nqpr: int,
+        first: Sequence[int],
+        margins: Sequence[float] | None = None,
+    ) -> None:
+        """Print `[spec-propose]` for the first proposing row (level >= 1); mirrors runner.cpp
+        `propose_drafts_block`. With ``self.margins`` and known ``margins`` (the drafter's
+        top-1 minus top-2 logit per draft of that row) it appends ` margin=[ 0.523 0.010 ]`."""
         if propose_level() >= 1:
+            extra = ""
+            if self.margins and margins is not None and len(margins) == len(first):
+                extra = f" margin={spaced_margins(margins)}"
             self._emit(
-                f"[spec-propose] rows={rows} nqpr={nqpr} drafts/row={len(first)} first={tight_ids(first)}"
+                f"[spec-propose] rows={rows} nqpr={nqpr} drafts/row={len(first)} "
+                f"first={tight_ids(first)}{extra}"
             )
 
     def propose_none(self, num_reqs: int) -> None:

@@ -38,6 +38,7 @@ def test_the_group_has_every_command():
         "diff",
         "export",
         "import",
+        "replay",
         "info",
         "inspect-draft",
         "schema",
@@ -106,5 +107,5 @@ def test_no_command_is_one_line_and_exit_2(capsys):
     assert e.value.code == 2
     assert capsys.readouterr().err == (
         "spectrace: error: no command given; commands: capture, check, demo, diff, export, import, "
-        "info, inspect-draft, schema, validate, view (see 'spectrace --help')\n"
+        "info, inspect-draft, replay, schema, validate, view (see 'spectrace --help')\n"
     )

@@ -230,7 +230,7 @@ def test_every_diff_fits_the_generated_schema_and_the_types(diffs):
 
 #: Kinds no engine fault produces (missing work, impossible values, vanilla baselines, prompt
 #: drift): each is built by hand, with a clean twin, in one of CASE_FILES by the test named here.
-CASE_FILES = ("test_verdicts.py", "test_prompt_drift.py")
+CASE_FILES = ("test_verdicts.py", "test_prompt_drift.py", "test_replay.py")
 CASE_KINDS = {
     "impossible_values": "test_accepted_above_k",
     "capture_incomplete": "test_killed_engine_is_named_in_diff_check_and_assertion",
@@ -238,6 +238,7 @@ CASE_KINDS = {
     "content_only": "test_spec_against_vanilla_with_identical_text_passes",
     "trimmed_drafts": "test_drafts_trimmed_before_verification",
     "prompt_drift": "test_drifted_prompts_are_named",
+    "near_ties": "test_near_ties_by_hand",  # in test_replay.py, with the tied-drafter case
 }
 
 

@@ -11,6 +11,10 @@
    once in :mod:`spectrace.tracer.compare`.
 3. Comparable blocks pair up by (request pair, anchor position): with different acceptance the
    engines draft from different positions, so only positions both drafted from pair up.
+4. A replay pair (both traces ``/meta`` ``source: "replay"``, see :mod:`spectrace.hooks.replay`)
+   drafted from the same reference prefixes by construction: every position pairs, except
+   where the two targets sampled different anchors there (the drafts then follow different
+   contexts); those are counted in ``anchor_disagreements``, not paired.
 
 All block work is vectorised: one stable sort of each trace's blocks by (request, position)
 (memoised, shared with the detectors), then a binary search of our keys in theirs.
@@ -49,6 +53,9 @@ class Alignment:
         comparable_a, comparable_b: bool [blocks] block lies on matched content.
         ia, ib: int64 [P] indices of the P paired blocks (same pair, same anchor position),
             sorted by (pair, position).
+        replay: both traces are replays of the same references; ``disagree_a``,
+            ``disagree_b``: int64 block indices of the positions left unpaired because the two
+            targets sampled different anchors there (empty otherwise).
     """
 
     a: Trace
@@ -68,6 +75,9 @@ class Alignment:
     ia: np.ndarray
     ib: np.ndarray
     drift: list[PromptDrift] = field(default_factory=list)
+    replay: bool = False
+    disagree_a: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    disagree_b: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def pairs(self) -> int:
@@ -185,6 +195,11 @@ def align(a: Trace, b: Trace) -> Alignment:
 
     (pob_a, comp_a), (pob_b, comp_b) = in_parallel([lambda: side(a, req_a), lambda: side(b, req_b)])
     ia, ib = _pair_blocks(a, b, pob_a, comp_a, comp_b, req_b)
+    replay = is_replay(a) and is_replay(b)
+    dis_a = dis_b = np.zeros(0, np.int64)
+    if replay:
+        same = a.blocks.anchor[ia] == b.blocks.anchor[ib]
+        dis_a, dis_b, ia, ib = ia[~same], ib[~same], ia[same], ib[same]
     return Alignment(
         a=a,
         b=b,
@@ -203,7 +218,15 @@ def align(a: Trace, b: Trace) -> Alignment:
         ia=ia,
         ib=ib,
         drift=drift,
+        replay=replay,
+        disagree_a=dis_a,
+        disagree_b=dis_b,
     )
+
+
+def is_replay(t: Trace) -> bool:
+    """Whether ``t`` was written by ``spectrace replay`` (``/meta`` ``source: "replay"``)."""
+    return t.meta.get("source") == "replay"
 
 
 def _pair_of_block(t: Trace, req: np.ndarray) -> np.ndarray:

@@ -191,7 +191,10 @@ META_KEYS: dict[str, str] = {
     "sampling": "object: temperature, top_p, seed, penalties as applied",
     "max_num_seqs": "engine batch limit",
     "tp_rank / tp_size / dp_rank": "ranks of the writing process",
-    "source": "vllm-hook | vt_spec_trace | reference",
+    "source": "vllm-hook | vt_spec_trace | reference | replay (written by `spectrace replay`)",
+    "replay": 'object (replay traces): {"reference": path, "engine": reference|vllm|cmd, '
+    '"positions": all|blocks|N, "sites": int, "anchor_mismatches": int, '
+    '"first_anchor_mismatch": {"request", "position"} | null}',
     "trace_level": "VT_SPEC_TRACE level or hook level",
     "command": "command line that produced the trace",
     "import": "object: parser statistics (lines, malformed line numbers, ...); "
@@ -280,6 +283,7 @@ META_TYPES: dict[str, tuple[str, ...]] = {
     "sampling": ("object",),
     "import": ("object",),
     "checks": ("object",),
+    "replay": ("object",),
 }
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
@@ -335,6 +339,16 @@ def describe() -> str:
                 shape = "[n][*]"
             opt = " (optional)" if c.optional else ""
             lines.append(f"    {c.name:<15} {c.dtype:<8} {shape:<12} {c.doc}{opt}")
+    lines += [
+        "",
+        "Replay traces (/meta source = replay, `spectrace replay`): the requests hold the",
+        "reference sequences; one block per replayed (request, position): the engine was given",
+        "the prefix sequence[:position], `anchor` is the token its target sampled there (it",
+        "differs from the sequence's token where the targets disagree), `proposed` its k drafts",
+        "after it; verified/accepted/emitted are teacher-forced: the drafts checked against",
+        "the reference continuation (num_verified < k only where the reference ends).",
+        "target_margin there is the target's top-1 minus top-2 logit at that position.",
+    ]
     lines += [
         "",
         "Conventions: acceptance rate = accepted / verified drafts; mean acceptance length =",

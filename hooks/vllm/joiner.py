@@ -30,6 +30,7 @@ class OpenBlock:
     t_ns: int
     batch_row: int = -1
     batch_size: int = -1
+    draft_margin: list[float] | None = None
 
 
 class BlockJoiner:
@@ -60,10 +61,12 @@ class BlockJoiner:
         t_ns: int | None = None,
         batch_row: int = -1,
         batch_size: int = -1,
+        draft_margin: Sequence[float] | None = None,
     ) -> None:
         """Open a block; a still-open older proposal of ``req_id`` is written unverified.
 
-        ``batch_row``/``batch_size``: the request's row and the rows of the proposing step.
+        ``batch_row``/``batch_size``: the request's row and the rows of the proposing step;
+        ``draft_margin``: the drafter's top-1 minus top-2 logit per slot (None: unknown).
         """
         if req_id in self.open:
             self.drop(req_id)
@@ -75,6 +78,7 @@ class BlockJoiner:
             time.time_ns() if t_ns is None else int(t_ns),
             int(batch_row),
             int(batch_size),
+            None if draft_margin is None else [float(m) for m in draft_margin],
         )
 
     def verdict(self, req_id: str, verified: Sequence[int] | None, emitted: Sequence[int]) -> bool:
@@ -144,4 +148,5 @@ class BlockJoiner:
             batch_row=o.batch_row,
             batch_size=o.batch_size,
             proposal_source=1,
+            draft_margin=o.draft_margin,
         )  # the drafter's own output, read in the worker

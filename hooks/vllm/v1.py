@@ -7,6 +7,7 @@ import functools
 from pathlib import Path
 
 from .common import SpecTraceLayoutError, is_warmup, require_attrs, vllm_version
+from .margins import install_margins
 from .sampling import trim_output
 from .session import Session, close_on_shutdown
 
@@ -53,6 +54,8 @@ class V1Recorder:
         self.session = Session(path, meta)
         self.session.on_close(self._finalize_requests)
         self._batch_checked = False
+        drafter = getattr(runner, "drafter", None)
+        self.margins = install_margins(drafter) if drafter is not None else None
         self._wrap()
 
     # -- wrapping --------------------------------------------------------------------------
@@ -105,6 +108,8 @@ class V1Recorder:
             self._batch_checked = True
         md = getattr(r.execute_model_state, "spec_decode_metadata", None)
         req_ids = list(batch.req_ids)
+        if self.margins is not None:
+            self.margins.reset()
         verified: dict[str, list[int]] = {}
         if md is not None:
             counts = [int(n) for n in md.num_draft_tokens]
@@ -177,7 +182,17 @@ class V1Recorder:
                     f"request {rid}: anchor {anchor} at position {pos} is not the last "
                     f"emitted token {emitted[rid][-1]}"
                 )
-            s.joiner.propose(rid, s.step, pos, anchor, prop, batch_row=i, batch_size=len(req_ids))
+            gaps = self.margins.take(i, len(prop)) if self.margins is not None else None
+            s.joiner.propose(
+                rid,
+                s.step,
+                pos,
+                anchor,
+                prop,
+                batch_row=i,
+                batch_size=len(req_ids),
+                draft_margin=gaps,
+            )
 
     # -- requests --------------------------------------------------------------------------
 

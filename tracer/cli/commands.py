@@ -16,6 +16,7 @@ from .export_cmd import export_cmd
 from .import_cmds import import_
 from .inspect_cmd import inspect_draft_cmd
 from .read_cmds import check, diff, info, schema, validate_cmd
+from .replay_cmd import replay_cmd
 from .session_cmds import demo, view
 
 #: Every top-level command; :mod:`main` adds them to the group (help lists them sorted).
@@ -31,4 +32,5 @@ COMMANDS: tuple[click.Command, ...] = (
     export_cmd,
     inspect_draft_cmd,
     schema,
+    replay_cmd,
 )

@@ -178,6 +178,7 @@ def print_diff(con: Console, r: DiffResult) -> None:
     _print_sides(con, r)
     if r.gate is not None:
         _print_gate(con, r.gate)
+    _print_replay(con, r)
     print_findings(con, r.findings)
     _print_requests(con, r)
     _print_agreement(con, r)
@@ -285,6 +286,21 @@ def _print_sides(con: Console, r: DiffResult) -> None:
     v = verdict(r.diverged, r.reasons, any(f.kind == "content_only" for f in r.findings))
     style = "bold red" if v.diverged else "bold green"
     con.print(f"[{style}]{v.word}[/{style}]{escape(v.detail)}")
+
+
+def _print_replay(con: Console, r: DiffResult) -> None:
+    """For a replay pair (both sides ``source: replay``): what the pairing and the
+    acceptance figures mean there."""
+    if r.ours.source != "replay" or r.theirs.source != "replay":
+        return
+    cv = r.coverage
+    unpaired = max(cv.ours_on_matched_content, cv.theirs_on_matched_content) - cv.paired
+    con.print(
+        "replay pair: both engines drafted from the same reference prefixes, so every "
+        "position pairs where their targets sampled the same anchor "
+        f"({unpaired} position(s) where they did not are left out); acceptance is "
+        "teacher-forced (the drafts checked against the reference sequence)"
+    )
 
 
 def _print_requests(con: Console, r: DiffResult) -> None:

@@ -306,6 +306,28 @@ class PromptDriftEvidence(TypedDict):
 
 
 #: The evidence type of each finding kind.
+class TargetTie(TypedDict):
+    """One position where the targets disagree, with each side's top-2 margin there
+    (None: not recorded)."""
+
+    request: str
+    position: int
+    ours: float | None
+    theirs: float | None
+
+
+class NearTieEvidence(TypedDict):
+    """near_ties: differing paired blocks (and target disagreements) at near-tie margins."""
+
+    threshold: float
+    differing: int
+    near_ties: int
+    margin_known: int
+    target_disagreements: int
+    target_near_ties: int
+    targets: list[TargetTie]
+
+
 EVIDENCE: dict[str, type] = {
     "impossible_values": ImpossibleEvidence,
     "capture_incomplete": CaptureEvidence,
@@ -326,5 +348,6 @@ EVIDENCE: dict[str, type] = {
     "unverified_drafts": UnverifiedEvidence,
     "trimmed_drafts": TrimmedEvidence,
     "acceptance_bookkeeping": BookkeepingEvidence,
+    "near_ties": NearTieEvidence,
     "draft_mismatch": MismatchEvidence,
 }

@@ -45,6 +45,8 @@ Kind = Literal[
     "unverified_drafts",
     "trimmed_drafts",
     "acceptance_bookkeeping",
+    # How much of the differences above are numerical near-ties (a warning beside them).
+    "near_ties",
     "draft_mismatch",
 ]
 KINDS: tuple[Kind, ...] = typing.get_args(Kind)

@@ -16,6 +16,7 @@ import numpy as np
 # Module imports, not ``from . import``: the package's __init__ imports this module.
 import spectrace.tracer.findings.drift as drift
 import spectrace.tracer.findings.ksize as ksize
+import spectrace.tracer.findings.margins as margins
 import spectrace.tracer.findings.pair as pair
 import spectrace.tracer.findings.single as single
 import spectrace.tracer.findings.values as values
@@ -192,4 +193,5 @@ def detect_pair(
             d.run(r.input) if d.reads_other_side else res for d, res in zip(SINGLE_TRACE, r.results)
         ]
     found += _pair_findings(pd)
+    found.append(margins.near_ties(pd))  # beside the others: it changes none of them
     return sort_findings([f for f in found if f is not None])

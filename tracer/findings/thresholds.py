@@ -11,3 +11,6 @@ SYSTEMATIC = 0.5
 MIN_BLOCKS = 3
 #: Below this share, proposal mismatches are reported as a warning (possible numerical ties).
 MISMATCH_ERROR_RATE = 0.02
+#: A drafter's or target's top-1 minus top-2 logit below this is a near-tie: fp32 kernels that
+#: sum in another order differ by ~1e-5 relative on these logits, so a flip there is numerics.
+NEAR_TIE_MARGIN = 0.01

@@ -1,11 +1,14 @@
 """The block detail dialog: full ids and decoded tokens of one row, both sides.
 
-Shows proposed, verified and emitted ids slot by slot with their decoded tokens, the
-preceding context decoded, the recorded phase timings of the block's engine step, the
-row's explanation and any finding located there. Escape, enter or q closes it.
+Shows proposed, verified and emitted ids slot by slot with their decoded tokens (and the
+drafter's top-1 minus top-2 logit per slot and the target's at the anchor, where the trace
+records margins), the preceding context decoded, the recorded phase timings of the block's
+engine step, the row's explanation and any finding located there. Escape, enter or q closes it.
 """
 
 from __future__ import annotations
+
+import math
 
 from rich.console import Group
 from rich.table import Table
@@ -16,6 +19,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from spectrace.tracer.findings.thresholds import NEAR_TIE_MARGIN
 from spectrace.tracer.store import Trace
 from spectrace.tracer.tokens import Decoder, show
 
@@ -64,6 +68,7 @@ def detail_renderable(
         _facts(sides, blocks, decoder),
         Text(""),
         _slots(sides, blocks, win, i, decoder),
+        *_margins(sides),
         Text(""),
         *_context(model, sides, pos, decoder, one_context),
         Text(""),
@@ -136,6 +141,39 @@ def _slots(sides: list[Side], blocks: dict, win: Window, i: int, decoder: Decode
                 cells.append(txt)
         slots.add_row(*cells)
     return slots
+
+
+def _margin_values(tr: Trace, idx: int) -> tuple[list[float], float]:
+    """(draft margin per slot, target margin) of block ``idx``; NaN where unknown."""
+    if idx < 0:
+        return [], math.nan
+    row = tr.blocks.draft_margin[idx]
+    return [float(x) for x in row[: int(tr.blocks.k[idx])]], float(tr.blocks.target_margin[idx])
+
+
+def _margins(sides: list[Side]) -> list:
+    """The margins table (top-1 minus top-2 logit; near-ties show in yellow), or nothing
+    when no side records margins."""
+    vals = {name: _margin_values(tr, idx) for name, tr, idx, _ in sides}
+    if not any(math.isfinite(x) for d, t in vals.values() for x in [*d, t]):
+        return []
+
+    def cell(x: float) -> Text:
+        if not math.isfinite(x):
+            return Text("-", style="dim")
+        return Text(f"{x:.4f}", style="bold yellow" if x < NEAR_TIE_MARGIN else "")
+
+    t = Table(box=None, padding=(0, 2), show_edge=False, title="margins (top-1 minus top-2 logit)")
+    t.title_justify, t.title_style = "left", "bold"
+    t.add_column("")
+    for name in vals:
+        t.add_column(name)
+    t.add_row("target at anchor", *[cell(tm) for _, tm in vals.values()])
+    for j in range(max(len(d) for d, _ in vals.values())):
+        t.add_row(
+            f"draft slot {j}", *[cell(d[j]) if j < len(d) else Text("") for d, _ in vals.values()]
+        )
+    return [Text(""), t]
 
 
 def _context(

@@ -1,0 +1,97 @@
+"""What the external engines (``vllm``, ``cmd``) exchange with a replay: the prefixes JSONL
+they read and the trace of one-token requests they leave, read back into :class:`Draft` s."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from spectrace.tracer.errors import InputError
+from spectrace.tracer.store import Trace
+
+from .positions import Reference, Site
+from .write import Draft
+
+
+def write_prefixes(path: str | os.PathLike, refs: list[Reference], sites: list[Site]) -> Path:
+    """One ``{"id": site.ident, "prompt_ids": sequence[:position]}`` line per site."""
+    path = Path(path)
+    with open(path, "w", encoding="utf-8") as f:
+        for s in sites:
+            ids = list(refs[s.request].sequence[: s.position])
+            f.write(json.dumps({"id": s.ident, "prompt_ids": ids}) + "\n")
+    return path
+
+
+def drafts_of(t: Trace, refs: list[Reference], sites: list[Site], by: str) -> list[Draft]:
+    """The first block of each site's request in the engine's trace ``t``.
+
+    Args:
+        by: how requests of ``t`` name their site: ``prompt`` (by prompt ids; vLLM) or
+            ``id`` (the request id is the site's ident; the ``cmd`` contract).
+    Raises:
+        InputError: a site without a block at its position (the engine did not draft there).
+    """
+    req, pos, k = t.blocks.request, t.blocks.position, t.blocks.k
+    first: dict[int, int] = {}
+    for row in np.argsort(t.blocks.step, kind="stable"):
+        first.setdefault(int(req[row]), int(row))
+    index = _site_index(t, refs, sites, by)
+    margins = t.blocks.draft_margin
+    out: list[Draft] = []
+    for s in sites:
+        r = index.get(s.ident)
+        row = first.get(r) if r is not None else None
+        if row is None or int(pos[row]) != s.position:
+            raise InputError(
+                f"engine left no block at request {refs[s.request].req_id} position "
+                f"{s.position} (site {s.ident})"
+            )
+        n = int(k[row])
+        dm = [float(x) for x in margins[row, :n]]
+        out.append(
+            Draft(
+                s,
+                int(t.blocks.anchor[row]),
+                [int(x) for x in t.blocks.proposed[row, :n]],
+                None if all(math.isnan(x) for x in dm) else dm,
+                float(t.blocks.target_margin[row]),
+            )
+        )
+    return out
+
+
+def _site_index(t: Trace, refs: list[Reference], sites: list[Site], by: str) -> dict[str, int]:
+    """site ident -> request row of ``t``."""
+    rq = t.requests
+    if by == "id":
+        return {str(rq.req_id[i]): i for i in range(len(rq))}
+    rows: dict[tuple[int, ...], list[int]] = {}
+    for i in range(len(rq)):
+        rows.setdefault(tuple(int(x) for x in rq.prompt_ids[i]), []).append(i)
+    out = {}
+    for s in sites:
+        cands = rows.get(refs[s.request].sequence[: s.position])
+        if cands:
+            out[s.ident] = cands.pop(0)
+    return out
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """The engine's stdout (its completions) goes to stderr: stdout carries data only."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)

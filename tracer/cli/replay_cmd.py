@@ -1,0 +1,201 @@
+"""``spectrace replay``: drive an engine to draft from every chosen position of reference
+sequences (:mod:`spectrace.hooks.replay`), and with ``--vs`` diff two engines' replays."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from . import output
+from .options import exit_verdict, force_option, format_option, tokenizer_option
+
+ENGINE_CHOICE = click.Choice(["reference", "vllm", "cmd"])
+
+
+def progress_printer(label: str):
+    """A (done, total) callback printing one updating stderr line, on a TTY only (None
+    elsewhere). Kept apart so a shared progress bar can replace it."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(done: int, total: int) -> None:
+        end = "\n" if done >= total else ""
+        sys.stderr.write(f"\rspectrace: {label}: {done}/{total} positions{end}")
+        sys.stderr.flush()
+
+    return show
+
+
+def vs_path(out: str, engine: str) -> Path:
+    """Default ``--vs-out``: OUT with ``.ENGINE`` before its suffix (r.h5 -> r.vllm.h5)."""
+    p = Path(out)
+    return p.with_name(f"{p.stem}.{engine}{p.suffix or '.h5'}")
+
+
+@click.command("replay")
+@click.argument("ref", type=click.Path(dir_okay=False))
+@click.option(
+    "--engine", "engines", multiple=True, type=ENGINE_CHOICE, help="Engine (twice: diff both)."
+)
+@click.option(
+    "-o", "--out", required=True, type=click.Path(dir_okay=False), help="Replay trace (.h5)."
+)
+@click.option("--vs", "vs", type=ENGINE_CHOICE, help="Also replay with this engine and diff.")
+@click.option(
+    "--vs-out",
+    type=click.Path(dir_okay=False),
+    help="Trace of the --vs engine (default OUT.ENGINE.h5).",
+)
+@click.option("--positions", default="all", show_default=True, help="all | blocks | N per request.")
+@click.option(
+    "--requests",
+    "requests",
+    multiple=True,
+    metavar="ID",
+    help="Only these request ids (repeatable).",
+)
+@click.option(
+    "--blocks-of",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="--positions blocks: also where this trace drafted.",
+)
+@click.option(
+    "--method",
+    type=click.Choice(["draft_model", "ngram"]),
+    default="draft_model",
+    show_default=True,
+)
+@click.option("--k", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option(
+    "--target", type=click.Path(file_okay=False), help="Target model folder (default: bundled)."
+)
+@click.option(
+    "--draft", type=click.Path(file_okay=False), help="Draft model folder (default: bundled)."
+)
+@click.option(
+    "--fault",
+    "faults",
+    multiple=True,
+    metavar="NAME",
+    help="Reference engine (the first --engine): plant a fault.",
+)
+@click.option(
+    "--command",
+    "command",
+    help="--engine cmd: the engine command ({prompts}, {requests}: the JSONL paths).",
+)
+@click.option(
+    "--margins/--no-margins",
+    default=None,
+    help="vLLM: record drafter margins (default: on for CPU).",
+)
+@click.option(
+    "--timeout", "timeout_s", type=float, help="vllm/cmd: stop the engine after S seconds."
+)
+@format_option
+@tokenizer_option
+@force_option
+def replay_cmd(
+    ref,
+    engines,
+    out,
+    vs,
+    vs_out,
+    positions,
+    requests,
+    blocks_of,
+    method,
+    k,
+    target,
+    draft,
+    faults,
+    command,
+    margins,
+    timeout_s,
+    fmt,
+    tokenizer,
+    force,
+) -> None:
+    """Replay REF's sequences (a trace, or a requests JSONL with prompt_ids and output_ids):
+    one block per (request, position), drafted from the reference prefix, with acceptance
+    recomputed against the reference (teacher-forced). With --vs ENGINE (or a second
+    --engine) the second engine replays too and the two replays are diffed (exit as diff).
+    """
+    from spectrace.hooks.replay.options import EngineOptions
+    from spectrace.hooks.replay.positions import parse_positions
+
+    from ..store.paths import check_outputs
+
+    names = list(engines) or ["reference"]
+    if vs:
+        names.append(vs)
+    if len(names) > 2:
+        raise click.UsageError("at most two engines (--engine twice, or --engine and --vs)")
+    try:
+        where = parse_positions(positions)
+    except ValueError as exc:
+        raise click.BadParameter(f"{positions!r}: {exc}", param_hint="--positions") from None
+    outs = (
+        {"-o": out}
+        if len(names) == 1
+        else {"-o": out, "--vs-out": vs_out or vs_path(out, names[1])}
+    )
+    check_outputs(
+        outs,
+        {"REF": ref, **{f"--blocks-of {p}": p for p in blocks_of}},
+        force=force,
+        traces=tuple(outs),
+    )
+    base = EngineOptions(
+        method=method,
+        k=k,
+        target=Path(target) if target else None,
+        draft=Path(draft) if draft else None,
+        command=shlex.split(command or ""),
+        margins=margins,
+        timeout_s=timeout_s,
+    )
+    paths = [str(p) for p in outs.values()]
+    run = [
+        (name, path, list(faults) if n == 0 else [])
+        for n, (name, path) in enumerate(zip(names, paths))
+    ]
+    for name, path, planted in run:
+        opts = EngineOptions(**{**base.__dict__, "faults": planted})
+        _replay_one(ref, path, name, opts, where, list(requests) or None, blocks_of)
+    if len(paths) == 2:
+        _diff(paths[0], paths[1], fmt, tokenizer)
+
+
+def _replay_one(ref, path, name, opts, where, requests, blocks_of) -> None:
+    """One engine's replay, with a progress line on a TTY and a summary line after it."""
+    from spectrace.hooks.replay.run import replay
+
+    r = replay(
+        ref, path, name, opts, where, requests, blocks_of, progress_printer(f"replay {name}")
+    )
+    output.say(
+        f"replay {name}: {r.sites} positions in {r.wall_s:.1f} s, {r.anchor_mismatches} "
+        f"where the target sampled another anchor; wrote {r.path}"
+    )
+
+
+def _diff(ours: str, theirs: str, fmt: str, tokenizer: str | None) -> None:
+    """Print the diff of the two replays (as ``spectrace diff``) and exit with its verdict."""
+    from ..align import align
+    from ..diff import diff_traces, open_pair
+    from ..tokens import decoder_for
+    from . import report
+
+    a, b = open_pair(ours, theirs)
+    result = diff_traces(align(a, b), decoder=decoder_for(tokenizer, a.meta, b.meta))
+    if fmt == "json":
+        output.out(json.dumps(result.to_json(), indent=2))
+    else:
+        report.print_diff(output.console(), result)
+    exit_verdict(result.diverged)
