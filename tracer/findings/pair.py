@@ -15,16 +15,12 @@ from .data import PairData, TraceData
 from .evidence import (
     AnchorEvidence,
     AnchorPair,
-    BatchEvidence,
     ContentEvidence,
     ContentOnlyEvidence,
-    DepthEvidence,
     DivergenceRef,
     KEvidence,
     LayoutEvidence,
     MismatchEvidence,
-    StaleEvidence,
-    VocabEvidence,
 )
 from .model import Finding, Severity, Side, tok
 from .single import constant_rate
@@ -132,74 +128,6 @@ def anchor_pairs(pd: PairData) -> Finding | None:
     )
 
 
-def functional_map(src: np.ndarray, dst: np.ndarray) -> tuple[float, int]:
-    """How well ``dst`` is a function of ``src``: share of pairs (over src ids seen at least
-    twice) whose dst equals the most frequent dst of their src. Returns (share, pairs)."""
-    if len(src) == 0:
-        return 0.0, 0
-    key = src.astype(np.int64) * (1 << 32) + (dst.astype(np.int64) & 0xFFFFFFFF)
-    uk, cnt = np.unique(key, return_counts=True)
-    us = uk >> 32
-    # per src: total count and count of its mode
-    src_ids, inv = np.unique(us, return_inverse=True)
-    total = np.bincount(inv, weights=cnt)
-    mode = np.zeros(len(src_ids))
-    np.maximum.at(mode, inv, cnt)
-    rep = total >= 2
-    n = int(total[rep].sum())
-    return (float(mode[rep].sum() / n) if n else 0.0), n
-
-
-def _relation(o: np.ndarray, t: np.ndarray, ev: VocabEvidence) -> str:
-    """How ours ids ``o`` relate to theirs ``t`` (int64 [n]); adds offset/factor to ``ev``."""
-    off = o - t
-    vals, cnt = np.unique(off, return_counts=True)
-    if cnt.max() >= 0.9 * len(off):
-        c = int(vals[cnt.argmax()])
-        ev["offset"] = c
-        return f"a constant offset ({c:+d})"
-    nz = t != 0
-    if nz.any():
-        rv, rc = np.unique(np.round(o[nz] / t[nz], 6), return_counts=True)
-        if rc.max() >= 0.9 * nz.sum():
-            ev["factor"] = float(rv[rc.argmax()])
-            return f"a constant factor (x{rv[rc.argmax()]:g})"
-    return "a fixed per-id mapping (permuted ids)"
-
-
-def vocab_pairs(pd: PairData) -> Finding | None:
-    """vocab_mapping across traces: ours ids are a fixed function of theirs (offset, factor,
-    permutation) on slots where they differ."""
-    present = int(pd.counts.present.sum())
-    ndiff = present - int(pd.counts.equal.sum())
-    if ndiff < 20 or ndiff < SYSTEMATIC * present:
-        return None
-    diff = pd.both & ~pd.cmp.eq
-    o, t = pd.pa[diff].astype(np.int64), pd.pb[diff].astype(np.int64)
-    share, n = functional_map(t, o)
-    if n < 20 or share < 0.9 or len(np.unique(t)) < 5:
-        return None
-    ev = VocabEvidence(consistency=share, slots=int(diff.sum()))
-    relation = _relation(o, t, ev)
-    below = int(o.max())
-    first = int(np.flatnonzero(diff.any(axis=1))[0])
-    ev["ours_max_id"], ev["theirs_max_id"] = below, int(t.max())
-    ev["example"] = pd.example(first)
-    return Finding(
-        "vocab_mapping",
-        "error",
-        side="ours",
-        slot=int(np.flatnonzero(diff[first])[0]),
-        **pd.at(first),
-        message=(
-            f"ours relate to theirs by {relation} on {pct(share, 0)} of {int(diff.sum())} "
-            f"differing slots: a reduced-vocabulary (d2t/t2d) mapping is missing, applied "
-            f"twice or regenerated (ours ids reach {below}, theirs {int(t.max())})"
-        ),
-        evidence=ev,
-    )
-
-
 def k_pairs(pd: PairData) -> Finding | None:
     """k_mismatch: the number of proposed ids differs between matched blocks."""
     bad = pd.ka != pd.kb
@@ -228,101 +156,6 @@ def k_pairs(pd: PairData) -> Finding | None:
             theirs_k=np.unique(pd.kb).tolist(),
         ),
     )
-
-
-def depth(pd: PairData) -> Finding | None:
-    """depth_divergence: slot 0 agrees, deeper slots do not (the multi-step loop is broken)."""
-    both = pd.counts.present
-    agree = pd.counts.equal / np.maximum(both, 1)
-    if len(agree) < 2 or both[0] < MIN_BLOCKS or agree[0] < 0.9:
-        return None
-    # Conditional on slot 0 agreeing (and slot 1 on both sides), how often does slot 1 agree?
-    eq = pd.cmp.eq
-    s0 = eq[:, 0] & pd.both[:, 1]
-    if s0.sum() < MIN_BLOCKS:
-        return None
-    cond1 = float(eq[s0, 1].mean())
-    if cond1 > 1 - SYSTEMATIC:
-        return None
-    first = int(np.flatnonzero(s0 & ~eq[:, 1])[0])
-    return Finding(
-        "depth_divergence",
-        "error",
-        side="ours",
-        slot=1,
-        **pd.at(first),
-        message=(
-            f"slot 0 agrees in {pct(agree[0], 0)} of paired blocks but slot 1 in only "
-            f"{pct(cond1, 0)} of those: the multi-step draft loop is broken beyond depth 0 "
-            f"(positions, seq_lens or the previous token not advanced)"
-        ),
-        evidence=DepthEvidence(per_position=[float(x) for x in agree], slot1_given_slot0=cond1),
-    )
-
-
-def stale(pd: PairData) -> Finding | None:
-    """stale_state: right after a rejection the next block differs while the anchor agrees."""
-    oa = pd.oa
-    b = oa.t.blocks
-    prev = oa.prev[pd.al.ia]
-    has_prev = prev >= 0
-    pv = np.where(has_prev, prev, 0)
-    rejected = pd.trusted & has_prev & (b.accepted[pv] >= 0) & (b.accepted[pv] < oa.nchecked[pv])
-    clean = pd.trusted & ~rejected
-    mism = ~pd.cmp.exact & pd.cmp.anchor_eq
-    if rejected.sum() < MIN_BLOCKS or clean.sum() < MIN_BLOCKS:
-        return None
-    r_rej, r_clean = float(mism[rejected].mean()), float(mism[clean].mean())
-    if r_rej < SYSTEMATIC or r_clean > 0.2 or r_rej < 3 * r_clean:
-        return None
-    first = int(np.flatnonzero(rejected & mism)[0])
-    return Finding(
-        "stale_state",
-        "error",
-        side="ours",
-        **pd.at(first),
-        message=(
-            f"right after a rejection ours proposes differently in {pct(r_rej, 0)} of "
-            f"{int(rejected.sum())} paired blocks, otherwise in {pct(r_clean, 0)}: the "
-            f"drafter keeps stale state (KV or hidden state of rejected tokens)"
-        ),
-        evidence=StaleEvidence(
-            after_rejection=r_rej, otherwise=r_clean, blocks_after_rejection=int(rejected.sum())
-        ),
-    )
-
-
-def batch(pd: PairData) -> Finding | None:
-    """batch_dependence: mismatches concentrate on batch rows > 0 or batch sizes > 1."""
-    b = pd.oa.t.blocks
-    mism = ~pd.cmp.exact & pd.trusted
-    for col, label, base in (("batch_row", "batch row", 0), ("batch_size", "batch size", 1)):
-        v = getattr(b, col)[pd.al.ia].astype(np.int64)
-        lo, hi = pd.trusted & (v == base), pd.trusted & (v > base)
-        if lo.sum() < MIN_BLOCKS or hi.sum() < MIN_BLOCKS:
-            continue
-        r_lo, r_hi = float(mism[lo].mean()), float(mism[hi].mean())
-        if r_hi >= SYSTEMATIC and r_lo <= 0.1:
-            first = int(np.flatnonzero(hi & mism)[0])
-            return Finding(
-                "batch_dependence",
-                "error",
-                side="ours",
-                **pd.at(first),
-                message=(
-                    f"proposals differ in {pct(r_hi, 0)} of blocks at {label} > {base} but "
-                    f"{pct(r_lo, 0)} at {label} {base}: drafts depend on the batch "
-                    f"(indexing in padded or sorted batches)"
-                ),
-                evidence=BatchEvidence(
-                    by=col,
-                    mismatch_rate_low=r_lo,
-                    mismatch_rate_high=r_hi,
-                    blocks_low=int(lo.sum()),
-                    blocks_high=int(hi.sum()),
-                ),
-            )
-    return None
 
 
 def mismatch(pd: PairData) -> Finding | None:

@@ -11,3 +11,16 @@ SYSTEMATIC = 0.5
 MIN_BLOCKS = 3
 #: Below this share, proposal mismatches are reported as a warning (possible numerical ties).
 MISMATCH_ERROR_RATE = 0.02
+#: depth_divergence: the conditional agreement at the break slot is at most this share of
+#: the lowest earlier slot's (a healthy pair's conditional curve stays flat).
+DEPTH_BREAK_DROP = 0.5
+#: A concentration of mismatches (after a verdict, at a batch change) below the rate
+#: thresholds is still called when its one-sided Fisher exact p-value is at most this (the
+#: detectors test a handful of groups each; a chance concentration this strong is rarer than
+#: one pair in ten thousand) and the group's rate is CONCENTRATION_RATIO times the rest's.
+CONCENTRATION_P = 1e-4
+CONCENTRATION_RATIO = 5.0
+#: vocab_mapping from the id range alone: fewest of their proposed ids at or above our
+#: highest id's power-of-two bound, and the least share of theirs that lies there.
+RANGE_MIN_IDS = 20
+RANGE_MIN_SHARE = 0.1
