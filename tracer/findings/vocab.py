@@ -67,13 +67,13 @@ def _relation(o: np.ndarray, t: np.ndarray, ev: VocabEvidence) -> str:
 def _mapped(o: np.ndarray, t: np.ndarray, both_ways: bool) -> float | None:
     """Consistency of ours ``o`` as a function of theirs ``t`` when it can be judged (enough
     covered pairs and distinct ids), else None; with ``both_ways`` the lower of the two
-    directions."""
+    directions (theirs as a function of ours counts where enough of our ids recur)."""
     share, n = functional_map(t, o)
     if n < MIN_SLOTS or len(np.unique(t)) < 5:
         return None
     if both_ways:
         back, m = functional_map(o, t)
-        share = min(share, back) if m >= MIN_SLOTS else 0.0
+        share = min(share, back) if m >= MIN_SLOTS else share
     return share
 
 
@@ -172,10 +172,11 @@ def _id_range(pd: PairData) -> Finding | None:
         slot=int(np.flatnonzero(above[first])[0]),
         **pd.at(first),
         message=(
-            f"every one of our {len(ours)} proposed ids lies below {bound} (highest {top}) "
-            f"while {n_above} of their {len(theirs)} ({pct(n_above / len(theirs), 0)}) lie at "
-            f"or above it, up to {int(theirs.max())}: ours are clustered below a plausible "
-            f"draft-vocabulary size, the draft indices were not mapped to target ids (d2t)"
+            f"every one of our {len(ours)} proposed ids on {len(pd.ka)} paired blocks lies "
+            f"below {bound} (highest {top}) while {n_above} of their {len(theirs)} "
+            f"({pct(n_above / len(theirs), 0)}) lie at or above it, up to "
+            f"{int(theirs.max())}: ours are clustered below a plausible draft-vocabulary "
+            f"size, the draft indices were not mapped to target ids (d2t)"
         ),
         evidence=ev,
     )
