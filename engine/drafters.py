@@ -118,15 +118,17 @@ class DraftModelDrafter:
     def select(self, logits: torch.Tensor) -> tuple[int, int]:
         """(id fed back to the draft model, id handed to the scheduler) of one draft step.
 
-        The draft loop always feeds back the right target id; the ``d2t_*`` faults corrupt only
-        the ids handed out (the mapping step at the proposer's output).
+        The draft loop feeds back the right target id; the ``d2t_*`` faults corrupt only the ids
+        handed out (the mapping step at the proposer's output), ``mapped_feedback`` feeds the
+        corrupted id back too.
         """
         if self.vocab_ids is None:
             tok = greedy_select(logits)
             return tok, tok
         assert self.d2t is not None  # set together with vocab_ids
         idx = greedy_select(logits[self.vocab_ids])  # argmax over the draft vocabulary
-        return idx + self.d2t[idx], faults.map_draft_index(idx, self.d2t, self.draft.vocab_size)
+        out = faults.map_draft_index(idx, self.d2t, self.draft.vocab_size)
+        return (out if faults.active("mapped_feedback") else idx + self.d2t[idx]), out
 
     def propose_row(self, sequence: Sequence[int], timings: ProposeTimings) -> list[int]:
         """k greedy tokens after `sequence` (ints, anchor last). Adds to `timings` in place."""
@@ -140,7 +142,9 @@ class DraftModelDrafter:
             t0 = time.perf_counter()
             ids = torch.tensor([seq], dtype=torch.int64)
             positions = None
-            if faults.active("broken_depth"):  # positions not advanced: drafts sit at the anchor's
+            if faults.active("broken_depth") or (
+                faults.active("broken_depth_late") and depth >= faults.BROKEN_FROM
+            ):  # positions not advanced: drafts sit at the anchor's
                 positions = torch.tensor([list(range(ctx)) + [ctx - 1] * depth], dtype=torch.int64)
             t1 = time.perf_counter()
             with torch.no_grad():

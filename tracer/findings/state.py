@@ -175,6 +175,8 @@ BATCH_GROUPS = (
     ("batch_row_moved", "at or after the request's first change of batch row"),
     ("batch_size_moved", "at or after the request's first change of batch size"),
 )
+#: The groups of the first version (rows > 0, sizes > 1): they decide before any change.
+STATIC_GROUPS = ("batch_row", "batch_size")
 
 
 def _changes(pd: PairData, col: str) -> tuple[np.ndarray, np.ndarray]:
@@ -239,43 +241,59 @@ def _change_text(ch: BatchChange) -> str:
     )
 
 
-def batch(pd: PairData) -> Finding | None:
-    """batch_dependence: mismatches concentrate at batch rows > 0 or sizes > 1, or where the
-    request's batch row or batch size changes (at the change, or from it on); located at the
-    first mismatching block of the deciding group, whose change the message names."""
-    mism = _mismatch(pd) & pd.trusted
+def _deciding_group(pd: PairData, mism: np.ndarray) -> tuple[str, Concentration] | None:
+    """The group of :data:`BATCH_GROUPS` that explains the mismatches: the first static
+    group (rows > 0, sizes > 1) that holds, else the change group that holds with the
+    smallest p-value (ties: table order). None when none holds."""
     groups = batch_groups(pd)
-    for by, words in BATCH_GROUPS:
+    held = []
+    for by, _ in BATCH_GROUPS:
         group, eligible = groups[by]
         c = concentration(mism, group, eligible & pd.trusted)
-        if not c.holds(max_out=0.1):
-            continue
-        first = int(np.flatnonzero(group & eligible & mism)[0])
-        change = None if by in ("batch_row", "batch_size") else _change_at(pd, first, by)
-        where = "" if change is None else f"; the request's change: {_change_text(change)}"
-        at = pd.at(first)
-        return Finding(
-            "batch_dependence",
-            "error",
-            side="ours",
-            **at,
-            message=(
-                f"proposals differ in {c.hits_in} of {c.n_in} blocks {words} "
-                f"({pct(c.rate_in, 0)}) but in {c.hits_out} of {c.n_out} otherwise "
-                f"({pct(c.rate_out, 0)}; Fisher p={c.p:.1g}); mismatches start at request "
-                f"{at['request']} position {at['position']}{where}: drafts depend on the "
-                f"batch (draft state keyed by batch row, indexing in padded or sorted batches)"
-            ),
-            evidence=BatchEvidence(
-                by=by,
-                mismatch_rate_low=c.rate_out,
-                mismatch_rate_high=c.rate_in,
-                blocks_low=c.n_out,
-                blocks_high=c.n_in,
-                mismatches_low=c.hits_out,
-                mismatches_high=c.hits_in,
-                p_value=c.p,
-                change=change,
-            ),
-        )
-    return None
+        if c.holds(max_out=0.1):
+            if by in STATIC_GROUPS:
+                return by, c
+            held.append((c.p, len(held), by, c))
+    return min(held)[2:] if held else None
+
+
+def batch(pd: PairData) -> Finding | None:
+    """batch_dependence: mismatches concentrate at batch rows > 0 or sizes > 1, or where the
+    request's batch row or batch size changes (at the change, or from it on; see
+    :func:`_deciding_group`); located at the first mismatching block of the deciding group,
+    whose change the message names."""
+    mism = _mismatch(pd) & pd.trusted
+    decided = _deciding_group(pd, mism)
+    if decided is None:
+        return None
+    by, c = decided
+    group, eligible = batch_groups(pd)[by]
+    words = dict(BATCH_GROUPS)[by]
+    first = int(np.flatnonzero(group & eligible & mism)[0])
+    change = None if by in STATIC_GROUPS else _change_at(pd, first, by)
+    where = "" if change is None else f"; the request's change: {_change_text(change)}"
+    at = pd.at(first)
+    return Finding(
+        "batch_dependence",
+        "error",
+        side="ours",
+        **at,
+        message=(
+            f"proposals differ in {c.hits_in} of {c.n_in} blocks {words} "
+            f"({pct(c.rate_in, 0)}) but in {c.hits_out} of {c.n_out} otherwise "
+            f"({pct(c.rate_out, 0)}; Fisher p={c.p:.1g}); mismatches start at request "
+            f"{at['request']} position {at['position']}{where}: drafts depend on the "
+            f"batch (draft state keyed by batch row, indexing in padded or sorted batches)"
+        ),
+        evidence=BatchEvidence(
+            by=by,
+            mismatch_rate_low=c.rate_out,
+            mismatch_rate_high=c.rate_in,
+            blocks_low=c.n_out,
+            blocks_high=c.n_in,
+            mismatches_low=c.hits_out,
+            mismatches_high=c.hits_in,
+            p_value=c.p,
+            change=change,
+        ),
+    )
