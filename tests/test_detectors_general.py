@@ -150,6 +150,14 @@ def first_error(rc, doc, kind):
     return errs[0]
 
 
+def diff_first_error(ours, theirs, kind):
+    """``spectrace diff``'s first error finding, which the pytest assertion names too."""
+    f = first_error(*diff_json(ours, theirs), kind)
+    msg = drafts_match_report(str(ours), str(theirs))
+    assert msg is not None and f"first error finding: {kind}" in msg
+    return f
+
+
 def assert_clean_twin(tmp_path, name, seqs, blocks, k):
     o, t = twin(tmp_path, name, seqs, blocks, k)
     rc, doc = diff_json(o, t)
@@ -188,8 +196,7 @@ def test_depth_broken_from_slot_3(tmp_path):
     seqs, blocks = depth_from_3()
     n = len(blocks)
     o, t = pair(tmp_path, "depth3", seqs, blocks, 8)
-    rc, doc = diff_json(o, t)
-    f = first_error(rc, doc, "depth_divergence")
+    f = diff_first_error(o, t, "depth_divergence")
     # Every block: slots 0..2 equal, slot 3 differs; nothing past slot 3 is conditioned on.
     assert (f["request"], f["position"], f["slot"]) == ("a", 2, 3)
     ev = f["evidence"]
@@ -198,8 +205,6 @@ def test_depth_broken_from_slot_3(tmp_path):
     assert ev["conditional_blocks"] == [n, n, n, n, 0, 0, 0, 0]
     assert ev["per_position"] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     assert "breaks at slot 3" in f["message"] and "[1.00, 1.00, 1.00, 0.00, -" in f["message"]
-    msg = drafts_match_report(str(o), str(t))
-    assert msg is not None and "first error finding: depth_divergence" in msg
 
 
 def test_depth_broken_from_slot_3_clean_twin(tmp_path):
@@ -229,8 +234,7 @@ def test_depth_slot0_partly_and_deeper_never(tmp_path):
     seqs, blocks = depth_partial()
     agree0 = [b for b in blocks if b.ours[0] == b.theirs[0]]
     o, t = pair(tmp_path, "depth1", seqs, blocks, 4)
-    rc, doc = diff_json(o, t)
-    f = first_error(rc, doc, "depth_divergence")
+    f = diff_first_error(o, t, "depth_divergence")
     # Block 0 of a (anchor 2) rejects and differs at slot 0; block 1 (anchor 3) copies.
     assert (f["request"], f["position"], f["slot"]) == ("a", 3, 1)
     ev = f["evidence"]
@@ -277,8 +281,7 @@ def test_stale_after_full_acceptance(tmp_path):
     other = [b for b in blocks if _verdict(b) != "accepted"]
     assert all(b.ours != b.theirs for b in after) and all(b.ours == b.theirs for b in other)
     o, t = pair(tmp_path, "stale", seqs, blocks, 2)
-    rc, doc = diff_json(o, t)
-    f = first_error(rc, doc, "stale_state")
+    f = diff_first_error(o, t, "stale_state")
     # a's blocks: anchor 2 (acc 2) -> anchor 5 follows the first full acceptance.
     assert (f["request"], f["position"]) == ("a", 5)
     ev = f["evidence"]
@@ -337,8 +340,7 @@ def test_row_keyed_state_breaks_after_the_move_to_row_0(tmp_path):
     assert bad == [b for b in blocks if b.ours != b.theirs]
     assert all(b.acc < 2 for b in bad) and all(b.acc == 2 for b in moved if b not in bad)
     o, t = pair(tmp_path, "rowkey", seqs, blocks, 2)
-    rc, doc = diff_json(o, t)
-    f = first_error(rc, doc, "batch_dependence")
+    f = diff_first_error(o, t, "batch_dependence")
     move = next(b for b in blocks if b.rid == "b" and b.pos >= MOVE_AT)
     first = next(b for b in bad if b.rid == "b")  # b's first rejecting block at row 0
     assert (move.pos, move.prev.row, move.row) == (14, 1, 0)
@@ -394,8 +396,7 @@ def test_batch_size_change_at_a_low_mismatch_rate(tmp_path):
     assert (len(change), bad_in, bad_out) == (9, 4, 1)  # 3 changes x 3 requests
     assert (bad_in + bad_out) / len(blocks) < 0.05
     o, t = pair(tmp_path, "size", seqs, blocks, 2)
-    rc, doc = diff_json(o, t)
-    f = first_error(rc, doc, "batch_dependence")
+    f = diff_first_error(o, t, "batch_dependence")
     first = next(b for b in change if b.ours != b.theirs)
     assert (f["request"], f["position"]) == (first.rid, first.pos)
     ev = f["evidence"]
@@ -496,8 +497,7 @@ def test_mapped_ids_fed_back_show_at_slot_0(tmp_path):
         write(tmp_path / "fb.ours.h5", seqs, ours, "ours", 3),
         write(tmp_path / "fb.theirs.h5", seqs, theirs, "theirs", 3),
     )
-    rc, doc = diff_json(o, t)
-    f = first_error(rc, doc, "vocab_mapping")
+    f = diff_first_error(o, t, "vocab_mapping")
     assert (f["request"], f["position"], f["slot"]) == ("a", 2, 0)
     ev = f["evidence"]
     assert ev["decided_by"] == "slot"
@@ -534,8 +534,7 @@ def test_unmapped_ids_below_a_draft_vocabulary_from_the_range_alone(tmp_path):
     assert max(x for b in paired for x in b.ours) < 1000
     o = write(tmp_path / "rng.ours.h5", seqs, ours, "ours", 3)
     t = write(tmp_path / "rng.theirs.h5", seqs, theirs, "theirs", 3)
-    rc, doc = diff_json(o, t)
-    f = first_error(rc, doc, "vocab_mapping")
+    f = diff_first_error(o, t, "vocab_mapping")
     first = next(b for b in theirs if max(b.theirs) >= 1024)
     slot = next(j for j, x in enumerate(first.theirs) if x >= 1024)
     assert (f["request"], f["position"], f["slot"]) == (first.rid, first.pos, slot)
