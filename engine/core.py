@@ -145,6 +145,11 @@ class Engine:
         self.stats = SpecStats()
         self._rejected: dict[str, list[int]] = {}  # fault stale_state: drafts rejected last step
         self._dropped: set[str] = set()  # fault drop_drafts: requests that stopped proposing
+        self._all_accepted: set[str] = set()  # fault stale_after_accept: last block fully accepted
+        # fault row_keyed: each row's last owner and context; moved requests' (old context, at)
+        self._row_owner: dict[int, str] = {}
+        self._row_ctx: dict[int, list[int]] = {}
+        self._moved: dict[str, tuple[list[int], int]] = {}
 
     def add_request(self, req_id: str, prompt_ids: Sequence[int], max_tokens: int) -> None:
         """Queue a request. Refuses sequences that could outgrow the target's positions."""
@@ -203,12 +208,34 @@ class Engine:
             seqs = seqs[:1] + seqs[:-1]
         if faults.active("stale_state"):  # drafter KV not rolled back after a rejection
             seqs = [s[:-1] + self._rejected.get(r.req_id, []) + s[-1:] for s, r in zip(seqs, batch)]
+        if faults.active("stale_after_accept"):  # own stale state for the accepted drafts
+            seqs = [
+                s[:-2] + s[-1:] if r.req_id in self._all_accepted else s
+                for s, r in zip(seqs, batch)
+            ]
+        if faults.active("row_keyed"):
+            seqs = [self._row_keyed(i, r, s) for i, (r, s) in enumerate(zip(batch, seqs))]
         return seqs
+
+    def _row_keyed(self, row: int, req: Request, seq: list[int]) -> list[int]:
+        """Fault row_keyed: a request seen before at another row that now sits in a row last
+        owned by another request drafts, from then on, from that row's old context followed by
+        its own tokens since the move (cut to its own length: positions stay in range)."""
+        owner = self._row_owner.get(row)
+        seen = req.req_id in self._row_owner.values()
+        if owner not in (None, req.req_id) and seen and req.req_id not in self._moved:
+            self._moved[req.req_id] = (self._row_ctx[row], len(seq))
+        self._row_owner[row], self._row_ctx[row] = req.req_id, list(seq)
+        if req.req_id not in self._moved:
+            return seq
+        old, at = self._moved[req.req_id]
+        return (old + seq[at - 1 :])[-len(seq) :]
 
     def _execute_row(self, req: Request) -> list[int]:
         """Tokens the sampler emits for this row this step (before any trimming)."""
         plen = len(req.prompt_ids)
         self._rejected.pop(req.req_id, None)
+        self._all_accepted.discard(req.req_id)
         if not req.prefilled:
             req.prefilled = True
             emitted = verify_greedy(self.target.model, req.tokens, [], plen)
@@ -228,6 +255,8 @@ class Engine:
             )
             if faults.active("stale_state") and acc < len(drafts):
                 self._rejected[req.req_id] = list(drafts[acc:])
+            if acc == len(drafts):
+                self._all_accepted.add(req.req_id)
             self.stats.num_drafts += 1
             self.stats.num_draft_tokens += len(drafts)
             self.stats.num_accepted_tokens += acc

@@ -131,8 +131,9 @@ class DraftModelDrafter:
         """(id fed back to the draft model, id handed to the scheduler, top-2 margin of the
         logits the argmax ran over) of one draft step.
 
-        The draft loop always feeds back the right target id; the ``d2t_*`` faults corrupt only
-        the ids handed out (the mapping step at the proposer's output).
+        The draft loop feeds back the right target id; the ``d2t_*`` faults corrupt only the ids
+        handed out (the mapping step at the proposer's output), ``mapped_feedback`` feeds the
+        corrupted id back too.
         """
         if self.vocab_ids is None:
             tok = greedy_select(logits)
@@ -140,8 +141,9 @@ class DraftModelDrafter:
         assert self.d2t is not None  # set together with vocab_ids
         sub = logits[self.vocab_ids]
         idx = greedy_select(sub)  # argmax over the draft vocabulary
-        mapped = faults.map_draft_index(idx, self.d2t, self.draft.vocab_size)
-        return idx + self.d2t[idx], mapped, top2_margin(sub)
+        out = faults.map_draft_index(idx, self.d2t, self.draft.vocab_size)
+        fed = out if faults.active("mapped_feedback") else idx + self.d2t[idx]
+        return fed, out, top2_margin(sub)
 
     def propose_row(
         self,
@@ -162,7 +164,9 @@ class DraftModelDrafter:
             t0 = time.perf_counter()
             ids = torch.tensor([seq], dtype=torch.int64)
             positions = None
-            if faults.active("broken_depth"):  # positions not advanced: drafts sit at the anchor's
+            if faults.active("broken_depth") or (
+                faults.active("broken_depth_late") and depth >= faults.BROKEN_FROM
+            ):  # positions not advanced: drafts sit at the anchor's
                 positions = torch.tensor([list(range(ctx)) + [ctx - 1] * depth], dtype=torch.int64)
             t1 = time.perf_counter()
             with torch.no_grad():

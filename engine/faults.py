@@ -20,6 +20,10 @@ finding kind as its first error finding; ``tests/test_faults.py`` proves it for 
 | ``stale_state`` | stale_state | core | after a rejection the drafter still sees the rejected drafts |
 | ``batch_order`` | batch_dependence | core | batch rows >= 1 draft from the previous row's context |
 | ``repetition`` | degenerate_output | core | after 16 output tokens the target repeats its last 4 tokens |
+| ``broken_depth_late`` | depth_divergence | drafters | depth >= 3: positions not advanced (slots 0-2 right) |
+| ``stale_after_accept`` | stale_state | core | after a fully accepted block the drafter's context lacks the last accepted draft |
+| ``row_keyed`` | batch_dependence | core | draft context kept per batch row: a request that moves rows drafts on the row's old context |
+| ``mapped_feedback`` | vocab_mapping | drafters | ``--draft-vocab``: the d2t offset applied twice, and that id fed back into the draft loop |
 | ``wrong_features`` | draft_mismatch | drafters | the draft model sees only the last 8 tokens of context |
 | ``content`` | content_divergence | core | at output index 10 the target emits its second-best token |
 
@@ -46,6 +50,8 @@ CONTENT_AT = 10
 DROP_FROM_STEP = 3
 #: Context tokens ``wrong_features`` lets the draft model see.
 FEATURE_WINDOW = 8
+#: Draft depth from which ``broken_depth_late`` stops advancing positions.
+BROKEN_FROM = 3
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,11 @@ FAULTS: dict[str, Fault] = {
         "positions: every fed draft sits at the anchor's position (stale "
         "positions/seq_lens); slot 0 stays right",
     ),
+    "broken_depth_late": Fault(
+        "depth_divergence",
+        f"from depth {BROKEN_FROM} on the draft loop does not advance positions: the fed "
+        f"drafts sit at the anchor's position; slots 0..{BROKEN_FROM - 1} stay right",
+    ),
     "d2t_missing": Fault(
         "vocab_mapping",
         "reduced draft vocabulary: draft indices are handed out "
@@ -108,6 +119,24 @@ FAULTS: dict[str, Fault] = {
         "stale_state",
         "after a rejection the drafter drafts from a context that "
         "still holds the rejected drafts (KV not rolled back)",
+    ),
+    "stale_after_accept": Fault(
+        "stale_state",
+        "after a block whose drafts were all accepted the drafter reuses its own stale "
+        "state: its context lacks the last accepted draft (the bonus token follows the "
+        "one before it)",
+    ),
+    "row_keyed": Fault(
+        "batch_dependence",
+        "the draft context is kept per batch row: a request that moves to another row "
+        "(an earlier row finished) drafts from that row's old context followed by its own "
+        "tokens since the move, including at row 0",
+    ),
+    "mapped_feedback": Fault(
+        "vocab_mapping",
+        "reduced draft vocabulary: the d2t offset is applied twice and the wrongly mapped "
+        "id is fed back into the draft loop (only slot 0 is a function of the right id)",
+        needs_draft_vocab=True,
     ),
     "batch_order": Fault(
         "batch_dependence",
@@ -181,7 +210,7 @@ def map_draft_index(idx: int, d2t: Sequence[int], vocab_size: int) -> int:
     """
     if active("d2t_missing"):
         return idx
-    if active("d2t_double"):
+    if active("d2t_double") or active("mapped_feedback"):
         return (idx + 2 * d2t[idx]) % vocab_size
     return idx + d2t[idx]
 

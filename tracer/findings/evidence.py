@@ -100,8 +100,10 @@ class LayoutEvidence(TypedDict):
 
 
 class VocabEvidence(TypedDict, total=False):
-    """vocab_mapping: across a pair (consistency, slots, offset or factor, max ids,
-    example) or within a trace (ids, vocab_size / draft_vocab_size, max_id)."""
+    """vocab_mapping: across a pair (decided_by ``pooled`` | ``slot`` | ``id_range``;
+    consistency, slots, offset or factor, max ids, example; per_slot_consistency for a slot;
+    range_bound, theirs_at_or_above, theirs_ids, ours_ids for the id range) or within a trace
+    (ids, vocab_size / draft_vocab_size, max_id)."""
 
     consistency: float
     slots: int
@@ -114,6 +116,12 @@ class VocabEvidence(TypedDict, total=False):
     vocab_size: int
     draft_vocab_size: int
     max_id: int
+    decided_by: str
+    per_slot_consistency: list[float | None]
+    range_bound: int
+    theirs_at_or_above: int
+    theirs_ids: int
+    ours_ids: int
 
 
 class KEvidence(TypedDict):
@@ -154,28 +162,69 @@ class ConstantEvidence(TypedDict):
 
 
 class DepthEvidence(TypedDict):
-    """depth_divergence: agreement per slot and slot 1 given slot 0."""
+    """depth_divergence: agreement per slot (unconditional), the conditional curve (slot j
+    agreeing given slots < j agree; null without support) with its blocks, the slot where it
+    breaks, and slot 1 given slot 0 (the curve at slot 1)."""
 
     per_position: list[float]
-    slot1_given_slot0: float
+    conditional: list[float | None]
+    conditional_blocks: list[int]
+    break_slot: int
+    slot1_given_slot0: float | None
+
+
+class GroupCount(TypedDict):
+    """Paired blocks of one group and how many of them mismatch."""
+
+    blocks: int
+    mismatches: int
 
 
 class StaleEvidence(TypedDict):
-    """stale_state: mismatch rates after a rejection and otherwise."""
+    """stale_state: the verdict of the previous block the mismatches follow (``rejection``,
+    ``acceptance``, ``partial``, ``rejected``), the group's and the other blocks' counts and
+    rates, the one-sided Fisher p-value, the counts by previous verdict (``first``,
+    ``accepted``, ``partial``, ``rejected``), and the after-rejection figures."""
 
-    after_rejection: float
+    verdict: str
+    mismatch_rate: float
     otherwise: float
+    blocks_after: int
+    mismatches_after: int
+    blocks_otherwise: int
+    mismatches_otherwise: int
+    p_value: float
+    by_verdict: dict[str, GroupCount]
+    after_rejection: float
     blocks_after_rejection: int
 
 
+class BatchChange(TypedDict):
+    """A request's batch change: the block's position (tokens) and its batch row and size
+    against the request's previous block (null for the first block)."""
+
+    position: int
+    from_row: int | None
+    to_row: int
+    from_size: int | None
+    to_size: int
+
+
 class BatchEvidence(TypedDict):
-    """batch_dependence: mismatch rates at the first batch row/size and beyond."""
+    """batch_dependence: the deciding group (``by``: ``batch_row``/``batch_size`` for rows >
+    0 / sizes > 1, ``*_change`` for a change since the previous block, ``*_moved`` for at or
+    after the request's first change), mismatch rates and counts outside (low) and inside
+    (high) it, the one-sided Fisher p-value, and the change at the first location."""
 
     by: str
     mismatch_rate_low: float
     mismatch_rate_high: float
     blocks_low: int
     blocks_high: int
+    mismatches_low: int
+    mismatches_high: int
+    p_value: float
+    change: BatchChange | None
 
 
 class UnverifiedEvidence(TypedDict):

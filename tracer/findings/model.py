@@ -3,8 +3,8 @@
 A :class:`Finding` names one class of speculative-decoding bug (``KINDS``, the classes of
 ``shared/reference/spec_decode_bugs.md``), its severity, the first location (request, anchor
 position, slot), the evidence (counts, ratios, example ids) and one plain sentence. This
-module holds the vocabulary and the evidence helpers; detectors live in
-:mod:`.single` and :mod:`.pair`, their declared list in :mod:`.run`.
+module holds the vocabulary and the evidence helpers; detectors live in the package's other
+modules (see its docstring), their declared list in :mod:`.run`.
 """
 
 from __future__ import annotations

@@ -14,12 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 
 # Module imports, not ``from . import``: the package's __init__ imports this module.
+import spectrace.tracer.findings.depth as depth
 import spectrace.tracer.findings.drift as drift
 import spectrace.tracer.findings.ksize as ksize
 import spectrace.tracer.findings.margins as margins
 import spectrace.tracer.findings.pair as pair
 import spectrace.tracer.findings.single as single
+import spectrace.tracer.findings.state as state
 import spectrace.tracer.findings.values as values
+import spectrace.tracer.findings.vocab as vocab
 import spectrace.tracer.findings.work as work
 
 from .. import schema
@@ -83,11 +86,11 @@ SINGLE_TRACE: tuple[SingleDetector, ...] = (
 PAIR: tuple[PairDetector, ...] = (
     PairDetector("anchor_shift", pair.anchor_pairs),
     PairDetector("layout_shift", pair.layout_shift),
-    PairDetector("vocab_mapping", pair.vocab_pairs),
+    PairDetector("vocab_mapping", vocab.vocab_pairs),
     PairDetector("k_mismatch", ksize.k_pairs),
-    PairDetector("depth_divergence", pair.depth),
-    PairDetector("stale_state", pair.stale, thread="blocks"),
-    PairDetector("batch_dependence", pair.batch, thread="blocks"),
+    PairDetector("depth_divergence", depth.depth),
+    PairDetector("stale_state", state.stale, thread="blocks"),
+    PairDetector("batch_dependence", state.batch, thread="blocks"),
 )
 
 #: Runs when no pair detector found a more specific pattern.
