@@ -192,8 +192,9 @@ def test_near_ties_on_a_drafter_built_to_tie(clean):
     slot = int(np.flatnonzero(proposed[first] == TIE_TOKEN)[0])
     assert (tie.position, tie.slot) == (int(t_clean.blocks.position[first]), slot)
     assert "every one is numerics, not a bug" in tie.message
-    assert "draft_mismatch" in kinds  # error findings are unchanged by near_ties
-    assert next(f for f in res.findings if f.kind == "draft_mismatch").severity == "error"
+    # Error findings are unchanged by near_ties: the pair detectors still name an error (the
+    # tie-flipped blocks follow one verdict often enough for stale_state's concentration test).
+    assert kinds[0] in ("stale_state", "draft_mismatch") and res.findings[0].severity == "error"
 
 
 def _synthetic(path: Path, proposals, margins, source="replay"):

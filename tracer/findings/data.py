@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -167,10 +167,10 @@ class PairData:
     ob: TraceData
     paired: PairedComparison
     decoder: Decoder | None = None
-    trusted: np.ndarray | None = None
+    trusted: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
     def __post_init__(self) -> None:
-        if self.trusted is None:
+        if len(self.trusted) != len(self.paired.ka):  # not given: every block trusted
             self.trusted = np.ones(len(self.paired.ka), bool)
 
     @property

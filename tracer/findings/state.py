@@ -246,7 +246,7 @@ def _deciding_group(pd: PairData, mism: np.ndarray) -> tuple[str, Concentration]
     group (rows > 0, sizes > 1) that holds, else the change group that holds with the
     smallest p-value (ties: table order). None when none holds."""
     groups = batch_groups(pd)
-    held = []
+    held: list = []
     for by, _ in BATCH_GROUPS:
         group, eligible = groups[by]
         c = concentration(mism, group, eligible & pd.trusted)
