@@ -1,0 +1,53 @@
+"""The V2 tap's background joiner thread (``spectrace.hooks.vllm.v2.drainer.Drainer``)."""
+
+from __future__ import annotations
+
+import threading
+
+from spectrace.hooks.vllm.v2.drainer import Drainer
+
+
+def test_runs_after_each_kick_and_polls_while_copies_are_in_flight():
+    """One kick: ``drain_ready`` runs until it returns False (True, True, False: 3 runs)."""
+    answers = [True, True, False]
+    done = threading.Event()
+
+    def drain_ready() -> bool:
+        more = answers.pop(0)
+        if not more:
+            done.set()
+        return more
+
+    d = Drainer(drain_ready, on_error=lambda exc: None)
+    d.POLL_S = 0.0001
+    assert d.runs == 0  # nothing runs before a kick
+    d.kick()
+    assert done.wait(5)
+    d.stop()
+    assert d.runs == 3 and answers == [] and not d.alive and d.busy_ns > 0
+
+
+def test_an_error_is_handed_over_and_the_thread_stops():
+    errors: list = []
+    got = threading.Event()
+
+    def on_error(exc):
+        errors.append(exc)
+        got.set()
+
+    def drain_ready() -> bool:
+        raise ValueError("boom")
+
+    d = Drainer(drain_ready, on_error)
+    d.kick()
+    assert got.wait(5)
+    d._thread.join(5)
+    assert [str(e) for e in errors] == ["boom"] and not d.alive and d.runs == 1
+    d.stop()  # stopping a finished thread is fine
+
+
+def test_stop_without_a_kick_runs_nothing():
+    calls: list = []
+    d = Drainer(lambda: calls.append(1) or False, on_error=lambda exc: None)
+    d.stop()
+    assert calls == [] and not d.alive
