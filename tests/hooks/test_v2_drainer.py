@@ -8,18 +8,17 @@ from spectrace.hooks.vllm.v2.drainer import Drainer
 
 
 def test_runs_after_each_kick_and_polls_while_copies_are_in_flight():
-    """One kick: ``drain_ready`` runs until it returns False (True, True, False: 3 runs)."""
-    answers = [True, True, False]
+    """One kick: ``drain_ready`` runs until it returns None (pause, pause, None: 3 runs)."""
+    answers = [0.0, 0.0001, None]
     done = threading.Event()
 
-    def drain_ready() -> bool:
-        more = answers.pop(0)
-        if not more:
+    def drain_ready():
+        pause = answers.pop(0)
+        if pause is None:
             done.set()
-        return more
+        return pause
 
     d = Drainer(drain_ready, on_error=lambda exc: None)
-    d.POLL_S = 0.0001
     assert d.runs == 0  # nothing runs before a kick
     d.kick()
     assert done.wait(5)
@@ -35,7 +34,7 @@ def test_an_error_is_handed_over_and_the_thread_stops():
         errors.append(exc)
         got.set()
 
-    def drain_ready() -> bool:
+    def drain_ready():
         raise ValueError("boom")
 
     d = Drainer(drain_ready, on_error)
@@ -48,6 +47,26 @@ def test_an_error_is_handed_over_and_the_thread_stops():
 
 def test_stop_without_a_kick_runs_nothing():
     calls: list = []
-    d = Drainer(lambda: calls.append(1) or False, on_error=lambda exc: None)
+    d = Drainer(lambda: calls.append(1), on_error=lambda exc: None)
     d.stop()
     assert calls == [] and not d.alive
+
+
+def test_a_second_kick_runs_it_again():
+    runs: list = []
+    got = threading.Event()
+
+    def drain_ready():
+        runs.append(1)
+        if len(runs) == 2:
+            got.set()
+
+    d = Drainer(drain_ready, on_error=lambda exc: None)
+    d.kick()
+    deadline = threading.Event()
+    while len(runs) < 1 and not deadline.wait(0.001):
+        pass
+    d.kick()
+    assert got.wait(5)
+    d.stop()
+    assert len(runs) == 2 and d.runs == 2

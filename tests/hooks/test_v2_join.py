@@ -229,6 +229,16 @@ def test_chunked_join_by_hand_cuda(tmp_path, fakes, flush_steps, background):
 
 
 @needs_cuda
+@pytest.mark.parametrize("piece_rows", [1, 2])
+def test_background_join_in_pieces_cuda(tmp_path, fakes, monkeypatch, piece_rows):
+    """The joiner thread takes 1 or 2 rows at a time (pieces end inside a step's rows and
+    inside a segment): the same trace."""
+    monkeypatch.setattr(ProposeTap, "PIECE_ROWS", piece_rows)
+    tap = run_scenario(tmp_path / "t.h5", "cuda", fakes, True, flush_steps=3)
+    check_trace(tmp_path / "t.h5", tap)
+
+
+@needs_cuda
 @pytest.mark.parametrize("flush_steps", [1, 3])
 def test_late_add_is_queued_with_a_background_joiner_cuda(tmp_path, fakes, flush_steps):
     """c's registration comes after the joiner started: queued in order, same trace."""

@@ -4,9 +4,11 @@ The hot path (:meth:`~.tap.ProposeTap.record`) only stages rows and, once per se
 ``flush_steps`` steps), issues the segment's copy to pinned memory and calls :meth:`Drainer.kick`
 (one ``threading.Event.set``). The thread then polls the oldest in-flight segment's event
 (``event.query()``: never a wait on the device) every :attr:`Drainer.POLL_S` seconds, sleeping
-in between (which releases the GIL), and joins what is ready through the tap's own
-``drain(wait=False)``, under the tap's lock. The runner's thread waits for the GPU most of a
-GPU-bound step (its ``event.synchronize()``, with the GIL released): the join runs then.
+in between (which releases the GIL), and joins what is ready in pieces through the tap's own
+drain, under the tap's lock, pausing :attr:`Drainer.PIECE_PAUSE_S` between pieces. The
+runner's thread waits for the GPU most of a GPU-bound step (its ``event.synchronize()``, with
+the GIL released): the join runs then, and a piece ends soon after the runner's thread wants
+the GIL back (the GIL goes back at the pause at the latest).
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from collections.abc import Callable
 
 
 class Drainer:
-    """A daemon thread that runs ``drain_ready`` after each :meth:`kick`, again every
-    :attr:`POLL_S` seconds for as long as it returns True (copies still in flight).
+    """A daemon thread that runs ``drain_ready`` after each :meth:`kick`, and again after
+    the pause it returns, until it returns None.
 
     Args:
-        drain_ready: joins what is ready; returns True while staged steps whose copy was
-            issued are still waiting (poll again), False when nothing is in flight.
+        drain_ready: joins a piece of what is ready; returns the seconds to sleep before the
+            next call (:attr:`PIECE_PAUSE_S` more is ready, :attr:`POLL_S` a copy is in
+            flight), or None when nothing is in flight (wait for the next kick).
         on_error: called with the exception if ``drain_ready`` raises (the thread then stops).
 
     Attributes:
@@ -31,9 +34,12 @@ class Drainer:
     """
 
     POLL_S = 0.0005  # 0.5 ms between event polls while a copy is in flight
+    PIECE_PAUSE_S = 0.0001  # between two pieces of a join: the runner's thread gets the GIL
 
     def __init__(
-        self, drain_ready: Callable[[], bool], on_error: Callable[[BaseException], None]
+        self,
+        drain_ready: Callable[[], float | None],
+        on_error: Callable[[BaseException], None],
     ) -> None:
         self._drain_ready, self._on_error = drain_ready, on_error
         self._kick = threading.Event()
@@ -54,13 +60,16 @@ class Drainer:
             if self._stopping:
                 return
             try:
-                while self._once() and not self._stopping:
-                    time.sleep(self.POLL_S)
+                while not self._stopping:
+                    pause = self._once()
+                    if pause is None:
+                        break
+                    time.sleep(pause)
             except BaseException as exc:  # report, then stop joining (the session fails)
                 self._on_error(exc)
                 return
 
-    def _once(self) -> bool:
+    def _once(self) -> float | None:
         t0 = time.perf_counter_ns()
         try:
             return self._drain_ready()

@@ -254,7 +254,18 @@ def _launch_direct(rt, kernel, block: int, tensors: tuple, row0: int, n: int, k:
     launches from then on (the caller launches normally).
     """
     drv, knobs = rt
-    ptrs = tuple([t.data_ptr() for t in tensors])  # out, ns, nr, idx, qsl, pos, last, nxt, drafts
+    out, ns, nr, idx, qsl, positions, last, nxt, drafts = tensors
+    ptrs = (
+        out.data_ptr(),
+        ns.data_ptr(),
+        nr.data_ptr(),
+        idx.data_ptr(),
+        qsl.data_ptr(),
+        positions.data_ptr(),
+        last.data_ptr(),
+        nxt.data_ptr(),
+        drafts.data_ptr(),
+    )
     dev = drv.get_current_device()
     key = _spec_key(dev, tensors, ptrs, k, _knob_state(knobs))
     entry = _launchers.get(key)

@@ -282,9 +282,14 @@ class ProposeTap:
         with self._lock:
             self._drain(wait)
 
-    def _drain(self, wait: bool) -> None:
+    def _drain(self, wait: bool, max_rows: int | None = None) -> None:
+        """:meth:`drain` without the lock; ``max_rows``: stop once that many staged rows are
+        taken (the background joiner's pieces)."""
         items = []
+        rows = 0
         while self._stream:
+            if max_rows is not None and rows >= max_rows:
+                break
             item = self._stream[0]
             if isinstance(item, StepRec) and not item.seg.ready:
                 seg = item.seg
@@ -297,17 +302,26 @@ class ProposeTap:
                         break
                     seg.event.synchronize()
                 seg.ready = True
+            if isinstance(item, StepRec):
+                rows += item.n
             items.append(self._stream.popleft())
         if items:
             self._join(items)
 
-    def _drain_ready(self) -> bool:
-        """The background joiner's work: join what is ready; True while a segment whose
-        copy was issued is still waiting (poll again)."""
+    #: Rows the background joiner joins at a time: between pieces it sleeps a little, so
+    #: the runner's thread takes the GIL back within one piece's time.
+    PIECE_ROWS = 1024
+
+    def _drain_ready(self) -> float | None:
+        """The background joiner's work: join at most :attr:`PIECE_ROWS` ready rows. Returns
+        the pause before the next piece (:attr:`Drainer.PIECE_PAUSE_S`: more is ready;
+        :attr:`Drainer.POLL_S`: a copy is still in flight), or None (nothing in flight)."""
         with self._lock:
-            self._drain(wait=False)
+            self._drain(wait=False, max_rows=self.PIECE_ROWS)
             head = self._stream[0] if self._stream else None
-            return isinstance(head, StepRec) and head.seg.state == "flight"
+            if not isinstance(head, StepRec) or head.seg.state != "flight":
+                return None
+            return Drainer.PIECE_PAUSE_S if head.seg.ready else Drainer.POLL_S
 
     def _join_failed(self, exc: BaseException) -> None:
         # session.fail may raise (strict mode): the runner's thread calls it at the next step.
