@@ -70,3 +70,21 @@ def test_a_second_kick_runs_it_again():
     assert got.wait(5)
     d.stop()
     assert len(runs) == 2 and d.runs == 2
+
+
+def test_the_switch_interval_is_lowered_while_joining_and_restored():
+    import sys
+
+    seen: list = []
+    got = threading.Event()
+
+    def drain_ready():
+        seen.append(sys.getswitchinterval())
+        got.set()
+
+    before = sys.getswitchinterval()
+    d = Drainer(drain_ready, on_error=lambda exc: None)
+    d.kick()
+    assert got.wait(5)
+    d.stop()
+    assert seen == [min(before, Drainer.SWITCH_S)] and sys.getswitchinterval() == before
