@@ -31,6 +31,14 @@ calls counted by wrappers plus implicit ones reported by ``torch.cuda.set_sync_d
 the runner's own wait is 1 per step in both modes) and the ring's ``sync_waits``. The capture
 must cost under 1% of the step and add no synchronisation.
 
+Where the runner thread's time goes (H200 host, measured with ``_launch_direct``'s pieces
+timed alone): the staging launch is ~16 us of it, of which ~7 us is Triton's C launcher
+(``cuLaunchKernelEx``) and ~9 us the Python around it (specialisation key 3.3, pointers 1.6,
+device, hooks, the launcher's Python); the rest of ``record`` is ~5 us; with ``--sink h5`` the
+trace writer's thread (h5py holds the GIL while it writes) adds ~15-20 us per step at batch 64
+(compare ``--sink null``). Getting under ~20 us per step therefore needs the launch out of the
+step, i.e. the staging kernel captured in the drafter's own graph (not done here).
+
 Configurations (``--config``): ``tiny`` is the bundled drafter (``engine/models/dspark``,
 hidden 128, fp32; random weights if it is missing), a launch-bound worst case; ``qwen3-8b`` is
 a DSpark drafter of Qwen3-8B's shape with random weights (hidden 4096, 32 heads, 8 KV heads of
