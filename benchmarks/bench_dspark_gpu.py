@@ -459,7 +459,10 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
             {"engine": "bench", "method": "dspark", "k": k, "source": "bench"},
         )
 
-    taps = {m: _timed_tap(runner, make_session(), m == "capture") for m in ("capture", "inline")}
+    taps = {
+        m: _timed_tap(runner, make_session(), m == "capture", args.flush_steps)
+        for m in ("capture", "inline")
+    }
     for tap, host in taps.values():  # compile the staging kernel, start the join thread
         for _ in range(args.warmup):
             runner.run_step(tap.propose)
@@ -512,11 +515,12 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
     return rows
 
 
-def _timed_tap(runner: Runner, session, background: bool):
+def _timed_tap(runner: Runner, session, background: bool, flush_steps: int | None):
     """A ProposeTap on its own speculator object wrapping ``runner.propose`` (which stays
     bare), and ``[seconds, calls]`` of host time inside its ``record``."""
     spec = SimpleNamespace(propose=runner.propose)
-    tap = vllm_v2.ProposeTap(spec, session, background_join=background)
+    kw = {} if flush_steps is None else {"flush_steps": flush_steps}
+    tap = vllm_v2.ProposeTap(spec, session, background_join=background, **kw)
     host = [0.0, 0]
     orig_record = tap.record
 
@@ -644,6 +648,9 @@ def main(argv=None) -> int:
         help="where captured blocks go (default: h5 when h5py imports, else null)",
     )
     ap.add_argument("--eager", action="store_true", help="no CUDA graph (for comparison)")
+    ap.add_argument(
+        "--flush-steps", type=int, default=None, help="steps per ring segment (default: the tap's)"
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--no-cpu-fallback", action="store_true")
     ap.add_argument(
