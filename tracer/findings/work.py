@@ -40,12 +40,15 @@ def capture_end(meta: dict) -> CaptureEvidence:
     ``interrupted`` and ``aborted`` (hooks/capture.py). Missing items are null."""
     cap = meta["capture"] if isinstance(meta.get("capture"), dict) else {}
     aborted = meta.get("aborted")
+    checks = meta["checks"] if isinstance(meta.get("checks"), dict) else {}
+    bad = checks.get("mismatch") if checks.get("status") == "mismatch" else None
     return CaptureEvidence(
         ended=cap.get("ended") if isinstance(cap.get("ended"), str) else None,
         exit_status=_int_or_none(cap.get("exit_status", meta.get("exit_status"))),
         signal=_int_or_none(cap.get("signal", meta.get("killed_by_signal"))),
         interrupted=bool(meta.get("interrupted")) or cap.get("ended") == "interrupted",
         aborted=str(aborted) if aborted else None,
+        counters_mismatch=[str(x) for x in bad] if isinstance(bad, list) else [],
     )
 
 
@@ -62,12 +65,16 @@ def _how(ev: CaptureEvidence) -> list[str]:
         out.append("the capture was interrupted")
     if ev["aborted"]:
         out.append(f"the capture aborted ({ev['aborted']})")
+    if ev["counters_mismatch"]:
+        names = ", ".join(ev["counters_mismatch"])
+        out.append(f"the trace's totals differ from the engine's own counters ({names})")
     return out
 
 
 def capture(s: SideInput) -> Finding | None:
     """capture_incomplete: the engine did not exit cleanly (non-zero exit status, a signal),
-    or the capture was interrupted or aborted: work may be missing from the trace."""
+    the capture was interrupted or aborted, or the trace disagrees with the engine's own
+    counters (/meta ``checks`` status ``mismatch``): work may be missing from the trace."""
     td = s.td
     ev = capture_end(td.t.meta)
     how = _how(ev)
