@@ -30,7 +30,7 @@ from spectrace.tracer.cli.output import say
 from spectrace.tracer.errors import InputError, SpectraceError
 from spectrace.tracer.schema import PARTIAL_SUFFIX
 from spectrace.tracer.store import TraceWriter, open_trace
-from spectrace.tracer.store.writer import amend_meta
+from spectrace.tracer.store.amend import amend_meta
 
 from .child import (
     KILL_GRACE,
