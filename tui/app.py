@@ -67,6 +67,8 @@ class SpectraceApp(App[None]):
         self._analysing = False
         self._stale = False
         self.reloads = 0
+        #: Follow mode: reloads and loads that failed (after the reader's own retries).
+        self.follow_failures = 0
         self.first_paint: float | None = None
 
     # -- opening -------------------------------------------------------------------------------
@@ -104,6 +106,7 @@ class SpectraceApp(App[None]):
         self.call_after_refresh(self._painted)
         self._start(self.model)
         if self.follow:
+            self.main.live = self._live_badge(self.model)
             self.set_interval(self.follow_interval, self._poll)
 
     def _painted(self) -> None:
@@ -118,6 +121,18 @@ class SpectraceApp(App[None]):
         )
 
     def _load(self, model: ViewModel) -> None:
+        try:
+            self._load_stages(model)
+        except Exception as exc:
+            if not self.follow:
+                raise
+            # Follow mode: a read that still failed after the reader's retries (.live), or
+            # a model closed by a newer reload: the next poll opens the files again.
+            self._stale = True
+            self.follow_failures += 1
+            self.log.warning(f"follow: loading failed: {exc}")
+
+    def _load_stages(self, model: ViewModel) -> None:
         worker = get_current_worker()
         main = self.main
         gen = model.generation
@@ -177,6 +192,15 @@ class SpectraceApp(App[None]):
 
     # -- follow --------------------------------------------------------------------------------
 
+    @staticmethod
+    def _live_badge(model: ViewModel) -> str:
+        """The LIVE badge's text, or "" once every file is complete (the writer closed it)."""
+        traces = [t for t in (model.a, model.b) if t is not None]
+        if all(t.status == "complete" for t in traces):
+            return ""
+        blocks = sum(len(t.blocks) for t in traces)
+        return f"{blocks:,} blocks, updated {time.strftime('%H:%M:%S')}"
+
     def _poll(self) -> None:
         stamp = self._file_stamp()
         if stamp == self._stamp and not self._stale:
@@ -193,14 +217,14 @@ class SpectraceApp(App[None]):
             model = self._open()
         except Exception as exc:  # caught mid-write: try again on the next tick
             self.generation -= 1
+            self.follow_failures += 1
             self.log.warning(f"follow: reopen failed: {exc}")
             return
         self._stale = False
         self._stamp = stamp
         self.model = model
         self.reloads += 1
-        blocks = len(model.a.blocks) + (len(model.b.blocks) if model.b is not None else 0)
-        self.main.live = f"{blocks:,} blocks, updated {time.strftime('%H:%M:%S')}"
+        self.main.live = self._live_badge(model)
         self.main.set_model(model)
         self._start(model)
 

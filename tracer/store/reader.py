@@ -118,16 +118,16 @@ class Trace:
             if not path.exists() and final_path(path).exists():  # closed meanwhile
                 self.paths[self.paths.index(path)] = path = final_path(path)
             try:
-                return self._open_checked(path)
+                return self._open_checked(path, step_back=attempt == ATTEMPTS - 1)
             except TraceFormatError:
                 if attempt == ATTEMPTS - 1:
                     raise
             time.sleep(backoff(attempt))
 
-    def _open_checked(self, path: Path) -> None:
+    def _open_checked(self, path: Path, step_back: bool = True) -> None:
         f = open_h5(path)
         try:
-            self._check_and_add(path, f)
+            self._check_and_add(path, f, step_back)
         except TraceFormatError:
             f.close()
             raise
@@ -136,7 +136,7 @@ class Trace:
             f.close()
             raise TraceFormatError(f"{path}: damaged trace file ({short_reason(exc)})") from None
 
-    def _check_and_add(self, path: Path, f: h5py.File) -> None:
+    def _check_and_add(self, path: Path, f: h5py.File, step_back: bool = True) -> None:
         version, problems = format_version(str(path), f)
         if problems:
             raise problems[0].error()
@@ -154,7 +154,7 @@ class Trace:
         if problems:
             raise problems[0].error()
         if not complete:
-            n = self._readable_rows(f, n)
+            n = self._readable_rows(path, f, n, step_back)
             self.status = schema.STATUS_RECORDING
             self._warn(
                 f"{path}: trace was not closed cleanly (status {status!r}); "
@@ -177,9 +177,14 @@ class Trace:
         return n if told is None else min(n, told)
 
     @staticmethod
-    def _readable_rows(f: h5py.File, n: int) -> int:
+    def _readable_rows(path: Path, f: h5py.File, n: int, step_back: bool = True) -> int:
         """Rows of a dead writer's file that read back: a kill during a flush can tear the
-        last compressed chunks, so step back a chunk at a time until every column reads."""
+        last compressed chunks, so step back a chunk at a time until every column reads.
+
+        Raises:
+            TraceFormatError: with ``step_back`` False, instead of stepping back (the file's
+                writer may be flushing right now: opening it again is the better answer).
+        """
         g = f["blocks"]
         cols = [g[c.name] for c in schema.BLOCK_COLUMNS if c.name in g]
         while n > 0:
@@ -187,7 +192,9 @@ class Trace:
                 for ds in cols:
                     ds[max(0, n - ds.chunks[0]) : n]
                 return n
-            except (OSError, RuntimeError, ValueError):
+            except (OSError, RuntimeError, ValueError) as exc:
+                if not step_back:
+                    raise TraceFormatError(f"{path}: {short_reason(exc)}") from None
                 step = min(ds.chunks[0] for ds in cols)
                 n = (n - 1) // step * step
         return 0
