@@ -306,8 +306,10 @@ def _record_end(files: list[Path], record: dict, group_stopped: bool) -> None:
     for f in files:
         if f.name.endswith(PARTIAL_SUFFIX) and not group_stopped:
             continue
+        # The watchdog's reason goes in "aborted" too: what stopped the capture early.
+        extra = {"aborted": record["watchdog"]} if "watchdog" in record else {}
         try:
-            amend_meta(f, capture=record)
+            amend_meta(f, capture=record, **extra)
         except InputError as exc:
             say(f"warning: {exc}")
 

