@@ -224,9 +224,9 @@ def run_until(
     with SignalForwarder(proc) as sigint:
         try:
             returncode, died = _wait_watching(proc, timeout, watch)
-            if died is not None and proc.poll() is None:
-                stop_group(proc, kill_grace)
-                returncode = proc.returncode
+            if died is not None:
+                stop_group(proc, kill_grace)  # its group: the worker closes the trace
+            returncode = proc.wait()
         except subprocess.TimeoutExpired:
             timed_out = stop_group(proc, kill_grace)
             returncode = proc.returncode

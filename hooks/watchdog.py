@@ -86,7 +86,7 @@ class EngineCoreWatch:
             in-process mode, ends with it and is not watched).
     """
 
-    def __init__(self, directory: Path, command_pid: int | None = None) -> None:
+    def __init__(self, directory: str | os.PathLike, command_pid: int | None = None) -> None:
         self.directory = Path(directory)
         self.command_pid = command_pid
 

@@ -157,7 +157,8 @@ def test_view_follow_and_info_tail_a_live_capture_for_60_s(tmp_path):
     err = err_path.read_text()
     print(
         f"\nlive tail: {view['seconds']:.0f} s; view: {view['reloads']} reloads, "
-        f"{view['errors']} errors, blocks seen {view['blocks']}; "
+        f"{view['errors']} errors, {view['retried']} reads retried, blocks seen "
+        f"{view['blocks']}; "
         f"info: {info['runs']} runs, {len(info['errors'])} errors, blocks "
         f"{info['blocks'][:1]}..{info['blocks'][-1:]}"
     )
@@ -175,6 +176,7 @@ async def _tail(app, cap: subprocess.Popen, out: Path) -> tuple[dict, dict]:
     """Drive the follow-mode app until the capture ends and the view shows the complete
     file, with the `info` loop on a thread meanwhile."""
     view: dict = {"blocks": [], "badge_live": ""}
+    retried0 = live_mod.retried()
     start = time.monotonic()
     async with app.run_test(size=(120, 30)) as pilot:
         loop = asyncio.get_running_loop()
@@ -185,6 +187,7 @@ async def _tail(app, cap: subprocess.Popen, out: Path) -> tuple[dict, dict]:
         finally:
             stop_info.set()
         view["errors"] = app.follow_failures
+        view["retried"] = live_mod.retried() - retried0
         return view, await info
 
 

@@ -8,6 +8,7 @@ when a prefetch thread (:mod:`spectrace.tracer.store.prefetch`) and the caller w
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,10 @@ class Requests:
         return np.concatenate([self.prompt_ids[i], self.output_ids[i]]).astype(np.int32)
 
 
+def _read_once(read: Callable[[], Any]) -> Any:
+    return read()
+
+
 class RaggedColumn(Sequence):
     """A ragged int32 request column read on demand (``Trace(..., lazy_requests=True)``).
 
@@ -77,7 +82,7 @@ class RaggedColumn(Sequence):
         retry: Callable[[Callable[[], Any]], Any] | None = None,
     ) -> None:
         self._parts = parts
-        self._retry = retry or (lambda read: read())
+        self._retry = retry or _read_once
         self._starts = np.cumsum([0] + [n for _, n in parts])
         self._extra: list[np.ndarray] = []
         self._cache: dict[int, np.ndarray] = {}
@@ -115,13 +120,14 @@ class RaggedColumn(Sequence):
             s0, s1 = int(self._starts[f]), int(self._starts[f + 1])
             lo, hi = max(start, s0), min(stop, s1)
             if lo < hi:
-                rows = self._retry(
-                    lambda f=f, lo=lo, s0=s0, hi=hi: self._parts[f][0][lo - s0 : hi - s0]
-                )
+                rows = self._retry(functools.partial(self._rows, f, lo - s0, hi - s0))
                 out += [np.asarray(x, np.int32) for x in rows]
         if stop > base:
             out += self._extra[max(start - base, 0) : stop - base]
         return out
+
+    def _rows(self, f: int, lo: int, hi: int) -> Any:
+        return self._parts[f][0][lo:hi]  # looked up at call time: a retry reads a new handle
 
     def rebind(self, parts: list[tuple[h5py.Dataset, int]]) -> None:
         """Read from these datasets from now on (the same rows, from a re-opened file)."""

@@ -40,6 +40,13 @@ MAX_DELAY = 0.5
 RACE_ERRORS = (OSError, RuntimeError, KeyError, ValueError)
 
 T = TypeVar("T")
+_retried = [0]  # reads of this process retried so far (see retried())
+
+
+def retried() -> int:
+    """How many reads this process retried after a race with a writer (for tests and
+    diagnostics)."""
+    return _retried[0]
 
 
 def backoff(attempt: int) -> float:
@@ -74,6 +81,7 @@ def retrying(read: Callable[[], T], reopen: Callable[[], None], live: Callable[[
         except RACE_ERRORS:
             if attempt == ATTEMPTS - 1 or not live():
                 raise
+        _retried[0] += 1
         time.sleep(backoff(attempt))
         reopen()
     raise AssertionError("unreachable")  # the loop returns or raises
