@@ -157,17 +157,17 @@ def test_view_follow_and_info_tail_a_live_capture_for_60_s(tmp_path):
     err = err_path.read_text()
     print(
         f"\nlive tail: {view['seconds']:.0f} s; view: {view['reloads']} reloads, "
-        f"{view['errors']} errors, {view['retried']} reads retried, blocks seen "
+        f"{len(view['errors'])} errors, {view['retried']} reads retried, blocks seen "
         f"{view['blocks']}; "
         f"info: {info['runs']} runs, {len(info['errors'])} errors, blocks "
         f"{info['blocks'][:1]}..{info['blocks'][-1:]}"
     )
     assert cap.returncode == 0, err[-2000:]
     assert view["seconds"] >= 60
-    assert view["errors"] == 0 and info["errors"] == []
+    assert view["errors"] == [] and info["errors"] == []
     assert view["reloads"] >= 20  # the view re-read the growing file all along
     assert view["blocks"] == sorted(view["blocks"]) and view["blocks"][-1] == 4 * 139
-    assert info["runs"] >= 20 and info["blocks"] == sorted(info["blocks"])
+    assert info["runs"] >= 10 and info["blocks"] == sorted(info["blocks"])
     assert "LIVE" in view["badge_live"] and "LIVE" not in view["badge_done"]
     assert view["status"] == "complete" and view["name"] == "live.h5"
 
@@ -186,7 +186,7 @@ async def _tail(app, cap: subprocess.Popen, out: Path) -> tuple[dict, dict]:
             await _follow(pilot, cap, view, start)
         finally:
             stop_info.set()
-        view["errors"] = app.follow_failures
+        view["errors"] = app.follow_errors
         view["retried"] = live_mod.retried() - retried0
         return view, await info
 

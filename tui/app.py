@@ -67,8 +67,8 @@ class SpectraceApp(App[None]):
         self._analysing = False
         self._stale = False
         self.reloads = 0
-        #: Follow mode: reloads and loads that failed (after the reader's own retries).
-        self.follow_failures = 0
+        #: Follow mode: why reloads or loads failed (after the reader's own retries).
+        self.follow_errors: list[str] = []
         self.first_paint: float | None = None
 
     # -- opening -------------------------------------------------------------------------------
@@ -126,11 +126,13 @@ class SpectraceApp(App[None]):
         except Exception as exc:
             if not self.follow:
                 raise
-            # Follow mode: a read that still failed after the reader's retries (.live), or
-            # a model closed by a newer reload: the next poll opens the files again.
+            if model.generation != self.generation:
+                return  # a newer reload closed this model's files under it: nothing lost
+            # A read that still failed after the reader's retries (store.live): the next
+            # poll opens the files again.
             self._stale = True
-            self.follow_failures += 1
-            self.log.warning(f"follow: loading failed: {exc}")
+            self.follow_errors.append(f"loading failed: {type(exc).__name__}: {exc}")
+            self.log.warning(f"follow: {self.follow_errors[-1]}")
 
     def _load_stages(self, model: ViewModel) -> None:
         worker = get_current_worker()
@@ -217,8 +219,8 @@ class SpectraceApp(App[None]):
             model = self._open()
         except Exception as exc:  # caught mid-write: try again on the next tick
             self.generation -= 1
-            self.follow_failures += 1
-            self.log.warning(f"follow: reopen failed: {exc}")
+            self.follow_errors.append(f"reopen failed: {type(exc).__name__}: {exc}")
+            self.log.warning(f"follow: {self.follow_errors[-1]}")
             return
         self._stale = False
         self._stamp = stamp

@@ -17,11 +17,16 @@ SWMR would need ``libver="latest"`` files and forbids what the writer does while
   a fresh open sees the writer's new chunk index), with :func:`backoff` between attempts.
   Rows below the announced count never change (the writer only appends), so a re-read gives
   the same values. A file that still fails after the last attempt is damaged (a writer killed
-  mid-flush): the error is raised as before. Complete files are never retried.
+  mid-flush): the error is raised as before. Complete files are never retried, and the open
+  of a ``.partial`` file is retried only while it changed in the last :data:`LIVE_WINDOW`
+  seconds (a dead writer's damaged file fails at once). A live file's last chunk that does
+  not read back at open is a race, answered by a re-open; only a dead writer's file is cut
+  back to the rows that read (:meth:`spectrace.tracer.store.Trace._readable_rows`).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -52,6 +57,19 @@ def retried() -> int:
 def backoff(attempt: int) -> float:
     """Seconds to wait before retry ``attempt`` (0-based): 0.02, 0.04, ... at most 0.5."""
     return min(FIRST_DELAY * 2**attempt, MAX_DELAY)
+
+
+#: A file changed within this many seconds may have a live writer (it flushes every second).
+LIVE_WINDOW = 5.0
+
+
+def maybe_live(path: os.PathLike | str) -> bool:
+    """Whether ``path`` changed within :data:`LIVE_WINDOW` seconds: a writer may be flushing
+    it (a dead writer's file is not retried, so a damaged one fails at once)."""
+    try:
+        return time.time() - os.stat(path).st_mtime < LIVE_WINDOW
+    except OSError:
+        return False
 
 
 def announce(f: h5py.File, rows: int) -> None:

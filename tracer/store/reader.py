@@ -23,7 +23,7 @@ from .. import schema
 from ..errors import SpectraceError, TraceFormatError
 from .columns import Blocks, RaggedColumn, Requests
 from .h5file import open_h5, short_reason
-from .live import ATTEMPTS, announced, backoff, retrying
+from .live import ATTEMPTS, announced, backoff, maybe_live, retrying
 from .paths import TraceSpec, TraceWarning, final_path, resolve_paths
 from .structure import (
     COUNT_COLUMNS,
@@ -117,10 +117,11 @@ class Trace:
         for attempt in range(ATTEMPTS):
             if not path.exists() and final_path(path).exists():  # closed meanwhile
                 self.paths[self.paths.index(path)] = path = final_path(path)
+            last = attempt == ATTEMPTS - 1 or not maybe_live(path)
             try:
-                return self._open_checked(path, step_back=attempt == ATTEMPTS - 1)
+                return self._open_checked(path, step_back=last)
             except TraceFormatError:
-                if attempt == ATTEMPTS - 1:
+                if last:
                     raise
             time.sleep(backoff(attempt))
 
