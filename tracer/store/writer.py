@@ -24,6 +24,8 @@ import numpy as np
 
 from .. import schema
 from ..errors import InputError
+from .amend import amend_meta as amend_meta  # re-exported: callers of the writer
+from .live import announce
 from .paths import final_path, partial_path
 
 _STR = h5py.string_dtype("utf-8")
@@ -291,6 +293,7 @@ class TraceWriter:
             for c in schema.BLOCK_COLUMNS:
                 self._append(g[c.name], arrays[c.name], c)
             self.rows_written += n
+            announce(self._file, self.rows_written)
             self._file.flush()
 
     def add_phase(self, step: int, name: str, ms: float, level: int = 1) -> None:
@@ -322,6 +325,7 @@ class TraceWriter:
         wrote = False
         if self._blocks["request"]:
             self._flush_table("blocks", schema.BLOCK_COLUMNS, self._blocks)
+            announce(self._file, self.rows_written)  # the live-reader protocol (.live)
             wrote = True
         if self._phases["step"]:
             self._flush_table("phases", schema.PHASE_COLUMNS, self._phases)
@@ -482,23 +486,3 @@ class TraceWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(complete=exc_type is None)
-
-
-def amend_meta(path: str | os.PathLike, **items) -> None:
-    """Merge ``items`` into the /meta of a trace file that no process writes any more (e.g.
-    ``capture vllm`` adds how the command ended to the files the plugin wrote).
-
-    Raises:
-        InputError: the file cannot be opened for writing or has no JSON /meta object.
-    """
-    try:
-        with h5py.File(path, "r+", locking=False) as f:
-            raw = f["meta"][()]
-            meta = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
-            if not isinstance(meta, dict):
-                raise ValueError("/meta is not a JSON object")
-            meta.update(items)
-            del f["meta"]
-            f.create_dataset("meta", data=json.dumps(meta, sort_keys=True, default=str), dtype=_STR)
-    except (OSError, KeyError, ValueError) as exc:
-        raise InputError(f"{path}: cannot update the trace metadata ({exc})") from None
