@@ -162,6 +162,23 @@ def test_trace_that_disagrees_with_the_engines_counters_is_incomplete(tmp_path, 
         assert_clean(*diff_json(clean, ok))
 
 
+def test_capture_that_recorded_nothing_is_incomplete(tmp_path, clean):
+    # A real capture of a command that prints no trace line: 0 blocks, 0 requests.
+    out = tmp_path / "empty.h5"
+    r = run("capture", "-o", str(out), "--", sys.executable, "-c", "print('hi')")
+    assert r.returncode == 0 and "no [SPECTRACE] verify lines" in r.stderr
+    rc, doc = check_json(out)
+    f = first_error(rc, doc, "capture_incomplete")
+    assert f["evidence"]["empty"] is True and f["evidence"]["ended"] == "clean"
+    assert "recorded nothing" in f["message"]
+    rc, doc = diff_json(out, clean)
+    assert first_error(rc, doc, "capture_incomplete")["side"] == "ours"
+    # Clean twin: a run without speculative decoding records its requests, not blocks.
+    vanilla = write_trace(tmp_path / "vanilla.h5", complete(), [], {"capture": {"ended": "clean"}})
+    rc, doc = check_json(vanilla)
+    assert "capture_incomplete" not in [f["kind"] for f in doc["findings"]]
+
+
 OLD_META = {"exit_status": 137, "killed_by_signal": 9, "interrupted": False}
 NEW_META = {"capture": {"ended": "engine-signal", "exit_status": 137, "signal": 9}}
 

@@ -49,6 +49,7 @@ def capture_end(meta: dict) -> CaptureEvidence:
         interrupted=bool(meta.get("interrupted")) or cap.get("ended") == "interrupted",
         aborted=str(aborted) if aborted else None,
         counters_mismatch=[str(x) for x in bad] if isinstance(bad, list) else [],
+        empty=False,
     )
 
 
@@ -73,23 +74,27 @@ def _how(ev: CaptureEvidence) -> list[str]:
 
 def capture(s: SideInput) -> Finding | None:
     """capture_incomplete: the engine did not exit cleanly (non-zero exit status, a signal),
-    the capture was interrupted or aborted, or the trace disagrees with the engine's own
-    counters (/meta ``checks`` status ``mismatch``): work may be missing from the trace."""
+    the capture was interrupted or aborted, the trace disagrees with the engine's own
+    counters (/meta ``checks`` status ``mismatch``), or a capture or import recorded nothing
+    at all (no block, no request): work is missing from the trace."""
     td = s.td
     ev = capture_end(td.t.meta)
+    recorded = "capture" in td.t.meta or "import" in td.t.meta
+    ev["empty"] = recorded and len(td.t.blocks) == 0 and len(td.t.requests) == 0
     how = _how(ev)
-    if not how:
-        return None
-    return Finding(
-        "capture_incomplete",
-        "error",
-        side=td.side,
-        message=(
+    if how:
+        message = (
             f"{td.side}: the capture did not end cleanly ({'; '.join(how)}): requests and "
             f"blocks after that point are missing, agreement of the rest proves nothing"
-        ),
-        evidence=ev,
-    )
+        )
+    elif ev["empty"]:
+        message = (
+            f"{td.side}: the capture recorded nothing: no draft block and no request reached "
+            f"it (did the command run with drafts and print trace lines?)"
+        )
+    else:
+        return None
+    return Finding("capture_incomplete", "error", side=td.side, message=message, evidence=ev)
 
 
 def _incomplete(s: SideInput) -> tuple[list[tuple[int, int | None]], list[str]]:
