@@ -11,6 +11,7 @@ from spectrace.tracer.cli.output import say
 from spectrace.tracer.errors import InputError, SpectraceError
 from spectrace.tracer.store import TraceWriter
 
+from .bulk import bulk_feed
 from .parser import DEFAULT_ENGINE, SOURCE, VtTraceParser
 from .requests import read_requests
 from .stats import ImportStats
@@ -67,7 +68,8 @@ def import_log(
         try:
             if requests is not None:
                 parser.set_requests(requests, source=str(requests_path))
-            binary = _feed(parser, lines)
+            binary = _feed_bulk(parser, log)
+            binary = _feed(parser, lines) if binary is None else binary
             _refuse_non_log(parser.stats, name, binary)
             stats = parser.finish()
         except Exception as exc:
@@ -81,6 +83,15 @@ def import_log(
     finally:
         close()
     return stats
+
+
+def _feed_bulk(parser: VtTraceParser, log: str | os.PathLike) -> bool | None:
+    """A saved log file read at once (:func:`~.bulk.bulk_feed`); None for stdin or a log
+    that needs the line-by-line parser."""
+    if str(log) == "-":
+        return None
+    with open(log, "rb") as fh:
+        return bulk_feed(parser, fh.read())
 
 
 def _feed(parser: VtTraceParser, lines: Iterable[str]) -> bool:

@@ -93,24 +93,24 @@ _REQUIRED = {
     "spec-install": {"req", "installed"},
     "spec-post_step": set(),
 }
-_PHASE_MS = ("pre", "backbone", "sample", "sequential")
+PHASE_MS = ("pre", "backbone", "sample", "sequential")
 
 # Value ranges: a field stored in a trace column must fit that column (pos - 1 is the int32
 # ``position``, k/ns/acc/drafts-per-row size int16 columns, ids are int32 token ids); any
 # other integer must fit int64. Out of range is a malformed line: never clamped or wrapped.
 _I16 = (0, 2**15 - 1)
-_RANGES: dict[str, tuple[int, int]] = {
+RANGES: dict[str, tuple[int, int]] = {
     "pos": (1, 2**31 - 1),
     "k": _I16,
     "ns": _I16,
     "acc": _I16,
     "drafts/row": _I16,
 }
-_ID_RANGE = (-(2**31), 2**31 - 1)  # int32 cells (-1 pads a list the engine cut short)
+ID_RANGE = (-(2**31), 2**31 - 1)  # int32 cells (-1 pads a list the engine cut short)
 _ANY_INT = (-(2**63), 2**63 - 1)
 _MAX_DIGITS = 19  # longer digit strings exceed int64 (and int() has a digit limit)
-_FLOAT32_MAX = 3.4028234663852886e38  # largest finite float32
-_MARGIN_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|nan")
+FLOAT32_MAX = 3.4028234663852886e38  # largest finite float32
+MARGIN_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|nan")
 
 
 class MalformedLine(Exception):
@@ -190,20 +190,20 @@ def _int(name: str, text: str) -> int:
 
 
 def _check_ranges(rec: Record) -> None:
-    """Raise MalformedLine for a value out of its column's range (see ``_RANGES``)."""
+    """Raise MalformedLine for a value out of its column's range (see ``RANGES``)."""
     for name, v in rec.values.items():
         if isinstance(v, Ids):
-            lo, hi = _ID_RANGE
+            lo, hi = ID_RANGE
             bad = next((x for x in v.ids if not lo <= x <= hi), None)
             if bad is not None:
                 raise MalformedLine(
                     f"{name} holds a token id out of range [{lo}, {hi}] (field={name}, value={bad})"
                 )
         elif isinstance(v, int):
-            lo, hi = _RANGES.get(name, _ANY_INT)
+            lo, hi = RANGES.get(name, _ANY_INT)
             if not lo <= v <= hi:
                 raise MalformedLine(f"{name} out of range [{lo}, {hi}] (field={name}, value={v})")
-        elif isinstance(v, float) and not abs(v) <= _FLOAT32_MAX:
+        elif isinstance(v, float) and not abs(v) <= FLOAT32_MAX:
             raise MalformedLine(f"{name} out of range for float32 (field={name}, value={v})")
         elif isinstance(v, list):
             _check_margins(name, v, rec.values.get("first"))
@@ -215,7 +215,7 @@ def _check_ranges(rec: Record) -> None:
 
 def _check_margins(name: str, margins: list[float], first: object) -> None:
     """One float32 (or ``nan``: unknown) per proposed id of ``first``."""
-    bad = next((x for x in margins if abs(x) > _FLOAT32_MAX), None)
+    bad = next((x for x in margins if abs(x) > FLOAT32_MAX), None)
     if bad is not None:
         raise MalformedLine(f"{name} out of range for float32 (field={name}, value={bad})")
     if isinstance(first, Ids) and first.complete and len(margins) != len(first.ids):
@@ -252,14 +252,14 @@ def _canonical_regex(family: str, variant: str, fields: _F) -> re.Pattern:
     tail = ""
     for name, kind in fields:
         if kind == "floats_opt":
-            tail += rf"(?: {re.escape(name)}=\[ ((?:{_MARGIN_RE.pattern} )*)\])?"
+            tail += rf"(?: {re.escape(name)}=\[ ((?:{MARGIN_RE.pattern} )*)\])?"
             continue
         parts.append(("-> " if kind == "arrow" else "") + re.escape(name) + "=" + pat[kind])
     return re.compile(" ".join(parts) + tail)
 
 
-_CANONICAL: dict[str, list[tuple[str, _F, re.Pattern]]] = {}
-for _fam, _variants in {
+#: family -> [(variant, canonical fields)]: the engine's exact line formats.
+FORMATS: dict[str, list[tuple[str, _F]]] = {
     "SPECTRACE": [("", _SPECTRACE)],
     "spec-propose": [("", _PROPOSE)],
     "spec-phase": [("pre", _PHASE), ("old", _PHASE_OLD), ("dspark", _PHASE_DSPARK)],
@@ -269,7 +269,9 @@ for _fam, _variants in {
     "spec-update": [("req", _UPDATE_REQ), ("called", _UPDATE_CALLED)],
     "spec-install": [("", _INSTALL)],
     "spec-post_step": [("", _POST_STEP)],
-}.items():
+}
+_CANONICAL: dict[str, list[tuple[str, _F, re.Pattern]]] = {}
+for _fam, _variants in FORMATS.items():
     _CANONICAL[_fam] = [(v, f, _canonical_regex(_fam, v, f)) for v, f in _variants]
 
 
@@ -418,7 +420,7 @@ def _parse_floats(name: str, value: str) -> list[float]:
         raise MalformedLine(f"{name}= is not a [ ] list of numbers")
     out = []
     for tok in value[1:-1].split():
-        if not _MARGIN_RE.fullmatch(tok):
+        if not MARGIN_RE.fullmatch(tok):
             raise MalformedLine(f"{name}=[…] holds {tok!r}, not a number")
         out.append(float(tok))
     return out
@@ -430,7 +432,7 @@ def _check_required(rec: Record) -> None:
     required = set(_REQUIRED.get(rec.family, ()))
     if rec.family == "spec-update":
         required = {"n"} if rec.variant == "called" else {"req", "drafts"}
-    if rec.family == "spec-phase" and not any(n in rec.values for n in _PHASE_MS):
+    if rec.family == "spec-phase" and not any(n in rec.values for n in PHASE_MS):
         raise MalformedLine("no phase timing (pre=, backbone=, sample= or sequential=)")
     missing = [n for n in _fields_of(rec) if n[0] in required and n[0] not in rec.values]
     if missing:
@@ -478,7 +480,7 @@ def phase_rows(rec: Record) -> list[tuple[str, object]]:
     ``total``). A value may be missing or non-finite in an edited line: callers skip those."""
     v = rec.values
     if rec.family == "spec-phase":
-        return [(n, v[n]) for n in _PHASE_MS if n in v]
+        return [(n, v[n]) for n in PHASE_MS if n in v]
     if rec.family == "spec-phase-dev":
         return [(f"dev.{n}", v[n]) for n, _ in _DEV if n in v]
     total = v["total"]  # [fwd-ops]: shares of total, stored as ms
