@@ -19,7 +19,7 @@ from spectrace.tracer import schema
 
 from .blocks import Block, Chain, Proposal, anchor_mismatch, block_problems, chain_break, gap_note
 from .bulk_commit import commit
-from .bulk_lex import CODE, Family, Lexed, NotBulk, flatten, lex_log
+from .bulk_lex import CODE, Family, Lexed, NotBulk, lex_log
 from .lines import Ids
 from .parser import VtTraceParser
 
@@ -137,8 +137,8 @@ class _Plan:
         self.vstep = self.step_of[fv.lines]
         self.pos, self.ns = c.get("pos", np.zeros(0, np.int64)), c.get("ns", np.zeros(0, np.int64))
         self.acc, self.k = c.get("acc", np.zeros(0, np.int64)), c.get("k", np.zeros(0, np.int64))
-        self.dflat, self.dlen = flatten(c.get("draft", []))  # type: ignore[arg-type]
-        self.eflat, self.elen = flatten(c.get("emit", []))  # type: ignore[arg-type]
+        self.dflat, self.dlen = fv.flat("draft")
+        self.eflat, self.elen = fv.flat("emit")
         self.doff = np.concatenate([[0], np.cumsum(self.dlen)])[:-1].astype(np.int64)
         self.eoff = np.concatenate([[0], np.cumsum(self.elen)])[:-1].astype(np.int64)
         self.vreq = self.ridx[V]
@@ -249,7 +249,7 @@ class _Plan:
         c = fp.cols
         self.pstep = self.step_of[fp.lines]
         firsts: list[bytes] = c.get("first", [])  # type: ignore[assignment]
-        self.fflat, self.flen = flatten(firsts)
+        self.fflat, self.flen = fp.flat("first")
         self.per_row = c.get("drafts/row", np.zeros(0, np.int64))
         self.joined = np.full(self.n, -1, np.int64)  # block -> proposal
         self.outcome = {"exact": 0, "hint": 0, "not_verified": 0}

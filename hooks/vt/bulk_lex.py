@@ -76,6 +76,13 @@ class Family:
 
     lines: np.ndarray
     cols: dict[str, object] = field(default_factory=dict)
+    #: id-list field -> (every id, int64; ids per line, int64): :func:`flatten` of its column.
+    ids: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def flat(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """``ids[name]``, empty arrays for a family without lines."""
+        empty = np.zeros(0, np.int64)
+        return self.ids.get(name, (empty, empty))
 
 
 @dataclass
@@ -183,12 +190,15 @@ def _lex_family(code: int, lines: list[bytes], idx: np.ndarray) -> tuple[Family,
     if not isinstance(groups[0] if groups else (), tuple):
         groups = [(g,) for g in groups]
     cols = _columns(_FIELDS[code], groups)
-    good = _in_range(code, cols, len(groups))
+    names = [n for n, kind in _FIELDS[code] if kind.startswith("ids")]
+    ids = {n: flatten(cols[n]) for n in names}  # type: ignore[arg-type]
+    good = _in_range(code, cols, ids, len(groups))
     keep = np.flatnonzero(ok)
     bad = idx[np.flatnonzero(~ok)].tolist() + idx[keep[~good]].tolist()
     if not good.all():
         cols = {n: _take(v, good) for n, v in cols.items()}
-    return Family(idx[keep[good]], cols), bad
+        ids = {n: flatten(cols[n]) for n in names}  # type: ignore[arg-type]
+    return Family(idx[keep[good]], cols, ids), bad
 
 
 def _columns(fields, groups: list[tuple]) -> dict[str, object]:
@@ -213,7 +223,7 @@ def _columns(fields, groups: list[tuple]) -> dict[str, object]:
     return cols
 
 
-def _in_range(code: int, cols: dict[str, object], n: int) -> np.ndarray:
+def _in_range(code: int, cols: dict[str, object], ids: dict, n: int) -> np.ndarray:
     """Rows whose values fit their trace columns (the rest: the exact path's message)."""
     good = np.ones(n, dtype=bool)
     for name, v in cols.items():
@@ -222,10 +232,10 @@ def _in_range(code: int, cols: dict[str, object], n: int) -> np.ndarray:
             good &= (v >= lo) & (v <= hi)
         elif v and isinstance(v[0], float):
             good &= np.abs(np.array(v)) <= FLOAT32_MAX
-        elif v and isinstance(v[0], bytes) and name != "req":
-            good &= _ids_fit(v)
+        elif name in ids:
+            good &= _ids_fit(*ids[name])
     if "margin" in cols:
-        first = [b.count(b" ") for b in cols["first"]]  # type: ignore[union-attr]
+        first = ids["first"][1].tolist()
         good &= np.array(
             [
                 m is None or (len(m) == f and all(abs(x) <= FLOAT32_MAX for x in m))
@@ -234,18 +244,17 @@ def _in_range(code: int, cols: dict[str, object], n: int) -> np.ndarray:
             dtype=bool,
         )
     if code == CODE["SPECTRACE", ""]:
-        good &= cols["acc"] <= np.array([b.count(b" ") for b in cols["draft"]])  # type: ignore
+        good &= cols["acc"] <= ids["draft"][1]  # type: ignore[operator]
     return good
 
 
-def _ids_fit(raws: list[bytes]) -> np.ndarray:
-    flat, lens = flatten(raws)
+def _ids_fit(flat: np.ndarray, lens: np.ndarray) -> np.ndarray:
     lo, hi = ID_RANGE
     bad = (flat < lo) | (flat > hi)
     if not bad.any():
-        return np.ones(len(raws), dtype=bool)
-    row = np.repeat(np.arange(len(raws)), lens)
-    return ~np.bincount(row[bad], minlength=len(raws)).astype(bool)
+        return np.ones(len(lens), dtype=bool)
+    row = np.repeat(np.arange(len(lens)), lens)
+    return ~np.bincount(row[bad], minlength=len(lens)).astype(bool)
 
 
 def flatten(raws: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
