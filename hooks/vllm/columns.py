@@ -16,22 +16,34 @@ from collections.abc import Callable
 
 import numpy as np
 
-from spectrace.tracer.schema import PAD, pad_to
+from spectrace.tracer.schema import BLOCK_COLUMNS, PAD, Column, pad_to
 from spectrace.tracer.store import TraceWriter
 
 
 def concat_columns(parts: list[dict]) -> dict:
-    """Concatenate block column dicts row-wise; matrices are padded with -1 to the widest."""
+    """Concatenate block column dicts row-wise; matrices are padded to the widest with the
+    column's fill (-1, NaN for margins), and a column some parts lack is filled for them
+    (the joiner's row blocks and a step's columns may carry different optional columns)."""
     if len(parts) == 1:
         return parts[0]
+    known = {c.name: c for c in BLOCK_COLUMNS}
     out = {}
-    for name in parts[0]:
-        arrs = [p[name] for p in parts]
-        if arrs[0].ndim == 2:
+    for name in dict.fromkeys(n for p in parts for n in p):
+        c = known[name]
+        arrs = [np.asarray(p[name]) if name in p else _filled(c, _rows(p)) for p in parts]
+        if c.width is not None:
             w = max(a.shape[1] for a in arrs)
-            arrs = [pad_to(a, w) for a in arrs]
+            arrs = [pad_to(a, w, c.fill) for a in arrs]
         out[name] = np.concatenate(arrs)
     return out
+
+
+def _rows(columns: dict) -> int:
+    return len(next(iter(columns.values())))
+
+
+def _filled(c: Column, n: int) -> np.ndarray:
+    return np.full((n,) if c.width is None else (n, 1), c.fill, dtype=c.np_dtype)
 
 
 class ColumnWriter:

@@ -121,12 +121,30 @@ _JOINED = {c: re.compile(rb"\n" + p + rb"(?=\n)") for c, p in _CORE.items()}
 _ONE = {c: re.compile(p + rb"\Z") for c, p in _CORE.items()}
 
 
+#: Bytes lexed at a time (cut at a line end): bounds the per-line Python objects alive.
+CHUNK_BYTES = 4 << 20
+
+
 def lex_log(data: bytes) -> Lexed:
-    """Lex a whole log (``\\n``-separated bytes, no ``\\r``).
+    """Lex a whole log (``\\n``-separated bytes, no ``\\r``), :data:`CHUNK_BYTES` at a time.
 
     Raises:
         NotBulk: a line :func:`~.lines.parse_line` reads as a record that is not canonical.
     """
+    parts: list[Lexed] = []
+    start = n_lines = 0
+    while start < len(data):
+        end = data.find(b"\n", min(start + CHUNK_BYTES, len(data)) - 1)
+        end = len(data) if end < 0 else end + 1
+        part = _lex_chunk(data[start:end], n_lines)
+        parts.append(part)
+        n_lines += part.n_lines
+        start = end
+    return _concat(parts, n_lines)
+
+
+def _lex_chunk(data: bytes, first: int) -> Lexed:
+    """Lex the lines of ``data``; line numbers (0-based) start at ``first``."""
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
@@ -136,17 +154,41 @@ def lex_log(data: bytes) -> Lexed:
     for code in range(1, len(KEYS) + 1):
         idx = np.flatnonzero(codes == code)
         if len(idx):
-            fam, bad = _lex_family(code, [lines[i] for i in idx.tolist()], idx)
+            fam, bad = _lex_family(code, [lines[i] for i in idx.tolist()], idx + first)
             families[code] = fam
-            slow += bad
+            slow += [i - first for i in bad]
     slow += [i for i in np.flatnonzero(codes == 0).tolist() if _maybe_trace(lines[i])]
     malformed = []
     for i in sorted(slow):
         msg = _slow_line(lines[i])
         codes[i] = 0 if msg is None else -1
         if msg is not None:
-            malformed.append((i + 1, msg))
+            malformed.append((first + i + 1, msg))
     return Lexed(len(lines), codes, families, malformed)
+
+
+def _concat(parts: list[Lexed], n_lines: int) -> Lexed:
+    """The chunks' results as one :class:`Lexed` (columns concatenated in line order)."""
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:  # an empty log
+        return Lexed(0, np.zeros(0, np.int8), {}, [])
+    families: dict[int, Family] = {}
+    for code in sorted({c for p in parts for c in p.families}):
+        fams = [p.families[code] for p in parts if code in p.families]
+        cols: dict[str, object] = {}
+        for name, v in fams[0].cols.items():
+            if isinstance(v, np.ndarray):
+                cols[name] = np.concatenate([f.cols[name] for f in fams])  # type: ignore[misc]
+            else:
+                cols[name] = [x for f in fams for x in f.cols[name]]  # type: ignore[attr-defined]
+        ids = {
+            name: tuple(np.concatenate([f.ids[name][i] for f in fams]) for i in (0, 1))
+            for name in fams[0].ids
+        }
+        families[code] = Family(np.concatenate([f.lines for f in fams]), cols, ids)  # type: ignore[arg-type]
+    codes = np.concatenate([p.codes for p in parts])
+    return Lexed(n_lines, codes, families, [m for p in parts for m in p.malformed])
 
 
 def _classify(lines: list[bytes]) -> np.ndarray:

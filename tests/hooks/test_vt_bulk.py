@@ -11,6 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
+from spectrace.hooks.vt import bulk_lex
 from spectrace.hooks.vt.bulk import bulk_feed
 from spectrace.hooks.vt.importer import import_log
 from spectrace.hooks.vt.parser import VtTraceParser
@@ -72,6 +73,16 @@ def test_bulk_equals_line_by_line(tmp_path, log, requests):
     assert a.keys() == b.keys()
     for key in a:
         assert repr(a[key]) == repr(b[key]), key  # repr: NaN cells compare equal
+
+
+def test_bulk_lexes_in_chunks_like_whole(tmp_path, monkeypatch):
+    """Chunks cut at line ends (997 bytes here, 4 MiB by default) change nothing."""
+    whole = _parse(BUNDLED, tmp_path / "whole.h5", True, BUNDLED_REQ)
+    monkeypatch.setattr(bulk_lex, "CHUNK_BYTES", 997)
+    chunked = _parse(BUNDLED, tmp_path / "chunked.h5", True, BUNDLED_REQ)
+    assert chunked.to_meta() == whole.to_meta()
+    a, b = _columns(tmp_path / "whole.h5"), _columns(tmp_path / "chunked.h5")
+    assert {k: repr(v) for k, v in a.items()} == {k: repr(v) for k, v in b.items()}
 
 
 def test_bulk_keeps_malformed_line_messages(tmp_path):
