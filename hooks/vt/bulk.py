@@ -253,40 +253,47 @@ class _Plan:
         self.per_row = c.get("drafts/row", np.zeros(0, np.int64))
         self.joined = np.full(self.n, -1, np.int64)  # block -> proposal
         self.outcome = {"exact": 0, "hint": 0, "not_verified": 0}
-        by_step = {int(s): j for j, s in enumerate(self.pstep.tolist())}
-        drafts: list[bytes] = self.f(V).cols.get("draft", [])  # type: ignore[assignment]
-        vsteps = self.vstep.tolist()
-        first_v: dict[int, list[int]] = {}
-        for i, s in enumerate(vsteps):
-            j = by_step.get(s - 1)
-            if j is not None:
-                first_v.setdefault(j, []).append(i)
-        hints = self._hints(by_step)
-        for j in range(len(firsts)):
-            self._join_one(j, firsts[j], first_v.get(j, []), drafts, hints.get(j))
-            if self.per_row[j] != self.flen[j]:
-                msg = f"drafts/row={self.per_row[j]} but first=[…] holds {self.flen[j]} ids"
-                self._violation(int(fp.lines[j]) + 1, 0, "drafts/row", msg)
+        prop_at = np.full(int(self.last_step) + 2, -1, np.int64)  # step -> its proposal
+        prop_at[self.pstep] = np.arange(len(self.pstep))
+        pj = prop_at[self.vstep - 1] if self.n else np.zeros(0, np.int64)  # block -> candidate
+        drafts = np.array(self.f(V).cols.get("draft", []), dtype=object)
+        exact = (pj >= 0) & (drafts == np.array(firsts + [b""], dtype=object)[pj])
+        _, at = np.unique(pj[exact], return_index=True)
+        first_exact = np.flatnonzero(exact)[at]  # the first exact block of each proposal
+        self.joined[first_exact] = pj[first_exact]
+        self.outcome["exact"] = len(first_exact)
+        todo = np.setdiff1d(np.arange(len(firsts)), pj[first_exact])
+        srt = np.argsort(pj, kind="stable")
+        lo, hi = np.searchsorted(pj[srt], todo, "left"), np.searchsorted(pj[srt], todo, "right")
+        hints = self._hints(prop_at)
+        for j, a, b in zip(todo.tolist(), lo.tolist(), hi.tolist()):
+            self._join_one(j, srt[a:b].tolist(), hints.get(j))
+        bad = np.flatnonzero(self.per_row != self.flen)
+        for j in bad.tolist():
+            msg = f"drafts/row={self.per_row[j]} but first=[…] holds {self.flen[j]} ids"
+            self._violation(int(fp.lines[j]) + 1, 0, "drafts/row", msg)
 
-    def _hints(self, by_step: dict[int, int]) -> dict[int, tuple[int, bool]]:
+    def _hints(self, prop_at: np.ndarray) -> dict[int, tuple[int, bool]]:
+        """Proposal -> (request, finished) of the first ``[spec-update] req=`` row of its
+        step with drafts and no prefill chunk (VtTraceParser._on_post)."""
         fu = self.f(_UPD)
         c = fu.cols
-        out: dict[int, tuple[int, bool]] = {}
         if not len(fu.lines):
-            return out
-        ok = (c["drafts"] > 0) & (c["prefill_chunk"] == 0)  # type: ignore[operator]
-        for i in np.flatnonzero(ok).tolist():
-            j = by_step.get(int(self.step_of[fu.lines[i]]))
-            if j is not None and j not in out:
-                out[j] = (int(self.ridx[_UPD][i]), bool(c["finished"][i] == 1))  # type: ignore[index]
-        return out
+            return {}
+        ok = np.flatnonzero((c["drafts"] > 0) & (c["prefill_chunk"] == 0))  # type: ignore[operator]
+        steps = self.step_of[fu.lines[ok]]
+        _, at = np.unique(steps, return_index=True)
+        rows = ok[at]
+        js = prop_at[np.minimum(steps[at], len(prop_at) - 1)]
+        fin = c["finished"]  # type: ignore[index]
+        return {
+            int(j): (int(self.ridx[_UPD][i]), bool(fin[i] == 1))
+            for j, i in zip(js.tolist(), rows.tolist())
+            if j >= 0
+        }
 
-    def _join_one(self, j: int, first: bytes, blocks: list[int], drafts, hint) -> None:
-        exact = next((i for i in blocks if drafts[i] == first), None)
-        if exact is not None:
-            self.joined[exact] = j
-            self.outcome["exact"] += 1
-            return
+    def _join_one(self, j: int, blocks: list[int], hint) -> None:
+        """Proposal ``j`` without an exact block among ``blocks`` (its next step's)."""
         if hint is None and blocks:
             raise NotBulk("a join without hint (truncated/partial/unjoined)")
         got = None
