@@ -4,7 +4,6 @@ and the parser's state, exactly as line-by-line feeding leaves them."""
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -85,28 +84,49 @@ def _write_blocks(plan: Any) -> None:
 
 
 def _write_phases(plan: Any) -> None:
-    """Phase rows in line order (VtTraceParser._write_phases, through lines.phase_rows)."""
-    items = []
+    """Phase rows in line order (VtTraceParser._write_phases, through lines.phase_rows, which
+    reads whole columns here; ``[fwd-ops]`` shares are computed line by line)."""
+    parts = []  # (line, row within the line, step, name, ms, level) columns
     for code in _PHASE_CODES:
         fam = plan.fam.get(code)
-        if fam is not None:
-            items += [(int(ln), code, j) for j, ln in enumerate(fam.lines.tolist())]
-    items.sort()
-    w, written = plan.p.writer, 0
-    for ln, code, j in items:
+        if fam is None:
+            continue
         family = KEYS[code - 1][0]
-        cols = plan.fam[code].cols
-        rec = Record(family, {n: v[j] for n, v in cols.items()})
-        level = _LEVEL[family]
+        level = np.full(len(fam.lines), _LEVEL[family], np.int64)
         if family == "spec-phase":
-            seen = int(plan.seen_of[ln])
-            level = 3 if seen & (1 << 5) else 2 if seen & (1 << 6) else 1
-        step = int(plan.step_of[ln])
-        for name, ms in phase_rows(rec):
-            if isinstance(ms, float) and math.isfinite(ms):
-                w.add_phase(step, name, ms, level)
-                written += 1
-    plan.p.stats.phases += written
+            seen = plan.seen_of[fam.lines]
+            level = np.where(seen & (1 << 5), 3, np.where(seen & (1 << 6), 2, 1))
+        step = plan.step_of[fam.lines]
+        rows = _phase_columns(family, fam)
+        for r, (name, ms) in enumerate(rows):
+            ms = np.asarray(ms, dtype=np.float64)
+            keep = np.isfinite(ms)
+            parts.append((fam.lines[keep], r, step[keep], name, ms[keep], level[keep]))
+    if not parts:
+        return
+    line = np.concatenate([p[0] for p in parts])
+    sub = np.concatenate([np.full(len(p[0]), p[1]) for p in parts])
+    order = np.lexsort((sub, line))
+    steps = np.concatenate([p[2] for p in parts])[order].tolist()
+    names = np.concatenate([np.full(len(p[0]), i) for i, p in enumerate(parts)])[order]
+    ms = np.concatenate([p[4] for p in parts])[order].tolist()
+    levels = np.concatenate([p[5] for p in parts])[order].tolist()
+    label = [p[3] for p in parts]
+    add = plan.p.writer.add_phase
+    for st, k, v, lv in zip(steps, names.tolist(), ms, levels):
+        add(st, label[k], v, lv)
+    plan.p.stats.phases += len(ms)
+
+
+def _phase_columns(family: str, fam: Any) -> list[tuple[str, object]]:
+    """``phase_rows`` of a whole family: (name, ms per line) in the order it names them."""
+    if family != "fwd-ops":
+        return phase_rows(Record(family, {n: np.asarray(v) for n, v in fam.cols.items()}))
+    per_line = [
+        phase_rows(Record(family, {n: v[j] for n, v in fam.cols.items()}))
+        for j in range(len(fam.lines))
+    ]
+    return [(name, [row[i][1] for row in per_line]) for i, (name, _) in enumerate(per_line[0])]
 
 
 def _bump(counter, key: str, n: int) -> None:

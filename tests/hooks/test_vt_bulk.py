@@ -234,3 +234,28 @@ def test_bulk_equals_line_by_line_on_mutated_logs(tmp_path, seed):
     assert fast.summary() == slow.summary()
     a, b = _columns(tmp_path / "slow.h5"), _columns(tmp_path / "fast.h5")
     assert {k: repr(v) for k, v in a.items()} == {k: repr(v) for k, v in b.items()}
+
+
+FWD_OPS = (
+    "[fwd-ops] P=5 Tq=5 L=2 total=1.50ms norm=10.0% conv=0.0% qkv=20.0% qknorm_rope=5.0% "
+    "ctx_scatter=5.0% attn=20.0% o_proj=10.0% mlp=25.0% head=5.0%"
+)
+DEV = "[spec-phase-dev] pre=0.10ms fwd=1.20ms select=0.05ms walk=0.02ms"
+
+
+def test_bulk_equals_line_by_line_at_level_3(tmp_path):
+    """``[fwd-ops]`` and ``[spec-phase-dev]`` before every ``[spec-phase]``: phase rows,
+    their levels (3 for the step's spec-phase) and names as line-by-line feeding writes."""
+    out = []
+    for line in BUNDLED.read_text().splitlines():
+        if line.startswith("[spec-phase] "):
+            out += [FWD_OPS, DEV]
+        out.append(line)
+    log = tmp_path / "l3.log"
+    log.write_text("\n".join(out) + "\n")
+    slow = _parse(log, tmp_path / "slow.h5", False, BUNDLED_REQ)
+    fast = _parse(log, tmp_path / "fast.h5", True, BUNDLED_REQ)
+    assert fast.to_meta() == slow.to_meta()
+    a, b = _columns(tmp_path / "slow.h5"), _columns(tmp_path / "fast.h5")
+    assert {k: repr(v) for k, v in a.items()} == {k: repr(v) for k, v in b.items()}
+    assert sorted(set(a["phases/level"])) == [2, 3]  # dev 2; fwd-ops and spec-phase 3
