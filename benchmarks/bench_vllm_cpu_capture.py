@@ -131,7 +131,7 @@ def generate(a: argparse.Namespace) -> None:
         model=str(models / "target"),
         tokenizer=str(models / "target"),
         dtype="float32",
-        max_model_len=1024,
+        max_model_len=512,
         enforce_eager=True,
         seed=0,
         speculative_config={
