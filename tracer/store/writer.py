@@ -395,16 +395,20 @@ class TraceWriter:
         ds[n0:, : arr.shape[1]] = arr
 
     def _flush_requests(self) -> None:
+        # Strings: one write per run of dirty rows; ragged ids only where there are some (new
+        # rows read as empty): four writes per request made the store an import's bottleneck.
         g = self._file["requests"]
-        n = len(self._requests)
+        n, old = len(self._requests), g["req_id"].shape[0]
         for c in schema.REQUEST_COLUMNS:
             g[c.name].resize((n,))
-        for idx in sorted(self._dirty_requests):
-            req_id, prompt, output, reason = self._requests[idx]
-            g["req_id"][idx] = req_id
-            g["prompt_ids"][idx] = np.asarray(prompt, dtype=np.int32)
-            g["output_ids"][idx] = np.asarray(output, dtype=np.int32)
-            g["finish_reason"][idx] = reason
+        for lo, hi in _runs(sorted(self._dirty_requests)):
+            rows = self._requests[lo:hi]
+            g["req_id"][lo:hi] = np.array([r[0] for r in rows], dtype=object)
+            g["finish_reason"][lo:hi] = np.array([r[3] for r in rows], dtype=object)
+            for name, col in (("prompt_ids", 1), ("output_ids", 2)):
+                for i, r in enumerate(rows, lo):
+                    if r[col] or i < old:
+                        g[name][i] = np.asarray(r[col], dtype=np.int32)
         self._dirty_requests.clear()
 
     def patch_blocks(self, column: str, rows: Sequence[int], values: Sequence[int]) -> int:
@@ -486,3 +490,10 @@ class TraceWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(complete=exc_type is None)
+
+
+def _runs(idx: list[int]) -> list[tuple[int, int]]:
+    """Sorted row indexes as ``[(lo, hi), ...]`` runs of consecutive rows (hi exclusive)."""
+    starts = [i for j, i in enumerate(idx) if j == 0 or idx[j - 1] != i - 1]
+    ends = [i + 1 for j, i in enumerate(idx) if j == len(idx) - 1 or idx[j + 1] != i + 1]
+    return list(zip(starts, ends))
