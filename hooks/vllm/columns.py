@@ -144,7 +144,7 @@ class RowBuffer:
         request_row: request id -> its /requests row (registered on first sight).
     """
 
-    _SCALARS = ("request", "step", "position", "anchor", "accepted", "t_ns")
+    _SCALARS: tuple[str, ...] = ("request", "step", "position", "anchor", "accepted", "t_ns")
     _SCALARS += ("batch_row", "batch_size", "proposal_source")
 
     def __init__(self, request_row: Callable[[str], int]) -> None:
@@ -192,7 +192,7 @@ class RowBuffer:
         """
         c, prop = self._cols, self._proposed
         ver, emi = self._verified, self._emitted
-        out = {name: np.asarray(v, dtype=np.int64) for name, v in c.items()}
+        out: dict[str, np.ndarray] = {name: np.asarray(v, dtype=np.int64) for name, v in c.items()}
         out["k"] = np.fromiter(map(len, prop), np.int64, len(prop))
         out["num_verified"] = np.array([PAD if v is None else len(v) for v in ver], np.int64)
         out["num_emitted"] = np.array([PAD if e is None else len(e) for e in emi], np.int64)

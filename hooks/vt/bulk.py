@@ -117,26 +117,25 @@ class _Plan:
         self.req_ids: dict[bytes, int] = {}
         self.ridx: dict[int, np.ndarray] = {}
         for code in (V, _UPD, _INSTALL, _SCHED):
-            reqs = self.f(code).cols.get("req", [])
+            reqs = self.f(code).strs("req")
             get = self.req_ids.setdefault
-            self.ridx[code] = np.array([get(r, len(self.req_ids)) for r in reqs], np.int64)  # type: ignore[union-attr]
+            self.ridx[code] = np.array([get(r, len(self.req_ids)) for r in reqs], np.int64)
         self.names = [r.decode("ascii") for r in self.req_ids]
 
     def _refuse(self) -> None:
-        if (self.f(_INSTALL).cols.get("installed", np.ones(0)) == 0).any():
+        if (self.f(_INSTALL).ints("installed") == 0).any():
             raise NotBulk("installed=0")
-        if (self.f(_SCHED).cols.get("sched", np.ones(0)) == 0).any():
+        if (self.f(_SCHED).ints("sched") == 0).any():
             raise NotBulk("sched=0")
 
     def _blocks(self) -> None:
         """Blocks in line order: ids, the anchor chain per request, batch rows."""
         fv = self.f(V)
-        c = fv.cols
         self.n = n = len(fv.lines)
         self.vline = fv.lines + 1
         self.vstep = self.step_of[fv.lines]
-        self.pos, self.ns = c.get("pos", np.zeros(0, np.int64)), c.get("ns", np.zeros(0, np.int64))
-        self.acc, self.k = c.get("acc", np.zeros(0, np.int64)), c.get("k", np.zeros(0, np.int64))
+        self.pos, self.ns = fv.ints("pos"), fv.ints("ns")
+        self.acc, self.k = fv.ints("acc"), fv.ints("k")
         self.dflat, self.dlen = fv.flat("draft")
         self.eflat, self.elen = fv.flat("emit")
         self.doff = np.concatenate([[0], np.cumsum(self.dlen)])[:-1].astype(np.int64)
@@ -246,17 +245,16 @@ class _Plan:
     def _joins(self) -> None:
         """Each ``[spec-propose]`` against the blocks of the next step (choose_join)."""
         fp = self.f(_PROPOSE)
-        c = fp.cols
         self.pstep = self.step_of[fp.lines]
-        firsts: list[bytes] = c.get("first", [])  # type: ignore[assignment]
+        firsts = fp.strs("first")
         self.fflat, self.flen = fp.flat("first")
-        self.per_row = c.get("drafts/row", np.zeros(0, np.int64))
+        self.per_row = fp.ints("drafts/row")
         self.joined = np.full(self.n, -1, np.int64)  # block -> proposal
         self.outcome = {"exact": 0, "hint": 0, "not_verified": 0}
         prop_at = np.full(int(self.last_step) + 2, -1, np.int64)  # step -> its proposal
         prop_at[self.pstep] = np.arange(len(self.pstep))
         pj = prop_at[self.vstep - 1] if self.n else np.zeros(0, np.int64)  # block -> candidate
-        drafts = np.array(self.f(V).cols.get("draft", []), dtype=object)
+        drafts = np.array(self.f(V).strs("draft"), dtype=object)
         exact = (pj >= 0) & (drafts == np.array(firsts + [b""], dtype=object)[pj])
         _, at = np.unique(pj[exact], return_index=True)
         first_exact = np.flatnonzero(exact)[at]  # the first exact block of each proposal
@@ -277,15 +275,14 @@ class _Plan:
         """Proposal -> (request, finished) of the first ``[spec-update] req=`` row of its
         step with drafts and no prefill chunk (VtTraceParser._on_post)."""
         fu = self.f(_UPD)
-        c = fu.cols
         if not len(fu.lines):
             return {}
-        ok = np.flatnonzero((c["drafts"] > 0) & (c["prefill_chunk"] == 0))  # type: ignore[operator]
+        ok = np.flatnonzero((fu.ints("drafts") > 0) & (fu.ints("prefill_chunk") == 0))
         steps = self.step_of[fu.lines[ok]]
         _, at = np.unique(steps, return_index=True)
         rows = ok[at]
         js = prop_at[np.minimum(steps[at], len(prop_at) - 1)]
-        fin = c["finished"]  # type: ignore[index]
+        fin = fu.ints("finished")
         return {
             int(j): (int(self.ridx[_UPD][i]), bool(fin[i] == 1))
             for j, i in zip(js.tolist(), rows.tolist())
@@ -315,5 +312,5 @@ class _Plan:
         first = Ids(self.fflat[o : o + self.flen[j]].tolist())
         p = Proposal(int(self.pstep[j]), int(self.f(_PROPOSE).lines[j]) + 1, first,
                      int(self.per_row[j]))  # fmt: skip
-        p.margin = self.f(_PROPOSE).cols["margin"][j]  # type: ignore[index]
+        p.margin = self.f(_PROPOSE).margins("margin")[j]
         return p

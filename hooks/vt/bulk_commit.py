@@ -5,6 +5,7 @@ and the parser's state, exactly as line-by-line feeding leaves them."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -67,7 +68,7 @@ def _write_blocks(plan: Any) -> None:
     within = np.arange(int(fl.sum())) - np.repeat(np.concatenate([[0], np.cumsum(fl)])[:-1], fl)
     proposed[rows, within] = plan.fflat[np.repeat(foff[jp], fl) + within]
     margin = np.full((n, wk), np.nan, np.float32)
-    margins = plan.f(CODE["spec-propose", ""]).cols.get("margin", [])
+    margins = plan.f(CODE["spec-propose", ""]).margins("margin")
     for i, j in zip(jr.tolist(), jp.tolist()):
         if margins[j] is not None:
             margin[i, : plen[j]] = plan.proposal(j).margin_row()
@@ -129,7 +130,7 @@ def _phase_columns(family: str, fam: Any) -> list[tuple[str, object]]:
     return [(name, [row[i][1] for row in per_line]) for i, (name, _) in enumerate(per_line[0])]
 
 
-def _bump(counter, key: str, n: int) -> None:
+def _bump(counter: Counter[str], key: str, n: int) -> None:
     if n:
         counter[key] += int(n)
 
@@ -147,7 +148,7 @@ def _count(plan: Any) -> None:
     sched = plan.f(CODE["spec-sched", ""]).cols
     if sched:
         _bump(st.probes, "sched_truncated", int((sched["sched"] < sched["have"]).sum()))
-    nqpr = plan.f(CODE["spec-propose", ""]).cols.get("nqpr", np.zeros(0, np.int64))
+    nqpr = plan.f(CODE["spec-propose", ""]).ints("nqpr")
     for v, c in zip(*np.unique(nqpr, return_counts=True)):
         _bump(st.probes, f"nqpr={int(v)}", int(c))
     for kind, c in plan.outcome.items():
@@ -156,8 +157,8 @@ def _count(plan: Any) -> None:
     joined = int((plan.joined >= 0).sum())
     _bump(st.proposed_source, "propose_line", joined)
     _bump(st.proposed_source, "verified", plan.n - joined)
-    for key, c in (("chain", plan.n_chain), ("requests", plan.n_req), ("unknown", plan.n_unknown)):
-        _bump(st.anchors, key, c)
+    for how, c in (("chain", plan.n_chain), ("requests", plan.n_req), ("unknown", plan.n_unknown)):
+        _bump(st.anchors, how, c)
     st.chain_gaps += int(plan.gap.sum())
     if plan.any_record:
         st.steps = plan.last_step + 1

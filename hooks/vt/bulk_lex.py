@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TypeAlias, cast
 
 import numpy as np
 
@@ -68,6 +69,32 @@ class NotBulk(Exception):
     """The log needs the line-by-line parser (an edited or otherwise unusual line)."""
 
 
+#: One lexed column, by field kind: int64 array [n] (integers), floats (ms/%), bytes (``req``,
+#: raw id lists), or per-line float lists with ``None`` for a left-out optional field (margins).
+Column: TypeAlias = "np.ndarray | list[bytes] | list[float] | list[list[float] | None]"
+
+
+def _ints(v: Column) -> np.ndarray:
+    """An integer column (int64 [n]). Raises TypeError for a list column."""
+    if not isinstance(v, np.ndarray):
+        raise TypeError("not an integer column")
+    return v
+
+
+def _strs(v: Column) -> list[bytes]:
+    """A ``str`` or id-list column (bytes per line). Raises TypeError for an integer column."""
+    if isinstance(v, np.ndarray):
+        raise TypeError("not a bytes column")
+    return cast("list[bytes]", v)  # the field kind (see _columns) fixes the element type
+
+
+def _margins(v: Column) -> list[list[float] | None]:
+    """An optional float-list column (``floats_opt``). Raises TypeError for an integer column."""
+    if isinstance(v, np.ndarray):
+        raise TypeError("not a float-list column")
+    return cast("list[list[float] | None]", v)  # the field kind (see _columns) fixes it
+
+
 @dataclass
 class Family:
     """The lines of one (family, variant): 0-based line numbers and one column per field
@@ -75,7 +102,7 @@ class Family:
     lists, ``None`` entries for an optional field left out)."""
 
     lines: np.ndarray
-    cols: dict[str, object] = field(default_factory=dict)
+    cols: dict[str, Column] = field(default_factory=dict)
     #: id-list field -> (every id, int64; ids per line, int64): :func:`flatten` of its column.
     ids: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
@@ -83,6 +110,19 @@ class Family:
         """``ids[name]``, empty arrays for a family without lines."""
         empty = np.zeros(0, np.int64)
         return self.ids.get(name, (empty, empty))
+
+    def ints(self, name: str) -> np.ndarray:
+        """Integer column ``name`` (int64 [n]); empty for a family without lines."""
+        v = self.cols.get(name)
+        return np.zeros(0, np.int64) if v is None else _ints(v)
+
+    def strs(self, name: str) -> list[bytes]:
+        """``str``/id-list column ``name`` (bytes per line); empty for a family without lines."""
+        return _strs(self.cols.get(name, []))
+
+    def margins(self, name: str) -> list[list[float] | None]:
+        """Optional float-list column ``name``; empty for a family without lines."""
+        return _margins(self.cols.get(name, []))
 
 
 @dataclass
@@ -96,7 +136,7 @@ class Lexed:
     malformed: list[tuple[int, str]]
 
 
-def _core(family: str, variant: str, fields) -> bytes:
+def _core(family: str, variant: str, fields: tuple[tuple[str, str], ...]) -> bytes:
     parts = [re.escape(f"[{family}]".encode())] + ([b"called"] if variant == "called" else [])
     tail = b""
     for name, kind in fields:
@@ -176,17 +216,20 @@ def _concat(parts: list[Lexed], n_lines: int) -> Lexed:
     families: dict[int, Family] = {}
     for code in sorted({c for p in parts for c in p.families}):
         fams = [p.families[code] for p in parts if code in p.families]
-        cols: dict[str, object] = {}
+        cols: dict[str, Column] = {}
         for name, v in fams[0].cols.items():
             if isinstance(v, np.ndarray):
-                cols[name] = np.concatenate([f.cols[name] for f in fams])  # type: ignore[misc]
-            else:
-                cols[name] = [x for f in fams for x in f.cols[name]]  # type: ignore[attr-defined]
+                cols[name] = np.concatenate([_ints(f.cols[name]) for f in fams])
+            else:  # the same kind of list as ``v`` (mypy cannot tie the element types)
+                cols[name] = cast(Column, [x for f in fams for x in f.cols[name]])
         ids = {
-            name: tuple(np.concatenate([f.ids[name][i] for f in fams]) for i in (0, 1))
+            name: (
+                np.concatenate([f.ids[name][0] for f in fams]),
+                np.concatenate([f.ids[name][1] for f in fams]),
+            )
             for name in fams[0].ids
         }
-        families[code] = Family(np.concatenate([f.lines for f in fams]), cols, ids)  # type: ignore[arg-type]
+        families[code] = Family(np.concatenate([f.lines for f in fams]), cols, ids)
     codes = np.concatenate([p.codes for p in parts])
     return Lexed(n_lines, codes, families, [m for p in parts for m in p.malformed])
 
@@ -233,18 +276,18 @@ def _lex_family(code: int, lines: list[bytes], idx: np.ndarray) -> tuple[Family,
         groups = [(g,) for g in groups]
     cols = _columns(_FIELDS[code], groups)
     names = [n for n, kind in _FIELDS[code] if kind.startswith("ids")]
-    ids = {n: flatten(cols[n]) for n in names}  # type: ignore[arg-type]
+    ids = {n: flatten(_strs(cols[n])) for n in names}
     good = _in_range(code, cols, ids, len(groups))
     keep = np.flatnonzero(ok)
     bad = idx[np.flatnonzero(~ok)].tolist() + idx[keep[~good]].tolist()
     if not good.all():
         cols = {n: _take(v, good) for n, v in cols.items()}
-        ids = {n: flatten(cols[n]) for n in names}  # type: ignore[arg-type]
+        ids = {n: flatten(_strs(cols[n])) for n in names}
     return Family(idx[keep[good]], cols, ids), bad
 
 
-def _columns(fields, groups: list[tuple]) -> dict[str, object]:
-    cols: dict[str, object] = {}
+def _columns(fields: tuple[tuple[str, str], ...], groups: list[tuple]) -> dict[str, Column]:
+    cols: dict[str, Column] = {}
     raw = list(zip(*groups)) if groups else [()] * (len(fields) + 1)
     g = 0
     for name, kind in fields:
@@ -265,7 +308,9 @@ def _columns(fields, groups: list[tuple]) -> dict[str, object]:
     return cols
 
 
-def _in_range(code: int, cols: dict[str, object], ids: dict, n: int) -> np.ndarray:
+def _in_range(
+    code: int, cols: dict[str, Column], ids: dict[str, tuple[np.ndarray, np.ndarray]], n: int
+) -> np.ndarray:
     """Rows whose values fit their trace columns (the rest: the exact path's message)."""
     good = np.ones(n, dtype=bool)
     for name, v in cols.items():
@@ -281,12 +326,12 @@ def _in_range(code: int, cols: dict[str, object], ids: dict, n: int) -> np.ndarr
         good &= np.array(
             [
                 m is None or (len(m) == f and all(abs(x) <= FLOAT32_MAX for x in m))
-                for m, f in zip(cols["margin"], first)
-            ],  # type: ignore[arg-type]
+                for m, f in zip(_margins(cols["margin"]), first)
+            ],
             dtype=bool,
         )
     if code == CODE["SPECTRACE", ""]:
-        good &= cols["acc"] <= ids["draft"][1]  # type: ignore[operator]
+        good &= _ints(cols["acc"]) <= ids["draft"][1]
     return good
 
 
@@ -306,7 +351,8 @@ def flatten(raws: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     return flat, lens
 
 
-def _take(v: object, good: np.ndarray) -> object:
+def _take(v: Column, good: np.ndarray) -> Column:
+    """The rows of ``v`` where ``good`` (bool [n]), as the same kind of column."""
     if isinstance(v, np.ndarray):
         return v[good]
-    return [x for x, g in zip(v, good.tolist()) if g]  # type: ignore[union-attr]
+    return cast(Column, [x for x, g in zip(v, good.tolist()) if g])  # same list kind as v
