@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 
 from .. import schema
-from ..errors import SpectraceError, TraceFormatError
+from ..errors import InputError, SpectraceError, TraceFormatError
 from .columns import Blocks, RaggedColumn, Requests
 from .h5file import open_h5, short_reason
 from .live import ATTEMPTS, announced, backoff, maybe_live, retrying
@@ -70,19 +70,9 @@ class Trace:
         self.status: schema.Status = schema.STATUS_COMPLETE
         for p in paths:
             self._open_one(p)
-        self.meta = self.metas[0] if self.metas else {}
-        engines = {(m.get("engine"), m.get("method"), m.get("k")) for m in self.metas}
-        ranks = [m["dp_rank"] for m in self.metas if m.get("dp_rank") is not None]
-        if len(engines) > 1:  # one trace = one run split over processes, not two engines
-            self._warn(
-                f"{self.name}: files of different runs read as one trace "
-                f"(engine, method, k: {sorted(engines, key=str)})"
-            )
-        elif len(ranks) != len(set(ranks)):  # one run writes one file per data-parallel rank
-            self._warn(
-                f"{self.name}: files of different runs read as one trace (data-parallel "
-                f"ranks {sorted(ranks)}: a rank appears twice)"
-            )
+        # Rank 0's meta speaks for the run (a glob sorts run.dp1.h5 before run.h5).
+        self.meta = min(self.metas, key=lambda m: m.get("dp_rank") or 0) if self.metas else {}
+        self._one_run()
         self.blocks = Blocks(self)
         if not lazy_requests:
             self._requests = self._read_requests()
@@ -235,6 +225,21 @@ class Trace:
 
     def _output_parts(self) -> list[tuple[h5py.Dataset, int]]:
         return [(f["requests"]["output_ids"], n) for f, n in zip(self._files, self._nreq_per_file)]
+
+    def _one_run(self) -> None:
+        """Raise :class:`InputError` when the files are not one run (blocks merged from two
+        runs are data no engine produced: no verdict on them is honest)."""
+        engines = {(m.get("engine"), m.get("method"), m.get("k")) for m in self.metas}
+        ranks = [m["dp_rank"] for m in self.metas if m.get("dp_rank") is not None]
+        why = None  # one trace = one run split over processes, a file per rank
+        if len(engines) > 1:
+            why = f"engine, method, k: {sorted(engines, key=str)}"
+        elif len(ranks) != len(set(ranks)):
+            why = f"data-parallel ranks {sorted(ranks)}: a rank appears twice"
+        if why is not None:
+            self.close()
+            msg = f"{self.name}: files of different runs given as one trace ({why})"
+            raise InputError(msg + "; pass the files of one run")
 
     def _warn(self, msg: str) -> None:
         self.warnings.append(msg)
