@@ -10,9 +10,12 @@ fixture ``spectrace_assert_drafts_match``'s ``requests``, ``positions``, ``min_a
   named (by our or their request id) and to the paired blocks whose anchor position lies in
   the positions; a finding counts only when its location lies in the selection (a finding
   without a request or position counts always);
-* the gate then fails on: nothing compared (unless one side is a vanilla run, see
-  ``content_only``), agreement (paired blocks with the same anchor, the same k and every slot
-  equal, over paired blocks) below ``min_agreement``, or more than ``max_errors`` error
+* a selected request id that neither trace has is bad usage (:class:`GateError`);
+* the gate then fails on: a selection that leaves no paired block ("nothing selected",
+  never a vacuous pass), nothing compared (unless one side is a vanilla run, see
+  ``content_only``; then only a ``min_agreement`` asked for fails it, as ``0/0``),
+  agreement (paired blocks with the same anchor, the same k and every slot equal, over
+  paired blocks) below ``min_agreement``, or more than ``max_errors`` error
   findings outside ``ignore``. With the defaults (1.0, 0, none) it fails exactly when
   :func:`~spectrace.tracer.diff.diff_traces` says ``diverged``.
 """
@@ -134,6 +137,7 @@ def _checked_slice(start: object, stop: object, given: str) -> slice:
     Raises:
         GateError: an end that is not an int >= 0 (None: open), or stop before start.
     """
+    ends: list[int | None] = []
     for end in (start, stop):
         if end is not None and (isinstance(end, bool) or not isinstance(end, (int, np.integer))):
             raise GateError("positions", f"ends must be ints or None (got {given})")
@@ -141,9 +145,11 @@ def _checked_slice(start: object, stop: object, given: str) -> slice:
             raise GateError(
                 "positions", f"expected A:B with positions >= 0, e.g. 5:20 or 40: (got {given})"
             )
-    if start is not None and stop is not None and stop < start:  # type: ignore[operator]
-        raise GateError("positions", f"end {stop} is before start {start} (got {given})")
-    return slice(None if start is None else int(start), None if stop is None else int(stop))  # type: ignore[call-overload]
+        ends.append(None if end is None else int(end))
+    lo, hi = ends
+    if lo is not None and hi is not None and hi < lo:
+        raise GateError("positions", f"end {hi} is before start {lo} (got {given})")
+    return slice(lo, hi)
 
 
 def parse_positions(text: str) -> slice:
@@ -306,8 +312,9 @@ def selected_blocks(t: Trace, sel: Selection) -> int:
 
 
 def nothing_selected(full: Alignment, al: Alignment, sel: Selection) -> str | None:
-    """Why ``sel`` left nothing to compare, or None (it selected paired blocks, or the
-    pair has none to select from and some block lies in the selection).
+    """Why ``sel`` left nothing to compare, or None (it selected paired blocks; or what it
+    selected has none for another reason, which :func:`nothing_compared` names; or the
+    pair has no paired block at all and some block lies in the selection).
 
     ``full`` is the alignment before the selection, ``al`` after it.
     """
@@ -316,13 +323,14 @@ def nothing_selected(full: Alignment, al: Alignment, sel: Selection) -> str | No
     what = selection_text(sel)
     if sel.requests is not None and al.pairs == 0 and full.pairs:
         return f"nothing selected: {what} is in no matched request pair"
-    if len(full.ia):
-        pos = full.a.blocks.position[full.ia]
+    by_req = full if sel.requests is None else select(full, Selection(sel.requests))
+    if sel.positions is not None and len(by_req.ia):
+        pos = by_req.a.blocks.position[by_req.ia]
         return (
-            f"nothing selected: {what} leaves none of the {len(full.ia)} paired blocks "
+            f"nothing selected: {what} leaves none of the {len(by_req.ia)} paired blocks "
             f"(paired at positions {int(pos.min())}..{int(pos.max())})"
         )
-    if selected_blocks(full.a, sel) == 0 and selected_blocks(full.b, sel) == 0:
+    if len(full.ia) == 0 and not selected_blocks(full.a, sel) + selected_blocks(full.b, sel):
         return f"nothing selected: no block of either trace lies in {what}"
     return None
 
