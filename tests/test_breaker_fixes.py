@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 
 import pytest
+from test_gate_cli import OUTPUT, _trace, fixture_problems, run_cli
 
 from spectrace.hooks.importers.llama_dump import import_dump
 from spectrace.hooks.replay import deadline
 from spectrace.tracer.errors import ParseError
 from spectrace.tracer.gate import GateError, Selection
 from spectrace.tracer.store import TraceWriter
-from tests.test_gate_cli import OUTPUT, _trace, fixture_problems, run_cli
 
 DATA = Path(__file__).parent / "data_importers"
 DUMP, REQS = DATA / "llama_spec_dump.jsonl", DATA / "llama.requests.jsonl"

@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from spectrace.engine import faults
+from spectrace.engine.replay import replay_reference
 from spectrace.hooks.replay.options import EngineOptions
 from spectrace.hooks.replay.positions import Reference, choose_sites, parse_positions
 from spectrace.hooks.replay.run import replay
@@ -82,7 +83,7 @@ def test_sites_blocks_are_the_natural_positions():
 def clean(tmp_path_factory):
     """The bundled reference trace replayed at every position by the reference engine."""
     tmp = tmp_path_factory.mktemp("replay")
-    r = replay(BUNDLED_REF, tmp / "clean.h5", "reference")
+    r = replay(BUNDLED_REF, tmp / "clean.h5", "reference", runner=replay_reference)
     return r, open_trace(r.path), tmp
 
 
@@ -129,7 +130,7 @@ def test_cmd_contract_matches_in_process(clean):
     process, at every one of 4 sampled positions per request."""
     _, _, tmp = clean
     a = replay(BUNDLED_REF, tmp / "cmd.h5", "cmd", positions=4)
-    b = replay(BUNDLED_REF, tmp / "inproc10.h5", "reference", positions=4)
+    b = replay(BUNDLED_REF, tmp / "inproc10.h5", "reference", positions=4, runner=replay_reference)
     ta, tb = open_trace(a.path), open_trace(b.path)
     assert a.sites == b.sites == 20
     res = diff_traces(align(ta, tb))
@@ -177,7 +178,13 @@ def _tied_draft(tmp: Path) -> Path:
 
 def test_near_ties_on_a_drafter_built_to_tie(clean):
     _, t_clean, tmp = clean
-    tied = replay(BUNDLED_REF, tmp / "tied.h5", "reference", EngineOptions(draft=_tied_draft(tmp)))
+    tied = replay(
+        BUNDLED_REF,
+        tmp / "tied.h5",
+        "reference",
+        EngineOptions(draft=_tied_draft(tmp)),
+        runner=replay_reference,
+    )
     res = diff_traces(align(open_trace(tied.path), t_clean))
     # Expected: one differing block per clean block that proposes TIE_TOKEN at all (the tied
     # drafter proposes TIE_TWIN there, with margin 0, and agrees before it).
@@ -266,8 +273,8 @@ def test_replay_reaches_what_an_early_divergence_hides(tmp_path, capture_referen
     assert natural.findings[0].kind == "content_divergence"
 
     opts = EngineOptions(faults=["content", "broken_depth"])
-    a = replay(BUNDLED_VLLM, tmp_path / "faulty.h5", "reference", opts)
-    b = replay(BUNDLED_VLLM, tmp_path / "clean.h5", "reference")
+    a = replay(BUNDLED_VLLM, tmp_path / "faulty.h5", "reference", opts, runner=replay_reference)
+    b = replay(BUNDLED_VLLM, tmp_path / "clean.h5", "reference", runner=replay_reference)
     assert a.anchor_mismatches == 5 and b.anchor_mismatches == 0
     al_rep = align(open_trace(a.path), open_trace(b.path))
     rep = diff_traces(al_rep)

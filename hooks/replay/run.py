@@ -36,12 +36,17 @@ class ReplayResult:
     wall_s: float
 
 
+#: An engine's replay: ``(references, sites, options, progress) -> (drafts, /meta items)``.
+Runner = Callable[..., tuple[list[Draft], dict]]
+
+
 def run_engine(
     engine: str,
     refs: list[Reference],
     sites: list[Site],
     opts: EngineOptions,
     progress: Progress = None,
+    runner: Runner | None = None,
 ) -> tuple[list[Draft], dict]:
     """One engine's :class:`Draft` per site (site order) and its /meta items.
 
@@ -49,10 +54,13 @@ def run_engine(
         InputError: an unknown engine or a bad option. EngineFailed: an engine run that
             failed (:mod:`.engine_io`).
     """
+    if runner is not None:  # the reference engine's (spectrace.engine.replay), or a custom one
+        return runner(refs, sites, opts, progress)
     if engine == "reference":
-        from .reference import replay_reference
-
-        return replay_reference(refs, sites, opts, progress)
+        raise InputError(
+            "--engine reference: pass runner=spectrace.engine.replay.replay_reference (hooks "
+            "never import the engine; the CLI passes it)"
+        )
     if engine == "vllm":
         from .vllm import replay_vllm
 
@@ -94,6 +102,7 @@ def replay(
     requests: Sequence[str] | None = None,
     blocks_of: Sequence[str | os.PathLike] = (),
     progress: Progress = None,
+    runner: Runner | None = None,
 ) -> ReplayResult:
     """Replay the reference sequences of ``ref_path`` with ``engine`` into trace ``out``.
 
@@ -103,13 +112,15 @@ def replay(
         engine: ``reference`` | ``vllm`` | ``cmd``; ``opts`` its options.
         positions, requests, blocks_of: see :func:`load_sites`.
         progress: called with (sites done, sites in all) as the engine advances.
+        runner: the engine's :data:`Runner` (``reference``: the reference engine's
+            ``spectrace.engine.replay.replay_reference``); None: the built-in vllm/cmd runs.
     Returns:
         A :class:`ReplayResult`.
     """
     opts = opts or EngineOptions()
     t0 = time.perf_counter()
     refs, sites = load_sites(ref_path, positions, requests, blocks_of)
-    drafts, meta = run_engine(engine, refs, sites, opts, progress)
+    drafts, meta = run_engine(engine, refs, sites, opts, progress, runner)
     meta["replay"] = {
         "reference": str(ref_path),
         "engine": engine,

@@ -23,19 +23,16 @@ import sys
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line (see the module docstring)."""
     p = argparse.ArgumentParser(prog="python -m spectrace.hooks.replay.vllm_driver")
-    p.add_argument("--target", help="target model folder (default: the bundled one)")
-    p.add_argument("--draft", help="draft model folder (default: the bundled one)")
+    p.add_argument("--target", required=True, help="target model folder")
+    p.add_argument("--draft", help="draft model folder (method draft_model)")
     p.add_argument("--method", choices=("draft_model", "ngram"), default="draft_model")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--prefixes", required=True, help='JSONL, one {"id", "prompt_ids"} per line')
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--dtype", default="float32")
     args = p.parse_args(argv)
-    if args.target is None or (args.draft is None and args.method == "draft_model"):
-        from spectrace.engine.loader import bundled_model_dir
-
-        args.target = args.target or str(bundled_model_dir("target"))
-        args.draft = args.draft or str(bundled_model_dir("draft"))
+    if args.draft is None and args.method == "draft_model":
+        p.error("--draft is required with --method draft_model")
     return args
 
 

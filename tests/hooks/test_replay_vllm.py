@@ -11,6 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from spectrace.engine.loader import bundled_model_dir
+from spectrace.engine.replay import replay_reference
+from spectrace.hooks.replay.options import EngineOptions
 from spectrace.hooks.replay.run import replay
 from spectrace.tracer.align import align
 from spectrace.tracer.diff import diff_traces
@@ -30,8 +33,11 @@ POSITIONS = 6  # per request: 5 requests -> 30 sites
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("replay-vllm")
-    v = replay(BUNDLED_REF, tmp / "vllm.h5", "vllm", positions=POSITIONS)
-    r = replay(BUNDLED_REF, tmp / "ref.h5", "reference", positions=POSITIONS)
+    models = EngineOptions(target=bundled_model_dir("target"), draft=bundled_model_dir("draft"))
+    v = replay(BUNDLED_REF, tmp / "vllm.h5", "vllm", models, positions=POSITIONS)
+    r = replay(
+        BUNDLED_REF, tmp / "ref.h5", "reference", positions=POSITIONS, runner=replay_reference
+    )
     return v, r, open_trace(v.path), open_trace(r.path)
 
 

@@ -154,11 +154,13 @@ def replay_cmd(
         force=force,
         traces=tuple(outs),
     )
+    from spectrace.engine.loader import bundled_model_dir  # defaults: the bundled models
+
     base = EngineOptions(
         method=method,
         k=k,
-        target=Path(target) if target else None,
-        draft=Path(draft) if draft else None,
+        target=Path(target) if target else bundled_model_dir("target"),
+        draft=Path(draft) if draft else bundled_model_dir("draft"),
         command=shlex.split(command or ""),
         margins=margins,
         timeout_s=timeout_s,
@@ -177,11 +179,15 @@ def replay_cmd(
 
 def _replay_one(ref, path, name, opts, where, requests, blocks_of) -> None:
     """One engine's replay, with a progress line on a TTY and a summary line after it."""
-    from spectrace.hooks.replay.run import replay
+    from spectrace.hooks.replay.run import Runner, replay
 
-    r = replay(
-        ref, path, name, opts, where, requests, blocks_of, progress_printer(f"replay {name}")
-    )
+    runner: Runner | None = None
+    if name == "reference":  # the composition root wires the engine in (hooks never import it)
+        from spectrace.engine.replay import replay_reference
+
+        runner = replay_reference
+    show = progress_printer(f"replay {name}")
+    r = replay(ref, path, name, opts, where, requests, blocks_of, show, runner)
     output.say(
         f"replay {name}: {r.sites} positions in {r.wall_s:.1f} s, {r.anchor_mismatches} "
         f"where the target sampled another anchor; wrote {r.path}"

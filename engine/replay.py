@@ -1,4 +1,6 @@
-"""Replay with the bundled reference engine (:mod:`spectrace.engine`), in process.
+"""Replay with the bundled reference engine, in process: the ``reference`` runner of
+``spectrace replay`` (:func:`spectrace.hooks.replay.run.replay` takes it as ``runner``; the
+CLI passes it, since hooks never import the engine).
 
 Per request one target forward over the reference sequence gives the target's token (and
 its top-1 minus top-2 logit margin) at every position at once: the model is causal, so the
@@ -12,11 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from spectrace.hooks.replay.options import EngineOptions
+from spectrace.hooks.replay.positions import Reference, Site
+from spectrace.hooks.replay.write import Draft
 from spectrace.tracer.errors import InputError
-
-from .options import EngineOptions
-from .positions import Reference, Site
-from .write import Draft
 
 Progress = Callable[[int, int], None] | None
 
@@ -40,9 +41,9 @@ def engine_meta(opts: EngineOptions, target: str, draft: str | None) -> dict:
 
 def _load(opts: EngineOptions):
     """(target LoadedModel, drafter, draft path or None) for ``opts`` (faults enabled)."""
-    from spectrace.engine import faults
-    from spectrace.engine.drafters import DraftModelDrafter, NgramDrafter
-    from spectrace.engine.loader import bundled_model_dir, configure_torch, load_model
+    from . import faults
+    from .drafters import DraftModelDrafter, NgramDrafter
+    from .loader import bundled_model_dir, configure_torch, load_model
 
     if opts.method not in ("draft_model", "ngram"):
         raise InputError(f"--engine reference: --method {opts.method} cannot be replayed")
@@ -64,7 +65,7 @@ def target_choices(model, ref: Reference, positions: list[int]) -> list[tuple[in
     the reference prefix before it. One fp32 forward over ``sequence[:max(positions)]``."""
     import torch
 
-    from spectrace.engine import faults
+    from . import faults
 
     lo, hi = min(positions), max(positions)
     seq = list(ref.sequence[:hi])
