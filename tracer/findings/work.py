@@ -50,7 +50,39 @@ def capture_end(meta: dict) -> CaptureEvidence:
         aborted=str(aborted) if aborted else None,
         counters_mismatch=[str(x) for x in bad] if isinstance(bad, list) else [],
         empty=False,
+        **import_dropped(meta),
     )
+
+
+def _gaps_are_lost(imp: dict, method) -> bool:
+    """Whether the import's chain gaps are lost trace lines: the drafter drafts for every
+    running request each step (a model drafter: /meta ``method`` names one, or the log
+    printed ``[spec-propose]`` lines). Prompt-lookup (n-gram) legitimately skips steps
+    without a match: its gaps are steps without drafts."""
+    if isinstance(method, str) and method:
+        return not any(w in method.lower() for w in ("ngram", "n-gram", "lookup", "suffix"))
+    families = imp.get("families") if isinstance(imp.get("families"), dict) else {}
+    return bool(families.get("spec-propose"))
+
+
+def import_dropped(meta: dict) -> dict:
+    """``{"dropped_lines", "first_dropped"}``: the trace lines a VT import dropped, from
+    /meta ``import`` (hooks/vt/stats.py ImportStats): malformed lines (unreadable or
+    out-of-range values) and, for a drafter that drafts every step, chain gaps; the first
+    as ``FILE:LINE: what`` from the import's examples. ``(0, None)`` without an import."""
+    imp = meta.get("import") if isinstance(meta.get("import"), dict) else {}
+    kinds = {"malformed": _int_or_none(imp.get("malformed")) or 0}
+    if _gaps_are_lost(imp, meta.get("method")):
+        kinds["chain gap"] = _int_or_none(imp.get("chain_gaps")) or 0
+    examples = imp.get("examples") if isinstance(imp.get("examples"), dict) else {}
+    firsts = [
+        ex[0]
+        for k, n in kinds.items()
+        if n and isinstance(ex := examples.get(k), list) and ex and isinstance(ex[0], list)
+    ]
+    first = min(firsts, key=lambda e: e[0], default=None)
+    where = f"{imp.get('source', '?')}:{first[0]}: {first[1]}" if first else None
+    return {"dropped_lines": sum(kinds.values()), "first_dropped": where}
 
 
 def _how(ev: CaptureEvidence) -> list[str]:
@@ -69,6 +101,10 @@ def _how(ev: CaptureEvidence) -> list[str]:
     if ev["counters_mismatch"]:
         names = ", ".join(ev["counters_mismatch"])
         out.append(f"the trace's totals differ from the engine's own counters ({names})")
+    if ev["dropped_lines"]:
+        first = f"; first: {ev['first_dropped']}" if ev["first_dropped"] else ""
+        lost = _n(ev["dropped_lines"], "trace line")
+        out.append(f"the log lost {lost} (dropped as malformed, or a chain gap){first}")
     return out
 
 
@@ -82,7 +118,12 @@ def capture(s: SideInput) -> Finding | None:
     recorded = "capture" in td.t.meta or "import" in td.t.meta
     ev["empty"] = recorded and len(td.t.blocks) == 0 and len(td.t.requests) == 0
     how = _how(ev)
-    if how:
+    if how and ev["dropped_lines"] and len(how) == 1:
+        message = (
+            f"{td.side}: {how[0]}: the blocks on those lines are missing from the trace, "
+            f"agreement of the rest proves nothing"
+        )
+    elif how:
         message = (
             f"{td.side}: the capture did not end cleanly ({'; '.join(how)}): requests and "
             f"blocks after that point are missing, agreement of the rest proves nothing"
