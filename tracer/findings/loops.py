@@ -146,20 +146,27 @@ class _SideLoops:
     later: list[Loop]  # one-sided, after the pair's content diverged
     shared: list[Loop]  # the partner loops too
     unmatched: list[Loop]  # in requests the other trace lacks
+    unknown: list[Loop]  # one-sided, but the partner's output is unknown: a warning
 
 
-def _split(loops: list[Loop], partner: dict, other_looping: set, div: dict) -> _SideLoops:
+def _split(
+    loops: list[Loop], partner: dict, other_looping: set, div: dict, other: TraceData
+) -> _SideLoops:
     # The partner looping too (even from another start, after the content diverged)
-    # makes it the model's loop; only a loop the partner lacks is one-sided.
+    # makes it the model's loop; only a loop the partner lacks is one-sided, and only a
+    # partner whose output is known can lack it.
     one_sided = [
         lp for lp in loops if lp.request in partner and partner[lp.request] not in other_looping
     ]
+    unknown = [lp for lp in one_sided if other.output_unknown(partner[lp.request])]
+    one_sided = [lp for lp in one_sided if lp not in unknown]
     later = [lp for lp in one_sided if lp.start > div.get(lp.request, NO_DIVERGENCE)]
     return _SideLoops(
         own=[lp for lp in one_sided if lp not in later],
         later=later,
-        shared=[lp for lp in loops if lp.request in partner and lp not in one_sided],
+        shared=[lp for lp in loops if lp.request in partner and lp not in one_sided + unknown],
         unmatched=[lp for lp in loops if lp.request not in partner],
+        unknown=unknown,
     )
 
 
@@ -176,8 +183,18 @@ def pair_loop_findings(
     loops in unmatched requests (warnings)."""
     ra, rb, dv = al.req_a.tolist(), al.req_b.tolist(), al.divergence.tolist()
     sides = (
-        (oa, _split(loops_a, dict(zip(ra, rb)), {lp.request for lp in loops_b}, dict(zip(ra, dv)))),
-        (ob, _split(loops_b, dict(zip(rb, ra)), {lp.request for lp in loops_a}, dict(zip(rb, dv)))),
+        (
+            oa,
+            _split(
+                loops_a, dict(zip(ra, rb)), {lp.request for lp in loops_b}, dict(zip(ra, dv)), ob
+            ),
+        ),
+        (
+            ob,
+            _split(
+                loops_b, dict(zip(rb, ra)), {lp.request for lp in loops_a}, dict(zip(rb, dv)), oa
+            ),
+        ),
     )
     out: list[Finding | None] = []
     said_shared = False  # a shared loop is one warning, not one per side
@@ -193,6 +210,18 @@ def pair_loop_findings(
             )
         )
         if s.own:
+            continue
+        out.append(
+            degenerate_finding(
+                td,
+                s.unknown,
+                dec,
+                "warning",
+                "the other trace's output is unknown there (no output ids, no finish "
+                "reason), so nothing says whether it loops too",
+            )
+        )
+        if s.unknown:
             continue
         out.append(
             degenerate_finding(

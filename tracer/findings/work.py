@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..align import Alignment
+from ..align import Alignment, is_replay
 from ..parallel import chunks
 from .data import SideInput, TraceData
 from .evidence import CaptureEvidence, IncompleteRef, RequestsEvidence, UnverifiedEvidence
@@ -153,6 +153,8 @@ def _incomplete(s: SideInput) -> tuple[list[tuple[int, int | None]], list[str]]:
     for p in range(len(here)):
         i, j = int(here[p]), int(other[p])
         n, m = len(out[i]), len(oreq.output_ids[j])
+        if s.td.output_unknown(i):
+            continue  # unknown, not empty: nothing says the work is missing
         shorter = n < m and fin[i] != "stop" and s.al.divergence[p] >= len(req.prompt_ids[i]) + n
         if fin[i] in NOT_COMPLETED or shorter:
             bad.append((i, j))
@@ -226,9 +228,12 @@ def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) 
     Args:
         side_a: ``td`` is the alignment's ours (``al.a``).
     Returns:
-        int64 block indices (the block after each such gap).
+        int64 block indices (the block after each such gap); none when either side is a
+        replay (its positions are chosen, the others never ran).
     """
     b = td.t.blocks
+    if is_replay(td.t) or is_replay(ref.t):
+        return np.zeros(0, np.int64)  # replayed positions are chosen: the rest never ran
     pob = al.pair_of_block_a if side_a else al.pair_of_block_b
     rpob = al.pair_of_block_b if side_a else al.pair_of_block_a
     rcomp = al.comparable_b if side_a else al.comparable_a
@@ -281,11 +286,15 @@ def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
         request (its last block when none is verified; sorted); never, ``(request row
         here, the other side's first block row)``
         per request without a block here (sorted by request row). Both empty when either
-        side has no blocks at all (a vanilla run: no draft comparison).
+        side has no blocks at all (a vanilla run: no draft comparison) or either side is
+        a replay (``spectrace replay`` drafts only from chosen positions: the others are
+        not dropped drafts).
     """
     td, ref, al = s.td, s.ref, s.al
     if al is None or ref is None or not len(td.t.blocks) or not len(ref.t.blocks):
         return [], []
+    if is_replay(td.t) or is_replay(ref.t):
+        return [], []  # a replay drafts only from the positions it was given
     b, rb = td.t.blocks, ref.t.blocks
     last = _last_verified(td)
     any_last = np.full(len(last), -1, np.int64)  # the last block, verified or not
