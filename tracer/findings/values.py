@@ -111,7 +111,8 @@ def _value(v: np.ndarray) -> int:
 
 def impossible(s: SideInput) -> Finding | None:
     """impossible_values: accepted > k or > num_verified, counts below -1 (unknown), k < 0
-    or wider than the stored proposals, proposed ids or anchors below -1, num_emitted > k + 1, positions outside the sequence, batch rows outside the batch."""
+    or wider than the stored proposals, proposed ids or anchors below -1, num_emitted > k + 1,
+    positions outside the sequence, batch rows outside the batch."""
     td = s.td
     b = td.t.blocks
     if not len(b):
