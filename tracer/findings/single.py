@@ -287,11 +287,9 @@ def vocab_range(s: SideInput) -> Finding | None:
     dvs = meta.get("draft_vocab_size")
     max_id = int(b.proposed.max(initial=-1))  # the -1 pad never raises the max
     # Negative ids are placeholders (-1) or impossible values: not a vocabulary problem.
-    bad = None
-    if vocab and max_id >= vocab:
-        live = np.arange(b.proposed.shape[1]) < b.k[:, None]
-        bad = live & (b.proposed >= vocab)
-    if bad is not None and bad.any():
+    live = np.arange(b.proposed.shape[1]) < b.k[:, None]
+    bad = live & (b.proposed >= vocab) if vocab and max_id >= vocab else np.zeros(0, bool)
+    if vocab and bad.any():
         first = int(np.flatnonzero(bad.any(axis=1))[0])
         return Finding(
             "vocab_mapping",

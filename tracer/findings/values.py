@@ -29,6 +29,11 @@ def _i64(x: np.ndarray) -> np.ndarray:
     return x.astype(np.int64)
 
 
+def _ids_below_pad(ids: np.ndarray) -> np.ndarray:
+    """bool [n]: rows of an id matrix (int32 [n, w]) holding an id below the -1 pad."""
+    return np.asarray((ids < -1).any(axis=1), bool)
+
+
 #: The rules, in report order: ``(name, column, test)``; test(blocks, int64 [n] one past the
 #: largest possible position per block, 0 unknown) -> (bool [n] broken, int64 [n] the limit
 #: broken or None).
@@ -39,7 +44,7 @@ RULES: tuple[Rule, ...] = (
         "k",
         lambda b, n: (_i64(b.k) > b.proposed.shape[1], np.full(len(b), b.proposed.shape[1])),
     ),
-    ("proposed id < -1", "proposed", lambda b, n: ((b.proposed < -1).any(axis=1), None)),
+    ("proposed id < -1", "proposed", lambda b, n: (_ids_below_pad(b.proposed), None)),
     ("anchor < -1", "anchor", lambda b, n: (_i64(b.anchor) < -1, None)),
     ("num_verified < -1", "num_verified", lambda b, n: (_i64(b.num_verified) < -1, None)),
     ("num_verified > k", "num_verified", lambda b, n: (b.num_verified > b.k, _i64(b.k))),

@@ -42,6 +42,7 @@ def capture_end(meta: dict) -> CaptureEvidence:
     aborted = meta.get("aborted")
     checks = meta["checks"] if isinstance(meta.get("checks"), dict) else {}
     bad = checks.get("mismatch") if checks.get("status") == "mismatch" else None
+    dropped, first = import_dropped(meta)
     return CaptureEvidence(
         ended=cap.get("ended") if isinstance(cap.get("ended"), str) else None,
         exit_status=_int_or_none(cap.get("exit_status", meta.get("exit_status"))),
@@ -50,31 +51,37 @@ def capture_end(meta: dict) -> CaptureEvidence:
         aborted=str(aborted) if aborted else None,
         counters_mismatch=[str(x) for x in bad] if isinstance(bad, list) else [],
         empty=False,
-        **import_dropped(meta),
+        dropped_lines=dropped,
+        first_dropped=first,
     )
 
 
-def _gaps_are_lost(imp: dict, method) -> bool:
+def _dict(d: dict, key: str) -> dict:
+    """``d[key]`` when it is a dict, else ``{}`` (a /meta item of unknown shape)."""
+    v = d.get(key)
+    return v if isinstance(v, dict) else {}
+
+
+def _gaps_are_lost(imp: dict, method: object) -> bool:
     """Whether the import's chain gaps are lost trace lines: the drafter drafts for every
     running request each step (a model drafter: /meta ``method`` names one, or the log
     printed ``[spec-propose]`` lines). Prompt-lookup (n-gram) legitimately skips steps
     without a match: its gaps are steps without drafts."""
     if isinstance(method, str) and method:
         return not any(w in method.lower() for w in ("ngram", "n-gram", "lookup", "suffix"))
-    families = imp.get("families") if isinstance(imp.get("families"), dict) else {}
-    return bool(families.get("spec-propose"))
+    return bool(_dict(imp, "families").get("spec-propose"))
 
 
-def import_dropped(meta: dict) -> dict:
-    """``{"dropped_lines", "first_dropped"}``: the trace lines a VT import dropped, from
-    /meta ``import`` (hooks/vt/stats.py ImportStats): malformed lines (unreadable or
-    out-of-range values) and, for a drafter that drafts every step, chain gaps; the first
-    as ``FILE:LINE: what`` from the import's examples. ``(0, None)`` without an import."""
-    imp = meta.get("import") if isinstance(meta.get("import"), dict) else {}
+def import_dropped(meta: dict) -> tuple[int, str | None]:
+    """``(dropped lines, the first as FILE:LINE: what or None)``: the trace lines a VT
+    import lost, from /meta ``import`` (hooks/vt/stats.py ImportStats): malformed lines
+    (unreadable or out-of-range values) and, for a drafter that drafts every step, chain
+    gaps; the first from the import's examples. ``(0, None)`` without an import."""
+    imp = _dict(meta, "import")
     kinds = {"malformed": _int_or_none(imp.get("malformed")) or 0}
     if _gaps_are_lost(imp, meta.get("method")):
         kinds["chain gap"] = _int_or_none(imp.get("chain_gaps")) or 0
-    examples = imp.get("examples") if isinstance(imp.get("examples"), dict) else {}
+    examples = _dict(imp, "examples")
     firsts = [
         ex[0]
         for k, n in kinds.items()
@@ -82,7 +89,7 @@ def import_dropped(meta: dict) -> dict:
     ]
     first = min(firsts, key=lambda e: e[0], default=None)
     where = f"{imp.get('source', '?')}:{first[0]}: {first[1]}" if first else None
-    return {"dropped_lines": sum(kinds.values()), "first_dropped": where}
+    return sum(kinds.values()), where
 
 
 def _how(ev: CaptureEvidence) -> list[str]:
