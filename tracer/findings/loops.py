@@ -170,6 +170,58 @@ def _split(
     )
 
 
+#: What explains one side's loops, in the order tried: (``_SideLoops`` field, severity, the
+#: finding's reason). The first non-empty group is the side's finding.
+_REASONS: tuple[tuple[str, Severity, str], ...] = (
+    (
+        "own",
+        "error",
+        "the other engine's output does not loop there, so acceptance totals compare "
+        "different text",
+    ),
+    (
+        "unknown",
+        "warning",
+        "the other trace's output is unknown there (no output ids, no finish reason), so "
+        "nothing says whether it loops too",
+    ),
+    (
+        "later",
+        "warning",
+        "it starts after the content already diverged (see content_divergence); acceptance "
+        "on the loop is inflated",
+    ),
+    (
+        "shared",
+        "warning",
+        "both engines loop identically (the model's doing); acceptance on the loop is inflated",
+    ),
+    (
+        "unmatched",
+        "warning",
+        "in requests the other trace lacks; acceptance on the loop is inflated",
+    ),
+)
+
+
+def _side_findings(
+    td: TraceData, s: _SideLoops, dec: Decoder | None, said_shared: bool
+) -> tuple[list[Finding], bool]:
+    """One side's degenerate_output finding (at most one, from the first non-empty group of
+    :data:`_REASONS`; a shared loop the other side already reported is not repeated), and
+    whether a shared loop has been reported now."""
+    for name, severity, why in _REASONS:
+        loops = getattr(s, name)
+        if name == "shared" and said_shared:
+            if loops:
+                return [], said_shared
+            continue
+        if loops:
+            f = degenerate_finding(td, loops, dec, severity, why)
+            return ([f] if f is not None else []), said_shared or name == "shared"
+    return [], said_shared
+
+
 def pair_loop_findings(
     al: Alignment,
     oa: TraceData,
@@ -196,65 +248,9 @@ def pair_loop_findings(
             ),
         ),
     )
-    out: list[Finding | None] = []
+    out: list[Finding] = []
     said_shared = False  # a shared loop is one warning, not one per side
     for td, s in sides:
-        out.append(
-            degenerate_finding(
-                td,
-                s.own,
-                dec,
-                "error",
-                "the other engine's output does not loop there, so "
-                "acceptance totals compare different text",
-            )
-        )
-        if s.own:
-            continue
-        out.append(
-            degenerate_finding(
-                td,
-                s.unknown,
-                dec,
-                "warning",
-                "the other trace's output is unknown there (no output ids, no finish "
-                "reason), so nothing says whether it loops too",
-            )
-        )
-        if s.unknown:
-            continue
-        out.append(
-            degenerate_finding(
-                td,
-                s.later,
-                dec,
-                "warning",
-                "it starts after the content already diverged "
-                "(see content_divergence); acceptance on the loop is inflated",
-            )
-        )
-        if s.later:
-            continue
-        if not said_shared:
-            out.append(
-                degenerate_finding(
-                    td,
-                    s.shared,
-                    dec,
-                    "warning",
-                    "both engines loop identically (the model's "
-                    "doing); acceptance on the loop is inflated",
-                )
-            )
-            said_shared = out[-1] is not None
-        if not s.shared:
-            out.append(
-                degenerate_finding(
-                    td,
-                    s.unmatched,
-                    dec,
-                    "warning",
-                    "in requests the other trace lacks; acceptance on the loop is inflated",
-                )
-            )
-    return [f for f in out if f is not None]
+        found, said_shared = _side_findings(td, s, dec, said_shared)
+        out += found
+    return out
