@@ -99,6 +99,13 @@ class TraceData:
         """Request id of block row ``block``."""
         return self.t.requests.req_id[int(self.t.blocks.request[block])]
 
+    def output_unknown(self, row: int) -> bool:
+        """Whether request row ``row``'s output is unknown, not empty: no output ids and no
+        finish reason (e.g. a VT import without its requests file). An unknown output is
+        neither cut short nor missing work; nothing says what the engine emitted."""
+        req = self.t.requests
+        return len(req.output_ids[row]) == 0 and not req.finish_reason[row]
+
     def at(self, block: int) -> dict:
         """Location fields (``request``, ``position``) of a finding at ``block`` (position
         null when negative: impossible_values names such a block)."""

@@ -263,6 +263,11 @@ class CaptureEvidence(TypedDict):
     counters_mismatch: list[str]
     #: The capture recorded nothing at all: no draft block and no request.
     empty: bool
+    #: Trace lines an import dropped (/meta ``import``: malformed lines, out-of-range values
+    #: included, and chain gaps of a drafter that drafts every step); 0 when none or no import.
+    dropped_lines: int
+    #: The first dropped line, ``FILE:LINE: what``; null when none.
+    first_dropped: str | None
 
 
 class IncompleteRef(TypedDict):

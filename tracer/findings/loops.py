@@ -146,21 +146,80 @@ class _SideLoops:
     later: list[Loop]  # one-sided, after the pair's content diverged
     shared: list[Loop]  # the partner loops too
     unmatched: list[Loop]  # in requests the other trace lacks
+    unknown: list[Loop]  # one-sided, but the partner's output is unknown: a warning
 
 
-def _split(loops: list[Loop], partner: dict, other_looping: set, div: dict) -> _SideLoops:
+def _split(
+    loops: list[Loop], partner: dict, other_looping: set, div: dict, other: TraceData
+) -> _SideLoops:
     # The partner looping too (even from another start, after the content diverged)
-    # makes it the model's loop; only a loop the partner lacks is one-sided.
+    # makes it the model's loop; only a loop the partner lacks is one-sided, and only a
+    # partner whose output is known can lack it.
     one_sided = [
         lp for lp in loops if lp.request in partner and partner[lp.request] not in other_looping
     ]
+    unknown = [lp for lp in one_sided if other.output_unknown(partner[lp.request])]
+    one_sided = [lp for lp in one_sided if lp not in unknown]
     later = [lp for lp in one_sided if lp.start > div.get(lp.request, NO_DIVERGENCE)]
     return _SideLoops(
         own=[lp for lp in one_sided if lp not in later],
         later=later,
-        shared=[lp for lp in loops if lp.request in partner and lp not in one_sided],
+        shared=[lp for lp in loops if lp.request in partner and lp not in one_sided + unknown],
         unmatched=[lp for lp in loops if lp.request not in partner],
+        unknown=unknown,
     )
+
+
+#: What explains one side's loops, in the order tried: (``_SideLoops`` field, severity, the
+#: finding's reason). The first non-empty group is the side's finding.
+_REASONS: tuple[tuple[str, Severity, str], ...] = (
+    (
+        "own",
+        "error",
+        "the other engine's output does not loop there, so acceptance totals compare "
+        "different text",
+    ),
+    (
+        "unknown",
+        "warning",
+        "the other trace's output is unknown there (no output ids, no finish reason), so "
+        "nothing says whether it loops too",
+    ),
+    (
+        "later",
+        "warning",
+        "it starts after the content already diverged (see content_divergence); acceptance "
+        "on the loop is inflated",
+    ),
+    (
+        "shared",
+        "warning",
+        "both engines loop identically (the model's doing); acceptance on the loop is inflated",
+    ),
+    (
+        "unmatched",
+        "warning",
+        "in requests the other trace lacks; acceptance on the loop is inflated",
+    ),
+)
+
+
+def _side_findings(
+    td: TraceData, s: _SideLoops, dec: Decoder | None, said_shared: bool
+) -> tuple[list[Finding], bool]:
+    """One side's degenerate_output finding (at most one, from the first non-empty group of
+    :data:`_REASONS`; a shared loop the other side already reported is not repeated), and
+    whether a shared loop has been reported now."""
+    for name, severity, why in _REASONS:
+        loops = getattr(s, name)
+        if name == "shared" and said_shared:
+            if loops:
+                return [], said_shared
+            continue
+        if loops:
+            f = degenerate_finding(td, loops, dec, severity, why)
+            return ([f] if f is not None else []), said_shared or name == "shared"
+    return [], said_shared
 
 
 def pair_loop_findings(
@@ -176,56 +235,22 @@ def pair_loop_findings(
     loops in unmatched requests (warnings)."""
     ra, rb, dv = al.req_a.tolist(), al.req_b.tolist(), al.divergence.tolist()
     sides = (
-        (oa, _split(loops_a, dict(zip(ra, rb)), {lp.request for lp in loops_b}, dict(zip(ra, dv)))),
-        (ob, _split(loops_b, dict(zip(rb, ra)), {lp.request for lp in loops_a}, dict(zip(rb, dv)))),
+        (
+            oa,
+            _split(
+                loops_a, dict(zip(ra, rb)), {lp.request for lp in loops_b}, dict(zip(ra, dv)), ob
+            ),
+        ),
+        (
+            ob,
+            _split(
+                loops_b, dict(zip(rb, ra)), {lp.request for lp in loops_a}, dict(zip(rb, dv)), oa
+            ),
+        ),
     )
-    out: list[Finding | None] = []
+    out: list[Finding] = []
     said_shared = False  # a shared loop is one warning, not one per side
     for td, s in sides:
-        out.append(
-            degenerate_finding(
-                td,
-                s.own,
-                dec,
-                "error",
-                "the other engine's output does not loop there, so "
-                "acceptance totals compare different text",
-            )
-        )
-        if s.own:
-            continue
-        out.append(
-            degenerate_finding(
-                td,
-                s.later,
-                dec,
-                "warning",
-                "it starts after the content already diverged "
-                "(see content_divergence); acceptance on the loop is inflated",
-            )
-        )
-        if s.later:
-            continue
-        if not said_shared:
-            out.append(
-                degenerate_finding(
-                    td,
-                    s.shared,
-                    dec,
-                    "warning",
-                    "both engines loop identically (the model's "
-                    "doing); acceptance on the loop is inflated",
-                )
-            )
-            said_shared = out[-1] is not None
-        if not s.shared:
-            out.append(
-                degenerate_finding(
-                    td,
-                    s.unmatched,
-                    dec,
-                    "warning",
-                    "in requests the other trace lacks; acceptance on the loop is inflated",
-                )
-            )
-    return [f for f in out if f is not None]
+        found, said_shared = _side_findings(td, s, dec, said_shared)
+        out += found
+    return out

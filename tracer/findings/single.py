@@ -264,21 +264,32 @@ def bookkeeping(s: SideInput) -> Finding | None:
     )
 
 
+def _vocab_size(s: SideInput) -> int | None:
+    """The target vocabulary size: /meta ``vocab_size``, else the tokenizer's (when a
+    tokenizer is given), else None (unknown: ids are not range-checked)."""
+    vocab = s.td.t.meta.get("vocab_size")
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0:
+        return vocab
+    return s.decoder.vocab_size if s.decoder is not None else None
+
+
 def vocab_range(s: SideInput) -> Finding | None:
-    """vocab_mapping within a trace: ids outside the vocabulary or bunched below the draft
-    vocabulary size (d2t not applied)."""
+    """vocab_mapping within a trace: proposed ids (of the k live slots) outside the
+    vocabulary (any one block; the size from :func:`_vocab_size`), or, in at least
+    :data:`~.thresholds.MIN_BLOCKS` blocks, all bunched below the draft vocabulary size
+    (d2t not applied)."""
     td = s.td
     b = td.t.blocks
     meta = td.t.meta
-    if len(b) < MIN_BLOCKS:
+    if not len(b):
         return None
-    vocab = meta.get("vocab_size")
+    vocab = _vocab_size(s)
     dvs = meta.get("draft_vocab_size")
     max_id = int(b.proposed.max(initial=-1))  # the -1 pad never raises the max
-    # Negative ids are placeholders (-1, elided ids): not a vocabulary problem.
-    if vocab and max_id >= vocab:
-        live = np.arange(b.proposed.shape[1]) < b.k[:, None]
-        bad = live & (b.proposed >= vocab)
+    # Negative ids are placeholders (-1) or impossible values: not a vocabulary problem.
+    live = np.arange(b.proposed.shape[1]) < b.k[:, None]
+    bad = live & (b.proposed >= vocab) if vocab and max_id >= vocab else np.zeros(0, bool)
+    if vocab and bad.any():
         first = int(np.flatnonzero(bad.any(axis=1))[0])
         return Finding(
             "vocab_mapping",
@@ -288,10 +299,12 @@ def vocab_range(s: SideInput) -> Finding | None:
             slot=int(np.flatnonzero(bad[first])[0]),
             message=(
                 f"{td.side}: {int(bad.sum())} proposed ids lie outside the "
-                f"target vocabulary of {vocab} ids (up to {max_id})"
+                f"target vocabulary of {vocab} ids (ids out of range, up to {max_id})"
             ),
             evidence=VocabEvidence(ids=int(bad.sum()), vocab_size=vocab, max_id=max_id),
         )
+    if len(b) < MIN_BLOCKS:
+        return None
     if dvs and vocab and dvs < vocab and meta.get("d2t") and max_id < dvs:
         return Finding(
             "vocab_mapping",

@@ -3,9 +3,10 @@ only in part. Both read one side (:class:`~.data.SideInput`) and return at most 
 finding at the first offending block (block row order).
 
 ``-1`` is the store's "unknown" for counts (``num_verified``, ``accepted``, ``num_emitted``,
-``batch_row``, ``batch_size``); anything below it, or above what the block holds, is an
-impossible value: reported, never clamped (an acceptance rate above 100% follows from
-``accepted > num_verified`` and is explained by this finding).
+``batch_row``, ``batch_size``) and the pad of ids (``proposed``, ``anchor``); anything below
+it, or above what the block holds, is an impossible value: reported, never clamped (an
+acceptance rate above 100% follows from ``accepted > num_verified`` and is explained by this
+finding).
 """
 
 from __future__ import annotations
@@ -28,11 +29,23 @@ def _i64(x: np.ndarray) -> np.ndarray:
     return x.astype(np.int64)
 
 
+def _ids_below_pad(ids: np.ndarray) -> np.ndarray:
+    """bool [n]: rows of an id matrix (int32 [n, w]) holding an id below the -1 pad."""
+    return np.asarray((ids < -1).any(axis=1), bool)
+
+
 #: The rules, in report order: ``(name, column, test)``; test(blocks, int64 [n] one past the
 #: largest possible position per block, 0 unknown) -> (bool [n] broken, int64 [n] the limit
 #: broken or None).
 RULES: tuple[Rule, ...] = (
     ("k < 0", "k", lambda b, n: (_i64(b.k) < 0, None)),
+    (
+        "k > proposed width",
+        "k",
+        lambda b, n: (_i64(b.k) > b.proposed.shape[1], np.full(len(b), b.proposed.shape[1])),
+    ),
+    ("proposed id < -1", "proposed", lambda b, n: (_ids_below_pad(b.proposed), None)),
+    ("anchor < -1", "anchor", lambda b, n: (_i64(b.anchor) < -1, None)),
     ("num_verified < -1", "num_verified", lambda b, n: (_i64(b.num_verified) < -1, None)),
     ("num_verified > k", "num_verified", lambda b, n: (b.num_verified > b.k, _i64(b.k))),
     ("accepted < -1", "accepted", lambda b, n: (_i64(b.accepted) < -1, None)),
@@ -92,9 +105,19 @@ def _impossible_rows(td: TraceData) -> np.ndarray:
     return bad
 
 
+def _value(v: np.ndarray) -> int:
+    """The offending value of one block's cell: the scalar, or for a row of ids the first
+    id below -1 (the matrix rule that breaks)."""
+    if np.ndim(v) == 0:
+        return int(v)
+    low = np.flatnonzero(v < -1)
+    return int(v[low[0]]) if len(low) else int(v.min(initial=-1))
+
+
 def impossible(s: SideInput) -> Finding | None:
-    """impossible_values: accepted > k or > num_verified, counts below -1 (unknown), k < 0,
-    num_emitted > k + 1, positions outside the sequence, batch rows outside the batch."""
+    """impossible_values: accepted > k or > num_verified, counts below -1 (unknown), k < 0
+    or wider than the stored proposals, proposed ids or anchors below -1, num_emitted > k + 1,
+    positions outside the sequence, batch rows outside the batch."""
     td = s.td
     b = td.t.blocks
     if not len(b):
@@ -113,7 +136,7 @@ def impossible(s: SideInput) -> Finding | None:
     if first is None:
         return None
     row, rule, col, lim = first
-    value = int(getattr(b, col)[row])
+    value = _value(getattr(b, col)[row])
     pos = int(b.position[row])
     bad = impossible_rows(td)
     lim_txt = "" if lim is None else f", limit {lim}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..align import Alignment
+from ..align import Alignment, is_replay
 from ..parallel import chunks
 from .data import SideInput, TraceData
 from .evidence import CaptureEvidence, IncompleteRef, RequestsEvidence, UnverifiedEvidence
@@ -42,6 +42,7 @@ def capture_end(meta: dict) -> CaptureEvidence:
     aborted = meta.get("aborted")
     checks = meta["checks"] if isinstance(meta.get("checks"), dict) else {}
     bad = checks.get("mismatch") if checks.get("status") == "mismatch" else None
+    dropped, first = import_dropped(meta)
     return CaptureEvidence(
         ended=cap.get("ended") if isinstance(cap.get("ended"), str) else None,
         exit_status=_int_or_none(cap.get("exit_status", meta.get("exit_status"))),
@@ -50,7 +51,45 @@ def capture_end(meta: dict) -> CaptureEvidence:
         aborted=str(aborted) if aborted else None,
         counters_mismatch=[str(x) for x in bad] if isinstance(bad, list) else [],
         empty=False,
+        dropped_lines=dropped,
+        first_dropped=first,
     )
+
+
+def _dict(d: dict, key: str) -> dict:
+    """``d[key]`` when it is a dict, else ``{}`` (a /meta item of unknown shape)."""
+    v = d.get(key)
+    return v if isinstance(v, dict) else {}
+
+
+def _gaps_are_lost(imp: dict, method: object) -> bool:
+    """Whether the import's chain gaps are lost trace lines: the drafter drafts for every
+    running request each step (a model drafter: /meta ``method`` names one, or the log
+    printed ``[spec-propose]`` lines). Prompt-lookup (n-gram) legitimately skips steps
+    without a match: its gaps are steps without drafts."""
+    if isinstance(method, str) and method:
+        return not any(w in method.lower() for w in ("ngram", "n-gram", "lookup", "suffix"))
+    return bool(_dict(imp, "families").get("spec-propose"))
+
+
+def import_dropped(meta: dict) -> tuple[int, str | None]:
+    """``(dropped lines, the first as FILE:LINE: what or None)``: the trace lines a VT
+    import lost, from /meta ``import`` (hooks/vt/stats.py ImportStats): malformed lines
+    (unreadable or out-of-range values) and, for a drafter that drafts every step, chain
+    gaps; the first from the import's examples. ``(0, None)`` without an import."""
+    imp = _dict(meta, "import")
+    kinds = {"malformed": _int_or_none(imp.get("malformed")) or 0}
+    if _gaps_are_lost(imp, meta.get("method")):
+        kinds["chain gap"] = _int_or_none(imp.get("chain_gaps")) or 0
+    examples = _dict(imp, "examples")
+    firsts = [
+        ex[0]
+        for k, n in kinds.items()
+        if n and isinstance(ex := examples.get(k), list) and ex and isinstance(ex[0], list)
+    ]
+    first = min(firsts, key=lambda e: e[0], default=None)
+    where = f"{imp.get('source', '?')}:{first[0]}: {first[1]}" if first else None
+    return sum(kinds.values()), where
 
 
 def _how(ev: CaptureEvidence) -> list[str]:
@@ -69,6 +108,10 @@ def _how(ev: CaptureEvidence) -> list[str]:
     if ev["counters_mismatch"]:
         names = ", ".join(ev["counters_mismatch"])
         out.append(f"the trace's totals differ from the engine's own counters ({names})")
+    if ev["dropped_lines"]:
+        first = f"; first: {ev['first_dropped']}" if ev["first_dropped"] else ""
+        lost = _n(ev["dropped_lines"], "trace line")
+        out.append(f"the log lost {lost} (dropped as malformed, or a chain gap){first}")
     return out
 
 
@@ -82,7 +125,12 @@ def capture(s: SideInput) -> Finding | None:
     recorded = "capture" in td.t.meta or "import" in td.t.meta
     ev["empty"] = recorded and len(td.t.blocks) == 0 and len(td.t.requests) == 0
     how = _how(ev)
-    if how:
+    if how and ev["dropped_lines"] and len(how) == 1:
+        message = (
+            f"{td.side}: {how[0]}: the blocks on those lines are missing from the trace, "
+            f"agreement of the rest proves nothing"
+        )
+    elif how:
         message = (
             f"{td.side}: the capture did not end cleanly ({'; '.join(how)}): requests and "
             f"blocks after that point are missing, agreement of the rest proves nothing"
@@ -112,6 +160,8 @@ def _incomplete(s: SideInput) -> tuple[list[tuple[int, int | None]], list[str]]:
     for p in range(len(here)):
         i, j = int(here[p]), int(other[p])
         n, m = len(out[i]), len(oreq.output_ids[j])
+        if s.td.output_unknown(i):
+            continue  # unknown, not empty: nothing says the work is missing
         shorter = n < m and fin[i] != "stop" and s.al.divergence[p] >= len(req.prompt_ids[i]) + n
         if fin[i] in NOT_COMPLETED or shorter:
             bad.append((i, j))
@@ -185,9 +235,12 @@ def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) 
     Args:
         side_a: ``td`` is the alignment's ours (``al.a``).
     Returns:
-        int64 block indices (the block after each such gap).
+        int64 block indices (the block after each such gap); none when either side is a
+        replay (its positions are chosen, the others never ran).
     """
     b = td.t.blocks
+    if is_replay(td.t) or is_replay(ref.t):
+        return np.zeros(0, np.int64)  # replayed positions are chosen: the rest never ran
     pob = al.pair_of_block_a if side_a else al.pair_of_block_b
     rpob = al.pair_of_block_b if side_a else al.pair_of_block_a
     rcomp = al.comparable_b if side_a else al.comparable_a
@@ -240,11 +293,15 @@ def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
         request (its last block when none is verified; sorted); never, ``(request row
         here, the other side's first block row)``
         per request without a block here (sorted by request row). Both empty when either
-        side has no blocks at all (a vanilla run: no draft comparison).
+        side has no blocks at all (a vanilla run: no draft comparison) or either side is
+        a replay (``spectrace replay`` drafts only from chosen positions: the others are
+        not dropped drafts).
     """
     td, ref, al = s.td, s.ref, s.al
     if al is None or ref is None or not len(td.t.blocks) or not len(ref.t.blocks):
         return [], []
+    if is_replay(td.t) or is_replay(ref.t):
+        return [], []  # a replay drafts only from the positions it was given
     b, rb = td.t.blocks, ref.t.blocks
     last = _last_verified(td)
     any_last = np.full(len(last), -1, np.int64)  # the last block, verified or not
