@@ -11,6 +11,7 @@ import click
 
 from . import output
 from .options import force_option
+from .progress import progress
 
 #: What an export folder may hold: ``--force`` replaces only a folder made of these.
 _EXPORT_ENTRIES = {"blocks", "requests", "blocks.csv", "requests.csv"}
@@ -59,7 +60,8 @@ def export_cmd(trace: tuple[str, ...], fmt: str, out: str, runs: tuple[str, ...]
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     try:
-        names, counts = _write(trace, runs, fmt, partial, export, open_trace)
+        with progress(2 * len(trace), f"export {fmt}") as cb:  # a bar on a TTY only
+            names, counts = _write(trace, runs, fmt, partial, export, open_trace, cb)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -80,7 +82,7 @@ def _clear(target: Path) -> None:
     shutil.rmtree(target)
 
 
-def _write(trace, runs, fmt: str, folder: Path, export, open_trace) -> tuple[list[str], list]:
+def _write(trace, runs, fmt: str, folder: Path, export, open_trace, cb) -> tuple[list, list]:
     names: list[str] = []
     counts = [0, 0]
     sinks = _Sinks(folder, fmt) if fmt != "parquet" else None
@@ -95,11 +97,12 @@ def _write(trace, runs, fmt: str, folder: Path, export, open_trace) -> tuple[lis
                 reqs = export.request_columns(t, name)
                 counts[0] += len(t.blocks)
                 counts[1] += len(t.requests)
-            for table, cols in (("blocks", blocks), ("requests", reqs)):
+            for j, (table, cols) in enumerate((("blocks", blocks), ("requests", reqs))):
                 if sinks is None:
                     export.write_parquet(cols, table, folder)
                 else:
                     sinks.write(table, export.plain_rows(cols))
+                cb(2 * i + j + 1, 2 * len(trace))
     finally:
         if sinks is not None:
             sinks.close()

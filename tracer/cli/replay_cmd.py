@@ -5,29 +5,15 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 from pathlib import Path
 
 import click
 
 from . import output
 from .options import exit_verdict, force_option, format_option, tokenizer_option
+from .progress import progress
 
 ENGINE_CHOICE = click.Choice(["reference", "vllm", "cmd"])
-
-
-def progress_printer(label: str):
-    """A (done, total) callback printing one updating stderr line, on a TTY only (None
-    elsewhere). Kept apart so a shared progress bar can replace it."""
-    if not sys.stderr.isatty():
-        return None
-
-    def show(done: int, total: int) -> None:
-        end = "\n" if done >= total else ""
-        sys.stderr.write(f"\rspectrace: {label}: {done}/{total} positions{end}")
-        sys.stderr.flush()
-
-    return show
 
 
 def vs_path(out: str, engine: str) -> Path:
@@ -186,8 +172,8 @@ def _replay_one(ref, path, name, opts, where, requests, blocks_of) -> None:
         from spectrace.engine.replay import replay_reference
 
         runner = replay_reference
-    show = progress_printer(f"replay {name}")
-    r = replay(ref, path, name, opts, where, requests, blocks_of, show, runner)
+    with progress(None, f"replay {name}") as show:  # a bar on a TTY only
+        r = replay(ref, path, name, opts, where, requests, blocks_of, show, runner)
     output.say(
         f"replay {name}: {r.sites} positions in {r.wall_s:.1f} s, {r.anchor_mismatches} "
         f"where the target sampled another anchor; wrote {r.path}"
