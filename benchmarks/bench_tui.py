@@ -8,13 +8,20 @@ Measures, headless (Textual ``run_test``, in a fresh process so RSS is the viewe
 * page down: key press to repaint, and the view's own work (page + render every line);
 * jump to the next finding / next divergence (after the background analysis, which runs in
   a child process for traces this size and is timed separately);
-* RSS (current and peak) of the viewer process.
+* RSS: the viewer's (current and peak), the analysis child's peak, and the peak of the whole
+  process tree (viewer + children, sampled every 10 ms) in each stage: open and first paint,
+  indexing, browsing while the analysis runs, browsing after it.
+
+``--analysis`` picks the viewer's analysis mode (``auto``: a child process at this size);
+``--compare-off`` runs the same pair again with ``--analysis off`` (the viewer alone) and
+prints the ratios of the two runs (tree peak, first paint, page down).
 
 With ``--tmux`` it also runs the real CLI in a tmux terminal: launch to first rows on screen,
 PageDown to repaint (screen polling), and the process RSS.
 
 Usage: ``python benchmarks/bench_tui.py [--dir /tmp/spectrace-bench] [--requests 10000
---blocks 1000] [--tmux]``. Traces are generated once (``synth.py``, about a minute).
+--blocks 1000] [--analysis auto|thread|process|off] [--compare-off] [--tmux]``.
+Traces are generated once (``synth.py``, a few minutes at 10M blocks a side).
 """
 
 from __future__ import annotations
