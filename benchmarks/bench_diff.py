@@ -10,14 +10,23 @@ Times, in one run on this machine:
   (merge on (request, position), compare the k slots), on already loaded columns, plus
   the same read floor.
 
-Usage: ``python benchmarks/bench_diff.py [--sizes 1000000 5000000] [--dir /tmp/specbench]``.
-Needs pandas (``pip install pandas``). Prints a table; asserts nothing.
+* **whole process** (``--process``): ``spectrace diff A B --format json`` as its own process,
+  and a process that only reads the columns (the read floor), each with its wall time and
+  peak RSS (``getrusage`` of the child): the issue-15 row (5M: <= 2x the read floor and
+  <= 1 GB; 50M: ``--sizes 50000000``, <= 4 GB).
+
+Usage: ``python benchmarks/bench_diff.py [--sizes 1000000 5000000] [--dir /tmp/specbench]
+[--process] [--skip-pandas]``. Needs pandas (``pip install pandas``) unless
+``--skip-pandas``. Prints a table; asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
+import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -100,6 +109,41 @@ def pandas_diff(a: Path, b: Path) -> tuple[float, float, int]:
     return t2 - t0, t2 - t1, exact
 
 
+_READ_ONLY = (
+    "import sys; from spectrace.tracer.store import open_trace; "
+    "from spectrace.tracer.findings import TraceData\n"
+    "for p in sys.argv[1:]:\n"
+    "    t = open_trace(p)\n"
+    "    [getattr(t.blocks, c) for c in TraceData.COLUMNS]"
+)
+
+
+def in_process(cmd: list[str]) -> tuple[float, float]:
+    """Run ``cmd`` as a child; its wall seconds and peak RSS in MB (the child's own: each
+    measure runs in a fresh child of a fresh ``python -c`` wrapper)."""
+    wrapper = (
+        "import resource, subprocess, sys, time; t0 = time.perf_counter(); "
+        "subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); "
+        "print(time.perf_counter() - t0, "
+        "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)"
+    )
+    out = subprocess.run([sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True)
+    s, mb = out.stdout.split()
+    return float(s), float(mb)
+
+
+def process_rows(a: Path, b: Path) -> list[str]:
+    """The whole-process figures of one pair: read floor and ``spectrace diff``."""
+    spectrace = str(Path(sys.executable).with_name("spectrace"))
+    floor_s, floor_mb = in_process([sys.executable, "-c", _READ_ONLY, str(a), str(b)])
+    diff_s, diff_mb = in_process([spectrace, "diff", str(a), str(b), "--format", "json"])
+    return [
+        f"  read floor process: {floor_s:.2f} s, peak RSS {floor_mb:.0f} MB",
+        f"  spectrace diff --format json: {diff_s:.2f} s ({diff_s / floor_s:.2f}x the floor), "
+        f"peak RSS {diff_mb:.0f} MB",
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -116,7 +160,11 @@ def main() -> None:
         help="where the synthetic pairs are built (and reused)",
     )
     ap.add_argument("--k", type=int, default=8, help="drafts per block")
+    ap.add_argument("--process", action="store_true", help="also time whole processes + RSS")
+    ap.add_argument("--skip-pandas", action="store_true", help="leave out the pandas baseline")
     args = ap.parse_args()
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", file=sys.stderr)
+    procs = []
     prefer_small_pages()  # as the spectrace command does; the pandas baseline shares it
     rows = []
     for n in args.sizes:
@@ -134,9 +182,13 @@ def main() -> None:
         gc.collect()
         t_diff, agreement = full_diff(a, b)
         gc.collect()
-        t_pd, t_pd_merge, pd_exact = pandas_diff(a, b)
-        assert pd_exact == agreement.exact_matches, (pd_exact, agreement)
+        t_pd = t_pd_merge = float("nan")
+        if not args.skip_pandas:
+            t_pd, t_pd_merge, pd_exact = pandas_diff(a, b)
+            assert pd_exact == agreement.exact_matches, (pd_exact, agreement)
         rows.append((n, floor, t_diff, t_pd, t_pd_merge, agreement.paired_blocks))
+        if args.process:
+            procs += [f"{n:,} blocks per side, whole processes:"] + process_rows(a, b)
     print(
         f"{'blocks/side':>12} {'read floor s':>13} {'full diff s':>12} {'x floor':>8} "
         f"{'pandas s':>9} {'(merge+cmp)':>12} {'diff/pandas':>12} {'paired':>9}"
@@ -155,6 +207,10 @@ def main() -> None:
         f"read. diff/pandas < 1: the full diff is faster. paired: blocks paired "
         f"on matched content (both implementations agree on the exact matches)."
     )
+    for line in procs:
+        print(line)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"this process (in-process measures): peak RSS {peak:.0f} MB")
 
 
 if __name__ == "__main__":

@@ -14,18 +14,30 @@ What runs, per measured step (both modes do exactly the same work except the cap
    rows (verdict, anchor, anchor position, drafts) into a device ring; every ``flush_steps``
    (64) steps one non-blocking copy to pinned memory
    and one event; segments whose event completed are joined (numpy, many steps at once) into
-   blocks. The sink is a real trace file (``--sink h5``, needs h5py; written on a background
-   thread) or an in-memory counter (``--sink null``);
+   blocks on the tap's background thread (``spectrace.hooks.vllm.v2.drainer``). Mode
+   ``inline`` is the pre-change path, measured in the same run: the same tap with
+   ``background_join=False``, joining on the runner's thread at the next ``propose``. The sink
+   is a real trace file (``--sink h5``, needs h5py; written on a background thread) or an
+   in-memory counter (``--sink null``);
 4. the runner's per-step host wait (emulated): like vLLM with async scheduling, the host
    waits for the step before the previous one (``event.synchronize()``), so it runs at most
    two steps ahead. That wait is the same in both modes.
 
 Reported per configuration and mode: wall time per step, device time per step (CUDA events
 around the whole loop, divided by the steps), draft tokens per second (batch x k / step
-time), host time spent inside the capture path per step, host synchronisations per step (explicit ``synchronize()``
+time), host time spent inside the capture path per step on the runner's thread (``tap host
+us``) and on the join thread (``join us``), host synchronisations per step (explicit ``synchronize()``
 calls counted by wrappers plus implicit ones reported by ``torch.cuda.set_sync_debug_mode``;
 the runner's own wait is 1 per step in both modes) and the ring's ``sync_waits``. The capture
 must cost under 1% of the step and add no synchronisation.
+
+Where the runner thread's time goes (H200 host, measured with ``_launch_direct``'s pieces
+timed alone): the staging launch is ~16 us of it, of which ~7 us is Triton's C launcher
+(``cuLaunchKernelEx``) and ~9 us the Python around it (specialisation key 3.3, pointers 1.6,
+device, hooks, the launcher's Python); the rest of ``record`` is ~5 us; with ``--sink h5`` the
+trace writer's thread (h5py holds the GIL while it writes) adds ~15-20 us per step at batch 64
+(compare ``--sink null``). Getting under ~20 us per step therefore needs the launch out of the
+step, i.e. the staging kernel captured in the drafter's own graph (not done here).
 
 Configurations (``--config``): ``tiny`` is the bundled drafter (``engine/models/dspark``,
 hidden 128, fp32; random weights if it is missing), a launch-bound worst case; ``qwen3-8b`` is
@@ -437,33 +449,32 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
     k = args.k or model.cfg.block_size
     step = StaticDraftStep(model, batch, args.ctx, k, device, dtype)
     runner = Runner(step, vocab, device, use_graph=cuda and not args.eager)
-    if args.sink == "h5":
+
+    def make_session():
+        if args.sink != "h5":
+            return NullSession()
         tmp = tempfile.mkdtemp(prefix="bench_dspark_")
-        session = hook.Session(
+        return hook.Session(
             Path(tmp) / "bench.h5",
             {"engine": "bench", "method": "dspark", "k": k, "source": "bench"},
         )
-    else:
-        session = NullSession()
-    spec = SimpleNamespace(propose=runner.propose)
-    tap = vllm_v2.ProposeTap(spec, session)  # wraps spec.propose; runner.propose stays bare
-    host = [0.0, 0]
-    orig_record = tap.record
 
-    def timed_record(*a, **kw):  # host time spent inside the capture path
-        t0 = time.perf_counter()
-        try:
-            return orig_record(*a, **kw)
-        finally:
-            host[0] += time.perf_counter() - t0
-            host[1] += 1
-
-    tap.record = timed_record
-    runs: dict[str, list[dict]] = {"off": [], "capture": []}
+    taps = {
+        m: _timed_tap(runner, make_session(), m == "capture", args.flush_steps)
+        for m in ("capture", "inline")
+    }
+    for tap, host in taps.values():  # compile the staging kernel, start the join thread
+        for _ in range(args.warmup):
+            runner.run_step(tap.propose)
+        tap.drain(wait=True)
+        host[:] = [0.0, 0]  # host time of the interleaved runs only (their warmup included)
+        if tap.drainer is not None:
+            tap.drainer.busy_ns = 0
+    runs: dict[str, list[dict]] = {"off": [], "capture": [], "inline": []}
     for _ in range(args.repeats):
-        for mode, propose in (("off", runner.propose), ("capture", spec.propose)):
+        for mode in runs:
+            propose = runner.propose if mode == "off" else taps[mode][0].propose
             runs[mode].append(measure(runner, propose, args.steps, args.warmup, cuda))
-    tap.drain(wait=True)
     from spectrace.hooks.vllm.v2 import stage as v2_stage
 
     launches = dict(v2_stage.launch_counts)
@@ -482,21 +493,47 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
             repeats=args.repeats,
         )
         rows.append(r)
-    off, on = rows
-    on["capture_host_us"] = host[0] / max(host[1], 1) * 1e6
-    on["sync_waits"] = tap.sync_waits
-    on["launch_counts"] = launches  # cumulative over the process (direct vs kernel[grid])
-    on["blocks"] = session.blocks if isinstance(session, NullSession) else session.blocks
-    session.close()
-    on["overhead_pct"] = (on["step_ms"] - off["step_ms"]) / off["step_ms"] * 100
-    on["gpu_overhead_pct"] = (
-        (on["gpu_ms"] - off["gpu_ms"]) / off["gpu_ms"] * 100 if cuda else float("nan")
-    )
-    on["added_syncs_per_step"] = on["syncs_per_step"] - off["syncs_per_step"]
+    off = rows[0]
+    for on in rows[1:]:
+        tap, host = taps[on["mode"]]
+        steps = max(host[1], 1)
+        joined = tap.drainer.busy_ns / 1e3 / steps if tap.drainer is not None else 0.0
+        tap.session.close()  # stops the join thread, joins the rest
+        on["capture_host_us"] = host[0] / steps * 1e6
+        on["join_thread_us"] = joined
+        on["sync_waits"] = tap.sync_waits
+        on["launch_counts"] = launches  # cumulative over the process (direct vs kernel[grid])
+        on["blocks"] = tap.session.blocks
+        on["overhead_pct"] = (on["step_ms"] - off["step_ms"]) / off["step_ms"] * 100
+        on["gpu_overhead_pct"] = (
+            (on["gpu_ms"] - off["gpu_ms"]) / off["gpu_ms"] * 100 if cuda else float("nan")
+        )
+        on["added_syncs_per_step"] = on["syncs_per_step"] - off["syncs_per_step"]
     del model, step, runner
     if cuda:
         torch.cuda.empty_cache()
     return rows
+
+
+def _timed_tap(runner: Runner, session, background: bool, flush_steps: int | None):
+    """A ProposeTap on its own speculator object wrapping ``runner.propose`` (which stays
+    bare), and ``[seconds, calls]`` of host time inside its ``record``."""
+    spec = SimpleNamespace(propose=runner.propose)
+    kw = {} if flush_steps is None else {"flush_steps": flush_steps}
+    tap = vllm_v2.ProposeTap(spec, session, background_join=background, **kw)
+    host = [0.0, 0]
+    orig_record = tap.record
+
+    def timed_record(*a, **kw):  # host time spent inside the capture path
+        t0 = time.perf_counter()
+        try:
+            return orig_record(*a, **kw)
+        finally:
+            host[0] += time.perf_counter() - t0
+            host[1] += 1
+
+    tap.record = timed_record
+    return tap, host
 
 
 def stage_micro(batch: int = 64, k: int = 7, n_iter: int = 2000) -> dict:
@@ -580,7 +617,7 @@ def print_table(rows: list[dict]) -> None:
     head = (
         f"{'config':<9} {'batch':>5} {'k':>2} {'mode':<8} {'graph':<5} {'step ms':>9} "
         f"{'dev ms':>8} {'draft tok/s':>12} {'syncs/step':>10} {'waits':>5} {'overhead':>9} "
-        f"{'tap host us':>11}"
+        f"{'tap host us':>11} {'join us':>7}"
     )
     print(head)
     print("-" * len(head))
@@ -590,7 +627,8 @@ def print_table(rows: list[dict]) -> None:
             f"{r['config']:<9} {r['batch']:>5} {r['k']:>2} {r['mode']:<8} {str(r['graph']):<5} "
             f"{r['step_ms']:>9.4f} {r['gpu_ms']:>8.4f} {r['tok_s']:>12.0f} "
             f"{r['syncs_per_step']:>10.2f} {r.get('sync_waits', ''):>5} {ov:>9} "
-            f"{r.get('capture_host_us', float('nan')):>11.1f}"
+            f"{r.get('capture_host_us', float('nan')):>11.1f} "
+            f"{r.get('join_thread_us', float('nan')):>7.1f}"
         )
 
 
@@ -610,6 +648,9 @@ def main(argv=None) -> int:
         help="where captured blocks go (default: h5 when h5py imports, else null)",
     )
     ap.add_argument("--eager", action="store_true", help="no CUDA graph (for comparison)")
+    ap.add_argument(
+        "--flush-steps", type=int, default=None, help="steps per ring segment (default: the tap's)"
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--no-cpu-fallback", action="store_true")
     ap.add_argument(
@@ -656,6 +697,7 @@ def main(argv=None) -> int:
             print(f"bench: {config} batch {b} done", file=sys.stderr, flush=True)
     print_table(rows)
     caps = [r for r in rows if r["mode"] == "capture"]
+    inline = [r for r in rows if r["mode"] == "inline"]
     worst = max(caps, key=lambda r: r["overhead_pct"])
     added = max(r["added_syncs_per_step"] for r in caps)
     waits = max(r["sync_waits"] for r in caps)
@@ -669,6 +711,19 @@ def main(argv=None) -> int:
         by_cfg.setdefault(r["config"], []).append(r["overhead_pct"])
     for c, v in by_cfg.items():
         print(f"  {c}: overhead per batch size {', '.join(f'{x:+.2f}%' for x in v)}")
+    for name, rs in (("capture", caps), ("inline (pre-change path)", inline)):
+        host = ", ".join(f"{r['config']} b{r['batch']} {r['capture_host_us']:.1f}" for r in rs)
+        print(f"  tap host us/step, {name}: {host}")
+    for c in by_cfg:
+        pairs = [
+            (a["overhead_pct"], b["overhead_pct"])
+            for a, b in zip(caps, inline)
+            if a["config"] == c and b["config"] == c
+        ]
+        print(
+            f"  {c}: capture vs inline overhead "
+            + ", ".join(f"{a:+.2f}% vs {b:+.2f}%" for a, b in pairs)
+        )
     if micro:  # device work the capture adds per step: one staging kernel (+ a copy per flush)
         dev_us = micro["triton"]["dev_us"]
         offs = {(r["config"], r["batch"]): r["gpu_ms"] for r in rows if r["mode"] == "off"}

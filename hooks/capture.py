@@ -22,6 +22,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -30,7 +31,7 @@ from spectrace.tracer.cli.output import say
 from spectrace.tracer.errors import InputError, SpectraceError
 from spectrace.tracer.schema import PARTIAL_SUFFIX
 from spectrace.tracer.store import TraceWriter, open_trace
-from spectrace.tracer.store.writer import amend_meta
+from spectrace.tracer.store.amend import amend_meta
 
 from .child import (
     KILL_GRACE,
@@ -48,6 +49,7 @@ from .vt.importer import discard_failed
 from .vt.level import ENV_VAR, trace_level
 from .vt.parser import DEFAULT_ENGINE, SOURCE, VtTraceParser
 from .vt.requests import read_requests
+from .watchdog import ENV_WATCH, EngineCoreWatch
 
 __all__ = ["capture_command", "capture_vllm", "run_forwarding", "summarize_traces"]
 
@@ -270,21 +272,30 @@ def capture_vllm(
             installed so vLLM loads the plugin (entry point ``vllm.general_plugins``).
         out: the trace file the plugin writes (it may add ``OUT.dpN.h5`` for DP ranks).
         timeout: seconds after which CMD's process group gets SIGTERM, then SIGKILL after
-            ``kill_grace`` seconds (a hung engine, e.g. after its EngineCore died); None: wait.
+            ``kill_grace`` seconds (a hung engine); None: wait. Independently, a watchdog
+            (:mod:`spectrace.hooks.watchdog`) stops CMD's group the same way when vLLM's
+            EngineCore process died without shutting down (vLLM then hangs).
     Returns:
-        CMD's exit status (``128+N`` if killed by signal N, 130 after Ctrl-C), or
-        :data:`TIMEOUT_STATUS` (124) after a timeout.
+        CMD's exit status (``128+N`` if killed by signal N, 130 after Ctrl-C),
+        :data:`TIMEOUT_STATUS` (124) after a timeout, or after the watchdog ``128+N`` for an
+        EngineCore killed by signal N (1 when the signal is unknown).
     Raises:
         InputError: CMD cannot be started.
     """
     out = Path(out).resolve()
     started = time.time() - 1.0  # mtime granularity
-    status, record = run_until(cmd, {**os.environ, ENV_OUT: str(out)}, timeout, kill_grace)
+    with tempfile.TemporaryDirectory(prefix="spectrace-watch-") as watch_dir:
+        env = {**os.environ, ENV_OUT: str(out), ENV_WATCH: watch_dir}
+        status, record = run_until(
+            cmd, env, timeout, kill_grace, watch=lambda pid: EngineCoreWatch(watch_dir, pid).dead()
+        )
     files = written_traces(out, since=started)
-    _record_end(files, record, group_stopped=record["ended"] == "timeout")
+    _record_end(files, record, group_stopped=record["ended"] == "timeout" or "watchdog" in record)
     if record["ended"] == "timeout":
         then = ", then SIGKILL" if record["signal"] == signal.SIGKILL else ""
         say(f"timeout: the command ran longer than {timeout:g} s; sent it SIGTERM{then}")
+    if "watchdog" in record:
+        say(f"watchdog: {record['watchdog']}")
     say(summarize_traces(files, out) + f"; command exit status {status}")
     return status
 
@@ -295,8 +306,10 @@ def _record_end(files: list[Path], record: dict, group_stopped: bool) -> None:
     for f in files:
         if f.name.endswith(PARTIAL_SUFFIX) and not group_stopped:
             continue
+        # The watchdog's reason goes in "aborted" too: what stopped the capture early.
+        extra = {"aborted": record["watchdog"]} if "watchdog" in record else {}
         try:
-            amend_meta(f, capture=record)
+            amend_meta(f, capture=record, **extra)
         except InputError as exc:
             say(f"warning: {exc}")
 

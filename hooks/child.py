@@ -10,10 +10,13 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from spectrace.tracer.cli.exit_codes import ExitCode
 from spectrace.tracer.errors import InputError
+
+from .watchdog import GRACE
 
 __all__ = [
     "KILL_GRACE",
@@ -35,6 +38,8 @@ _INTERRUPT_GRACE = 0.5
 KILL_GRACE = 10.0
 #: Exit status after ``--timeout`` stopped CMD (the convention of coreutils ``timeout``).
 TIMEOUT_STATUS = 124
+#: Seconds between two looks of the watchdog (``run_until(watch=...)``).
+WATCH_POLL = 0.5
 
 
 def exit_status(returncode: int) -> int:
@@ -195,29 +200,92 @@ def run_forwarding(cmd: list[str], env: dict) -> int:
 
 
 def run_until(
-    cmd: list[str], env: dict, timeout: float | None = None, kill_grace: float = KILL_GRACE
+    cmd: list[str],
+    env: dict,
+    timeout: float | None = None,
+    kill_grace: float = KILL_GRACE,
+    watch: Callable[[int], dict | None] | None = None,
 ) -> tuple[int, dict]:
     """Run CMD like :func:`run_forwarding`; past ``timeout`` seconds stop its whole process
     group (:func:`stop_group`: CMD runs in a session of its own then, so engine-core
     children go too).
 
+    Args:
+        watch: polled every :data:`WATCH_POLL` s with CMD's pid; a dict it returns (a dead
+            engine core, :class:`spectrace.hooks.watchdog.EngineCoreWatch`) gives CMD
+            :data:`spectrace.hooks.watchdog.GRACE` s to exit, then stops its group.
     Returns:
         (exit status, :func:`capture_end` record); the status is :data:`TIMEOUT_STATUS`
-        after a timeout.
+        after a timeout; after the watchdog, ``128+N`` for an engine core killed by
+        signal N (else 1), and the record is the engine core's (:func:`_watchdog_end`).
     """
-    proc = start(cmd, env, start_new_session=timeout is not None)
-    timed_out = None
+    proc = start(cmd, env, start_new_session=timeout is not None or watch is not None)
+    timed_out, died = None, None
     with SignalForwarder(proc) as sigint:
         try:
-            returncode = proc.wait(timeout=timeout)
+            returncode, died = _wait_watching(proc, timeout, watch)
+            if died is not None:
+                stop_group(proc, kill_grace)  # its group: the worker closes the trace
+            returncode = proc.wait()
         except subprocess.TimeoutExpired:
             timed_out = stop_group(proc, kill_grace)
             returncode = proc.returncode
+    if died is not None:
+        return _watchdog_end(died, returncode)
     record = capture_end(returncode, interrupted=sigint.signal, timed_out=timed_out)
     if timed_out is not None:
         record["timeout_s"] = timeout
         return TIMEOUT_STATUS, record
     return (sigint.status if sigint.interrupted else exit_status(returncode)), record
+
+
+def _wait_watching(
+    proc: subprocess.Popen, timeout: float | None, watch: Callable[[int], dict | None] | None
+) -> tuple[int | None, dict | None]:
+    """Wait for CMD; returns (returncode, None), or (None, the watch's dict) once the watch
+    saw a dead engine core and CMD did not exit within the grace.
+
+    Raises:
+        subprocess.TimeoutExpired: ``timeout`` seconds passed.
+    """
+    if watch is None:
+        return proc.wait(timeout=timeout), None
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout or 0)
+        try:
+            return proc.wait(timeout=WATCH_POLL if left is None else min(WATCH_POLL, left)), None
+        except subprocess.TimeoutExpired:
+            pass
+        died = watch(proc.pid)
+        if died is not None:
+            try:
+                return proc.wait(timeout=GRACE), None  # it noticed and exited by itself
+            except subprocess.TimeoutExpired:
+                return None, died
+
+
+def _watchdog_end(died: dict, returncode: int | None) -> tuple[int, dict]:
+    """Exit status and ``meta["capture"]`` record after the watchdog stopped CMD because its
+    engine core died: ``ended`` ``engine-signal`` (the engine core's signal) or
+    ``engine-exit``, with ``engine_core`` (pid, signal, exit code) and ``watchdog``."""
+    sig = died.get("signal")
+    status = 128 + sig if sig else (died.get("exit_code") or 1)
+    record = {
+        "ended": "engine-signal" if sig else "engine-exit",
+        "exit_status": status,
+        "signal": sig,
+        "engine_core": died,
+        "watchdog": (
+            f"vLLM's EngineCore (pid {died['pid']}) died "
+            f"{f'of signal {sig}' if sig else 'without shutting down'}; spectrace stopped "
+            f"the hung command"
+        ),
+        "command_exit_status": None if returncode is None else exit_status(returncode),
+    }
+    return status, record
 
 
 def _group_alive(pgid: int) -> bool:

@@ -222,9 +222,10 @@ def test_check_has_the_same_error_threshold(capsys, tmp_path):
 
 
 def test_by_request_rows_by_hand(capsys, pair, tmp_path):
-    from tests.tui.conftest import make_tokenizer
+    from tokenizers import Tokenizer, models
 
-    tok = make_tokenizer(tmp_path / "tokenizer.json")
+    tok = tmp_path / "tokenizer.json"  # token i decodes to t<i>, as tests/tui/conftest.py's
+    Tokenizer(models.WordLevel({f"t{i}": i for i in range(1200)}, unk_token="t0")).save(str(tok))
     code, out, _ = run_cli(capsys, "diff", *pair, "--format", "json", "--by-request",
                            "--tokenizer", tok)  # fmt: skip
     rows = json.loads(out)["by_request"]

@@ -137,6 +137,48 @@ def killed(path, meta):
     return write_trace(path, reqs, perfect_blocks("a") + perfect_blocks("c", (2,)), meta)
 
 
+def _checks(status, mismatch):
+    """/meta ``checks`` as the vLLM capture writes it (hooks/vllm/crosscheck.cross_check)."""
+    totals = {"num_drafts": 12, "num_draft_tokens": 24, "num_accepted_tokens": 24}
+    theirs = {**totals, "num_drafts": 13, "num_draft_tokens": 26} if mismatch else totals
+    return {"checks": {"status": status, "trace": totals, "vllm": theirs, "mismatch": mismatch}}
+
+
+def test_trace_that_disagrees_with_the_engines_counters_is_incomplete(tmp_path, clean):
+    # vLLM counted 13 drafts, the file holds 12: a block was lost between the engine and disk.
+    lost = clean_trace(
+        tmp_path / "lost.h5", _checks("mismatch", ["num_drafts", "num_draft_tokens"])
+    )
+    rc, doc = check_json(lost)
+    f = first_error(rc, doc, "capture_incomplete")
+    assert f["evidence"]["counters_mismatch"] == ["num_drafts", "num_draft_tokens"]
+    assert "engine's own counters (num_drafts, num_draft_tokens)" in f["message"]
+    rc, doc = diff_json(clean, lost)
+    assert first_error(rc, doc, "capture_incomplete")["side"] == "theirs"
+    # Clean twin: the same trace whose counters agree, and one where none reached the writer.
+    for i, twin in enumerate((_checks("ok", []), {"checks": {"status": "unavailable"}})):
+        ok = clean_trace(tmp_path / f"ok{i}.h5", twin)
+        assert_clean(*check_json(ok))
+        assert_clean(*diff_json(clean, ok))
+
+
+def test_capture_that_recorded_nothing_is_incomplete(tmp_path, clean):
+    # A real capture of a command that prints no trace line: 0 blocks, 0 requests.
+    out = tmp_path / "empty.h5"
+    r = run("capture", "-o", str(out), "--", sys.executable, "-c", "print('hi')")
+    assert r.returncode == 0 and "no [SPECTRACE] verify lines" in r.stderr
+    rc, doc = check_json(out)
+    f = first_error(rc, doc, "capture_incomplete")
+    assert f["evidence"]["empty"] is True and f["evidence"]["ended"] == "clean"
+    assert "recorded nothing" in f["message"]
+    rc, doc = diff_json(out, clean)
+    assert first_error(rc, doc, "capture_incomplete")["side"] == "ours"
+    # Clean twin: a run without speculative decoding records its requests, not blocks.
+    vanilla = write_trace(tmp_path / "vanilla.h5", complete(), [], {"capture": {"ended": "clean"}})
+    rc, doc = check_json(vanilla)
+    assert "capture_incomplete" not in [f["kind"] for f in doc["findings"]]
+
+
 OLD_META = {"exit_status": 137, "killed_by_signal": 9, "interrupted": False}
 NEW_META = {"capture": {"ended": "engine-signal", "exit_status": 137, "signal": 9}}
 

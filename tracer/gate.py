@@ -10,9 +10,12 @@ fixture ``spectrace_assert_drafts_match``'s ``requests``, ``positions``, ``min_a
   named (by our or their request id) and to the paired blocks whose anchor position lies in
   the positions; a finding counts only when its location lies in the selection (a finding
   without a request or position counts always);
-* the gate then fails on: nothing compared (unless one side is a vanilla run, see
-  ``content_only``), agreement (paired blocks with the same anchor, the same k and every slot
-  equal, over paired blocks) below ``min_agreement``, or more than ``max_errors`` error
+* a selected request id that neither trace has is bad usage (:class:`GateError`);
+* the gate then fails on: a selection that leaves no paired block ("nothing selected",
+  never a vacuous pass), nothing compared (unless one side is a vanilla run, see
+  ``content_only``; then only a ``min_agreement`` asked for fails it, as ``0/0``),
+  agreement (paired blocks with the same anchor, the same k and every slot equal, over
+  paired blocks) below ``min_agreement``, or more than ``max_errors`` error
   findings outside ``ignore``. With the defaults (1.0, 0, none) it fails exactly when
   :func:`~spectrace.tracer.diff.diff_traces` says ``diverged``.
 """
@@ -50,8 +53,9 @@ class GateError(InputError, ValueError):
         self.what = what
 
 
-#: Positions as given: a ``slice``/``range`` (half-open, ends may be None) or ints.
-PositionSpec = slice | range | Iterable[int] | None
+#: Positions as given: a ``slice``/``range`` (half-open, ends may be None), a pair
+#: ``(A, None)`` / ``(None, B)`` (an open end, as ``--positions A:`` / ``:B``) or ints.
+PositionSpec = slice | range | tuple[int | None, int | None] | Iterable[int] | None
 
 
 @dataclass(frozen=True)
@@ -108,20 +112,44 @@ def _positions(p: PositionSpec) -> slice | frozenset[int] | None:
     if p is None:
         return None
     if isinstance(p, range) and p.step == 1:
-        return slice(p.start, p.stop)
+        return _checked_slice(p.start, p.stop, repr(p))
+    if isinstance(p, tuple) and len(p) == 2 and None in p:
+        return _checked_slice(p[0], p[1], repr(p))  # (A, None) = A:, (None, B) = :B
     if isinstance(p, slice):
         if p.step not in (None, 1):
             raise GateError("positions", f"a slice with step {p.step} is not supported")
         for end in (p.start, p.stop):
             if end is not None and (not isinstance(end, int) or isinstance(end, bool)):
                 raise GateError("positions", f"slice ends must be ints (got {end!r})")
-        return slice(p.start, p.stop)
+        return _checked_slice(p.start, p.stop, repr(p))
     out = []
     for x in p:
         if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
             raise GateError("positions", f"{x!r} is not an int")
         out.append(int(x))
     return frozenset(out)
+
+
+def _checked_slice(start: object, stop: object, given: str) -> slice:
+    """``slice(start, stop)`` of positions >= 0 with stop >= start, as ``--positions``
+    requires (one rule for the CLI and the fixture).
+
+    Raises:
+        GateError: an end that is not an int >= 0 (None: open), or stop before start.
+    """
+    ends: list[int | None] = []
+    for end in (start, stop):
+        if end is not None and (isinstance(end, bool) or not isinstance(end, (int, np.integer))):
+            raise GateError("positions", f"ends must be ints or None (got {given})")
+        if end is not None and end < 0:
+            raise GateError(
+                "positions", f"expected A:B with positions >= 0, e.g. 5:20 or 40: (got {given})"
+            )
+        ends.append(None if end is None else int(end))
+    lo, hi = ends
+    if lo is not None and hi is not None and hi < lo:
+        raise GateError("positions", f"end {hi} is before start {lo} (got {given})")
+    return slice(lo, hi)
 
 
 def parse_positions(text: str) -> slice:
@@ -135,14 +163,9 @@ def parse_positions(text: str) -> slice:
         ends = [None if not x.strip() else int(x) for x in (lo, hi)]
     except ValueError:
         ends = [-1, -1]
-    if not sep or any(x is not None and x < 0 for x in ends):
-        raise GateError(
-            "positions", f"expected A:B with positions >= 0, e.g. 5:20 or 40: (got {text!r})"
-        )
-    start, stop = ends
-    if start is not None and stop is not None and stop < start:
-        raise GateError("positions", f"end {stop} is before start {start} (got {text!r})")
-    return slice(start, stop)
+    if not sep:
+        ends = [-1, -1]
+    return _checked_slice(ends[0], ends[1], repr(text))
 
 
 @dataclass(frozen=True)
@@ -150,7 +173,9 @@ class Thresholds:
     """What a comparison must meet.
 
     Attributes:
-        min_agreement: least share (0..1) of paired blocks that agree.
+        min_agreement: least share (0..1) of paired blocks that agree; None (the default)
+            means 1.0 *not asked for*: only a share asked for explicitly fails a pair with
+            no paired block at all (a vanilla side, ``content_only``) as ``0/0``.
         max_errors: most error findings tolerated (kinds in ``ignore`` not counted).
         ignore: finding kinds never counted (still listed).
 
@@ -159,13 +184,14 @@ class Thresholds:
             ``max_errors``, or an unknown kind in ``ignore``.
     """
 
-    min_agreement: float = 1.0
+    min_agreement: float | None = None
     max_errors: int = 0
     ignore: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         m = self.min_agreement
-        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m <= 1:
+        bad = isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m <= 1
+        if m is not None and bad:
             raise GateError("min_agreement", f"{m!r} is outside [0, 1]")
         e = self.max_errors
         if isinstance(e, bool) or not isinstance(e, int) or e < 0:
@@ -178,6 +204,11 @@ class Thresholds:
             raise GateError(
                 "ignore", f"unknown finding kind {unknown[0]!r} (kinds: {', '.join(KINDS)})"
             )
+
+    @property
+    def agreement(self) -> float:
+        """The least agreement required (``min_agreement``, 1.0 when not given)."""
+        return 1.0 if self.min_agreement is None else float(self.min_agreement)
 
     @property
     def default(self) -> bool:
@@ -242,6 +273,68 @@ def request_ids(al: Alignment) -> frozenset[str]:
     return frozenset(ids)
 
 
+def check_known(sel: Selection, known: Iterable[str]) -> None:
+    """Every id of ``sel.requests`` must be a request of the traces (``known``: their ids).
+
+    Raises:
+        GateError: ``no request 'ID' (known: a, b, ...)`` (field ``requests``).
+    """
+    ids = frozenset(known)
+    missing = sorted((sel.requests or frozenset()) - ids)
+    if missing:
+        shown = sorted(ids)[:KNOWN_SHOWN]
+        more = ", ..." if len(ids) > KNOWN_SHOWN else ""
+        raise GateError("requests", f"no request {missing[0]!r} (known: {', '.join(shown)}{more})")
+
+
+#: Known request ids an unknown ``--request`` lists.
+KNOWN_SHOWN = 10
+
+
+def selection_text(sel: Selection) -> str:
+    """The selection in words: ``request r7, positions 1000:``."""
+    parts = []
+    if sel.requests is not None:
+        n = len(sel.requests)
+        parts.append(f"request{'s' if n > 1 else ''} {', '.join(sorted(sel.requests))}")
+    if sel.positions is not None:
+        parts.append(f"positions {sel.positions_text()}")
+    return ", ".join(parts)
+
+
+def selected_blocks(t: Trace, sel: Selection) -> int:
+    """How many of ``t``'s blocks lie in ``sel`` (their request's id and anchor position)."""
+    keep = sel.position_mask(t.blocks.position.astype(np.int64))
+    if sel.requests is not None:
+        ids = t.requests.req_id
+        keep &= np.array([ids[r] in sel.requests for r in t.blocks.request], bool).reshape(-1)
+    return int(keep.sum())
+
+
+def nothing_selected(full: Alignment, al: Alignment, sel: Selection) -> str | None:
+    """Why ``sel`` left nothing to compare, or None (it selected paired blocks; or what it
+    selected has none for another reason, which :func:`nothing_compared` names; or the
+    pair has no paired block at all and some block lies in the selection).
+
+    ``full`` is the alignment before the selection, ``al`` after it.
+    """
+    if sel.everything or len(al.ia):
+        return None
+    what = selection_text(sel)
+    if sel.requests is not None and al.pairs == 0 and full.pairs:
+        return f"nothing selected: {what} is in no matched request pair"
+    by_req = full if sel.requests is None else select(full, Selection(sel.requests))
+    if sel.positions is not None and len(by_req.ia):
+        pos = by_req.a.blocks.position[by_req.ia]
+        return (
+            f"nothing selected: {what} leaves none of the {len(by_req.ia)} paired blocks "
+            f"(paired at positions {int(pos.min())}..{int(pos.max())})"
+        )
+    if len(full.ia) == 0 and not selected_blocks(full.a, sel) + selected_blocks(full.b, sel):
+        return f"nothing selected: no block of either trace lies in {what}"
+    return None
+
+
 def in_selection(f: Finding, sel: Selection, ids: frozenset[str] | None = None) -> bool:
     """Whether finding ``f`` lies in ``sel``: its request is selected (``ids``: every id of
     the selected pairs, both sides; default ``sel.requests``) and its position lies in the
@@ -260,20 +353,64 @@ def counted_errors(findings: list[Finding], th: Thresholds) -> list[Finding]:
 
 
 def check_gate(
-    findings: list[Finding], th: Thresholds, sel: Selection
+    findings: list[Finding], th: Thresholds, sel: Selection, trace: Trace | None = None
 ) -> tuple[list[Finding], list[str]]:
     """The gate of one trace (``spectrace check``): the findings in ``sel`` and why the
-    gate fails (more than ``th.max_errors`` counted error findings; empty: it passes)."""
+    gate fails (more than ``th.max_errors`` counted error findings, or, given ``trace``,
+    a selection holding none of its blocks; empty: it passes).
+
+    Raises:
+        GateError: given ``trace``, a selected request id it does not have.
+    """
     kept = [f for f in findings if in_selection(f, sel)]
     n = len(counted_errors(kept, th))
-    return kept, (
-        [f"{n} error finding(s), at most {th.max_errors} allowed"] if n > th.max_errors else []
-    )
+    problems = []
+    if trace is not None and not sel.everything:
+        check_known(sel, trace.requests.req_id)
+        if selected_blocks(trace, sel) == 0:
+            problems.append(
+                f"nothing selected: no block of the trace lies in {selection_text(sel)}"
+            )
+    if n > th.max_errors:
+        problems.append(f"{n} error finding(s), at most {th.max_errors} allowed")
+    return kept, problems
 
 
-def judge(al: Alignment, r: DiffResult, th: Thresholds, sel: Selection) -> GateSummary:
+def _agreement_problem(
+    al: Alignment, full: Alignment, th: Thresholds, sel: Selection, paired: int, agreeing: int
+) -> str | None:
+    """The agreement part of the gate (None: met)."""
+    if paired:
+        rate = agreeing / paired
+        if rate >= th.agreement:
+            return None
+        return (
+            f"drafts match in {agreeing} of {paired} paired blocks ({pct(rate)}), "
+            f"required {pct(th.agreement)}"
+        )
+    empty = nothing_selected(full, al, sel)
+    if empty is not None:
+        return empty
+    if not content_only(al):
+        return nothing_compared(al)
+    if th.min_agreement:  # asked for explicitly: a vanilla side cannot meet it
+        return (
+            f"agreement 0/0 cannot meet {pct(th.min_agreement)}: no paired block (one side "
+            f"has no draft blocks: content_only)"
+        )
+    return None  # a vanilla baseline passes on identical outputs
+
+
+def judge(
+    al: Alignment,
+    r: DiffResult,
+    th: Thresholds,
+    sel: Selection,
+    full: Alignment | None = None,
+) -> GateSummary:
     """The gate's verdict on diff result ``r`` of alignment ``al`` narrowed to ``sel``
-    (``r.findings`` already in the selection).
+    (``r.findings`` already in the selection; ``full``: the alignment before the
+    selection, default ``al``).
 
     Returns:
         A :class:`GateSummary`; ``problems`` empty when the gate passes.
@@ -281,17 +418,11 @@ def judge(al: Alignment, r: DiffResult, th: Thresholds, sel: Selection) -> GateS
     paired = r.agreement.paired_blocks
     bad = r.bad if r.bad is not None else np.zeros(0, bool)
     agreeing = paired - int(bad.sum()) if r.bad is not None else r.agreement.exact_matches
-    rate = agreeing / paired if paired else None
     errors = counted_errors(r.findings, th)
     problems = []
-    if paired == 0:
-        if not content_only(al):  # a vanilla baseline passes on identical outputs
-            problems.append(nothing_compared(al))
-    elif rate is not None and rate < th.min_agreement:
-        problems.append(
-            f"drafts match in {agreeing} of {paired} paired blocks ({pct(rate)}), "
-            f"required {pct(th.min_agreement)}"
-        )
+    why = _agreement_problem(al, al if full is None else full, th, sel, paired, agreeing)
+    if why is not None:
+        problems.append(why)
     if len(errors) > th.max_errors:
         problems.append(f"{len(errors)} error finding(s), at most {th.max_errors} allowed")
     return GateSummary(
@@ -299,9 +430,9 @@ def judge(al: Alignment, r: DiffResult, th: Thresholds, sel: Selection) -> GateS
         problems=problems,
         paired_blocks=paired,
         agreeing_blocks=agreeing,
-        agreement=rate,
+        agreement=agreeing / paired if paired else None,
         errors_counted=len(errors),
-        min_agreement=float(th.min_agreement),
+        min_agreement=th.agreement,
         max_errors=th.max_errors,
         ignore=sorted(th.ignore),
         requests=None if sel.requests is None else sorted(sel.requests),
@@ -326,13 +457,18 @@ def gated_diff(
 
     Returns:
         ``(alignment, result, gate)``.
+    Raises:
+        GateError: a selected request id that neither trace has.
     """
-    al = select(align(a, b), sel)
+    full = align(a, b)
+    if sel.requests is not None:
+        check_known(sel, [*a.requests.req_id, *b.requests.req_id])
+    al = select(full, sel)
     r = diff_traces(al, examples=examples, decoder=decoder)
     if not sel.everything:
         ids = request_ids(al)
         r.findings = [f for f in r.findings if in_selection(f, sel, ids)]
-    g = judge(al, r, th, sel)
+    g = judge(al, r, th, sel, full)
     if not (sel.everything and th.default):
         r.diverged, r.reasons, r.gate = not g.passed, list(g.problems), g
     return al, r, g

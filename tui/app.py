@@ -67,6 +67,8 @@ class SpectraceApp(App[None]):
         self._analysing = False
         self._stale = False
         self.reloads = 0
+        #: Follow mode: why reloads or loads failed (after the reader's own retries).
+        self.follow_errors: list[str] = []
         self.first_paint: float | None = None
 
     # -- opening -------------------------------------------------------------------------------
@@ -104,6 +106,7 @@ class SpectraceApp(App[None]):
         self.call_after_refresh(self._painted)
         self._start(self.model)
         if self.follow:
+            self.main.live = self._live_badge(self.model)
             self.set_interval(self.follow_interval, self._poll)
 
     def _painted(self) -> None:
@@ -118,6 +121,20 @@ class SpectraceApp(App[None]):
         )
 
     def _load(self, model: ViewModel) -> None:
+        try:
+            self._load_stages(model)
+        except Exception as exc:
+            if not self.follow:
+                raise
+            if model.generation != self.generation:
+                return  # a newer reload closed this model's files under it: nothing lost
+            # A read that still failed after the reader's retries (store.live): the next
+            # poll opens the files again.
+            self._stale = True
+            self.follow_errors.append(f"loading failed: {type(exc).__name__}: {exc}")
+            self.log.warning(f"follow: {self.follow_errors[-1]}")
+
+    def _load_stages(self, model: ViewModel) -> None:
         worker = get_current_worker()
         main = self.main
         gen = model.generation
@@ -177,6 +194,15 @@ class SpectraceApp(App[None]):
 
     # -- follow --------------------------------------------------------------------------------
 
+    @staticmethod
+    def _live_badge(model: ViewModel) -> str:
+        """The LIVE badge's text, or "" once every file is complete (the writer closed it)."""
+        traces = [t for t in (model.a, model.b) if t is not None]
+        if all(t.status == "complete" for t in traces):
+            return ""
+        blocks = sum(len(t.blocks) for t in traces)
+        return f"{blocks:,} blocks, updated {time.strftime('%H:%M:%S')}"
+
     def _poll(self) -> None:
         stamp = self._file_stamp()
         if stamp == self._stamp and not self._stale:
@@ -193,14 +219,14 @@ class SpectraceApp(App[None]):
             model = self._open()
         except Exception as exc:  # caught mid-write: try again on the next tick
             self.generation -= 1
-            self.log.warning(f"follow: reopen failed: {exc}")
+            self.follow_errors.append(f"reopen failed: {type(exc).__name__}: {exc}")
+            self.log.warning(f"follow: {self.follow_errors[-1]}")
             return
         self._stale = False
         self._stamp = stamp
         self.model = model
         self.reloads += 1
-        blocks = len(model.a.blocks) + (len(model.b.blocks) if model.b is not None else 0)
-        self.main.live = f"{blocks:,} blocks, updated {time.strftime('%H:%M:%S')}"
+        self.main.live = self._live_badge(model)
         self.main.set_model(model)
         self._start(model)
 

@@ -97,13 +97,15 @@ def import_golden(
         ``meta["checks"]["golden_counters"]``).
     Raises:
         InputError: missing, empty or binary file, not JSON (``FILE:LINE``), no ``records``
-            list; ParseError: strict mode. The ``.partial`` file is removed.
+            list, or no draft block in any record; ParseError: strict mode. The ``.partial``
+            file is removed.
     """
     source = str(path)
     text = read_text(path, "golden JSON file")
     doc = load_json(text, source)
     if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
         raise InputError(f"{source}:1: not an oracle-capture golden (no 'records' list)")
+    _refuse_blockless(doc["records"], source)
     lines = JsonLines(text, source)
     problems = Problems(source, strict)
     stats = GoldenStats(source, problems=problems)
@@ -117,6 +119,21 @@ def import_golden(
 
     write_trace(out, base, fill)
     return stats
+
+
+def _refuse_blockless(records: list, source: str) -> None:
+    """A golden with no record, or no record holding a block, is no parity golden.
+
+    Raises:
+        InputError: naming the file and what it lacks.
+    """
+    if not records:
+        raise InputError(f"{source}:1: not an oracle-capture golden (an empty 'records' list)")
+    if not any(isinstance(r, dict) and _is_list(r, "blocks") and r["blocks"] for r in records):
+        raise InputError(
+            f"{source}: not an oracle-capture golden: none of its {len(records)} record(s) "
+            f"has a 'blocks' list with a block"
+        )
 
 
 def _run_meta(doc: dict, problems: Problems, lines: JsonLines) -> dict:

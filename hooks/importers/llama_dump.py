@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from spectrace.hooks.vt.requests import RequestRecord, read_requests
 from spectrace.tracer import schema
+from spectrace.tracer.errors import InputError
 from spectrace.tracer.store import TraceWriter
 
 from .common import Problems, is_int, jsonl_objects, read_text, write_trace
@@ -120,8 +121,9 @@ def import_dump(
     Returns:
         The :class:`DumpStats`.
     Raises:
-        InputError: missing/empty/binary file, bad requests file (``FILE:LINE``);
-            ParseError: strict mode. The ``.partial`` file is removed.
+        InputError: missing/empty/binary file, a dump without one readable step object,
+            bad requests file (``FILE:LINE``); ParseError: strict mode. The ``.partial``
+            file is removed.
     """
     source = str(path)
     text = read_text(path, "LLAMA_SPEC_DUMP file")
@@ -129,6 +131,8 @@ def import_dump(
     by_seq = _requests_by_seq(requests_path, requests)
     stats = DumpStats(source, problems=Problems(source, strict))
     steps = _read_steps(text, stats)
+    if not steps:
+        raise InputError(_no_steps(stats, text))
 
     def fill(writer: TraceWriter) -> dict:
         for r in requests.values():
@@ -160,15 +164,47 @@ def _requests_by_seq(path, requests: dict[str, RequestRecord]) -> dict[int, list
 
 
 def _read_steps(text: str, stats: DumpStats) -> list[Step]:
+    """The readable steps, in ``step`` order per sequence (the placement's order).
+
+    A step that repeats a (``seq``, ``step``) already read is a ``duplicate_step`` problem
+    (left out: placing it twice would move every later anchor); one whose ``step`` is below
+    an earlier step of its sequence is a ``step_order`` problem (placed in step order). Both
+    are the file's problems, never the engine's findings.
+    """
     assert stats.problems is not None
     out = []
+    seen: set[tuple[int, int]] = set()
+    last: dict[int, int] = {}  # seq -> highest step read
     for n, obj in jsonl_objects(text, stats.source, stats.problems):
         stats.lines += 1
         step = _step(n, obj, stats.problems)
-        if step is not None:
-            out.append(step)
+        if step is None:
+            continue
+        key = (step.seq, step.step)
+        if key in seen:
+            what = f"step {step.step} of seq {step.seq} again (a duplicated step line)"
+            stats.problems.add("duplicate_step", n, what, "step", step.step)
+            continue
+        if step.step < last.get(step.seq, -1):
+            what = f"step {step.step} of seq {step.seq} after step {last[step.seq]}"
+            stats.problems.add("step_order", n, what, "step", step.step)
+        seen.add(key)
+        last[step.seq] = max(step.step, last.get(step.seq, -1))
+        out.append(step)
     stats.steps = len(out)
-    return out
+    return sorted(out, key=lambda s: s.step)  # stable: each sequence in step order
+
+
+def _no_steps(stats: DumpStats, text: str) -> str:
+    """The input error of a dump with no readable step (one line, the first problem)."""
+    assert stats.problems is not None
+    lines = sum(1 for x in text.splitlines() if x.strip())
+    first = next(iter(stats.problems.classes.values()), None)
+    why = f" (first problem at {first.where}: {first.what})" if first else ""
+    return (
+        f"{stats.source}: no LLAMA_SPEC_DUMP step object (step, seq, n_draft, n_accepted, "
+        f"pmin_drop, pos) in {lines} line(s){why}"
+    )
 
 
 def _step(n: int, obj: dict, problems: Problems) -> Step | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,7 +30,8 @@ from spectrace.hooks.capture import capture_command
 from spectrace.tracer.errors import InputError
 from spectrace.tracer.store import open_trace
 
-from .engine_io import drafts_of, stdout_to_stderr, write_prefixes
+from .deadline import TIMEOUT_STATUS, wrap
+from .engine_io import EngineFailed, drafts_of, stdout_to_stderr, write_prefixes
 from .options import EngineOptions
 from .positions import Reference, Site
 from .write import Draft
@@ -56,9 +58,12 @@ def replay_cmd(
 ) -> tuple[list[Draft], dict]:
     """Draft at every site through the engine command. Returns (drafts, /meta items).
 
+    ``opts.timeout_s`` stops the command (its whole process group) after that many
+    seconds (:mod:`.deadline`).
+
     Raises:
-        InputError: the command failed, has no ``{requests}`` placeholder, or left a site
-            without a block.
+        InputError: the command has no ``{requests}`` placeholder, or left a site without a
+            block. EngineFailed: it exited non-zero or ran past ``opts.timeout_s``.
     """
     template = opts.command or default_command(opts)
     if not any("{requests}" in a for a in template):
@@ -73,16 +78,27 @@ def replay_cmd(
         meta: dict = {"method": opts.method, "k": opts.k}
         if not opts.command:
             meta["engine"] = "spectrace-reference"
+        run = cmd if opts.timeout_s is None else wrap(cmd, opts.timeout_s)
+        began = time.monotonic()
         with stdout_to_stderr():
-            status = capture_command(cmd, out, requests, meta=meta, forward_trace_lines=False)
-        if status != 0:
-            raise InputError(f"--engine cmd: {cmd[0]} exited with status {status}")
+            status = capture_command(run, out, requests, meta=meta, forward_trace_lines=False)
+        _check_status(status, cmd[0], opts.timeout_s, time.monotonic() - began)
         t = open_trace(out)
         drafts = drafts_of(t, refs, sites, by="id")
         meta = {key: t.meta[key] for key in ("engine", "method", "k", "command") if key in t.meta}
     if progress is not None:
         progress(len(sites), len(sites))
     return drafts, meta
+
+
+def _check_status(status: int, name: str, timeout_s: float | None, took_s: float) -> None:
+    """Raises EngineFailed unless the command exited 0 (``took_s``: its run time)."""
+    if status == TIMEOUT_STATUS and timeout_s is not None and took_s >= timeout_s:
+        raise EngineFailed(
+            f"--engine cmd: {name} ran longer than --timeout {timeout_s:g} s: stopped"
+        )
+    if status != 0:
+        raise EngineFailed(f"--engine cmd: {name} exited with status {status}")
 
 
 def _fill(arg: str, paths: dict[str, str]) -> str:

@@ -13,11 +13,17 @@ from pathlib import Path
 
 import numpy as np
 
-from spectrace.tracer.errors import InputError
+from spectrace.tracer.errors import InputError, SpectraceError
 from spectrace.tracer.store import Trace
 
 from .positions import Reference, Site
 from .write import Draft
+
+
+class EngineFailed(SpectraceError):
+    """The replayed engine failed (a non-zero exit status, or stopped by ``--timeout``):
+    no trace verdict can be given, and the input was not at fault, so the CLI exits 3
+    (:attr:`ExitCode.FAILURE`) with one line, never 1 (a divergence) or 2 (bad input)."""
 
 
 def write_prefixes(path: str | os.PathLike, refs: list[Reference], sites: list[Site]) -> Path:

@@ -46,7 +46,8 @@ def run_engine(
     """One engine's :class:`Draft` per site (site order) and its /meta items.
 
     Raises:
-        InputError: an unknown engine, a bad option, or an engine run that failed.
+        InputError: an unknown engine or a bad option. EngineFailed: an engine run that
+            failed (:mod:`.engine_io`).
     """
     if engine == "reference":
         from .reference import replay_reference

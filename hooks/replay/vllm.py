@@ -20,7 +20,7 @@ from spectrace.hooks.vllm.margins import ENV as MARGINS_ENV
 from spectrace.tracer.errors import InputError
 from spectrace.tracer.store import open_trace
 
-from .engine_io import drafts_of, stdout_to_stderr, write_prefixes
+from .engine_io import EngineFailed, drafts_of, stdout_to_stderr, write_prefixes
 from .options import EngineOptions
 from .positions import Reference, Site
 from .write import Draft
@@ -45,7 +45,8 @@ def replay_vllm(
     """Draft at every site with vLLM. Returns (drafts in site order, the /meta items).
 
     Raises:
-        InputError: vLLM failed, or it left a site without a block.
+        InputError: it left a site without a block. EngineFailed: the vLLM run failed
+            (a non-zero exit status, or stopped by ``opts.timeout_s``).
     """
     if opts.faults:
         raise InputError("--fault is for --engine reference only")
@@ -57,7 +58,7 @@ def replay_vllm(
         with stdout_to_stderr():
             status = capture_vllm(driver_command(prefixes, opts), out, timeout=opts.timeout_s)
         if status != 0 or not out.exists():
-            raise InputError(f"--engine vllm: the vLLM run failed (exit status {status})")
+            raise EngineFailed(f"--engine vllm: the vLLM run failed (exit status {status})")
         t = open_trace(out)
         drafts = drafts_of(t, refs, sites, by="prompt")
         keys = ("engine", "engine_version", "method", "k", "target_model", "draft_model")

@@ -21,6 +21,7 @@ from types import ModuleType
 
 from spectrace.tracer.cli.output import say
 
+from ..watchdog import announce_engine_core, engine_core_stopping
 from .common import dp_rank_of, vllm_version
 from .counters import VllmCounters, fmt_counts, hand_off
 from .patching import wrap_init
@@ -53,6 +54,7 @@ def patch_scheduler(module: ModuleType) -> None:
 def _attach_counters(sched) -> None:
     """After ``Scheduler.__init__``: give it counters; in one process (the runner was made
     just before the scheduler) the session writing the same trace reads them at close."""
+    announce_engine_core()  # the capture's watchdog watches this process from now on
     cfg = getattr(sched, "vllm_config", None)
     if cfg is None or getattr(cfg, "speculative_config", None) is None:
         return
@@ -120,6 +122,7 @@ def patch_engine_core(module: ModuleType) -> None:
 
     @functools.wraps(orig)
     def shutdown(self, *args, **kwargs):
+        engine_core_stopping()  # a clean stop: not a death for the watchdog
         c = getattr(getattr(self, "scheduler", None), "_spectrace_counters", None)
         handoff = None
         if c is not None and not c.local and not c.handed_off:

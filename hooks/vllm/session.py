@@ -13,7 +13,7 @@ from pathlib import Path
 from spectrace.tracer.cli.output import say
 from spectrace.tracer.store import TraceWriter
 
-from .columns import ColumnWriter
+from .columns import ColumnWriter, RowBuffer
 from .common import strict, vllm_version
 from .counters import VllmCounters, take_handoff
 from .crosscheck import cross_check, flushed_totals, report
@@ -52,6 +52,7 @@ class Session:
         self._on_close: list[Callable[[], None]] = []
         self._writer: TraceWriter | None = None
         self._columns = ColumnWriter(lambda: self.writer)
+        self._pending = RowBuffer(self.request_row)  # the joiner's blocks, as columns
         self._rows: dict[str, int] = {}  # request id -> its /requests row
         self._seen: set[str] = set()
         self._finished: set[str] = set()
@@ -127,13 +128,28 @@ class Session:
     # -- blocks ------------------------------------------------------------------------------
 
     def add_block(self, req_id, step, position, anchor, proposed, **kw) -> None:
-        """The joiner's sink: :meth:`TraceWriter.add_block` (nothing after close)."""
+        """The joiner's sink, with :meth:`TraceWriter.add_block`'s arguments (nothing after
+        close): gathered in a :class:`~.columns.RowBuffer` and written as columns on the
+        writer thread (:meth:`end_step` hands them over)."""
         if self.closed:
             return
-        if self._columns.active:  # keep the columnar path's write order
-            self._columns.flush(wait=True)
-        self.writer.add_block(req_id, step, position, anchor, proposed, **kw)
+        self._pending.add_block(req_id, step, position, anchor, proposed, **kw)
         self.blocks += 1
+
+    def end_step(self) -> None:
+        """After a recorded step: hand gathered blocks to the writer thread once
+        :attr:`ColumnWriter.FLUSH_ROWS` rows or :attr:`ColumnWriter.FLUSH_S` seconds
+        are buffered (so a killed engine leaves every block older than about a second)."""
+        p = self._pending
+        if len(p) >= ColumnWriter.FLUSH_ROWS or (
+            len(p) and time.monotonic() - p.t0 >= ColumnWriter.FLUSH_S
+        ):
+            self._take_pending()
+
+    def _take_pending(self) -> None:
+        n = len(self._pending)
+        if n:
+            self._columns.add(self._pending.take(), n)
 
     def add_block_columns(self, columns: dict) -> None:
         """Many blocks at once (the V2 vectorised join), written on a background thread
@@ -149,11 +165,13 @@ class Session:
             return
         n = len(columns["request"])
         if n:
+            self._take_pending()  # the joiner's earlier rows first: one write order
             self.blocks += n
             self._columns.add(columns, n)
 
     def flush_columns(self, wait: bool = False) -> None:
         """Hand buffered columnar blocks to the writer thread (``wait``: until written)."""
+        self._take_pending()
         self._columns.flush(wait=wait)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -203,6 +221,7 @@ class Session:
         for fn in self._on_close:
             fn()
         self.joiner.drop_all()
+        self._take_pending()
         self._columns.flush(wait=True)
         if self._writer is None:
             return None

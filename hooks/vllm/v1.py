@@ -6,10 +6,13 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import numpy as np
+
 from .common import SpecTraceLayoutError, is_warmup, require_attrs, vllm_version
 from .margins import install_margins
 from .sampling import trim_output
 from .session import Session, close_on_shutdown
+from .v1_join import StepJoiner, new_chunk
 
 _V1_RUNNER_ATTRS = (
     "sample_tokens",
@@ -52,6 +55,7 @@ class V1Recorder:
             )
         self.runner = runner
         self.session = Session(path, meta)
+        self.session.joiner = self.joiner = StepJoiner(self.session)  # one step at a time
         self.session.on_close(self._finalize_requests)
         self._batch_checked = False
         drafter = getattr(runner, "drafter", None)
@@ -143,21 +147,25 @@ class V1Recorder:
             return
         requests = r.requests
         for rid in live:
-            state = requests.get(rid)
-            if state is not None:
-                s.see_request(
-                    rid,
-                    getattr(state, "prompt_token_ids", None),
-                    getattr(state, "sampling_params", None),
-                )
-            if rid in s.joiner.open:
-                s.joiner.verdict(rid, verified.get(rid), emitted.get(rid) or [])
+            if not s.seen(rid):
+                state = requests.get(rid)
+                if state is not None:
+                    s.see_request(
+                        rid,
+                        getattr(state, "prompt_token_ids", None),
+                        getattr(state, "sampling_params", None),
+                    )
+        cols = self.joiner.close_step(live, verified, emitted, s.request_row)
+        if cols is not None:
+            s.add_block_columns(cols)
         self._open_proposals(req_ids, emitted)
         s.step += 1
+        s.end_step()
 
     def _open_proposals(self, req_ids: list[str], emitted: dict) -> None:
         """Open a block for each row that emitted a token this step and has a non-empty
-        proposal in ``_draft_token_ids`` (anchor: the last token of ``token_ids_cpu``)."""
+        proposal in ``_draft_token_ids`` (anchor: the last token of ``token_ids_cpu``), as
+        one :class:`~.v1_join.StepProposals` chunk."""
         r, s = self.runner, self.session
         proposals = r._draft_token_ids
         if proposals is None:
@@ -167,32 +175,30 @@ class V1Recorder:
         batch = r.input_batch
         if list(batch.req_ids) != req_ids:
             raise RuntimeError("the batch order changed inside sample_tokens")
-        n_tok = batch.num_tokens_no_spec
-        tok = batch.token_ids_cpu
-        for i, rid in enumerate(req_ids):
-            if is_warmup(rid) or not emitted.get(rid) or i >= len(proposals):
-                continue  # no token this step (prefill chunk): vLLM ignores the drafts
-            prop = [int(t) for t in proposals[i]]
-            if not prop:
-                continue  # empty proposal (n-gram, no match): not a draft for vLLM
-            pos = int(n_tok[i]) - 1
-            anchor = int(tok[i, pos])
-            if anchor != int(emitted[rid][-1]):
-                raise RuntimeError(
-                    f"request {rid}: anchor {anchor} at position {pos} is not the last "
-                    f"emitted token {emitted[rid][-1]}"
-                )
-            gaps = self.margins.take(i, len(prop)) if self.margins is not None else None
-            s.joiner.propose(
-                rid,
-                s.step,
-                pos,
-                anchor,
-                prop,
-                batch_row=i,
-                batch_size=len(req_ids),
-                draft_margin=gaps,
+        rows = [
+            i
+            for i, rid in enumerate(req_ids)
+            # no token this step (prefill chunk): vLLM ignores the drafts; an empty proposal
+            # (n-gram, no match) is not a draft for vLLM
+            if i < len(proposals) and emitted.get(rid) and len(proposals[i]) and not is_warmup(rid)
+        ]
+        if not rows:
+            return
+        pos = np.asarray(batch.num_tokens_no_spec)[rows].astype(np.int64) - 1
+        anchor = np.asarray(batch.token_ids_cpu)[rows, pos].astype(np.int64)
+        last = np.array([emitted[req_ids[i]][-1] for i in rows], dtype=np.int64)
+        bad = np.flatnonzero(anchor != last)
+        if len(bad):
+            i, j = rows[bad[0]], bad[0]
+            raise RuntimeError(
+                f"request {req_ids[i]}: anchor {anchor[j]} at position {pos[j]} is not the "
+                f"last emitted token {last[j]}"
             )
+        props = [proposals[i] for i in rows]
+        m = self.margins
+        gaps = None if m is None else [m.take(i, len(p)) for i, p in zip(rows, props)]
+        chunk = new_chunk(s.step, pos, anchor, props, rows, len(req_ids), gaps)
+        self.joiner.open_step([req_ids[i] for i in rows], chunk)
 
     # -- requests --------------------------------------------------------------------------
 

@@ -2,7 +2,11 @@
 :mod:`.level` (the variable's level rule) -> :mod:`.lines` (one line -> a record) ->
 :mod:`.parser` (records -> blocks and phases, with :mod:`.blocks`, :mod:`.requests` and
 :mod:`.stats`) -> :mod:`.importer` (a saved log; ``spectrace capture`` parses live through
-:mod:`spectrace.hooks.capture`).
+:mod:`spectrace.hooks.capture`). A saved log file is read whole by the bulk path
+(:mod:`.bulk_lex` lexes every line family with one regex pass, :mod:`.bulk` decides with
+numpy, :mod:`.bulk_commit` records), which records exactly what line-by-line feeding records
+and hands every log it cannot reproduce (edited lines, never-installed proposals, joins
+without a hint, strict mode with a problem, ``\r`` line ends) to the line-by-line parser.
 
 Rules the parser (:mod:`.parser`) decides where the format leaves them open:
 
@@ -44,6 +48,10 @@ Rules the parser (:mod:`.parser`) decides where the format leaves them open:
   it is ``-1`` and the row is remembered so :meth:`VtTraceParser.set_requests` (called later,
   e.g. when a captured command has written its requests file) can fix it; rows already written
   are patched through the writer before it closes.
+* **Margins.** ``[spec-propose] … first=[…] margin=[ 0.523 0.010 ]`` (optional, one float or
+  ``nan`` per id of ``first``) is stored in ``draft_margin`` of the block the proposal joins
+  (NaN-padded to its ``proposed`` width); a count that differs from ``first``'s, a non-number
+  or a value beyond float32 makes the line malformed.
 * **Batch rows.** ``batch_row``/``batch_size`` of a block come from the ``[spec-update]
   req=…`` payload of its proposing step (one row per batch row, sync only); else ``-1``.
 * **Invariants.** Chain breaks (``pos < pos_prev + ns_prev``), ``acc !=

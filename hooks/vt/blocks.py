@@ -34,6 +34,8 @@ class Block:
     proposed: list[int] | None = None
     #: False for a proposal never installed: no verified ids, accepted or emitted ids.
     verify_record: bool = True
+    #: The drafter's margins per proposed slot (NaN unknown), from a joined ``margin=[…]``.
+    margin: list[float] | None = None
 
 
 @dataclass
@@ -46,6 +48,19 @@ class Proposal:
     per_row: int
     hint: str | None = None  # the first proposing row's request, from [spec-update]
     hint_finished: bool = False
+    margin: list[float] | None = None  # margin=[…]: one float per id of first
+
+    def proposed_row(self) -> list[int]:
+        """The ids a block joined to this proposal stores as ``proposed`` (padded to
+        drafts/row with -1)."""
+        return self.first.padded(max(self.per_row, len(self.first.ids)))
+
+    def margin_row(self) -> list[float] | None:
+        """The margins stored with :meth:`proposed_row` (NaN-padded), None without any."""
+        if self.margin is None:
+            return None
+        n = max(self.per_row, len(self.first.ids))
+        return (self.margin + [float("nan")] * n)[:n]
 
     def join_note(self, b: Block, kind: str) -> str:
         """The import note of a join to ``b`` that is not exact (proposed != verified)."""
@@ -118,14 +133,37 @@ class NotInstalled:
             last = c.last if c is not None and plain == 0 else schema.PAD
             # The [SPECTRACE] pos: after the chain, else after the prompt (n known then).
             pos = (c.pos + c.ns if c is not None else (n or 0) + 1) + plain
-            ids = Ids(p.first.padded(max(p.per_row, len(p.first.ids))))
+            ids = Ids(p.proposed_row())
             b = Block(p.lineno, req, p.step, pos, len(ids.ids), -1, ids, Ids([]), 0, last, None)
             b.batch_row, b.proposed, b.verify_record = row, ids.ids, False
+            b.margin = p.margin_row()
             src = "chain" if last >= 0 else "requests"
             b.anchor = last if last >= 0 else anchor_of(req, pos)
             out.append((b, src if b.anchor >= 0 else "unknown"))
         self.waiting = keep
         return out
+
+
+def gap_note(req: str, pos: int, expected: int, since: int) -> str:
+    """The ``chain gap`` note: ``pos`` is past the ``expected`` ``pos + ns`` of the
+    request's block at line ``since`` (steps without drafts print no line)."""
+    return f"req={req} pos={pos}: {pos - expected} tokens decoded without drafts since line {since}"
+
+
+def chain_break(req: str, pos: int, expected: int, prev: Chain) -> str:
+    """The ``chain break`` message: ``pos`` before ``prev.pos + prev.ns``."""
+    return (
+        f"req={req} pos={pos}, expected {expected} (pos={prev.pos} ns={prev.ns} at line "
+        f"{prev.lineno}; a reused request id?)"
+    )
+
+
+def anchor_mismatch(req: str, last: int, from_req: int, pos: int) -> str:
+    """The ``anchor mismatch`` message: the chain's ``emit[-1]`` against the requests file."""
+    return (
+        f"req={req}: previous emit[-1]={last} but the requests file has {from_req} at "
+        f"position {pos - 1}"
+    )
 
 
 def block_problems(b: Block) -> list[tuple[str, str]]:

@@ -11,6 +11,7 @@ from spectrace.tracer.cli.output import say
 from spectrace.tracer.errors import InputError, SpectraceError
 from spectrace.tracer.store import TraceWriter
 
+from .bulk import bulk_feed
 from .parser import SOURCE, VtTraceParser
 from .requests import read_requests
 from .stats import ImportStats
@@ -76,7 +77,8 @@ def import_log(
         try:
             if requests is not None:
                 parser.set_requests(requests, source=str(requests_path))
-            binary = _feed(parser, lines, progress)
+            binary = _feed_bulk(parser, log, progress)
+            binary = _feed(parser, lines, progress) if binary is None else binary
             _refuse_non_log(parser.stats, name, binary)
             stats = parser.finish()
         except Exception as exc:
@@ -90,6 +92,23 @@ def import_log(
     finally:
         close()
     return stats
+
+
+def _feed_bulk(
+    parser: VtTraceParser,
+    log: str | os.PathLike,
+    progress: Callable[[int, int | None], None] | None,
+) -> bool | None:
+    """A saved log file read at once (:func:`~.bulk.bulk_feed`); None for stdin or a log
+    that needs the line-by-line parser. ``progress(size, size)`` once it is parsed."""
+    if str(log) == "-":
+        return None
+    with open(log, "rb") as fh:
+        data = fh.read()
+    binary = bulk_feed(parser, data)
+    if binary is not None and progress is not None:
+        progress(len(data), len(data))
+    return binary
 
 
 #: Lines between two progress reports.

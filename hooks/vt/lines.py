@@ -33,7 +33,8 @@ _TAGLESS = (
 )
 
 # Canonical field lists per family variant: (name, kind). Kinds: str, int, ms (F2 + "ms"),
-# pct (F1 + "%"), ids_sp ("[ " ids "]"), ids ("[" ids "]"), arrow (a "->" token before it).
+# pct (F1 + "%"), ids_sp ("[ " ids "]"), ids ("[" ids "]"), arrow (a "->" token before it),
+# floats_opt (an optional trailing "[ " floats "]" list: the line may end before it).
 _F = tuple[tuple[str, str], ...]
 _SPECTRACE: _F = (
     ("req", "str"),
@@ -44,7 +45,15 @@ _SPECTRACE: _F = (
     ("draft", "ids_sp"),
     ("emit", "ids_sp"),
 )
-_PROPOSE: _F = (("rows", "int"), ("nqpr", "int"), ("drafts/row", "int"), ("first", "ids"))
+_PROPOSE: _F = (
+    ("rows", "int"),
+    ("nqpr", "int"),
+    ("drafts/row", "int"),
+    ("first", "ids"),
+    ("margin", "floats_opt"),
+)
+#: Fields a canonical line may leave out (its tail).
+OPTIONAL = frozenset({"margin"})
 _PHASE: _F = (("pre", "ms"), ("backbone", "ms"), ("sample", "ms"), ("logits", "int"))
 _PHASE_OLD: _F = (("backbone", "ms"), ("sample", "ms"), ("logits", "int"))
 _PHASE_DSPARK: _F = (("backbone", "ms"), ("sequential", "ms"), ("k", "int"), ("logits", "int"))
@@ -84,23 +93,24 @@ _REQUIRED = {
     "spec-install": {"req", "installed"},
     "spec-post_step": set(),
 }
-_PHASE_MS = ("pre", "backbone", "sample", "sequential")
+PHASE_MS = ("pre", "backbone", "sample", "sequential")
 
 # Value ranges: a field stored in a trace column must fit that column (pos - 1 is the int32
 # ``position``, k/ns/acc/drafts-per-row size int16 columns, ids are int32 token ids); any
 # other integer must fit int64. Out of range is a malformed line: never clamped or wrapped.
 _I16 = (0, 2**15 - 1)
-_RANGES: dict[str, tuple[int, int]] = {
+RANGES: dict[str, tuple[int, int]] = {
     "pos": (1, 2**31 - 1),
     "k": _I16,
     "ns": _I16,
     "acc": _I16,
     "drafts/row": _I16,
 }
-_ID_RANGE = (-(2**31), 2**31 - 1)  # int32 cells (-1 pads a list the engine cut short)
+ID_RANGE = (-(2**31), 2**31 - 1)  # int32 cells (-1 pads a list the engine cut short)
 _ANY_INT = (-(2**63), 2**63 - 1)
 _MAX_DIGITS = 19  # longer digit strings exceed int64 (and int() has a digit limit)
-_FLOAT32_MAX = 3.4028234663852886e38  # largest finite float32
+FLOAT32_MAX = 3.4028234663852886e38  # largest finite float32
+MARGIN_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|nan")
 
 
 class MalformedLine(Exception):
@@ -180,25 +190,39 @@ def _int(name: str, text: str) -> int:
 
 
 def _check_ranges(rec: Record) -> None:
-    """Raise MalformedLine for a value out of its column's range (see ``_RANGES``)."""
+    """Raise MalformedLine for a value out of its column's range (see ``RANGES``)."""
     for name, v in rec.values.items():
         if isinstance(v, Ids):
-            lo, hi = _ID_RANGE
+            lo, hi = ID_RANGE
             bad = next((x for x in v.ids if not lo <= x <= hi), None)
             if bad is not None:
                 raise MalformedLine(
                     f"{name} holds a token id out of range [{lo}, {hi}] (field={name}, value={bad})"
                 )
         elif isinstance(v, int):
-            lo, hi = _RANGES.get(name, _ANY_INT)
+            lo, hi = RANGES.get(name, _ANY_INT)
             if not lo <= v <= hi:
                 raise MalformedLine(f"{name} out of range [{lo}, {hi}] (field={name}, value={v})")
-        elif isinstance(v, float) and not abs(v) <= _FLOAT32_MAX:
+        elif isinstance(v, float) and not abs(v) <= FLOAT32_MAX:
             raise MalformedLine(f"{name} out of range for float32 (field={name}, value={v})")
+        elif isinstance(v, list):
+            _check_margins(name, v, rec.values.get("first"))
         elif name == "req" and isinstance(v, str) and not v.isprintable():
             raise MalformedLine(f"req holds a control character (field=req, value={v!r})")
     if rec.family == "SPECTRACE":
         _check_accepted(rec.values)
+
+
+def _check_margins(name: str, margins: list[float], first: object) -> None:
+    """One float32 (or ``nan``: unknown) per proposed id of ``first``."""
+    bad = next((x for x in margins if abs(x) > FLOAT32_MAX), None)
+    if bad is not None:
+        raise MalformedLine(f"{name} out of range for float32 (field={name}, value={bad})")
+    if isinstance(first, Ids) and first.complete and len(margins) != len(first.ids):
+        raise MalformedLine(
+            f"{name} holds {len(margins)} values for {len(first.ids)} proposed ids "
+            f"(field={name}, value={len(margins)})"
+        )
 
 
 def _check_accepted(v: dict) -> None:
@@ -225,13 +249,17 @@ def _canonical_regex(family: str, variant: str, fields: _F) -> re.Pattern:
         "ids": r"\[((?:-?\d+ )*)\]",
     }
     parts = [re.escape(f"[{family}]")] + (["called"] if variant == "called" else [])
+    tail = ""
     for name, kind in fields:
+        if kind == "floats_opt":
+            tail += rf"(?: {re.escape(name)}=\[ ((?:{MARGIN_RE.pattern} )*)\])?"
+            continue
         parts.append(("-> " if kind == "arrow" else "") + re.escape(name) + "=" + pat[kind])
-    return re.compile(" ".join(parts))
+    return re.compile(" ".join(parts) + tail)
 
 
-_CANONICAL: dict[str, list[tuple[str, _F, re.Pattern]]] = {}
-for _fam, _variants in {
+#: family -> [(variant, canonical fields)]: the engine's exact line formats.
+FORMATS: dict[str, list[tuple[str, _F]]] = {
     "SPECTRACE": [("", _SPECTRACE)],
     "spec-propose": [("", _PROPOSE)],
     "spec-phase": [("pre", _PHASE), ("old", _PHASE_OLD), ("dspark", _PHASE_DSPARK)],
@@ -241,7 +269,9 @@ for _fam, _variants in {
     "spec-update": [("req", _UPDATE_REQ), ("called", _UPDATE_CALLED)],
     "spec-install": [("", _INSTALL)],
     "spec-post_step": [("", _POST_STEP)],
-}.items():
+}
+_CANONICAL: dict[str, list[tuple[str, _F, re.Pattern]]] = {}
+for _fam, _variants in FORMATS.items():
     _CANONICAL[_fam] = [(v, f, _canonical_regex(_fam, v, f)) for v, f in _variants]
 
 
@@ -250,14 +280,18 @@ def _parse_canonical(family: str, text: str) -> Record | None:
         m = rx.fullmatch(text)
         if m is None:
             continue
-        values = {}
+        values: dict = {}
         for (name, kind), raw in zip(fields, m.groups()):
+            if raw is None:  # an optional field left out
+                continue
             if kind == "str":
                 values[name] = raw
             elif kind in ("ms", "pct"):
                 values[name] = float(raw)
             elif kind.startswith("ids"):
                 values[name] = Ids([_int(name, x) for x in raw.split()])
+            elif kind == "floats_opt":
+                values[name] = [float(x) for x in raw.split()]
             else:
                 values[name] = _int(name, raw)
         rec = Record(family, values, variant)
@@ -285,7 +319,7 @@ def _describe_edits(rec: Record, text: str, start: int, tag: str, family: str) -
     if any(isinstance(v, Ids) and not v.complete for v in rec.values.values()):
         edits.append("ellipsis in an id list")
     names = {n for n, _ in _fields_of(rec)}
-    missing = sorted(names - set(rec.values))
+    missing = sorted(names - set(rec.values) - OPTIONAL)
     extra = sorted(set(rec.values) - names)
     if missing:
         edits.append("missing " + ", ".join(f"{n}=" for n in missing))
@@ -347,6 +381,8 @@ def _fields_of(rec: Record) -> _F:
 
 
 def _convert(name: str, value: str, kind: str | None):
+    if kind == "floats_opt":
+        return _parse_floats(name, value)
     if value.startswith("["):
         return _parse_ids(name, value[1:-1])
     if kind == "str":
@@ -378,13 +414,25 @@ def _parse_ids(name: str, body: str) -> Ids:
     return Ids(ids)
 
 
+def _parse_floats(name: str, value: str) -> list[float]:
+    """A ``[ … ]`` list of floats (``nan``: unknown), e.g. ``margin=[ 0.523 0.010 ]``."""
+    if not value.startswith("["):
+        raise MalformedLine(f"{name}= is not a [ ] list of numbers")
+    out = []
+    for tok in value[1:-1].split():
+        if not MARGIN_RE.fullmatch(tok):
+            raise MalformedLine(f"{name}=[…] holds {tok!r}, not a number")
+        out.append(float(tok))
+    return out
+
+
 def _check_required(rec: Record) -> None:
     if rec.variant == "no_rows":
         return
     required = set(_REQUIRED.get(rec.family, ()))
     if rec.family == "spec-update":
         required = {"n"} if rec.variant == "called" else {"req", "drafts"}
-    if rec.family == "spec-phase" and not any(n in rec.values for n in _PHASE_MS):
+    if rec.family == "spec-phase" and not any(n in rec.values for n in PHASE_MS):
         raise MalformedLine("no phase timing (pre=, backbone=, sample= or sequential=)")
     missing = [n for n in _fields_of(rec) if n[0] in required and n[0] not in rec.values]
     if missing:
@@ -402,11 +450,14 @@ def _render(rec: Record) -> str | None:
     if rec.variant == "no_rows":
         return f"[spec-propose] NO proposing rows this step (num_reqs={rec.values['num_reqs']})"
     parts = [f"[{rec.family}]"] + (["called"] if rec.variant == "called" else [])
-    fields = _fields_of(rec)
+    fields = tuple(f for f in _fields_of(rec) if f[0] in rec.values or f[0] not in OPTIONAL)
     if set(rec.values) != {n for n, _ in fields}:
         return None
     for name, kind in fields:
         v = rec.values[name]
+        if kind == "floats_opt":
+            parts.append(f"{name}=[ {''.join(f'{x:.3f} ' for x in v)}]")
+            continue
         if kind == "arrow":
             parts.append("->")
         if kind in ("ids", "ids_sp"):
@@ -429,7 +480,7 @@ def phase_rows(rec: Record) -> list[tuple[str, object]]:
     ``total``). A value may be missing or non-finite in an edited line: callers skip those."""
     v = rec.values
     if rec.family == "spec-phase":
-        return [(n, v[n]) for n in _PHASE_MS if n in v]
+        return [(n, v[n]) for n in PHASE_MS if n in v]
     if rec.family == "spec-phase-dev":
         return [(f"dev.{n}", v[n]) for n, _ in _DEV if n in v]
     total = v["total"]  # [fwd-ops]: shares of total, stored as ms

@@ -20,7 +20,18 @@ from spectrace.tracer import schema
 from spectrace.tracer.errors import InputError, ParseError
 from spectrace.tracer.store import TraceWriter
 
-from .blocks import Block, Chain, NotInstalled, Proposal, block_problems, choose_join, ids_match
+from .blocks import (
+    Block,
+    Chain,
+    NotInstalled,
+    Proposal,
+    anchor_mismatch,
+    block_problems,
+    chain_break,
+    choose_join,
+    gap_note,
+    ids_match,
+)
 from .level import FAMILY_LEVEL, phase_level
 from .lines import Ids, MalformedLine, Record, parse_line, phase_rows
 from .requests import RequestRecord
@@ -284,6 +295,7 @@ class VtTraceParser:
             self.stats.probes[f"nqpr={rec.values['nqpr']}"] += 1
         self.stats.k_max = max(self.stats.k_max, per_row)
         self._proposal = Proposal(self._step, self._lineno, first, per_row)
+        self._proposal.margin = rec.values.get("margin")
 
     def _on_sched(self, rec: Record) -> None:
         # Only a post line (sync scheduling) ends a step before the next schedule.
@@ -369,28 +381,13 @@ class VtTraceParser:
         if pos > expected:  # steps without drafts print no [SPECTRACE] line (ngram, k=0)
             assert prev is not None  # expected == pos without a previous block
             self.stats.chain_gaps += 1
-            self.stats.note(
-                "chain gap",
-                self._lineno,
-                f"req={req} pos={pos}: {pos - expected} tokens decoded without "
-                f"drafts since line {prev.lineno}",
-            )
+            self.stats.note("chain gap", self._lineno, gap_note(req, pos, expected, prev.lineno))
         elif pos < expected:
             assert prev is not None
-            self._violation(
-                "chain break",
-                f"req={req} pos={pos}, expected {expected} "
-                f"(pos={prev.pos} ns={prev.ns} at line "
-                f"{prev.lineno}; a reused request id?)",
-            )
+            self._violation("chain break", chain_break(req, pos, expected, prev))
         elif prev is not None and prev.last != schema.PAD:
             if from_req != schema.PAD and from_req != prev.last:
-                self._violation(
-                    "anchor mismatch",
-                    f"req={req}: previous emit[-1]={prev.last} "
-                    f"but the requests file has {from_req} at "
-                    f"position {pos - 1}",
-                )
+                self._violation("anchor mismatch", anchor_mismatch(req, prev.last, from_req, pos))
                 self.stats.anchors["requests"] += 1
                 return from_req
             self.stats.anchors["chain"] += 1
@@ -427,7 +424,7 @@ class VtTraceParser:
 
     def _join(self, p: Proposal, b: Block, kind: str) -> None:
         self.stats.joins[kind] += 1
-        b.proposed = p.first.padded(max(p.per_row, len(p.first.ids)))
+        b.proposed, b.margin = p.proposed_row(), p.margin_row()
         if kind != "exact":
             self.stats.note("proposed != verified", b.lineno, p.join_note(b, kind))
             self.stats.joins["proposed != verified"] += 1
@@ -471,6 +468,7 @@ class VtTraceParser:
             batch_row=b.batch_row,
             batch_size=b.batch_size,
             proposal_source=source,
+            draft_margin=b.margin,
         )
         if b.anchor == schema.PAD:
             self._unresolved.append((self._rows, b.req, b.pos))

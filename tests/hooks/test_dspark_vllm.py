@@ -507,7 +507,8 @@ def run_vllm_side(vllm_mods, ckpt: Path, target, out: Path, fakes) -> dict:
             tap.drain(wait=True)
             tap.finish(rid)
         flip = not flip
-    session.counters = SimpleNamespace(as_dict=lambda: h.counters)  # the close-time cross-check
+    # the close-time cross-check
+    session.counters = SimpleNamespace(as_dict=lambda: h.counters, per_request=None)
     session.close()
     return {
         "sfa": sfa,

@@ -69,14 +69,15 @@ def step(spec: Spec, rows: list[tuple], device: str) -> None:
     )
 
 
-def run_scenario(path, device: str, fakes, **tap_kw) -> ProposeTap:
-    """Six steps of requests a, b, c (see the expected blocks in the test)."""
+def run_scenario(path, device: str, fakes, late_add: bool = False, **tap_kw) -> ProposeTap:
+    """Six steps of requests a, b, c (see the expected blocks in the test); ``late_add``:
+    c is registered after the first step (queued while a background joiner runs)."""
     session = Session(path, {"k": K, "source": "vllm-hook"})
     make_propose, v2_batch, sampling = fakes
     spec = Spec(make_propose, v2_batch)
     tap = ProposeTap(spec, session, max_model_len=1000, **tap_kw)
     params = sampling(max_tokens=6)
-    for rid in "abc":
+    for rid in "ab" if late_add else "abc":
         tap.add_request(rid, [1, 2], params)
     step(
         spec,
@@ -86,6 +87,8 @@ def run_scenario(path, device: str, fakes, **tap_kw) -> ProposeTap:
         ],
         device,
     )  # b opens P_b0
+    if late_add:
+        tap.add_request("c", [1, 2], params)
     step(
         spec,
         [
@@ -204,11 +207,44 @@ def test_chunked_join_by_hand_cpu(tmp_path, fakes, cpu_flush_steps):
     check_trace(tmp_path / "t.h5", tap)
 
 
-@needs_cuda
-@pytest.mark.parametrize("flush_steps", [1, 3, 32])
-def test_chunked_join_by_hand_cuda(tmp_path, fakes, flush_steps):
-    tap = run_scenario(tmp_path / "t.h5", "cuda", fakes, flush_steps=flush_steps)
+@pytest.mark.parametrize("cpu_flush_steps", [1, 3])
+def test_late_add_by_hand_cpu(tmp_path, fakes, cpu_flush_steps):
+    """The clean twin of the queued registration: the same blocks with c added late."""
+    tap = run_scenario(tmp_path / "t.h5", "cpu", fakes, True, cpu_flush_steps=cpu_flush_steps)
     check_trace(tmp_path / "t.h5", tap)
+    assert tap.drainer is None
+
+
+@needs_cuda
+@pytest.mark.parametrize("background", [True, False])
+@pytest.mark.parametrize("flush_steps", [1, 3, 32])
+def test_chunked_join_by_hand_cuda(tmp_path, fakes, flush_steps, background):
+    tap = run_scenario(
+        tmp_path / "t.h5", "cuda", fakes, flush_steps=flush_steps, background_join=background
+    )
+    check_trace(tmp_path / "t.h5", tap)
+    assert (tap.drainer is not None) == background
+    if background:
+        assert not tap.drainer.alive  # stopped at close
+
+
+@needs_cuda
+@pytest.mark.parametrize("piece_rows", [1, 2])
+def test_background_join_in_pieces_cuda(tmp_path, fakes, monkeypatch, piece_rows):
+    """The joiner thread takes 1 or 2 rows at a time (pieces end inside a step's rows and
+    inside a segment): the same trace."""
+    monkeypatch.setattr(ProposeTap, "PIECE_ROWS", piece_rows)
+    tap = run_scenario(tmp_path / "t.h5", "cuda", fakes, True, flush_steps=3)
+    check_trace(tmp_path / "t.h5", tap)
+
+
+@needs_cuda
+@pytest.mark.parametrize("flush_steps", [1, 3])
+def test_late_add_is_queued_with_a_background_joiner_cuda(tmp_path, fakes, flush_steps):
+    """c's registration comes after the joiner started: queued in order, same trace."""
+    tap = run_scenario(tmp_path / "t.h5", "cuda", fakes, True, flush_steps=flush_steps)
+    check_trace(tmp_path / "t.h5", tap)
+    assert tap.drainer is not None and tap.drainer.runs >= 1
 
 
 def test_join_chunk_carry_in_and_out():

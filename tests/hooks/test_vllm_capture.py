@@ -547,14 +547,19 @@ def test_cross_check_ignores_a_stale_handoff(tmp_path, capsys):
 def test_cross_check_counts_what_the_file_holds(tmp_path, capsys, monkeypatch):
     """The trace side of the check is read back from the file: a verified block the writer
     never stored makes the totals differ from vLLM's, although the hook saw it."""
-    real_add = TraceWriter.add_block
+    real_add, real_add_blocks = TraceWriter.add_block, TraceWriter.add_blocks
 
     def add_block(self, req_id, step, position, anchor, proposed, **kw):
         if kw.get("accepted", -1) >= 0:
             return  # lost on the way to the file
         real_add(self, req_id, step, position, anchor, proposed, **kw)
 
+    def add_blocks(self, columns):  # the session writes its blocks as columns
+        keep = np.asarray(columns["accepted"]) < 0  # verified blocks: lost on the way
+        real_add_blocks(self, {name: np.asarray(v)[keep] for name, v in columns.items()})
+
     monkeypatch.setattr(TraceWriter, "add_block", add_block)
+    monkeypatch.setattr(TraceWriter, "add_blocks", add_blocks)
     s = _session_with_blocks(tmp_path / "t.h5")
     s.counters = VllmCounters(k=K, dp_rank=0, stats=SimpleNamespace(**VLLM_OK))
     s.close()

@@ -89,7 +89,11 @@ def capture_vt(
 @force_option
 @click.argument("cmd", nargs=-1, required=True)
 def capture_vllm_cmd(out: str, timeout: float | None, force: bool, cmd: tuple[str, ...]) -> None:
-    """Run CMD (a vLLM script) with spectrace's vLLM plugin recording to OUT."""
+    """Run CMD (a vLLM script) with spectrace's vLLM plugin recording to OUT.
+
+    A watchdog ends the run when vLLM's EngineCore process dies without shutting down (vLLM
+    itself would wait for ever): the traces are finished and the death is recorded.
+    """
     from spectrace.hooks.capture import capture_vllm
 
     from ..store.paths import check_outputs

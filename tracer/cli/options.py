@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from typing import NoReturn
 
 import click
@@ -91,6 +93,7 @@ _GATE_OPTION = {
     "max_errors": "--max-errors",
     "ignore": "--ignore",
     "positions": "--positions",
+    "requests": "--request",
 }
 
 
@@ -135,10 +138,10 @@ def gate_options(*, pairs: bool = True):
             f = click.option(
                 "--min-agreement",
                 type=float,
-                default=1.0,
-                show_default=True,
+                default=None,
                 metavar="F",
-                help="Least share (0..1) of paired blocks whose anchor and proposals agree.",
+                help="Least share (0..1) of paired blocks whose anchor and proposals agree "
+                "[default: 1.0; given, a pair with no paired block fails].",
             )(f)
         return _selection_options(f, pairs)
 
@@ -150,17 +153,28 @@ def gate_from_options(
     positions: str | None,
     max_errors: int,
     ignore: tuple[str, ...],
-    min_agreement: float = 1.0,
+    min_agreement: float | None = None,
 ):
-    """The :class:`~spectrace.tracer.gate.Selection` and ``Thresholds`` of the options.
+    """The :class:`~spectrace.tracer.gate.Selection` and ``Thresholds`` of the options
+    (``min_agreement`` None: the option was not given).
 
     Raises:
         click.BadParameter: a value the gate refuses, named by its option (exit 2).
     """
-    from ..gate import GateError, Selection, Thresholds, parse_positions
+    from ..gate import Selection, Thresholds, parse_positions
 
-    try:
+    with gate_errors():
         pos = parse_positions(positions) if positions is not None else None
         return Selection.of(requests, pos), Thresholds(min_agreement, max_errors, frozenset(ignore))
+
+
+@contextlib.contextmanager
+def gate_errors() -> Iterator[None]:
+    """Turn a :class:`~spectrace.tracer.gate.GateError` (a bad threshold, an unknown
+    ``--request``) into ``click.BadParameter`` named by its option: one line, exit 2."""
+    from ..gate import GateError
+
+    try:
+        yield
     except GateError as exc:
         raise click.BadParameter(exc.what, param_hint=_GATE_OPTION[exc.field]) from None

@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from . import output
-from .options import exit_verdict, format_option, gate_from_options, gate_options, tokenizer_option
+from .options import (
+    exit_verdict,
+    format_option,
+    gate_errors,
+    gate_from_options,
+    gate_options,
+    tokenizer_option,
+)
 
 if TYPE_CHECKING:
     from ..store import Trace
@@ -119,7 +126,8 @@ def diff(
                 f"trace with itself and agrees by construction"
             )
         dec = decoder_for(tokenizer, a.meta, b.meta)
-        al, r, _ = gated_diff(a, b, sel, th, examples=examples or None, decoder=dec)
+        with gate_errors():  # an unknown --request: exit 2
+            al, r, _ = gated_diff(a, b, sel, th, examples=examples or None, decoder=dec)
         if by_request:
             r.by_request = request_rows(al, r, dec)
         results.append(r)
@@ -165,7 +173,8 @@ def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None, **gate: Any) 
 
     sel, th = gate_from_options(**gate)
     t = open_trace(list(trace))
-    found, problems = check_gate(check_trace(t, decoder_for(tokenizer, t.meta)), th, sel)
+    with gate_errors():  # an unknown --request: exit 2
+        found, problems = check_gate(check_trace(t, decoder_for(tokenizer, t.meta)), th, sel, t)
     summary = explained_summary(t)
     gated = not (sel.everything and th.default)
     if fmt == "json":

@@ -125,6 +125,9 @@ def replay_cmd(
     one block per (request, position), drafted from the reference prefix, with acceptance
     recomputed against the reference (teacher-forced). With --vs ENGINE (or a second
     --engine) the second engine replays too and the two replays are diffed (exit as diff).
+
+    An engine that fails (vllm/cmd: a non-zero exit status, or stopped by --timeout) gives
+    no trace to judge and is not bad input: one line and exit 3.
     """
     from spectrace.hooks.replay.options import EngineOptions
     from spectrace.hooks.replay.positions import parse_positions

@@ -283,6 +283,15 @@ def _print_sides(con: Console, r: DiffResult) -> None:
                 f"{side.blocks} blocks)"
             )
         )
+    g = r.gate
+    if g is not None and g.passed and g.agreeing_blocks < g.paired_blocks:
+        # never "no divergence" while paired blocks differ: the thresholds let them pass
+        n = g.paired_blocks - g.agreeing_blocks
+        con.print(
+            f"[bold yellow]gate passed[/bold yellow]: {n} of {g.paired_blocks} paired blocks "
+            f"differ (within the thresholds)"
+        )
+        return
     v = verdict(r.diverged, r.reasons, any(f.kind == "content_only" for f in r.findings))
     style = "bold red" if v.diverged else "bold green"
     con.print(f"[{style}]{v.word}[/{style}]{escape(v.detail)}")

@@ -258,6 +258,11 @@ class CaptureEvidence(TypedDict):
     signal: int | None
     interrupted: bool
     aborted: str | None
+    #: Counters on which the trace disagrees with the engine's own (/meta ``checks``: vLLM's
+    #: spec-decode counters, per-request metrics); empty when they agree or nothing says.
+    counters_mismatch: list[str]
+    #: The capture recorded nothing at all: no draft block and no request.
+    empty: bool
 
 
 class IncompleteRef(TypedDict):

@@ -40,12 +40,16 @@ def capture_end(meta: dict) -> CaptureEvidence:
     ``interrupted`` and ``aborted`` (hooks/capture.py). Missing items are null."""
     cap = meta["capture"] if isinstance(meta.get("capture"), dict) else {}
     aborted = meta.get("aborted")
+    checks = meta["checks"] if isinstance(meta.get("checks"), dict) else {}
+    bad = checks.get("mismatch") if checks.get("status") == "mismatch" else None
     return CaptureEvidence(
         ended=cap.get("ended") if isinstance(cap.get("ended"), str) else None,
         exit_status=_int_or_none(cap.get("exit_status", meta.get("exit_status"))),
         signal=_int_or_none(cap.get("signal", meta.get("killed_by_signal"))),
         interrupted=bool(meta.get("interrupted")) or cap.get("ended") == "interrupted",
         aborted=str(aborted) if aborted else None,
+        counters_mismatch=[str(x) for x in bad] if isinstance(bad, list) else [],
+        empty=False,
     )
 
 
@@ -62,27 +66,35 @@ def _how(ev: CaptureEvidence) -> list[str]:
         out.append("the capture was interrupted")
     if ev["aborted"]:
         out.append(f"the capture aborted ({ev['aborted']})")
+    if ev["counters_mismatch"]:
+        names = ", ".join(ev["counters_mismatch"])
+        out.append(f"the trace's totals differ from the engine's own counters ({names})")
     return out
 
 
 def capture(s: SideInput) -> Finding | None:
     """capture_incomplete: the engine did not exit cleanly (non-zero exit status, a signal),
-    or the capture was interrupted or aborted: work may be missing from the trace."""
+    the capture was interrupted or aborted, the trace disagrees with the engine's own
+    counters (/meta ``checks`` status ``mismatch``), or a capture or import recorded nothing
+    at all (no block, no request): work is missing from the trace."""
     td = s.td
     ev = capture_end(td.t.meta)
+    recorded = "capture" in td.t.meta or "import" in td.t.meta
+    ev["empty"] = recorded and len(td.t.blocks) == 0 and len(td.t.requests) == 0
     how = _how(ev)
-    if not how:
-        return None
-    return Finding(
-        "capture_incomplete",
-        "error",
-        side=td.side,
-        message=(
+    if how:
+        message = (
             f"{td.side}: the capture did not end cleanly ({'; '.join(how)}): requests and "
             f"blocks after that point are missing, agreement of the rest proves nothing"
-        ),
-        evidence=ev,
-    )
+        )
+    elif ev["empty"]:
+        message = (
+            f"{td.side}: the capture recorded nothing: no draft block and no request reached "
+            f"it (did the command run with drafts and print trace lines?)"
+        )
+    else:
+        return None
+    return Finding("capture_incomplete", "error", side=td.side, message=message, evidence=ev)
 
 
 def _incomplete(s: SideInput) -> tuple[list[tuple[int, int | None]], list[str]]:

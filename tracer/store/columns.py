@@ -8,10 +8,11 @@ when a prefetch thread (:mod:`spectrace.tracer.store.prefetch`) and the caller w
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import h5py
 import numpy as np
@@ -56,21 +57,37 @@ class Requests:
         return np.concatenate([self.prompt_ids[i], self.output_ids[i]]).astype(np.int32)
 
 
+def _read_once(read: Callable[[], Any]) -> Any:
+    return read()
+
+
 class RaggedColumn(Sequence):
     """A ragged int32 request column read on demand (``Trace(..., lazy_requests=True)``).
 
     Indexing returns one int32 array (read from the file and kept in a bounded cache); rows
     appended with :meth:`append` (placeholder requests) live in memory. Reads need the trace
     to be open. Thread-safe (h5py serialises file access).
+
+    Args:
+        parts: per file, its ``output_ids`` dataset and the rows to read from it.
+        cache_rows: rows kept in the cache.
+        retry: runs a read (a callable) and re-runs it after a failure that raced a live
+            writer (:func:`spectrace.tracer.store.live.retrying`); None: read once.
     """
 
-    def __init__(self, parts: list[tuple[h5py.Dataset, int]], cache_rows: int = 256) -> None:
+    def __init__(
+        self,
+        parts: list[tuple[h5py.Dataset, int]],
+        cache_rows: int = 256,
+        retry: Callable[[Callable[[], Any]], Any] | None = None,
+    ) -> None:
         self._parts = parts
+        self._retry = retry or _read_once
         self._starts = np.cumsum([0] + [n for _, n in parts])
         self._extra: list[np.ndarray] = []
         self._cache: dict[int, np.ndarray] = {}
         self._cache_rows = cache_rows
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a retried read re-binds under it
 
     def __len__(self) -> int:
         return int(self._starts[-1]) + len(self._extra)
@@ -88,8 +105,8 @@ class RaggedColumn(Sequence):
             hit = self._cache.get(i)
             if hit is None:
                 f = int(np.searchsorted(self._starts, i, side="right")) - 1
-                ds, _ = self._parts[f]
-                hit = np.asarray(ds[i - int(self._starts[f])], np.int32)
+                j = i - int(self._starts[f])
+                hit = np.asarray(self._retry(lambda: self._parts[f][0][j]), np.int32)
                 if len(self._cache) >= self._cache_rows:
                     self._cache.pop(next(iter(self._cache)))
                 self._cache[i] = hit
@@ -99,14 +116,23 @@ class RaggedColumn(Sequence):
         """Rows ``[start, stop)`` in bulk (uncached): for scans over many requests."""
         out: list[np.ndarray] = []
         base = int(self._starts[-1])
-        for f, (ds, _) in enumerate(self._parts):
+        for f in range(len(self._parts)):
             s0, s1 = int(self._starts[f]), int(self._starts[f + 1])
             lo, hi = max(start, s0), min(stop, s1)
             if lo < hi:
-                out += [np.asarray(x, np.int32) for x in ds[lo - s0 : hi - s0]]
+                rows = self._retry(functools.partial(self._rows, f, lo - s0, hi - s0))
+                out += [np.asarray(x, np.int32) for x in rows]
         if stop > base:
             out += self._extra[max(start - base, 0) : stop - base]
         return out
+
+    def _rows(self, f: int, lo: int, hi: int) -> Any:
+        return self._parts[f][0][lo:hi]  # looked up at call time: a retry reads a new handle
+
+    def rebind(self, parts: list[tuple[h5py.Dataset, int]]) -> None:
+        """Read from these datasets from now on (the same rows, from a re-opened file)."""
+        with self._lock:
+            self._parts = [(ds, n) for (ds, _), (_, n) in zip(parts, self._parts)]
 
     def append(self, arr: np.ndarray) -> None:
         """Add an in-memory row at the end."""
@@ -127,6 +153,7 @@ class Blocks:
         self._cols = {c.name: c for c in schema.BLOCK_COLUMNS}
         self._lock = threading.Lock()
         self._loading: dict[str, threading.Event] = {}  # column -> set when its read ends
+        self._owner: dict[str, int] = {}  # column -> the thread reading it
 
     def __len__(self) -> int:
         return sum(self._trace._nblocks)
@@ -147,6 +174,8 @@ class Blocks:
             pending = self._loading.get(name)
             mine = pending is None
             ev = self._loading[name] = threading.Event() if pending is None else pending
+            if mine:
+                self._owner[name] = threading.get_ident()
         if not mine:
             ev.wait()
             if name in self._cache:
@@ -162,7 +191,14 @@ class Blocks:
         finally:
             with self._lock:
                 del self._loading[name]
+                del self._owner[name]
             ev.set()
+
+    def reading_here(self, name: str) -> bool:
+        """True while this very thread reads column ``name`` (a nested access would wait
+        for itself)."""
+        with self._lock:
+            return self._owner.get(name) == threading.get_ident()
 
     def loaded(self, name: str) -> np.ndarray | None:
         """Column ``name`` if it has been read already, else None (never reads)."""

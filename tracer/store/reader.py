@@ -9,18 +9,22 @@ Every open or read failure is one :class:`TraceFormatError` line naming the file
 
 from __future__ import annotations
 
-import re
 import threading
+import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import h5py
 import numpy as np
 
 from .. import schema
-from ..errors import InputError, TraceFormatError
+from ..errors import InputError, SpectraceError, TraceFormatError
 from .columns import Blocks, RaggedColumn, Requests
-from .paths import TraceSpec, TraceWarning, resolve_paths
+from .h5file import open_h5, short_reason
+from .live import ATTEMPTS, announced, backoff, maybe_live, retrying
+from .paths import TraceSpec, TraceWarning, final_path, resolve_paths
 from .structure import (
     COUNT_COLUMNS,
     column_problems,
@@ -31,6 +35,8 @@ from .structure import (
     request_index_problems,
     value_problems,
 )
+
+_T = TypeVar("_T")
 
 
 class Trace:
@@ -64,19 +70,9 @@ class Trace:
         self.status: schema.Status = schema.STATUS_COMPLETE
         for p in paths:
             self._open_one(p)
-        self.meta = self.metas[0] if self.metas else {}
-        engines = {(m.get("engine"), m.get("method"), m.get("k")) for m in self.metas}
-        ranks = [m["dp_rank"] for m in self.metas if m.get("dp_rank") is not None]
-        if len(engines) > 1:  # one trace = one run split over processes, not two engines
-            self._warn(
-                f"{self.name}: files of different runs read as one trace "
-                f"(engine, method, k: {sorted(engines, key=str)})"
-            )
-        elif len(ranks) != len(set(ranks)):  # one run writes one file per data-parallel rank
-            self._warn(
-                f"{self.name}: files of different runs read as one trace (data-parallel "
-                f"ranks {sorted(ranks)}: a rank appears twice)"
-            )
+        # Rank 0's meta speaks for the run (a glob sorts run.dp1.h5 before run.h5).
+        self.meta = min(self.metas, key=lambda m: m.get("dp_rank") or 0) if self.metas else {}
+        self._one_run()
         self.blocks = Blocks(self)
         if not lazy_requests:
             self._requests = self._read_requests()
@@ -96,25 +92,42 @@ class Trace:
 
     def _add_placeholders(self) -> None:
         # A live or killed writer's blocks may index requests it had not flushed: their
-        # placeholder rows exist before anyone sizes an array by len(requests).
-        if not all(self._complete):
+        # placeholder rows exist before anyone sizes an array by len(requests). Reading the
+        # request column first adds them itself (and would wait for itself here).
+        if not all(self._complete) and not self.blocks.reading_here("request"):
             self.blocks.request  # noqa: B018 - loading the column adds the placeholders
 
     # -- opening -------------------------------------------------------------------------------
 
     def _open_one(self, path: Path) -> None:
+        """Open and check one file; a ``.partial`` file (its writer may be flushing right
+        now) is opened again after a failure (:mod:`.live`)."""
+        if not str(path).endswith(schema.PARTIAL_SUFFIX):
+            return self._open_checked(path)
+        for attempt in range(ATTEMPTS):
+            if not path.exists() and final_path(path).exists():  # closed meanwhile
+                self.paths[self.paths.index(path)] = path = final_path(path)
+            last = attempt == ATTEMPTS - 1 or not maybe_live(path)
+            try:
+                return self._open_checked(path, step_back=last)
+            except TraceFormatError:
+                if last:
+                    raise
+            time.sleep(backoff(attempt))
+
+    def _open_checked(self, path: Path, step_back: bool = True) -> None:
         f = open_h5(path)
         try:
-            self._check_and_add(path, f)
+            self._check_and_add(path, f, step_back)
         except TraceFormatError:
             f.close()
             raise
         except (KeyError, OSError, RuntimeError, ValueError, TypeError) as exc:
             # HDF5 reports damaged object headers as KeyError/OSError deep inside h5py.
             f.close()
-            raise TraceFormatError(f"{path}: damaged trace file ({_short(exc)})") from None
+            raise TraceFormatError(f"{path}: damaged trace file ({short_reason(exc)})") from None
 
-    def _check_and_add(self, path: Path, f: h5py.File) -> None:
+    def _check_and_add(self, path: Path, f: h5py.File, step_back: bool = True) -> None:
         version, problems = format_version(str(path), f)
         if problems:
             raise problems[0].error()
@@ -132,7 +145,7 @@ class Trace:
         if problems:
             raise problems[0].error()
         if not complete:
-            n = self._readable_rows(f, n)
+            n = self._readable_rows(path, f, n, step_back)
             self.status = schema.STATUS_RECORDING
             self._warn(
                 f"{path}: trace was not closed cleanly (status {status!r}); "
@@ -147,14 +160,22 @@ class Trace:
     @staticmethod
     def _flushed_rows(f: h5py.File) -> int:
         # A writer killed mid-flush may leave columns of different lengths: the shortest one
-        # bounds the rows that were completely written.
+        # bounds the rows that were completely written; a live writer's announced count
+        # bounds the rows its last flush finished (.live).
         g = f["blocks"]
-        return min((g[c.name].shape[0] for c in schema.BLOCK_COLUMNS if c.name in g), default=0)
+        n = min((g[c.name].shape[0] for c in schema.BLOCK_COLUMNS if c.name in g), default=0)
+        told = announced(f)
+        return n if told is None else min(n, told)
 
     @staticmethod
-    def _readable_rows(f: h5py.File, n: int) -> int:
+    def _readable_rows(path: Path, f: h5py.File, n: int, step_back: bool = True) -> int:
         """Rows of a dead writer's file that read back: a kill during a flush can tear the
-        last compressed chunks, so step back a chunk at a time until every column reads."""
+        last compressed chunks, so step back a chunk at a time until every column reads.
+
+        Raises:
+            TraceFormatError: with ``step_back`` False, instead of stepping back (the file's
+                writer may be flushing right now: opening it again is the better answer).
+        """
         g = f["blocks"]
         cols = [g[c.name] for c in schema.BLOCK_COLUMNS if c.name in g]
         while n > 0:
@@ -162,10 +183,63 @@ class Trace:
                 for ds in cols:
                     ds[max(0, n - ds.chunks[0]) : n]
                 return n
-            except (OSError, RuntimeError, ValueError):
+            except (OSError, RuntimeError, ValueError) as exc:
+                if not step_back:
+                    raise TraceFormatError(f"{path}: {short_reason(exc)}") from None
                 step = min(ds.chunks[0] for ds in cols)
                 n = (n - 1) // step * step
         return 0
+
+    # -- sharing a file with its live writer (.live) ---------------------------------------------
+
+    def _live(self) -> bool:
+        """Whether a writer may still be recording one of the files (open, not complete)."""
+        return bool(self._files) and not all(self._complete)
+
+    def _retrying(self, read: Callable[[], _T]) -> _T:
+        """``read()``, read again after a re-open while it races a live writer."""
+        return retrying(read, self._reopen_live, self._live)
+
+    def _reopen_live(self) -> None:
+        """Close and re-open every file that was not closed cleanly: only a fresh open sees
+        the chunk index the writer has flushed since. The row counts stay those read at open
+        (rows below them never change). A file that cannot be opened right now keeps its
+        closed handle: the next read fails and is retried."""
+        if not self._files:
+            return
+        for i, complete in enumerate(self._complete):
+            if complete:
+                continue
+            path = self.paths[i]
+            if not path.exists() and final_path(path).exists():  # the writer closed it
+                path = final_path(path)
+            self._files[i].close()
+            try:
+                self._files[i] = open_h5(path)
+            except SpectraceError:
+                pass
+        self._datasets.clear()
+        ragged = self._requests.output_ids if self._requests is not None else None
+        if isinstance(ragged, RaggedColumn):
+            ragged.rebind(self._output_parts())
+
+    def _output_parts(self) -> list[tuple[h5py.Dataset, int]]:
+        return [(f["requests"]["output_ids"], n) for f, n in zip(self._files, self._nreq_per_file)]
+
+    def _one_run(self) -> None:
+        """Raise :class:`InputError` when the files are not one run (blocks merged from two
+        runs are data no engine produced: no verdict on them is honest)."""
+        engines = {(m.get("engine"), m.get("method"), m.get("k")) for m in self.metas}
+        ranks = [m["dp_rank"] for m in self.metas if m.get("dp_rank") is not None]
+        why = None  # one trace = one run split over processes, a file per rank
+        if len(engines) > 1:
+            why = f"engine, method, k: {sorted(engines, key=str)}"
+        elif len(ranks) != len(set(ranks)):
+            why = f"data-parallel ranks {sorted(ranks)}: a rank appears twice"
+        if why is not None:
+            self.close()
+            msg = f"{self.name}: files of different runs given as one trace ({why})"
+            raise InputError(msg + "; pass the files of one run")
 
     def _warn(self, msg: str) -> None:
         self.warnings.append(msg)
@@ -175,10 +249,10 @@ class Trace:
 
     def _read_requests(self) -> Requests:
         try:
-            return self._read_requests_unchecked()
+            return self._retrying(self._read_requests_unchecked)
         except (KeyError, OSError, RuntimeError) as exc:
             raise TraceFormatError(
-                f"{self.name}: damaged /requests table ({_short(exc)})"
+                f"{self.name}: damaged /requests table ({short_reason(exc)})"
             ) from None
 
     def _read_requests_unchecked(self) -> Requests:
@@ -199,17 +273,17 @@ class Trace:
             r.finish_reason += [_decode(x) for x in g["finish_reason"][:n]]
             files.append(np.full(n, i, np.int32))
         if self._lazy_requests:
-            r.output_ids = RaggedColumn(lazy_parts)  # type: ignore[assignment]
+            r.output_ids = RaggedColumn(lazy_parts, retry=self._retrying)  # type: ignore[assignment]
         r.file = np.concatenate(files) if files else np.zeros(0, np.int32)
         self._nreq_per_file = [int((r.file == i).sum()) for i in range(len(self._files))]
         return r
 
     def _read_block_column(self, c: schema.Column) -> np.ndarray:
         try:
-            return self._read_block_column_unchecked(c)
+            return self._retrying(lambda: self._read_block_column_unchecked(c))
         except (KeyError, OSError, RuntimeError) as exc:
             raise TraceFormatError(
-                f"{self.name}: damaged column blocks/{c.name} ({_short(exc)})"
+                f"{self.name}: damaged column blocks/{c.name} ({short_reason(exc)})"
             ) from None
 
     def _read_block_column_unchecked(self, c: schema.Column) -> np.ndarray:
@@ -296,10 +370,10 @@ class Trace:
         """
         c = {c.name: c for c in schema.BLOCK_COLUMNS}[name]
         try:
-            return self._read_rows_unchecked(c, start, stop)
+            return self._retrying(lambda: self._read_rows_unchecked(c, start, stop))
         except (OSError, RuntimeError) as exc:
             raise TraceFormatError(
-                f"{self.name}: damaged column blocks/{name} ({_short(exc)})"
+                f"{self.name}: damaged column blocks/{name} ({short_reason(exc)})"
             ) from None
 
     def _read_rows_unchecked(self, c: schema.Column, start: int, stop: int) -> np.ndarray:
@@ -354,9 +428,11 @@ class Trace:
             TraceFormatError: a damaged chunk (checksum or filter failure).
         """
         try:
-            return self._phases_unchecked()
+            return self._retrying(self._phases_unchecked)
         except (KeyError, OSError, RuntimeError) as exc:
-            raise TraceFormatError(f"{self.name}: damaged /phases table ({_short(exc)})") from None
+            raise TraceFormatError(
+                f"{self.name}: damaged /phases table ({short_reason(exc)})"
+            ) from None
 
     def _phases_unchecked(self) -> dict[str, np.ndarray]:
         out: dict[str, list] = {"step": [], "name": [], "ms": [], "level": [], "file": []}
@@ -422,42 +498,3 @@ def _attr(f: h5py.File, name: str) -> str | None:
 
 def _decode(v) -> str:
     return v.decode("utf-8") if isinstance(v, bytes) else str(v)
-
-
-def open_h5(path: Path) -> h5py.File:
-    """Open one trace file for reading (no HDF5 file lock: a writer may hold it open).
-
-    Raises:
-        InputError: ``path`` is a directory or does not exist.
-        TraceFormatError: not a readable HDF5 file (truncated, or a VT log: says which).
-    """
-    if path.is_dir():
-        raise InputError(f"{path}: is a directory, not a trace file")
-    try:
-        return h5py.File(path, "r", locking=False)
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise TraceFormatError(f"{path}: {_unreadable(path, exc)}") from None
-
-
-def _unreadable(path: Path, exc: OSError) -> str:
-    """Why h5py cannot open ``path``, in the user's words where we can tell."""
-    m = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", str(exc))
-    if m:
-        return f"truncated HDF5 file ({m.group(1)} of {m.group(2)} bytes; a copy cut short?)"
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(4096)
-    except OSError:
-        head = b""
-    if b"VT_SPEC_TRACE" in head or b"[SPECTRACE]" in head or b"[spec-" in head:
-        return (
-            "a VT_SPEC_TRACE log, not a trace file: convert it with "
-            "`spectrace import vt LOG -o TRACE.h5`"
-        )
-    return f"not a readable HDF5 file ({_short(exc)})"
-
-
-def _short(exc: BaseException) -> str:
-    return str(exc).splitlines()[0][:120]

@@ -24,6 +24,8 @@ import numpy as np
 
 from .. import schema
 from ..errors import InputError
+from .amend import amend_meta as amend_meta  # re-exported: callers of the writer
+from .live import announce
 from .paths import final_path, partial_path
 
 _STR = h5py.string_dtype("utf-8")
@@ -291,6 +293,7 @@ class TraceWriter:
             for c in schema.BLOCK_COLUMNS:
                 self._append(g[c.name], arrays[c.name], c)
             self.rows_written += n
+            announce(self._file, self.rows_written)
             self._file.flush()
 
     def add_phase(self, step: int, name: str, ms: float, level: int = 1) -> None:
@@ -322,6 +325,7 @@ class TraceWriter:
         wrote = False
         if self._blocks["request"]:
             self._flush_table("blocks", schema.BLOCK_COLUMNS, self._blocks)
+            announce(self._file, self.rows_written)  # the live-reader protocol (.live)
             wrote = True
         if self._phases["step"]:
             self._flush_table("phases", schema.PHASE_COLUMNS, self._phases)
@@ -391,16 +395,20 @@ class TraceWriter:
         ds[n0:, : arr.shape[1]] = arr
 
     def _flush_requests(self) -> None:
+        # Strings: one write per run of dirty rows; ragged ids only where there are some (new
+        # rows read as empty): four writes per request made the store an import's bottleneck.
         g = self._file["requests"]
-        n = len(self._requests)
+        n, old = len(self._requests), g["req_id"].shape[0]
         for c in schema.REQUEST_COLUMNS:
             g[c.name].resize((n,))
-        for idx in sorted(self._dirty_requests):
-            req_id, prompt, output, reason = self._requests[idx]
-            g["req_id"][idx] = req_id
-            g["prompt_ids"][idx] = np.asarray(prompt, dtype=np.int32)
-            g["output_ids"][idx] = np.asarray(output, dtype=np.int32)
-            g["finish_reason"][idx] = reason
+        for lo, hi in _runs(sorted(self._dirty_requests)):
+            rows = self._requests[lo:hi]
+            g["req_id"][lo:hi] = np.array([r[0] for r in rows], dtype=object)
+            g["finish_reason"][lo:hi] = np.array([r[3] for r in rows], dtype=object)
+            for name, col in (("prompt_ids", 1), ("output_ids", 2)):
+                for i, r in enumerate(rows, lo):
+                    if r[col] or i < old:
+                        g[name][i] = np.asarray(r[col], dtype=np.int32)
         self._dirty_requests.clear()
 
     def patch_blocks(self, column: str, rows: Sequence[int], values: Sequence[int]) -> int:
@@ -484,21 +492,8 @@ class TraceWriter:
         self.close(complete=exc_type is None)
 
 
-def amend_meta(path: str | os.PathLike, **items) -> None:
-    """Merge ``items`` into the /meta of a trace file that no process writes any more (e.g.
-    ``capture vllm`` adds how the command ended to the files the plugin wrote).
-
-    Raises:
-        InputError: the file cannot be opened for writing or has no JSON /meta object.
-    """
-    try:
-        with h5py.File(path, "r+", locking=False) as f:
-            raw = f["meta"][()]
-            meta = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
-            if not isinstance(meta, dict):
-                raise ValueError("/meta is not a JSON object")
-            meta.update(items)
-            del f["meta"]
-            f.create_dataset("meta", data=json.dumps(meta, sort_keys=True, default=str), dtype=_STR)
-    except (OSError, KeyError, ValueError) as exc:
-        raise InputError(f"{path}: cannot update the trace metadata ({exc})") from None
+def _runs(idx: list[int]) -> list[tuple[int, int]]:
+    """Sorted row indexes as ``[(lo, hi), ...]`` runs of consecutive rows (hi exclusive)."""
+    starts = [i for j, i in enumerate(idx) if j == 0 or idx[j - 1] != i - 1]
+    ends = [i + 1 for j, i in enumerate(idx) if j == len(idx) - 1 or idx[j + 1] != i + 1]
+    return list(zip(starts, ends))

@@ -31,7 +31,7 @@ def drafts_match_report(
     ours,
     theirs,
     *,
-    min_agreement: float = 1.0,
+    min_agreement: float | None = None,
     max_error_findings: int = 0,
     positions: PositionSpec = None,
     ignore: Iterable[str] = (),
@@ -47,9 +47,13 @@ def drafts_match_report(
     Args:
         ours, theirs: traces (paths, globs or :class:`Trace`; logs must be imported first,
             see the pytest plugin's ``spectrace_load``).
-        min_agreement: least share (0..1) of paired blocks whose anchor and proposals agree.
+        min_agreement: least share (0..1) of paired blocks whose anchor and proposals agree;
+            None: 1.0, not asked for (a vanilla side's content_only pair still passes; given,
+            ``agreement 0/0`` fails it, as ``--min-agreement`` does).
         max_error_findings: most error findings tolerated (kinds in ``ignore`` not counted).
-        positions: restrict the comparison to these anchor positions (range/slice/iterable).
+        positions: restrict the comparison to these anchor positions: a range or slice
+            (half-open), ``(A, None)`` / ``(None, B)`` for an open end (``--positions A:`` /
+            ``:B``), or an iterable of ints (those positions).
         ignore: finding kinds to ignore (e.g. ``{"degenerate_output"}``).
         requests: restrict the comparison to these request ids (ours or theirs).
         tokenizer: tokenizer path to decode ids (default: the one recorded in the traces).
@@ -59,7 +63,8 @@ def drafts_match_report(
         error finding and the command that opens the pair in the TUI.
     Raises:
         GateError (a ValueError): ``min_agreement`` outside [0, 1], a negative
-            ``max_error_findings``, an unknown kind in ``ignore`` or bad ``positions``.
+            ``max_error_findings``, an unknown kind in ``ignore``, bad ``positions`` or a
+            request id that neither trace has (``no request 'x' (known: ...)``).
     """
     th = Thresholds(min_agreement, max_error_findings, frozenset(ignore))
     sel = Selection.of(requests, positions)
@@ -88,4 +93,4 @@ def drafts_match_report(
 def goldens_match(obtained: Trace, golden: Trace) -> str | None:
     """Compare an obtained trace with its golden through the alignment (request ids and
     timestamps never matter). Returns None when they match, else the diff summary."""
-    return drafts_match_report(obtained, golden, min_agreement=1.0, max_error_findings=0)
+    return drafts_match_report(obtained, golden, max_error_findings=0)

@@ -7,7 +7,7 @@ Fixtures (all prefixed ``spectrace_``):
 
 * ``spectrace_load(path, requests=None)`` -> Trace: an HDF5 trace, or a ``VT_SPEC_TRACE`` log
   (imported next to the test's tmp dir) with its requests JSONL.
-* ``spectrace_assert_drafts_match(ours, theirs, *, min_agreement=1.0, max_error_findings=0,
+* ``spectrace_assert_drafts_match(ours, theirs, *, min_agreement=None, max_error_findings=0,
   positions=None, ignore=(), requests=None)``: fails with a short text naming the first
   divergent block (the gate of :mod:`spectrace.tracer.gate`, as ``spectrace diff``'s options).
 * ``spectrace_regression.check(trace)``: golden-trace workflow (``--spectrace-regen``).
@@ -73,17 +73,20 @@ def spectrace_load(tmp_path):
 
 @pytest.fixture
 def spectrace_assert_drafts_match():
-    """``check(ours, theirs, *, min_agreement=1.0, max_error_findings=0, positions=None,
+    """``check(ours, theirs, *, min_agreement=None, max_error_findings=0, positions=None,
     ignore=(), requests=None, tokenizer=None)``: fail the test unless our drafts match theirs
     (the same gate as ``spectrace diff --min-agreement F --max-errors N --positions A:B
     --ignore KIND --request ID``).
 
     Raises:
         GateError (a ValueError): ``min_agreement`` outside [0, 1], a negative
-            ``max_error_findings``, an unknown kind in ``ignore``, bad ``positions``.
+            ``max_error_findings``, an unknown kind in ``ignore``, bad ``positions``, a
+            request id that neither trace has.
 
-    Passing needs comparable content: content that diverged before any comparable block
-    fails (never a vacuous pass). The failure text names the first divergent block (request,
+    Passing needs comparable content: content that diverged before any comparable block,
+    or a selection that leaves no paired block, fails (never a vacuous pass);
+    ``min_agreement`` given (not None: 1.0 then) also fails a pair with no paired block at
+    all (a vanilla side). The failure text names the first divergent block (request,
     position, slot) with both sides' ids and decoded tokens, the first error finding and the
     ``spectrace view`` command for the pair. See :func:`assertions.drafts_match_report`.
     """

@@ -2,9 +2,9 @@
 
 Modules: :mod:`.attach` (wires a runner), :mod:`.layout` (the ``propose`` signature),
 :mod:`.tap` (the hot path), :mod:`.stage` / :mod:`.stage_triton` (one staging launch),
-:mod:`.ring` (device/host blocks), :mod:`.stream` (staged steps in order), :mod:`.join`
-(the vectorised join), :mod:`.outputs` (emitted ids per request), :mod:`.dspark` (DSpark's
-inner record and agreement check).
+:mod:`.ring` (device/host blocks), :mod:`.stream` (staged steps in order), :mod:`.drainer`
+(the background join thread), :mod:`.join` (the vectorised join), :mod:`.outputs` (emitted
+ids per request), :mod:`.dspark` (DSpark's inner record and agreement check).
 
 .. warning:: Not exercised on a real V2 runner yet. vLLM's V2 runner needs Triton, which the
    CPU wheel does not have; this code is tested against a fake speculator whose ``propose``
@@ -28,8 +28,9 @@ Per call, for the ``n = input_batch.num_reqs`` rows (row i is ``input_batch.req_
 that is one Triton launch (:mod:`.stage`) into a segment of a device ring;
 every ``flush_steps`` steps the segment goes to pinned host memory with one non-blocking copy
 and one event. Nothing synchronises: segments are joined once their event has completed
-(``event.query()``), many steps at once (:mod:`.join`); finishes and
-preemptions are queued in order with the steps. Waits happen only at close (and in
+(``event.query()``), many steps at once (:mod:`.join`), on a background thread
+(:mod:`.drainer`) kicked once per segment; finishes, preemptions and (while that thread runs)
+new requests are queued in order with the steps. Waits happen only at close (and in
 :meth:`.tap.ProposeTap.drain` with ``wait=True``). On a CPU device the rows are written in place
 with torch ops and joined at once.
 

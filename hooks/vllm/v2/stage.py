@@ -25,6 +25,12 @@ kernel parameter in order, constexprs included) once the normal call has returne
 ``CompiledKernel`` for the same specialisation key (:func:`_spec_key`). Anything unexpected
 (a launch hook installed, a pre-run hook, a missing attribute, an error from the launcher, a
 Triton outside 3.x) sends the launch through ``kernel[grid](...)``.
+
+Two of Triton's knobs that the specialisation key holds (``knobs.runtime.debug``,
+``knobs.compilation.instrumentation_mode``) are descriptors that read the environment on every
+access: the direct path reads them once per :data:`KNOB_REFRESH` launches (:func:`_knob_state`),
+so a change of ``TRITON_DEBUG`` mid-run takes effect within that many launches. The launch hooks
+are checked at every launch.
 """
 
 from __future__ import annotations
@@ -63,6 +69,9 @@ launch_counts = {"direct": 0, "jit": 0}
 DIRECT = True
 
 _I32 = 1 << 31
+#: Direct launches between two reads of Triton's knobs (see the module doc).
+KNOB_REFRESH = 256
+_knobs_cache: list = [0, None]  # [launches left before the next read, (debug, instr)]
 _launchers: dict = {}  # specialisation key -> (run, function, packed metadata), or None: JIT
 _triton_rt = None  # (driver, knobs) once the kernel is imported; False: no direct path
 
@@ -94,7 +103,17 @@ def _hooks_idle(kernel, knobs) -> bool:
     return not getattr(kernel, "pre_run_hooks", None)
 
 
-def _spec_key(dev: int, tensors: tuple, ptrs: tuple, k: int, knobs) -> tuple:
+def _knob_state(knobs) -> tuple:
+    """``(debug, instrumentation mode)``, re-read every :data:`KNOB_REFRESH` calls."""
+    c = _knobs_cache
+    if c[0] <= 0 or c[1] is None:
+        c[1] = (knobs.runtime.debug, getattr(knobs.compilation, "instrumentation_mode", None))
+        c[0] = KNOB_REFRESH
+    c[0] -= 1
+    return c[1]
+
+
+def _spec_key(dev: int, tensors: tuple, ptrs: tuple, k: int, knob_state: tuple) -> tuple:
     """A key at least as fine as Triton's specialisation of the staging kernel.
 
     Triton specialises a launch on: each pointer's dtype and 16-byte alignment, each
@@ -115,8 +134,8 @@ def _spec_key(dev: int, tensors: tuple, ptrs: tuple, k: int, knobs) -> tuple:
         dev,
         k,
         aligned or tuple([p & 15 == 0 for p in ptrs]),
-        knobs.runtime.debug,
-        getattr(knobs.compilation, "instrumentation_mode", None),
+        knob_state[0],
+        knob_state[1],
         out.dtype,
         ns.dtype,
         nr.dtype,
@@ -180,7 +199,19 @@ def stage_triton(out, row0: int, n: int, ns, nr, idx, qsl, positions, last, nxt,
     k = drafts.shape[1]
     rt = _runtime() if DIRECT else False
     key = None
-    if rt and row0 + n < _I32 and all(t.is_cuda for t in tensors):
+    if (
+        rt
+        and row0 + n < _I32
+        and out.is_cuda
+        and ns.is_cuda
+        and nr.is_cuda
+        and idx.is_cuda
+        and qsl.is_cuda
+        and positions.is_cuda
+        and last.is_cuda
+        and nxt.is_cuda
+        and drafts.is_cuda
+    ):
         key, launched = _launch_direct(rt, kernel, block, tensors, row0, n, k)
         if launched:
             return True
@@ -223,11 +254,20 @@ def _launch_direct(rt, kernel, block: int, tensors: tuple, row0: int, n: int, k:
     launches from then on (the caller launches normally).
     """
     drv, knobs = rt
-    ptrs = tuple(
-        t.data_ptr() for t in tensors
-    )  # out, ns, nr, idx, qsl, positions, last, nxt, drafts
+    out, ns, nr, idx, qsl, positions, last, nxt, drafts = tensors
+    ptrs = (
+        out.data_ptr(),
+        ns.data_ptr(),
+        nr.data_ptr(),
+        idx.data_ptr(),
+        qsl.data_ptr(),
+        positions.data_ptr(),
+        last.data_ptr(),
+        nxt.data_ptr(),
+        drafts.data_ptr(),
+    )
     dev = drv.get_current_device()
-    key = _spec_key(dev, tensors, ptrs, k, knobs)
+    key = _spec_key(dev, tensors, ptrs, k, _knob_state(knobs))
     entry = _launchers.get(key)
     if entry is None or not _hooks_idle(kernel, knobs):
         return key, False
@@ -281,6 +321,7 @@ def _disable_direct() -> None:
     """Every later launch goes through ``kernel[grid](...)``."""
     global _triton_rt
     _launchers.clear()
+    _knobs_cache[1] = None
     _triton_rt = False
 
 

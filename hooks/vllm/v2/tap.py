@@ -4,6 +4,7 @@ that stages each step's rows, and joins them into blocks off the hot path (see
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 
@@ -13,6 +14,7 @@ from ..common import is_warmup, require_attrs
 from ..joiner import OpenBlock
 from ..sampling import trim_output
 from ..session import Session
+from .drainer import Drainer
 from .join import Proposals, concat_proposals, join_chunk
 from .layout import BATCH_ATTRS, KNOWN_LAYOUT, RECORD_ARGS, propose_layout
 from .outputs import EmittedIds
@@ -28,11 +30,14 @@ class ProposeTap:
     Triton on CUDA, torch ops on a CPU or as the fallback) that writes the step's rows
     (``int32 [n, 4 + K]``) into the current segment of a device ring. A segment is copied to
     pinned host memory with one non-blocking copy and one event after ``flush_steps`` steps
-    (or when full, or 0.5 s after its first step); the host joins segments whose event has
-    completed (``event.query()``; never a wait on the hot path), many steps at once with
-    :func:`.join.join_chunk`, and hands the blocks to
-    :meth:`Session.add_block_columns`. On a CPU device the rows are written in place and
-    joined every ``cpu_flush_steps`` steps (default: at once).
+    (or when full, or 0.5 s after its first step); segments whose event has completed
+    (``event.query()``; never a wait on the hot path) are joined, many steps at once with
+    :func:`.join.join_chunk`, and the blocks go to :meth:`Session.add_block_columns`. On
+    CUDA the joins run on a background thread (:class:`~.drainer.Drainer`, kicked once per
+    segment; ``background_join=False``, or step observers, join on the runner's thread at the
+    next ``propose`` instead); request registrations are then queued in order with the steps,
+    so the session is only written from that thread. On a CPU device the rows are written in
+    place and joined every ``cpu_flush_steps`` steps (default: at once).
 
     Args:
         speculator: the runner's speculator (any object with a V2-shaped ``propose``).
@@ -42,12 +47,16 @@ class ProposeTap:
         flush_steps: steps per segment before its copy is issued (CUDA).
         cpu_flush_steps: steps joined together on a CPU device (default 1: every step at
             once; more exercises the chunked join and the deferred finishes on a CPU).
+        background_join: on CUDA, join on a background thread (default True; ignored when
+            ``step_observers`` are set at the first CUDA step).
 
     Attributes:
         outputs: request id -> emitted token ids so far (prefill token + every block), a
             list built on access from the numpy chunks the joins append
             (:class:`~.outputs.EmittedIds`).
         sync_waits: times the ring had to wait for a copy (should stay 0).
+        drainer: the background joiner (:class:`~.drainer.Drainer`), or None (CPU, or not
+            started yet, or ``background_join=False``).
         step_observers: callables ``(rows, req_ids, step)`` run for each step, in order,
             before its rows are joined (``rows``: numpy int32 ``[n, 4 + K]``).
 
@@ -65,6 +74,7 @@ class ProposeTap:
         max_model_len: int | None = None,
         flush_steps: int = 64,
         cpu_flush_steps: int = 1,
+        background_join: bool = True,
     ) -> None:
         self.layout = propose_layout(speculator.propose, type(speculator).__name__)
         # (name, position or None, default) in the order record() unpacks them.
@@ -92,6 +102,10 @@ class ProposeTap:
         self._prev_batch: tuple[np.ndarray | None, np.ndarray | None, bool] = (None, None, False)
         self._carry_req = np.zeros(0, dtype=np.int64)  # requests with an open proposal
         self._carry: Proposals | None = None  # those proposals
+        self.background_join = bool(background_join)
+        self.drainer: Drainer | None = None
+        self._join_error: BaseException | None = None
+        self._lock = threading.RLock()  # join state: the drainer's thread vs close/finish paths
         self._orig = speculator.propose
         speculator.propose = self.propose  # instance attribute: beats subclass overrides
         session.on_close(self.finalize_requests)
@@ -101,6 +115,9 @@ class ProposeTap:
     def propose(self, *args, **kwargs):
         """Call the original ``propose`` and record this step (never alters its result)."""
         out = self._orig(*args, **kwargs)
+        if self._join_error is not None:  # raised on the drainer's thread: report it here
+            exc, self._join_error = self._join_error, None
+            self.session.fail(exc, "V2 join")
         if self.session.active:
             try:
                 self.record(args, kwargs, out)
@@ -154,8 +171,8 @@ class ProposeTap:
         cuda = drafts.is_cuda
         if cuda and torch.cuda.is_current_stream_capturing():
             return
-        if cuda and self._stream:
-            self._poll()
+        if cuda and self.drainer is None and self._stream:
+            self._poll()  # no background joiner: join what is ready here
         k_all = drafts.shape[1]
         k_eff = min(int(k_arg), k_all) if k_arg else k_all
         t_ns = time.time_ns()
@@ -223,6 +240,8 @@ class ProposeTap:
                 self._nslots if cuda else 1, steps * max(rows_hint, n), cols, device, cuda
             )
             self._ring_key, self._next = key, 0
+            if cuda and self.background_join and self.drainer is None and not self.step_observers:
+                self.drainer = Drainer(self._drain_ready, self._join_failed)
         seg = self._ring[self._next]
         self._next = (self._next + 1) % len(self._ring)
         if seg.state != "free":
@@ -243,6 +262,8 @@ class ProposeTap:
         seg.state = "flight"
         if self._cur is seg:
             self._cur = None
+        if self.drainer is not None:
+            self.drainer.kick()
 
     def _poll(self) -> None:
         """Join what is ready, if the oldest staged step's copy has completed."""
@@ -256,9 +277,19 @@ class ProposeTap:
 
     def drain(self, wait: bool) -> None:
         """Join every staged step whose copy has completed (``wait``: all of them, issuing
-        and waiting for copies as needed: finish and shutdown paths only)."""
+        and waiting for copies as needed: finish and shutdown paths only). Holds the tap's
+        lock (the background joiner runs this too)."""
+        with self._lock:
+            self._drain(wait)
+
+    def _drain(self, wait: bool, max_rows: int | None = None) -> None:
+        """:meth:`drain` without the lock; ``max_rows``: stop once that many staged rows are
+        taken (the background joiner's pieces)."""
         items = []
+        rows = 0
         while self._stream:
+            if max_rows is not None and rows >= max_rows:
+                break
             item = self._stream[0]
             if isinstance(item, StepRec) and not item.seg.ready:
                 seg = item.seg
@@ -271,9 +302,32 @@ class ProposeTap:
                         break
                     seg.event.synchronize()
                 seg.ready = True
+            if isinstance(item, StepRec):
+                rows += item.n
             items.append(self._stream.popleft())
         if items:
             self._join(items)
+
+    #: Rows the background joiner joins at a time: between pieces it sleeps a little, so
+    #: the runner's thread takes the GIL back within one piece's time. Each join has a fixed
+    #: cost (~0.5 ms of numpy calls on the H200 host), so pieces are large: a whole 64-step
+    #: segment up to batch 128 (1024 rows a piece cost more in the benchmark than they saved).
+    PIECE_ROWS = 8192
+
+    def _drain_ready(self) -> float | None:
+        """The background joiner's work: join at most :attr:`PIECE_ROWS` ready rows. Returns
+        the pause before the next piece (:attr:`Drainer.PIECE_PAUSE_S`: more is ready;
+        :attr:`Drainer.POLL_S`: a copy is still in flight), or None (nothing in flight)."""
+        with self._lock:
+            self._drain(wait=False, max_rows=self.PIECE_ROWS)
+            head = self._stream[0] if self._stream else None
+            if not isinstance(head, StepRec) or head.seg.state != "flight":
+                return None
+            return Drainer.PIECE_PAUSE_S if head.seg.ready else Drainer.POLL_S
+
+    def _join_failed(self, exc: BaseException) -> None:
+        # session.fail may raise (strict mode): the runner's thread calls it at the next step.
+        self._join_error = exc
 
     # -- joining -------------------------------------------------------------------------
 
@@ -288,6 +342,8 @@ class ProposeTap:
                     for fn in self.step_observers:
                         fn(rows, item.req_ids, item.step)
                 pieces.append(item)
+            elif item[0] == "add":  # queued by add_request while the drainer runs
+                self._register(*item[1:])
             else:
                 if item[1] in self._ids:
                     pieces.append(self._ids[item[1]])  # a synthetic drop row
@@ -363,19 +419,28 @@ class ProposeTap:
 
     def output_ids(self, req_id: str) -> list[int]:
         """``req_id``'s emitted ids so far (joined steps only), as a list."""
-        return self._out.ids(self._ids.get(req_id, -1))
+        with self._lock:
+            return self._out.ids(self._ids.get(req_id, -1))
 
     @property
     def outputs(self) -> dict[str, list[int]]:
         """Request id -> emitted ids so far (built on each access; for inspection)."""
-        return self._out.by_name(self._names)
+        with self._lock:
+            return self._out.by_name(self._names)
 
     # -- requests ------------------------------------------------------------------------
 
     def add_request(self, req_id: str, prompt_ids, sampling_params) -> None:
-        """Register a new request (prompt ids, sampling parameters)."""
+        """Register a new request (prompt ids, sampling parameters); while the background
+        joiner runs, queued in order with the staged steps (it writes the session)."""
         if is_warmup(req_id):
             return
+        if self.drainer is not None:
+            self._stream.append(("add", req_id, list(prompt_ids or []), sampling_params))
+        else:
+            self._register(req_id, prompt_ids, sampling_params)
+
+    def _register(self, req_id: str, prompt_ids, sampling_params) -> None:
         self.requests[req_id] = (len(prompt_ids or []), sampling_params)
         self.session.see_request(req_id, prompt_ids, sampling_params)
 
@@ -414,9 +479,13 @@ class ProposeTap:
         return bool(self._ring_key and self._ring_key[2])
 
     def finalize_requests(self) -> None:
-        """Session close hook: drain, then record the requests still running."""
-        self.drain(wait=True)
-        for rid in list(self.requests):
-            self.finish(rid, final=False)
-        for rid in [self._names[i] for i in self._carry_req.tolist()]:
-            self._hand_over(rid)  # requests never registered: session.close drops them
+        """Session close hook: stop the background joiner, drain, then record the requests
+        still running."""
+        if self.drainer is not None:
+            self.drainer.stop()
+        with self._lock:
+            self._drain(wait=True)
+            for rid in list(self.requests):
+                self.finish(rid, final=False)
+            for rid in [self._names[i] for i in self._carry_req.tolist()]:
+                self._hand_over(rid)  # requests never registered: session.close drops them

@@ -1,0 +1,155 @@
+"""Benchmark ``spectrace import vt`` on a big ``VT_SPEC_TRACE`` log (default ~1.05M lines:
+the bundled log repeated with new request ids, ``make_big_vt_log.py``).
+
+Times, in one run, interleaved and repeated (each measure in a fresh process, so its peak RSS
+is its own):
+
+* **plain read**: ``for line in open(LOG, newline="")`` (the floor: Python reading the lines);
+* **new**: ``import_log`` as shipped (the bulk path for a saved file);
+* **old**: ``import_log`` with the bulk path switched off (line-by-line ``feed_line``, the
+  pre-change code path, still what stdin, live capture and unusual logs use).
+
+Prints the median, min and max of each, lines/s, the ratios new/plain, old/plain and old/new
+(per round, then their median), and peak RSS. Asserts nothing. With ``--requests`` the
+import also reads the log's requests JSONL (anchors from the requests file; the store then
+writes one /requests row per request, which costs as much as the parse on a big log).
+
+Usage: ``python benchmarks/bench_import_vt.py [--log /tmp/spectrace-vt/big.vt.log]
+[--lines 1050000] [--rounds 3] [--requests] [--skip-old]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def _batched_flush_requests(self) -> None:
+    """The store change proposed with this benchmark (tracer/store/writer.py,
+    ``TraceWriter._flush_requests``): write each run of consecutive dirty rows with one
+    slice assignment per column instead of four HDF5 writes per request."""
+    import numpy as np
+
+    from spectrace.tracer import schema
+
+    g = self._file["requests"]
+    n = len(self._requests)
+    for c in schema.REQUEST_COLUMNS:
+        g[c.name].resize((n,))
+    idx = sorted(self._dirty_requests)
+    starts = [i for j, i in enumerate(idx) if j == 0 or idx[j - 1] != i - 1]
+    ends = [i + 1 for j, i in enumerate(idx) if j == len(idx) - 1 or idx[j + 1] != i + 1]
+    for lo, hi in zip(starts, ends):
+        rows = self._requests[lo:hi]
+        for c, col in (("req_id", 0), ("finish_reason", 3)):
+            g[c][lo:hi] = np.array([r[col] for r in rows], dtype=object)
+        for c, col in (("prompt_ids", 1), ("output_ids", 2)):
+            for i, r in enumerate(rows, lo):  # new rows read as empty lists already
+                if r[col]:
+                    g[c][i] = np.asarray(r[col], dtype=np.int32)
+    self._dirty_requests.clear()
+
+
+def _one(mode: str, log: Path, requests: Path | None) -> dict:
+    """One measure in this process: seconds and peak RSS (MB)."""
+    if mode == "plain":
+        t0 = time.perf_counter()
+        n = 0
+        with open(log, encoding="utf-8", errors="replace", newline="") as fh:
+            for _ in fh:
+                n += 1
+        dt = time.perf_counter() - t0
+    else:
+        from spectrace.hooks.vt import importer
+        from spectrace.tracer.store import writer
+
+        if mode.endswith("+store"):  # the proposed store change (not shipped: another area)
+            writer.TraceWriter._flush_requests = _batched_flush_requests
+            mode = mode.removesuffix("+store")
+        if mode == "old":
+            importer._feed_bulk = lambda parser, log: None  # the line-by-line path
+        with tempfile.TemporaryDirectory() as d:
+            t0 = time.perf_counter()
+            stats = importer.import_log(log, Path(d) / "t.h5", requests_path=requests)
+            dt = time.perf_counter() - t0
+        n = stats.lines
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"s": dt, "lines": n, "rss_mb": rss}
+
+
+def _spawn(mode: str, log: Path, requests: Path | None) -> dict:
+    cmd = [sys.executable, __file__, "--one", mode, "--log", str(log)]
+    if requests is not None:
+        cmd += ["--requests-file", str(requests)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _fmt(xs: list[float]) -> str:
+    return f"median {statistics.median(xs):.3f}  min {min(xs):.3f}  max {max(xs):.3f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--log", type=Path, default=Path("/tmp/spectrace-vt/big.vt.log"))
+    ap.add_argument("--lines", type=int, default=1_050_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", action="store_true", help="import with the requests JSONL")
+    ap.add_argument("--skip-old", action="store_true", help="leave out the line-by-line path")
+    ap.add_argument(
+        "--store-patch",
+        action="store_true",
+        help="also time new/old with the batched /requests flush proposed for the store",
+    )
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--requests-file", type=Path, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.one:
+        print(json.dumps(_one(a.one, a.log, a.requests_file)))
+        return
+    if not a.log.exists():
+        from make_big_vt_log import ROOT, make_log
+
+        a.log.parent.mkdir(parents=True, exist_ok=True)
+        make_log(a.log, a.lines, ROOT / "traces" / "reference.vt.log",
+                 ROOT / "traces" / "reference.requests.jsonl")  # fmt: skip
+    requests = a.log.with_name(a.log.name.removesuffix(".vt.log") + ".requests.jsonl")
+    req = requests if a.requests else None
+    modes = ["plain", "new"] + ([] if a.skip_old else ["old"])
+    if a.store_patch:
+        modes += [m + "+store" for m in modes[1:]]
+    got: dict[str, list[dict]] = {m: [] for m in modes}
+    print(f"log {a.log} ({os.path.getsize(a.log) / 1e6:.0f} MB), requests: {bool(req)}, "
+          f"load average {os.getloadavg()[0]:.2f} at start on {os.cpu_count()} cores")  # fmt: skip
+    for r in range(a.rounds):
+        for m in modes:  # interleaved: a load change hits every measure of a round
+            got[m].append(_spawn(m, a.log, req))
+        print(f"round {r + 1}: " + "  ".join(f"{m} {got[m][-1]['s']:.2f}s" for m in modes))
+    n = got["plain"][0]["lines"]
+    for m in modes:
+        s = [x["s"] for x in got[m]]
+        rate = n / statistics.median(s)
+        rss = max(x["rss_mb"] for x in got[m])
+        print(f"{m:9s} {_fmt(s)} s   {rate / 1e3:8.0f}K lines/s   peak RSS {rss:.0f} MB")
+    pairs = [("new", "plain"), ("old", "plain"), ("old", "new")]
+    pairs += [("new+store", "plain"), ("old+store", "new+store")]
+    for num, den in pairs:
+        if num in got and den in got:
+            ratios = [x["s"] / y["s"] for x, y in zip(got[num], got[den])]
+            print(f"{num}/{den}: {_fmt(ratios)} (per round)")
+    print(f"load average {os.getloadavg()[0]:.2f} at the end; {n} lines")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,316 @@
+"""The fast import path: a whole saved log read at once into a :class:`~.parser.VtTraceParser`,
+with the result of feeding it line by line (the parser's bulk front end; rules: the package
+docstring).
+
+:func:`bulk_feed` lexes the log with :func:`~.bulk_lex.lex_log`, segments engine steps with
+one pass over the line codes (the parser's step rules as bit masks), and computes blocks,
+joins, anchors, batch rows, phases and statistics with numpy. It takes only logs whose every
+decision it reproduces exactly: canonical lines (malformed ones are counted with today's
+messages), sync-scheduling joins (exact or hinted), no ``installed=0`` / ``sched=0``, and in
+strict mode no problem at all. Any other log is left untouched (it returns None) for
+:meth:`~.parser.VtTraceParser.feed_line`, which also reports the first strict failure.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spectrace.tracer import schema
+
+from .blocks import Block, Chain, Proposal, anchor_mismatch, block_problems, chain_break, gap_note
+from .bulk_commit import commit
+from .bulk_lex import CODE, Family, Lexed, NotBulk, lex_log
+from .lines import Ids
+from .parser import VtTraceParser
+
+V = CODE["SPECTRACE", ""]
+_PROPOSE, _NO_ROWS = CODE["spec-propose", ""], CODE["spec-propose", "no_rows"]
+_SCHED, _INSTALL = CODE["spec-sched", ""], CODE["spec-install", ""]
+_UPD, _CALLED = CODE["spec-update", "req"], CODE["spec-update", "called"]
+_POST_STEP = CODE["spec-post_step", ""]
+_PHASES = (CODE["spec-phase", "pre"], CODE["spec-phase", "old"], CODE["spec-phase", "dspark"])
+_DEV, _FWD = CODE["spec-phase-dev", ""], CODE["fwd-ops", ""]
+# The parser's step rules (VtTraceParser._on_*): bits of `seen`, what each code adds and
+# which seen bits make it start a new step.
+PR, PS, UP, IN, SC, FW, DV, PH, CA = (1 << i for i in range(9))
+_POST = PS | UP | IN
+_ADD = {_PROPOSE: PR, _NO_ROWS: PR, _POST_STEP: PS, _UPD: UP, _CALLED: UP | CA, _INSTALL: IN}
+_ADD |= {_SCHED: SC, _FWD: FW, _DEV: DV} | {c: PH for c in _PHASES}
+_NEW = {_PROPOSE: PR | _POST, _NO_ROWS: PR | _POST, _SCHED: _POST, _POST_STEP: PS}
+_NEW |= {_CALLED: CA, _UPD: 0, _INSTALL: 0, _FWD: PR | _POST | DV | PH, _DEV: PR | _POST | DV | PH}
+_NEW |= {c: PR | _POST | PH for c in _PHASES}
+_PROBE = {_POST_STEP: "post_step", _CALLED: "update_called", _UPD: "update_rows"}
+_PROBE |= {_INSTALL: "install", _SCHED: "sched", _NO_ROWS: "propose_no_rows"}
+
+
+def bulk_feed(parser: VtTraceParser, data: bytes) -> bool | None:
+    """Feed a whole log (bytes of a file) to a fresh ``parser`` at once.
+
+    Returns:
+        Whether the log holds a NUL byte (binary), or None when the log needs
+        :meth:`~.parser.VtTraceParser.feed_line` (nothing was recorded then).
+    """
+    if b"\r" in data or parser.stats.lines or parser.trace_level is not None:
+        return None
+    try:
+        lexed = lex_log(data)
+        plan = _Plan(parser, lexed)
+    except NotBulk:
+        return None
+    commit(plan)
+    return b"\x00" in data
+
+
+def _segment(codes: list[int], vreq: list[int]) -> tuple[list[int], list[int], int]:
+    """Step of every trace line and the `seen` bits after it (VtTraceParser._new_step_if)."""
+    steps, seens = [0] * len(codes), [0] * len(codes)
+    seen = step = vi = 0
+    runner = False
+    verified: set[int] = set()
+    new, add = _NEW, _ADD
+    for i, c in enumerate(codes):
+        if c == V:
+            if not runner:  # an implicit, untraced step 0 proposed these drafts
+                runner, step = True, 1
+            r = vreq[vi]
+            vi += 1
+            if seen & ~SC or r in verified:
+                step, seen, verified = step + 1, 0, set()
+            verified.add(r)
+        else:
+            if seen & new[c]:
+                step, seen, verified = step + 1, 0, set()
+            seen |= add[c]
+            runner = runner or c != _SCHED
+        steps[i], seens[i] = step, seen
+    return steps, seens, step
+
+
+class _Plan:
+    """Everything a line-by-line parse of ``lexed`` would record, computed before anything
+    is written (NotBulk: a decision only the line-by-line parser makes)."""
+
+    def __init__(self, parser: VtTraceParser, lexed: Lexed) -> None:
+        self.p, self.lx, self.fam = parser, lexed, lexed.families
+        self.empty = Family(np.zeros(0, np.int64), {})
+        self.problems: list[tuple[int, int, str, str]] = []  # (line, order, kind, message)
+        self._requests()
+        order = np.flatnonzero(lexed.codes > 0)
+        vreq = self.ridx.get(V, np.zeros(0, np.int64)).tolist()
+        steps, seens, self.last_step = _segment(lexed.codes[order].tolist(), vreq)
+        self.step_of = np.zeros(lexed.n_lines, np.int64)
+        self.step_of[order] = steps
+        self.seen_of = np.zeros(lexed.n_lines, np.int64)
+        self.seen_of[order] = seens
+        self.any_record = len(order) > 0
+        self._refuse()
+        self._blocks()
+        self._joins()
+        if parser.strict and (lexed.malformed or any(e[2][0] == "!" for e in self.problems)):
+            raise NotBulk("strict mode: the line-by-line parser names the first problem")
+
+    def f(self, code: int) -> Family:
+        return self.fam.get(code, self.empty)
+
+    def _requests(self) -> None:
+        """One index per request id over every family (``ridx[code]``: per line)."""
+        self.req_ids: dict[bytes, int] = {}
+        self.ridx: dict[int, np.ndarray] = {}
+        for code in (V, _UPD, _INSTALL, _SCHED):
+            reqs = self.f(code).strs("req")
+            get = self.req_ids.setdefault
+            self.ridx[code] = np.array([get(r, len(self.req_ids)) for r in reqs], np.int64)
+        self.names = [r.decode("ascii") for r in self.req_ids]
+
+    def _refuse(self) -> None:
+        if (self.f(_INSTALL).ints("installed") == 0).any():
+            raise NotBulk("installed=0")
+        if (self.f(_SCHED).ints("sched") == 0).any():
+            raise NotBulk("sched=0")
+
+    def _blocks(self) -> None:
+        """Blocks in line order: ids, the anchor chain per request, batch rows."""
+        fv = self.f(V)
+        self.n = n = len(fv.lines)
+        self.vline = fv.lines + 1
+        self.vstep = self.step_of[fv.lines]
+        self.pos, self.ns = fv.ints("pos"), fv.ints("ns")
+        self.acc, self.k = fv.ints("acc"), fv.ints("k")
+        self.dflat, self.dlen = fv.flat("draft")
+        self.eflat, self.elen = fv.flat("emit")
+        self.doff = np.concatenate([[0], np.cumsum(self.dlen)])[:-1].astype(np.int64)
+        self.eoff = np.concatenate([[0], np.cumsum(self.elen)])[:-1].astype(np.int64)
+        self.vreq = self.ridx[V]
+        last = np.full(n, schema.PAD, np.int64)
+        has = self.elen > 0
+        last[has] = self.eflat[self.eoff[has] + self.elen[has] - 1]
+        self.last = last
+        self._anchors()
+        self._batch_rows()
+        self._problems()
+
+    def _anchors(self) -> None:
+        n, pos = self.n, self.pos
+        srt = np.argsort(self.vreq, kind="stable")
+        prev = np.full(n, -1, np.int64)
+        same = self.vreq[srt[1:]] == self.vreq[srt[:-1]]
+        prev[srt[1:][same]] = srt[:-1][same]
+        self.prev, hp = prev, prev >= 0
+        pp = np.where(hp, prev, 0)
+        self.expected = np.where(hp, pos[pp] + self.ns[pp], pos)
+        from_req = self._from_requests()
+        self.gap = hp & (pos > self.expected)
+        self.brk = hp & (pos < self.expected)
+        chain = hp & (pos == self.expected) & (self.last[pp] != schema.PAD)
+        self.mism = chain & (from_req != schema.PAD) & (from_req != self.last[pp])
+        use_chain = chain & ~self.mism
+        self.anchor = np.where(use_chain, self.last[pp], from_req)
+        self.n_chain = int(use_chain.sum())
+        self.n_req = int((~use_chain & (from_req != schema.PAD)).sum())
+        self.n_unknown = n - self.n_chain - self.n_req
+        self.from_req = from_req
+
+    def _from_requests(self) -> np.ndarray:
+        """``(prompt_ids + output_ids)[pos - 1]`` from the requests file, else -1."""
+        reqs = self.p._requests or {}
+        fulls = [reqs[r].full if r in reqs else [] for r in self.names]
+        flen = np.array([len(x) for x in fulls], np.int64)
+        cat = np.array([t for x in fulls for t in x] + [schema.PAD], np.int64)
+        off = np.concatenate([[0], np.cumsum(flen)])[:-1].astype(np.int64)
+        lens = flen[self.vreq] if self.n else np.zeros(0, np.int64)
+        ok = (self.pos > 0) & (self.pos <= lens)
+        at = np.where(ok, off[self.vreq] + self.pos - 1, len(cat) - 1) if self.n else lens
+        return cat[at] if self.n else lens
+
+    def _batch_rows(self) -> None:
+        """``[spec-update] req=`` rows of the proposing step (VtTraceParser._payload)."""
+        fu = self.f(_UPD)
+        self.batch_row = np.full(self.n, schema.PAD, np.int64)
+        self.batch_size = np.full(self.n, schema.PAD, np.int64)
+        if not len(fu.lines) or not self.n:
+            return
+        nr = max(len(self.req_ids), 1)
+        ustep = self.step_of[fu.lines]
+        key = ustep * nr + self.ridx[_UPD]
+        _, first = np.unique(key, return_index=True)
+        first.sort()
+        fs, fk = ustep[first], key[first]
+        rank = np.arange(len(first)) - np.searchsorted(fs, fs, "left")
+        size = np.bincount(fs, minlength=int(self.last_step) + 2)
+        srt = np.argsort(fk)
+        want = (self.vstep - 1) * nr + self.vreq
+        at = np.clip(np.searchsorted(fk[srt], want), 0, len(fk) - 1)
+        hit = fk[srt][at] == want
+        self.batch_row[hit] = rank[srt][at][hit]
+        self.batch_size[hit] = size[self.vstep[hit] - 1]
+
+    def _problems(self) -> None:
+        """Chain events and block invariants (VtTraceParser._chain_anchor, block_problems)."""
+        acc, ns, k, dl, el = self.acc, self.ns, self.k, self.dlen, self.elen
+        bad = (acc != np.maximum(ns - 1, 0)) | (el != ns) | (dl != k) | (acc > k)
+        m = np.minimum(np.minimum(acc, dl), el)
+        for j in range(int(m.max()) if self.n else 0):
+            rows = np.flatnonzero(m > j)
+            bad[rows] |= self.dflat[self.doff[rows] + j] != self.eflat[self.eoff[rows] + j]
+        for i in np.flatnonzero(bad | self.brk | self.mism | self.gap).tolist():
+            self._row_events(i)
+
+    def _row_events(self, i: int) -> None:
+        req, pos, line = self.names[self.vreq[i]], int(self.pos[i]), int(self.vline[i])
+        exp, pv = int(self.expected[i]), int(self.prev[i])
+        if self.gap[i]:
+            self.problems.append((line, 0, "chain gap", gap_note(req, pos, exp, self.vline[pv])))
+        elif self.brk[i]:
+            prev = Chain(int(self.pos[pv]), int(self.ns[pv]), 0, int(self.vline[pv]))
+            self._violation(line, 0, "chain break", chain_break(req, pos, exp, prev))
+        elif self.mism[i]:
+            msg = anchor_mismatch(req, int(self.last[pv]), int(self.from_req[i]), pos)
+            self._violation(line, 0, "anchor mismatch", msg)
+        for kind, msg in block_problems(self.block(i)):
+            self._violation(line, 1, kind, msg)
+
+    def _violation(self, line: int, order: int, kind: str, msg: str) -> None:
+        self.problems.append((line, order, "!" + kind, f"{kind}: {msg}"))
+
+    def block(self, i: int) -> Block:
+        """Block ``i`` as the line-by-line parser holds it (for messages)."""
+        d, e = self.doff[i], self.eoff[i]
+        draft = Ids(self.dflat[d : d + self.dlen[i]].tolist())
+        emit = Ids(self.eflat[e : e + self.elen[i]].tolist())
+        b = Block(int(self.vline[i]), self.names[self.vreq[i]], int(self.vstep[i]) - 1,
+                  int(self.pos[i]), int(self.k[i]), int(self.acc[i]), draft, emit,
+                  int(self.ns[i]), int(self.anchor[i]), None)  # fmt: skip
+        return b
+
+    def _joins(self) -> None:
+        """Each ``[spec-propose]`` against the blocks of the next step (choose_join)."""
+        fp = self.f(_PROPOSE)
+        self.pstep = self.step_of[fp.lines]
+        firsts = fp.strs("first")
+        self.fflat, self.flen = fp.flat("first")
+        self.per_row = fp.ints("drafts/row")
+        self.joined = np.full(self.n, -1, np.int64)  # block -> proposal
+        self.outcome = {"exact": 0, "hint": 0, "not_verified": 0}
+        prop_at = np.full(int(self.last_step) + 2, -1, np.int64)  # step -> its proposal
+        prop_at[self.pstep] = np.arange(len(self.pstep))
+        pj = prop_at[self.vstep - 1] if self.n else np.zeros(0, np.int64)  # block -> candidate
+        drafts = np.array(self.f(V).strs("draft"), dtype=object)
+        exact = (pj >= 0) & (drafts == np.array(firsts + [b""], dtype=object)[pj])
+        _, at = np.unique(pj[exact], return_index=True)
+        first_exact = np.flatnonzero(exact)[at]  # the first exact block of each proposal
+        self.joined[first_exact] = pj[first_exact]
+        self.outcome["exact"] = len(first_exact)
+        todo = np.setdiff1d(np.arange(len(firsts)), pj[first_exact])
+        srt = np.argsort(pj, kind="stable")
+        lo, hi = np.searchsorted(pj[srt], todo, "left"), np.searchsorted(pj[srt], todo, "right")
+        hints = self._hints(prop_at)
+        for j, a, b in zip(todo.tolist(), lo.tolist(), hi.tolist()):
+            self._join_one(j, srt[a:b].tolist(), hints.get(j))
+        bad = np.flatnonzero(self.per_row != self.flen)
+        for j in bad.tolist():
+            msg = f"drafts/row={self.per_row[j]} but first=[…] holds {self.flen[j]} ids"
+            self._violation(int(fp.lines[j]) + 1, 0, "drafts/row", msg)
+
+    def _hints(self, prop_at: np.ndarray) -> dict[int, tuple[int, bool]]:
+        """Proposal -> (request, finished) of the first ``[spec-update] req=`` row of its
+        step with drafts and no prefill chunk (VtTraceParser._on_post)."""
+        fu = self.f(_UPD)
+        if not len(fu.lines):
+            return {}
+        ok = np.flatnonzero((fu.ints("drafts") > 0) & (fu.ints("prefill_chunk") == 0))
+        steps = self.step_of[fu.lines[ok]]
+        _, at = np.unique(steps, return_index=True)
+        rows = ok[at]
+        js = prop_at[np.minimum(steps[at], len(prop_at) - 1)]
+        fin = fu.ints("finished")
+        return {
+            int(j): (int(self.ridx[_UPD][i]), bool(fin[i] == 1))
+            for j, i in zip(js.tolist(), rows.tolist())
+            if j >= 0
+        }
+
+    def _join_one(self, j: int, blocks: list[int], hint) -> None:
+        """Proposal ``j`` without an exact block among ``blocks`` (its next step's)."""
+        if hint is None and blocks:
+            raise NotBulk("a join without hint (truncated/partial/unjoined)")
+        got = None
+        if hint is not None and not hint[1]:
+            got = next((i for i in blocks if self.vreq[i] == hint[0]), None)
+        if got is None:
+            self.outcome["not_verified"] += 1
+            return
+        self.joined[got] = j
+        self.outcome["hint"] += 1
+        p = self.proposal(j)
+        p.hint = self.names[hint[0]]
+        self.problems.append((int(self.vline[got]), 2, "proposed != verified",
+                              p.join_note(self.block(got), "hint")))  # fmt: skip
+
+    def proposal(self, j: int) -> Proposal:
+        """Proposal ``j`` as the line-by-line parser holds it."""
+        o = int(self.flen[:j].sum())
+        first = Ids(self.fflat[o : o + self.flen[j]].tolist())
+        p = Proposal(int(self.pstep[j]), int(self.f(_PROPOSE).lines[j]) + 1, first,
+                     int(self.per_row[j]))  # fmt: skip
+        p.margin = self.f(_PROPOSE).margins("margin")[j]
+        return p

@@ -1,0 +1,358 @@
+"""The bulk lexer of a whole ``VT_SPEC_TRACE`` log: bytes -> one family code per line and
+numpy/list columns per line family, for :mod:`.bulk` (the fast import path).
+
+Lines are classified by their first bytes, then every family's lines are joined and read by
+ONE ``findall`` of a byte regex built from the canonical formats of :mod:`.lines`
+(:data:`~.lines.FORMATS`), a little stricter than :func:`~.lines.parse_line`'s fast path
+(numbers without leading zeros and at most 18 digits, request ids of printable ASCII). A line
+the regex or a value-range check rejects, and any other line that may hold a tag, is handed to
+:func:`~.lines.parse_line` (the exact path): a :class:`~.lines.MalformedLine` keeps today's
+message, a line it reads as a record (an edited line) makes :func:`lex_log` give up.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TypeAlias, cast
+
+import numpy as np
+
+from .lines import FLOAT32_MAX, FORMATS, ID_RANGE, MARGIN_RE, RANGES, MalformedLine, parse_line
+
+#: Per-line codes: 0 not a trace line, -1 a malformed trace line, else a (family, variant).
+KEYS: tuple[tuple[str, str], ...] = (
+    ("SPECTRACE", ""),
+    ("spec-propose", ""),
+    ("spec-propose", "no_rows"),
+    ("spec-phase", "pre"),
+    ("spec-phase", "old"),
+    ("spec-phase", "dspark"),
+    ("spec-phase-dev", ""),
+    ("fwd-ops", ""),
+    ("spec-sched", ""),
+    ("spec-update", "req"),
+    ("spec-update", "called"),
+    ("spec-install", ""),
+    ("spec-post_step", ""),
+)
+CODE = {k: i + 1 for i, k in enumerate(KEYS)}
+_PREFIX = {
+    b"[SPECTRACE] req": CODE["SPECTRACE", ""],
+    b"[spec-propose] ": CODE["spec-propose", ""],
+    b"[spec-phase] pr": CODE["spec-phase", "pre"],
+    b"[spec-phase] ba": CODE["spec-phase", "old"],
+    b"[spec-phase-dev": CODE["spec-phase-dev", ""],
+    b"[fwd-ops] P=": CODE["fwd-ops", ""],
+    b"[spec-sched] re": CODE["spec-sched", ""],
+    b"[spec-update] r": CODE["spec-update", "req"],
+    b"[spec-update] c": CODE["spec-update", "called"],
+    b"[spec-install] ": CODE["spec-install", ""],
+    b"[spec-post_step": CODE["spec-post_step", ""],
+}
+# Substrings without which a line can be no trace line (tags, tag-dropped payloads).
+_MAYBE = (b"SPECTRACE", b"spec-", b"fwd-ops", b"req=", b"rows=", b"backbone=")
+_NUM = rb"(0|-?[1-9]\d{0,17})"
+_ID = rb"(?:0|-?[1-9]\d{0,17}) "
+_KIND = {
+    "str": rb"([!-~]+)",
+    "int": _NUM,
+    "arrow": _NUM,
+    "ms": rb"(-?\d{1,30}\.\d\d)ms",
+    "pct": rb"(-?\d{1,30}\.\d)%",
+    "ids_sp": rb"\[ ((?:" + _ID + rb")*)\]",
+    "ids": rb"\[((?:" + _ID + rb")*)\]",
+}
+
+
+class NotBulk(Exception):
+    """The log needs the line-by-line parser (an edited or otherwise unusual line)."""
+
+
+#: One lexed column, by field kind: int64 array [n] (integers), floats (ms/%), bytes (``req``,
+#: raw id lists), or per-line float lists with ``None`` for a left-out optional field (margins).
+Column: TypeAlias = "np.ndarray | list[bytes] | list[float] | list[list[float] | None]"
+
+
+def _ints(v: Column) -> np.ndarray:
+    """An integer column (int64 [n]). Raises TypeError for a list column."""
+    if not isinstance(v, np.ndarray):
+        raise TypeError("not an integer column")
+    return v
+
+
+def _strs(v: Column) -> list[bytes]:
+    """A ``str`` or id-list column (bytes per line). Raises TypeError for an integer column."""
+    if isinstance(v, np.ndarray):
+        raise TypeError("not a bytes column")
+    return cast("list[bytes]", v)  # the field kind (see _columns) fixes the element type
+
+
+def _margins(v: Column) -> list[list[float] | None]:
+    """An optional float-list column (``floats_opt``). Raises TypeError for an integer column."""
+    if isinstance(v, np.ndarray):
+        raise TypeError("not a float-list column")
+    return cast("list[list[float] | None]", v)  # the field kind (see _columns) fixes it
+
+
+@dataclass
+class Family:
+    """The lines of one (family, variant): 0-based line numbers and one column per field
+    (int64 arrays for integers, float lists for ms/%, bytes lists for ``req`` and id
+    lists, ``None`` entries for an optional field left out)."""
+
+    lines: np.ndarray
+    cols: dict[str, Column] = field(default_factory=dict)
+    #: id-list field -> (every id, int64; ids per line, int64): :func:`flatten` of its column.
+    ids: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def flat(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """``ids[name]``, empty arrays for a family without lines."""
+        empty = np.zeros(0, np.int64)
+        return self.ids.get(name, (empty, empty))
+
+    def ints(self, name: str) -> np.ndarray:
+        """Integer column ``name`` (int64 [n]); empty for a family without lines."""
+        v = self.cols.get(name)
+        return np.zeros(0, np.int64) if v is None else _ints(v)
+
+    def strs(self, name: str) -> list[bytes]:
+        """``str``/id-list column ``name`` (bytes per line); empty for a family without lines."""
+        return _strs(self.cols.get(name, []))
+
+    def margins(self, name: str) -> list[list[float] | None]:
+        """Optional float-list column ``name``; empty for a family without lines."""
+        return _margins(self.cols.get(name, []))
+
+
+@dataclass
+class Lexed:
+    """A lexed log: ``codes`` int8 [n_lines] (see :data:`KEYS`), families by code, and the
+    malformed lines as ``(lineno, message)`` in line order."""
+
+    n_lines: int
+    codes: np.ndarray
+    families: dict[int, Family]
+    malformed: list[tuple[int, str]]
+
+
+def _core(family: str, variant: str, fields: tuple[tuple[str, str], ...]) -> bytes:
+    parts = [re.escape(f"[{family}]".encode())] + ([b"called"] if variant == "called" else [])
+    tail = b""
+    for name, kind in fields:
+        if kind == "floats_opt":
+            num = MARGIN_RE.pattern.encode()
+            tail += rb"( " + re.escape(name.encode()) + rb"=\[ ((?:(?:" + num + rb") )*)\])?"
+            continue
+        arrow = b"-> " if kind == "arrow" else b""
+        parts.append(arrow + re.escape(name.encode()) + b"=" + _KIND[kind])
+    return b" ".join(parts) + tail
+
+
+_NO_ROWS = rb"\[spec-propose\] NO proposing rows this step \(num_reqs=" + _NUM + rb"\)"
+
+
+_FIELDS = {CODE[f, v]: fields for f, vs in FORMATS.items() for v, fields in vs}
+_FIELDS[CODE["spec-propose", "no_rows"]] = (("num_reqs", "int"),)
+_CORE = {c: _core(*KEYS[c - 1], f) for c, f in _FIELDS.items()}
+_CORE[CODE["spec-propose", "no_rows"]] = _NO_ROWS
+# Joined lines ("\n" + line + "\n" + ...): one match per canonical line; one line alone.
+_JOINED = {c: re.compile(rb"\n" + p + rb"(?=\n)") for c, p in _CORE.items()}
+_ONE = {c: re.compile(p + rb"\Z") for c, p in _CORE.items()}
+
+
+#: Bytes lexed at a time (cut at a line end): bounds the per-line Python objects alive.
+CHUNK_BYTES = 4 << 20
+
+
+def lex_log(data: bytes) -> Lexed:
+    """Lex a whole log (``\\n``-separated bytes, no ``\\r``), :data:`CHUNK_BYTES` at a time.
+
+    Raises:
+        NotBulk: a line :func:`~.lines.parse_line` reads as a record that is not canonical.
+    """
+    parts: list[Lexed] = []
+    start = n_lines = 0
+    while start < len(data):
+        end = data.find(b"\n", min(start + CHUNK_BYTES, len(data)) - 1)
+        end = len(data) if end < 0 else end + 1
+        part = _lex_chunk(data[start:end], n_lines)
+        parts.append(part)
+        n_lines += part.n_lines
+        start = end
+    return _concat(parts, n_lines)
+
+
+def _lex_chunk(data: bytes, first: int) -> Lexed:
+    """Lex the lines of ``data``; line numbers (0-based) start at ``first``."""
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    codes = _classify(lines)
+    families: dict[int, Family] = {}
+    slow: list[int] = []
+    for code in range(1, len(KEYS) + 1):
+        idx = np.flatnonzero(codes == code)
+        if len(idx):
+            fam, bad = _lex_family(code, [lines[i] for i in idx.tolist()], idx + first)
+            families[code] = fam
+            slow += [i - first for i in bad]
+    slow += [i for i in np.flatnonzero(codes == 0).tolist() if _maybe_trace(lines[i])]
+    malformed = []
+    for i in sorted(slow):
+        msg = _slow_line(lines[i])
+        codes[i] = 0 if msg is None else -1
+        if msg is not None:
+            malformed.append((first + i + 1, msg))
+    return Lexed(len(lines), codes, families, malformed)
+
+
+def _concat(parts: list[Lexed], n_lines: int) -> Lexed:
+    """The chunks' results as one :class:`Lexed` (columns concatenated in line order)."""
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:  # an empty log
+        return Lexed(0, np.zeros(0, np.int8), {}, [])
+    families: dict[int, Family] = {}
+    for code in sorted({c for p in parts for c in p.families}):
+        fams = [p.families[code] for p in parts if code in p.families]
+        cols: dict[str, Column] = {}
+        for name, v in fams[0].cols.items():
+            if isinstance(v, np.ndarray):
+                cols[name] = np.concatenate([_ints(f.cols[name]) for f in fams])
+            else:  # the same kind of list as ``v`` (mypy cannot tie the element types)
+                cols[name] = cast(Column, [x for f in fams for x in f.cols[name]])
+        ids = {
+            name: (
+                np.concatenate([f.ids[name][0] for f in fams]),
+                np.concatenate([f.ids[name][1] for f in fams]),
+            )
+            for name in fams[0].ids
+        }
+        families[code] = Family(np.concatenate([f.lines for f in fams]), cols, ids)
+    codes = np.concatenate([p.codes for p in parts])
+    return Lexed(n_lines, codes, families, [m for p in parts for m in p.malformed])
+
+
+def _classify(lines: list[bytes]) -> np.ndarray:
+    get = _PREFIX.get
+    codes = np.array([get(ln[:15], 0) for ln in lines], dtype=np.int8)
+    for i in np.flatnonzero(codes == 0).tolist():  # [fwd-ops] has a shorter prefix
+        codes[i] = _PREFIX.get(lines[i][:12], 0)
+    for i in np.flatnonzero(codes == CODE["spec-phase", "old"]).tolist():
+        if b" sequential=" in lines[i]:
+            codes[i] = CODE["spec-phase", "dspark"]
+    for i in np.flatnonzero(codes == CODE["spec-propose", ""]).tolist():
+        if lines[i].startswith(b"[spec-propose] NO"):
+            codes[i] = CODE["spec-propose", "no_rows"]
+    return codes
+
+
+def _maybe_trace(line: bytes) -> bool:
+    return any(t in line for t in _MAYBE)
+
+
+def _slow_line(line: bytes) -> str | None:
+    """The exact parser's verdict on one line: None (no trace line) or the malformed-line
+    message. Raises NotBulk when it reads the line as a record."""
+    try:
+        rec = parse_line(line.decode("utf-8", "replace"))
+    except MalformedLine as exc:
+        return f"malformed trace line: {exc}"
+    if rec is not None:
+        raise NotBulk("an edited trace line")
+    return None
+
+
+def _lex_family(code: int, lines: list[bytes], idx: np.ndarray) -> tuple[Family, list[int]]:
+    """Read one family's lines; returns its columns and the lines for the exact path."""
+    groups = _JOINED[code].findall(b"\n" + b"\n".join(lines) + b"\n")
+    ok = np.ones(len(lines), dtype=bool)
+    if len(groups) != len(lines):  # some lines are not canonical: find them one by one
+        ms = [_ONE[code].match(ln) for ln in lines]
+        ok = np.array([m is not None for m in ms], dtype=bool)
+        groups = [m.groups() for m in ms if m is not None]
+    if not isinstance(groups[0] if groups else (), tuple):
+        groups = [(g,) for g in groups]
+    cols = _columns(_FIELDS[code], groups)
+    names = [n for n, kind in _FIELDS[code] if kind.startswith("ids")]
+    ids = {n: flatten(_strs(cols[n])) for n in names}
+    good = _in_range(code, cols, ids, len(groups))
+    keep = np.flatnonzero(ok)
+    bad = idx[np.flatnonzero(~ok)].tolist() + idx[keep[~good]].tolist()
+    if not good.all():
+        cols = {n: _take(v, good) for n, v in cols.items()}
+        ids = {n: flatten(_strs(cols[n])) for n in names}
+    return Family(idx[keep[good]], cols, ids), bad
+
+
+def _columns(fields: tuple[tuple[str, str], ...], groups: list[tuple]) -> dict[str, Column]:
+    cols: dict[str, Column] = {}
+    raw = list(zip(*groups)) if groups else [()] * (len(fields) + 1)
+    g = 0
+    for name, kind in fields:
+        col = raw[g]
+        g += 1
+        if kind == "floats_opt":
+            inner = raw[g]
+            g += 1
+            cols[name] = [
+                [float(x) for x in b.split()] if outer else None for outer, b in zip(col, inner)
+            ]
+        elif kind == "str" or kind.startswith("ids"):
+            cols[name] = list(col)
+        elif kind in ("ms", "pct"):
+            cols[name] = list(map(float, col))
+        else:
+            cols[name] = np.array(list(map(int, col)), dtype=np.int64)
+    return cols
+
+
+def _in_range(
+    code: int, cols: dict[str, Column], ids: dict[str, tuple[np.ndarray, np.ndarray]], n: int
+) -> np.ndarray:
+    """Rows whose values fit their trace columns (the rest: the exact path's message)."""
+    good = np.ones(n, dtype=bool)
+    for name, v in cols.items():
+        if isinstance(v, np.ndarray):
+            lo, hi = RANGES.get(name, (-(2**63), 2**63 - 1))
+            good &= (v >= lo) & (v <= hi)
+        elif v and isinstance(v[0], float):
+            good &= np.abs(np.array(v)) <= FLOAT32_MAX
+        elif name in ids:
+            good &= _ids_fit(*ids[name])
+    if "margin" in cols:
+        first = ids["first"][1].tolist()
+        good &= np.array(
+            [
+                m is None or (len(m) == f and all(abs(x) <= FLOAT32_MAX for x in m))
+                for m, f in zip(_margins(cols["margin"]), first)
+            ],
+            dtype=bool,
+        )
+    if code == CODE["SPECTRACE", ""]:
+        good &= _ints(cols["acc"]) <= ids["draft"][1]
+    return good
+
+
+def _ids_fit(flat: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    lo, hi = ID_RANGE
+    bad = (flat < lo) | (flat > hi)
+    if not bad.any():
+        return np.ones(len(lens), dtype=bool)
+    row = np.repeat(np.arange(len(lens)), lens)
+    return ~np.bincount(row[bad], minlength=len(lens)).astype(bool)
+
+
+def flatten(raws: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """Id lists as written (``b"318 351 372 63 "``) -> (every id, int64; ids per list)."""
+    lens = np.array([b.count(b" ") for b in raws], dtype=np.int64)
+    flat = np.array(list(map(int, b"".join(raws).split())), dtype=np.int64)
+    return flat, lens
+
+
+def _take(v: Column, good: np.ndarray) -> Column:
+    """The rows of ``v`` where ``good`` (bool [n]), as the same kind of column."""
+    if isinstance(v, np.ndarray):
+        return v[good]
+    return cast(Column, [x for x, g in zip(v, good.tolist()) if g])  # same list kind as v
