@@ -8,13 +8,20 @@ Measures, headless (Textual ``run_test``, in a fresh process so RSS is the viewe
 * page down: key press to repaint, and the view's own work (page + render every line);
 * jump to the next finding / next divergence (after the background analysis, which runs in
   a child process for traces this size and is timed separately);
-* RSS (current and peak) of the viewer process.
+* RSS: the viewer's (current and peak), the analysis child's peak, and the peak of the whole
+  process tree (viewer + children, sampled every 10 ms) in each stage: open and first paint,
+  indexing, browsing while the analysis runs, browsing after it.
+
+``--analysis`` picks the viewer's analysis mode (``auto``: a child process at this size);
+``--compare-off`` runs the same pair again with ``--analysis off`` (the viewer alone) and
+prints the ratios of the two runs (tree peak, first paint, page down).
 
 With ``--tmux`` it also runs the real CLI in a tmux terminal: launch to first rows on screen,
 PageDown to repaint (screen polling), and the process RSS.
 
 Usage: ``python benchmarks/bench_tui.py [--dir /tmp/spectrace-bench] [--requests 10000
---blocks 1000] [--tmux]``. Traces are generated once (``synth.py``, about a minute).
+--blocks 1000] [--analysis auto|thread|process|off] [--compare-off] [--tmux]``.
+Traces are generated once (``synth.py``, a few minutes at 10M blocks a side).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -38,6 +46,43 @@ def _ms(xs: list[float]) -> str:
     if not xs:
         return "-"
     return f"median {1000 * statistics.median(xs):.1f} ms, max {1000 * max(xs):.1f} ms"
+
+
+class TreeRSS:
+    """Samples the RSS of this process and of its children (the analysis child) every 10 ms
+    in a thread, keeping the peaks of each stage: ``stage`` names the current one."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.proc = psutil.Process()
+        self.stage = "open + first paint"
+        self.peaks: dict[str, list[float]] = {}  # stage -> [viewer, children, tree] MB
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            own = self.proc.memory_info().rss
+            kids = 0
+            for c in self.proc.children(recursive=True):
+                try:
+                    kids += c.memory_info().rss
+                except psutil.Error:  # ended between the listing and the read
+                    pass
+            p = self.peaks.setdefault(self.stage, [0.0, 0.0, 0.0])
+            for i, v in enumerate((own, kids, own + kids)):
+                p[i] = max(p[i], v / 2**20)
+            self._stop.wait(0.01)
+
+    def stop(self) -> dict[str, list[float]]:
+        """Stop sampling; returns the peaks per stage (in stage order)."""
+        self._stop.set()
+        self._thread.join()
+        return self.peaks
 
 
 def ensure_traces(d: Path, requests: int, blocks: int) -> tuple[Path, Path]:
@@ -56,19 +101,21 @@ def ensure_traces(d: Path, requests: int, blocks: int) -> tuple[Path, Path]:
     return a, b
 
 
-async def _headless(a: Path, b: Path, analysis_timeout: float) -> dict:
+async def _headless(a: Path, b: Path, analysis_timeout: float, analysis: str) -> dict:
     import psutil
 
     from spectrace.tui import make_app
     from spectrace.tui.widgets.block_view import BlockView
 
     out: dict = {}
+    mem = TreeRSS()
     t0 = time.perf_counter()
-    app = make_app(a, b, start_tab="blocks")
+    app = make_app(a, b, start_tab="blocks", analysis=analysis)
     async with app.run_test(size=(160, 50)) as pilot:
         while app.first_paint is None:
             await asyncio.sleep(0.002)
         out["first_paint_s"] = app.first_paint - t0
+        mem.stage = "indexing (to block view ready)"
         view = app.main.query_one(BlockView)
         while view.rows is None:
             await asyncio.sleep(0.005)
@@ -89,6 +136,7 @@ async def _headless(a: Path, b: Path, analysis_timeout: float) -> dict:
             return strip
 
         view.render_line = spy
+        mem.stage = "browsing while analysing"
 
         async def repaint(action) -> tuple[float, float]:
             """Wall time from the action to the last line of the view repainted, and the
@@ -97,17 +145,20 @@ async def _headless(a: Path, b: Path, analysis_timeout: float) -> dict:
             c0, t0_ = time.process_time(), time.perf_counter()
             action()
             while rendered["t"] == 0.0:
+                if time.perf_counter() - t0_ > 5:  # nothing to repaint (no finding to jump to)
+                    return float("nan"), time.process_time() - c0
                 await asyncio.sleep(0.0005)
             return rendered["t"] - t0_, time.process_time() - c0
 
         busy = [await repaint(lambda: view.action_page(1)) for _ in range(20)]
         out["page_busy"] = [x for x, _ in busy]
         t = time.perf_counter()
-        while screen.analysis is None and screen.analysis_error is None:
+        while screen.analysis is None and screen.analysis_error is None and analysis != "off":
             if time.perf_counter() - t > analysis_timeout:
                 break
             await asyncio.sleep(0.1)
         out["analysis_s"] = time.perf_counter() - t
+        mem.stage = "browsing after the analysis"
         await pilot.pause()
         page = [await repaint(lambda: view.action_page(1)) for _ in range(40)]
         out["page_key"] = [x for x, _ in page]
@@ -115,19 +166,24 @@ async def _headless(a: Path, b: Path, analysis_timeout: float) -> dict:
         out["analysis_error"] = screen.analysis_error
         out["findings"] = len(screen.findings)
         await pilot.pause()
-        jf = [await repaint(lambda: screen.action_finding(1)) for _ in range(8)]
-        view.action_edge(-1)
-        await pilot.pause()
-        jn = [await repaint(lambda: screen.action_divergence(1)) for _ in range(8)]
-        out["jump_finding"] = [x for x, _ in jf]
-        out["jump_divergence"] = [x for x, _ in jn]
+        jf, jn = [], []
+        if analysis != "off":  # both jumps follow the analysis's findings and counts
+            jf = [await repaint(lambda: screen.action_finding(1)) for _ in range(8)]
+            view.action_edge(-1)
+            await pilot.pause()
+            jn = [await repaint(lambda: screen.action_divergence(1)) for _ in range(8)]
+        out["jump_finding"] = [x for x, _ in jf if x == x]
+        out["jump_divergence"] = [x for x, _ in jn if x == x]
         proc = psutil.Process()
         out["rss_mb"] = proc.memory_info().rss / 2**20
         out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        # The largest ended child: the analysis child (exact, where sampling may miss a spike).
+        out["child_peak_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    out["stages"] = mem.stop()
     return out
 
 
-def headless(a: Path, b: Path, analysis_timeout: float) -> dict:
+def headless(a: Path, b: Path, analysis_timeout: float, analysis: str) -> dict:
     """Run the headless measurement in a child process; returns its figures."""
     r = subprocess.run(
         [
@@ -138,6 +194,8 @@ def headless(a: Path, b: Path, analysis_timeout: float) -> dict:
             str(b),
             "--analysis-timeout",
             str(analysis_timeout),
+            "--analysis",
+            analysis,
         ],
         capture_output=True,
         text=True,
@@ -213,6 +271,47 @@ def tmux_run(a: Path, b: Path) -> dict:
     return out
 
 
+def _rows(h: dict) -> list[tuple[str, str]]:
+    """The headless run's table rows."""
+    return [
+        ("first paint (headless)", f"{h['first_paint_s'] * 1000:.0f} ms"),
+        ("block view ready (headless)", f"{h['blocks_ready_s'] * 1000:.0f} ms"),
+        ("page down while indexing/analysing (headless)", _ms(h["page_busy"])),
+        ("page down, action to view repainted (headless)", _ms(h["page_key"])),
+        ("page down, CPU time of the process", _ms(h["page_cpu"])),
+        (
+            "analysis",
+            f"{h['analysis_s']:.1f} s, {h['findings']} findings"
+            + (f" ({h['analysis_error']})" if h["analysis_error"] else ""),
+        ),
+        ("jump to next finding (action to repaint)", _ms(h["jump_finding"])),
+        ("jump to next divergence (action to repaint)", _ms(h["jump_divergence"])),
+        (
+            "viewer RSS after browsing / viewer peak",
+            f"{h['rss_mb']:.0f} MB / {h['peak_rss_mb']:.0f} MB",
+        ),
+        ("largest child process peak (exact: the analysis child)", f"{h['child_peak_mb']:.0f} MB"),
+    ] + [
+        (
+            f"peak during {stage}: viewer / child / tree",
+            f"{v:.0f} / {c:.0f} / {t:.0f} MB",
+        )
+        for stage, (v, c, t) in h["stages"].items()
+    ]
+
+
+def _tree_peak(h: dict) -> float:
+    """Peak RSS of the process tree: sampled sums, or the larger exact single peak."""
+    return max([t for _, _, t in h["stages"].values()] + [h["peak_rss_mb"], h["child_peak_mb"]])
+
+
+def _print(title: str, rows: list[tuple[str, str]]) -> None:
+    print(title)
+    w = max(len(r[0]) for r in rows)
+    for name, val in rows:
+        print(f"  {name:<{w}}  {val}")
+
+
 def main() -> None:
     """Command line (see the module docstring)."""
     ap = argparse.ArgumentParser()
@@ -220,47 +319,47 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=10000)
     ap.add_argument("--blocks", type=int, default=1000)
     ap.add_argument("--tmux", action="store_true")
+    ap.add_argument("--analysis", default="auto", choices=("auto", "thread", "process", "off"))
+    ap.add_argument(
+        "--compare-off", action="store_true", help="also run with --analysis off (ratios)"
+    )
     ap.add_argument("--analysis-timeout", type=float, default=600)
     ap.add_argument("--child", nargs=2, type=Path)
     args = ap.parse_args()
     if args.child:
-        res = asyncio.run(_headless(*args.child, args.analysis_timeout))
+        res = asyncio.run(_headless(*args.child, args.analysis_timeout, args.analysis))
         print(json.dumps(res))
         return
     a, b = ensure_traces(args.dir, args.requests, args.blocks)
-    h = headless(a, b, args.analysis_timeout)
-    rows = [
-        ("first paint (headless)", f"{h['first_paint_s'] * 1000:.0f} ms"),
-        ("block view ready (headless)", f"{h['blocks_ready_s'] * 1000:.0f} ms"),
-        ("page down while indexing/analysing (headless)", _ms(h["page_busy"])),
-        ("page down, action to view repainted (headless)", _ms(h["page_key"])),
-        ("page down, CPU time of the process", _ms(h["page_cpu"])),
-        (
-            "analysis (child process)",
-            f"{h['analysis_s']:.1f} s, {h['findings']} findings"
-            + (f" ({h['analysis_error']})" if h["analysis_error"] else ""),
-        ),
-        ("jump to next finding (action to repaint)", _ms(h["jump_finding"])),
-        ("jump to next divergence (action to repaint)", _ms(h["jump_divergence"])),
-        (
-            "RSS after browsing / peak (headless)",
-            f"{h['rss_mb']:.0f} MB / {h['peak_rss_mb']:.0f} MB",
-        ),
-    ]
+    print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
+    h = headless(a, b, args.analysis_timeout, args.analysis)
+    n = h["rows_first_request"]
+    _print(
+        f"spectrace view --analysis {args.analysis}: {a} vs {b} (first request: {n} rows)",
+        _rows(h),
+    )
+    print(f"  peak RSS of the process tree  {_tree_peak(h):.0f} MB")
+    if args.compare_off:
+        off = headless(a, b, args.analysis_timeout, "off")
+        _print("spectrace view --analysis off (same pair, the viewer alone)", _rows(off))
+        print(
+            f"  ratios, {args.analysis} / off: tree peak {_tree_peak(h) / _tree_peak(off):.2f}x,"
+            f" first paint {h['first_paint_s'] / off['first_paint_s']:.2f}x, page down"
+            f" {statistics.median(h['page_key']) / statistics.median(off['page_key']):.2f}x"
+        )
     if args.tmux and shutil.which("tmux"):
         t = tmux_run(a, b)
-        rows += [
-            ("first paint (tmux, from launch)", f"{t['first_paint_s'] * 1000:.0f} ms"),
-            ("block view ready (tmux, from launch)", f"{t['blocks_ready_s'] * 1000:.0f} ms"),
-            ("analysis done (tmux, from launch)", f"{t['analysis_s']:.1f} s"),
-            ("page down (tmux, send-keys to screen change)", _ms(t["page_key"])),
-            ("RSS (tmux)", f"{t['rss_mb']:.0f} MB"),
-        ]
-    n = h["rows_first_request"]
-    print(f"spectrace view: {a} vs {b} (first request: {n} rows)")
-    w = max(len(r[0]) for r in rows)
-    for name, val in rows:
-        print(f"  {name:<{w}}  {val}")
+        _print(
+            "tmux",
+            [
+                ("first paint (tmux, from launch)", f"{t['first_paint_s'] * 1000:.0f} ms"),
+                ("block view ready (tmux, from launch)", f"{t['blocks_ready_s'] * 1000:.0f} ms"),
+                ("analysis done (tmux, from launch)", f"{t['analysis_s']:.1f} s"),
+                ("page down (tmux, send-keys to screen change)", _ms(t["page_key"])),
+                ("RSS (tmux)", f"{t['rss_mb']:.0f} MB"),
+            ],
+        )
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -114,7 +114,11 @@ def test_single_trace_rows(single_trace, load_model):
 
 def test_read_rows_matches_columns_across_files(tmp_path, pair):
     a, _ = pair
-    with TraceWriter(tmp_path / "x.h5", {"k": 5}, flush_interval=0) as w:
+    # A second file of the same run (same engine, method, k) whose matrices are wider
+    # (5 proposals against the first file's 3).
+    with open_trace(a) as t:
+        meta = t.meta
+    with TraceWriter(tmp_path / "x.h5", meta, flush_interval=0) as w:
         w.add_block("z", 0, 4, 7, [1, 2, 3, 4, 5], accepted=2)
     lazy = open_trace([a, tmp_path / "x.h5"], lazy_requests=True)
     full = open_trace([a, tmp_path / "x.h5"])

@@ -1,8 +1,8 @@
 """Reading one side of the viewer lazily: the request column index, windowed block reads and a
 small LRU (the model's caches).
 
-Only the ``request`` column (4 bytes a block) is held whole, scanned in chunks by
-:class:`SideIndex`; every other block column is read in spans through
+No block column is held whole: :class:`SideIndex` keeps each request's first and last block
+row (scanning the ``request`` column in chunks), and every block column is read in spans through
 :meth:`~spectrace.tracer.store.Trace.read_rows` by :func:`gather`.
 """
 
@@ -43,24 +43,27 @@ class LRU(OrderedDict):
 
 
 class SideIndex:
-    """The ``request`` column of one trace, read in chunks (background-friendly).
+    """Where each request's blocks lie in one trace, from the ``request`` column read in chunks
+    (background-friendly) and not kept.
+
+    Only each request's first and last block row is held (``first``/``last``, a few bytes a
+    request); :meth:`blocks_of` reads the ``request`` rows of one request's span again (a
+    request's blocks lie in one engine batch wave), :data:`INDEX_CHUNK` rows at a time, so the
+    index costs the same whatever the trace's length.
 
     Attributes:
-        n: block rows of the trace; loaded: rows read so far.
-        request: int32 [n] request row per block (valid below ``loaded``).
-        first, last: int64 [requests] first / last block row of each request (``n`` / -1
-            for a request without blocks so far).
+        n: block rows of the trace; loaded: rows scanned so far.
+        first, last: int32 (int64 when ``n`` >= 2**31) [requests]: first / last block row of
+            each request (``n`` / -1 for a request without blocks so far).
     """
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
         self.n = len(trace.blocks)
-        self.request = np.empty(self.n, np.int32)
         self.loaded = 0
-        # First and last block row of each request: a request's blocks then cost a scan of
-        # its own span (one engine batch wave), not of the whole column.
-        self.first = np.zeros(0, np.int64)
-        self.last = np.zeros(0, np.int64)
+        self._dtype = np.int32 if self.n < 2**31 - 1 else np.int64
+        self.first = np.zeros(0, self._dtype)
+        self.last = np.zeros(0, self._dtype)
 
     @property
     def complete(self) -> bool:
@@ -72,35 +75,44 @@ class SideIndex:
         cancelled: Callable[[], bool] = lambda: False,
         progress: Callable[[float], object] | None = None,
     ) -> bool:
-        """Read the rest of the column; returns False when cancelled."""
+        """Scan the rest of the column; returns False when cancelled."""
         while self.loaded < self.n:
             if cancelled():
                 return False
             lo, hi = self.loaded, min(self.loaded + INDEX_CHUNK, self.n)
-            chunk = self.trace.read_rows("request", lo, hi)
-            self.request[lo:hi] = chunk
-            self._extend_spans(chunk, lo, hi)
+            self._extend_spans(self.trace.read_rows("request", lo, hi), lo)
             self.loaded = hi
             if progress:
                 progress(self.loaded / self.n)
         return True
 
-    def _extend_spans(self, chunk: np.ndarray, lo: int, hi: int) -> None:
+    def _extend_spans(self, chunk: np.ndarray, lo: int) -> None:
+        if not len(chunk):
+            return
         top = int(chunk.max(initial=-1)) + 1
         if top > len(self.first):
             grow = top - len(self.first)
-            self.first = np.concatenate([self.first, np.full(grow, self.n, np.int64)])
-            self.last = np.concatenate([self.last, np.full(grow, -1, np.int64)])
-        rows = np.arange(lo, hi, dtype=np.int64)
-        np.minimum.at(self.first, chunk, rows)
-        np.maximum.at(self.last, chunk, rows)
+            self.first = np.concatenate([self.first, np.full(grow, self.n, self._dtype)])
+            self.last = np.concatenate([self.last, np.full(grow, -1, self._dtype)])
+        # Each request's first and last row in the chunk: one stable sort, no ufunc.at.
+        order = np.argsort(chunk, kind="stable")
+        reqs = chunk[order]
+        head = np.flatnonzero(np.r_[True, reqs[1:] != reqs[:-1]])
+        tail = np.r_[head[1:], len(reqs)] - 1
+        u = reqs[head]
+        self.first[u] = np.minimum(self.first[u], order[head] + lo)
+        self.last[u] = np.maximum(self.last[u], order[tail] + lo)
 
     def blocks_of(self, req: int) -> np.ndarray:
-        """Block indices (int64, ascending) of request row ``req`` among the loaded rows."""
+        """Block indices (int64, ascending) of request row ``req`` among the scanned rows."""
         if req < 0 or req >= len(self.first) or self.last[req] < 0:
             return np.zeros(0, np.int64)
         lo, hi = int(self.first[req]), min(int(self.last[req]) + 1, self.loaded)
-        return np.flatnonzero(self.request[lo:hi] == req).astype(np.int64) + lo
+        parts = [
+            np.flatnonzero(self.trace.read_rows("request", s, min(s + INDEX_CHUNK, hi)) == req) + s
+            for s in range(lo, hi, INDEX_CHUNK)
+        ]
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
 
 def _read_groups(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:

@@ -1,13 +1,13 @@
 """The viewer's model: everything the block view shows over one trace or a pair, read lazily.
 
-Sized for traces of ten million blocks in a few hundred MB: traces are opened with
-``lazy_requests``; the only whole columns held are the ``request`` columns
-(:class:`~.sides.SideIndex`); the rows of a pair are built vectorised
-(:func:`~.rows.union_rows`) and their contents computed 256 rows at a time
-(:func:`~.rows.compute_window`), both kept in bounded LRUs, so paging costs a few small HDF5
-reads. Requests pair by :func:`spectrace.tracer.align.match_requests` and every comparison
-is the kernel's (:mod:`spectrace.tracer.compare`), so the divergent rows are exactly the
-blocks ``spectrace diff`` counts.
+Sized for traces of ten million blocks in about 200 MB: traces are opened with
+``lazy_requests``; no block column is held whole (:class:`~.sides.SideIndex` keeps each
+request's first and last block row, int32, and re-reads one request's span); the rows of
+a pair are built vectorised (:func:`~.rows.union_rows`) and their contents computed 256 rows
+at a time (:func:`~.rows.compute_window`), both kept in bounded LRUs, so paging costs a few
+small HDF5 reads. Requests pair by :func:`spectrace.tracer.align.match_requests` and every
+comparison is the kernel's (:mod:`spectrace.tracer.compare`), so the divergent rows are
+exactly the blocks ``spectrace diff`` counts.
 """
 
 from __future__ import annotations
