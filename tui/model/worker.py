@@ -23,7 +23,7 @@ from spectrace.tracer.analysis import acceptance_along, differing_per_pair, per_
 from spectrace.tracer.diff import diff_traces
 from spectrace.tracer.diff_result import DiffResult
 from spectrace.tracer.findings import Finding, check_trace
-from spectrace.tracer.metrics import trace_summary
+from spectrace.tracer.findings.summary import explained_summary
 from spectrace.tracer.pages import prefer_small_pages
 from spectrace.tracer.store import Trace, open_trace
 from spectrace.tracer.tokens import Decoder, decoder_for
@@ -39,7 +39,7 @@ class Analysis:
     Attributes:
         diff: the typed diff of a pair (``spectrace diff``'s result; its ``bad`` column is
             None after a trip through the child process), None for one trace.
-        summary: the ``trace_summary`` of one trace (``spectrace info``'s dict), None for a
+        summary: the ``explained_summary`` of one trace (``spectrace info``'s dict), None for a
             pair.
         findings: typed findings (most severe first): the diff's, or ``check_trace``'s.
         per_pair: per matched pair (order of ``match_requests``), from
@@ -99,13 +99,13 @@ class Analysis:
 
 def analyse(a: Trace, b: Trace | None = None, decoder: Decoder | None = None) -> Analysis:
     """Run the whole-trace analysis: the diff and its findings (or, for one trace,
-    ``trace_summary`` and ``check_trace``), per-pair divergence counts, per-request
+    ``explained_summary`` and ``check_trace``), per-pair divergence counts, per-request
     acceptance and acceptance along the sequence. Vectorised; memory grows with the traces."""
     t0 = time.perf_counter()
     if b is None:
         return Analysis(
-            summary=trace_summary(a),
-            findings=check_trace(a, decoder, side="ours"),
+            summary=explained_summary(a),  # rates with impossible values left out, explained
+            findings=check_trace(a, decoder),
             per_request={"ours": per_request_acceptance(a)},
             along={"ours": acceptance_along(a)},
             seconds=time.perf_counter() - t0,
