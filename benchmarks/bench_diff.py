@@ -1,31 +1,26 @@
-"""Benchmark ``spectrace diff`` on synthetic trace pairs of 1M and 5M blocks (k=8).
+"""Benchmark ``spectrace diff`` on synthetic trace pairs (k=8): time and peak memory.
 
-Times, in one run on this machine:
+Measured in one run on this machine, each part in a fresh child process (so that every peak
+RSS is that part's alone, read from the child's ``VmHWM``):
 
 * **read floor**: opening both traces and reading every block column the diff uses;
-* **full diff**: ``open_pair`` (both traces, block columns read on a background thread) +
-  ``align`` + ``diff_traces`` (every finding detector), i.e. ``spectrace diff`` without
-  printing;
+* **full diff**: ``open_pair`` + ``align`` + ``diff_traces`` (every finding detector) + the
+  JSON document, i.e. ``spectrace diff --format json`` without printing;
 * **pandas**: a straightforward pandas version of the pairing and per-slot comparison
-  (merge on (request, position), compare the k slots), on already loaded columns, plus
-  the same read floor.
+  (merge on (prompt, position), compare the k slots), including its own read.
 
-* **whole process** (``--process``): ``spectrace diff A B --format json`` as its own process,
-  and a process that only reads the columns (the read floor), each with its wall time and
-  peak RSS (``getrusage`` of the child): the issue-15 row (5M: <= 2x the read floor and
-  <= 1 GB; 50M: ``--sizes 50000000``, <= 4 GB).
-
-Usage: ``python benchmarks/bench_diff.py [--sizes 1000000 5000000] [--dir /tmp/specbench]
-[--process] [--skip-pandas]``. Needs pandas (``pip install pandas``) unless
-``--skip-pandas``. Prints a table; asserts nothing.
+Usage: ``python benchmarks/bench_diff.py [--sizes 1000000 5000000 50000000]
+[--dir /tmp/specbench]``. Pairs are built once per size (1000 blocks per request) and reused;
+50M blocks per side take minutes and about 4.4 GB of disk. ``--no-pandas`` skips the pandas
+baseline (it needs ``pip install pandas`` and, at 50M, more memory than the diff).
+Prints a table with ratios (diff / floor, diff / pandas); asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -36,35 +31,41 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from synth import make_pair  # noqa: E402
 
-from spectrace.tracer.align import align  # noqa: E402
-from spectrace.tracer.diff import diff_traces, open_pair  # noqa: E402
-from spectrace.tracer.diff_result import Agreement  # noqa: E402
 from spectrace.tracer.findings import TraceData  # noqa: E402
 from spectrace.tracer.pages import prefer_small_pages  # noqa: E402
 from spectrace.tracer.store import open_trace  # noqa: E402
 
 COLUMNS = TraceData.COLUMNS  # the block columns the diff reads
+PARTS = ("floor", "diff", "pandas")
 
 
-def read_floor(a: Path, b: Path) -> float:
-    t0 = time.perf_counter()
-    for p in (a, b):
-        t = open_trace(p)
+def read_floor(a: Path, b: Path) -> dict:
+    """Open both traces and read every block column the diff uses."""
+    traces = [open_trace(p) for p in (a, b)]
+    for t in traces:
         for c in COLUMNS:
             getattr(t.blocks, c)
-    return time.perf_counter() - t0
+    return {}
 
 
-def full_diff(a: Path, b: Path) -> tuple[float, Agreement]:
-    t0 = time.perf_counter()
-    r = diff_traces(align(*open_pair(a, b)))  # what `spectrace diff` runs
-    return time.perf_counter() - t0, r.agreement
+def full_diff(a: Path, b: Path) -> dict:
+    """What ``spectrace diff --format json`` runs, without printing."""
+    from spectrace.tracer.align import align
+    from spectrace.tracer.diff import diff_traces, open_pair
+
+    r = diff_traces(align(*open_pair(a, b)))
+    text = json.dumps(r.to_json(), indent=2)
+    return {
+        "exact": r.agreement.exact_matches,
+        "paired": r.agreement.paired_blocks,
+        "json_bytes": len(text),
+    }
 
 
-def pandas_diff(a: Path, b: Path) -> tuple[float, float, int]:
+def pandas_diff(a: Path, b: Path) -> dict:
+    """The pairing and per-slot comparison in pandas (read included)."""
     import pandas as pd
 
-    t0 = time.perf_counter()
     frames, traces = [], []
     for p in (a, b):
         t = open_trace(p)
@@ -82,7 +83,6 @@ def pandas_diff(a: Path, b: Path) -> tuple[float, float, int]:
         for j in range(t.blocks.proposed.shape[1]):
             df[f"p{j}"] = t.blocks.proposed[:, j]
         frames.append(df)
-    t1 = time.perf_counter()
     # Content divergence per prompt: first differing index of prompt + output.
     ta, tb = traces
     full_b = {
@@ -102,49 +102,67 @@ def pandas_diff(a: Path, b: Path) -> tuple[float, float, int]:
     m = m[m["position"] < m["prompt"].map(div)]
     k = sum(1 for c in frames[0].columns if c[0] == "p" and c[1:].isdigit())
     eq = np.stack([(m[f"p{j}_a"] == m[f"p{j}_b"]).to_numpy() for j in range(k)], axis=1)
-    per_slot = eq.mean(axis=0)
-    exact = int(eq.all(axis=1).sum())
-    _ = per_slot, (m["anchor_a"] == m["anchor_b"]).sum()
-    t2 = time.perf_counter()
-    return t2 - t0, t2 - t1, exact
+    _ = eq.mean(axis=0), (m["anchor_a"] == m["anchor_b"]).sum()
+    return {"exact": int(eq.all(axis=1).sum())}
 
 
-_READ_ONLY = (
-    "import sys; from spectrace.tracer.store import open_trace; "
-    "from spectrace.tracer.findings import TraceData\n"
-    "for p in sys.argv[1:]:\n"
-    "    t = open_trace(p)\n"
-    "    [getattr(t.blocks, c) for c in TraceData.COLUMNS]"
-)
+def _peak_mb() -> float:
+    """This process's peak resident set (VmHWM), MB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
 
-def in_process(cmd: list[str]) -> tuple[float, float]:
-    """Run ``cmd`` as a child; its wall seconds and peak RSS in MB (the child's own: each
-    measure runs in a fresh child of a fresh ``python -c`` wrapper)."""
-    wrapper = (
-        "import resource, subprocess, sys, time; t0 = time.perf_counter(); "
-        "subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); "
-        "print(time.perf_counter() - t0, "
-        "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)"
+def child(part: str, a: Path, b: Path) -> None:
+    """Run one part in this (fresh) process; print its figures as one JSON line."""
+    prefer_small_pages()  # as the spectrace command does; the pandas baseline shares it
+    fn = {"floor": read_floor, "diff": full_diff, "pandas": pandas_diff}[part]
+    t0 = time.perf_counter()
+    out = fn(a, b)
+    print(json.dumps({"s": time.perf_counter() - t0, "peak_mb": _peak_mb(), **out}))
+
+
+def measure(part: str, a: Path, b: Path) -> dict:
+    """One part in a child process: its figures (``s``, ``peak_mb``, ...)."""
+    cmd = [sys.executable, __file__, "--child", part, str(a), str(b)]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        tail = (res.stderr.strip().splitlines() or ["?"])[-1]
+        return {"s": float("nan"), "peak_mb": float("nan"), "error": tail}
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def pair_for(n: int, k: int, root: Path) -> tuple[Path, Path]:
+    """The synthetic pair of ``n`` blocks per side (built on first use, then reused)."""
+    out = root / f"{n}-k{k}-c256"  # the synth parameters are the cache key
+    a, b = out / "ours.h5", out / "theirs.h5"
+    if a.exists() and b.exists():
+        print(f"reusing {a} and {b} (delete them to rebuild)", file=sys.stderr)
+        return a, b
+    t0 = time.perf_counter()
+    make_pair(out, requests=n // 1000, blocks=1000, k=k, concurrency=256)
+    print(f"built {n} blocks per side in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return a, b
+
+
+def _row(n: int, r: dict) -> str:
+    fl, df, pd_ = r["floor"], r["diff"], r.get("pandas")
+    pd_s = f"{pd_['s']:>9.2f} {pd_['peak_mb']:>9.0f}" if pd_ else f"{'-':>9} {'-':>9}"
+    ratio = f"{df['s'] / pd_['s']:>9.2f}" if pd_ else f"{'-':>9}"
+    return (
+        f"{n:>12,} {fl['s']:>8.2f} {fl['peak_mb']:>8.0f} {df['s']:>8.2f} {df['peak_mb']:>8.0f} "
+        f"{df['s'] / fl['s']:>7.2f} {df['peak_mb'] / fl['peak_mb']:>7.2f} {pd_s} {ratio} "
+        f"{df.get('paired', 0):>10,}"
     )
-    out = subprocess.run([sys.executable, "-c", wrapper, *cmd], capture_output=True, text=True)
-    s, mb = out.stdout.split()
-    return float(s), float(mb)
-
-
-def process_rows(a: Path, b: Path) -> list[str]:
-    """The whole-process figures of one pair: read floor and ``spectrace diff``."""
-    spectrace = str(Path(sys.executable).with_name("spectrace"))
-    floor_s, floor_mb = in_process([sys.executable, "-c", _READ_ONLY, str(a), str(b)])
-    diff_s, diff_mb = in_process([spectrace, "diff", str(a), str(b), "--format", "json"])
-    return [
-        f"  read floor process: {floor_s:.2f} s, peak RSS {floor_mb:.0f} MB",
-        f"  spectrace diff --format json: {diff_s:.2f} s ({diff_s / floor_s:.2f}x the floor), "
-        f"peak RSS {diff_mb:.0f} MB",
-    ]
 
 
 def main() -> None:
+    """Command line (see the module docstring)."""
+    if len(sys.argv) == 5 and sys.argv[1] == "--child":
+        child(sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4]))
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--sizes",
@@ -160,57 +178,39 @@ def main() -> None:
         help="where the synthetic pairs are built (and reused)",
     )
     ap.add_argument("--k", type=int, default=8, help="drafts per block")
-    ap.add_argument("--process", action="store_true", help="also time whole processes + RSS")
-    ap.add_argument("--skip-pandas", action="store_true", help="leave out the pandas baseline")
+    ap.add_argument("--no-pandas", action="store_true", help="skip the pandas baseline")
     args = ap.parse_args()
-    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", file=sys.stderr)
-    procs = []
-    prefer_small_pages()  # as the spectrace command does; the pandas baseline shares it
     rows = []
     for n in args.sizes:
-        requests, blocks = n // 1000, 1000
-        out = args.dir / f"{n}-k{args.k}-c256"  # the synth parameters are the cache key
-        a, b = out / "ours.h5", out / "theirs.h5"
-        if not (a.exists() and b.exists()):
-            t0 = time.perf_counter()
-            make_pair(out, requests=requests, blocks=blocks, k=args.k, concurrency=256)
-            print(f"built {n} blocks per side in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-        else:
-            print(f"reusing {a} and {b} (delete them to rebuild)", file=sys.stderr)
-        gc.collect()
-        floor = read_floor(a, b)
-        gc.collect()
-        t_diff, agreement = full_diff(a, b)
-        gc.collect()
-        t_pd = t_pd_merge = float("nan")
-        if not args.skip_pandas:
-            t_pd, t_pd_merge, pd_exact = pandas_diff(a, b)
-            assert pd_exact == agreement.exact_matches, (pd_exact, agreement)
-        rows.append((n, floor, t_diff, t_pd, t_pd_merge, agreement.paired_blocks))
-        if args.process:
-            procs += [f"{n:,} blocks per side, whole processes:"] + process_rows(a, b)
+        a, b = pair_for(n, args.k, args.dir)
+        r = {p: measure(p, a, b) for p in PARTS if not (p == "pandas" and args.no_pandas)}
+        if "error" in r["diff"]:
+            print(f"{n}: diff failed: {r['diff']['error']}", file=sys.stderr)
+            continue
+        if "pandas" in r and "error" in r["pandas"]:
+            print(f"{n}: pandas failed: {r['pandas']['error']}", file=sys.stderr)
+            r.pop("pandas")
+        if "pandas" in r and r["pandas"]["exact"] != r["diff"]["exact"]:
+            print(f"{n}: pandas and diff disagree on exact matches", file=sys.stderr)
+        rows.append((n, r))
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
-        f"{'blocks/side':>12} {'read floor s':>13} {'full diff s':>12} {'x floor':>8} "
-        f"{'pandas s':>9} {'(merge+cmp)':>12} {'diff/pandas':>12} {'paired':>9}"
+        f"{'blocks/side':>12} {'floor s':>8} {'floor MB':>8} {'diff s':>8} {'diff MB':>8} "
+        f"{'x floor':>7} {'x MB':>7} {'pandas s':>9} {'pandas MB':>9} {'/pandas':>9} "
+        f"{'paired':>10}"
     )
-    for n, floor, t_diff, t_pd, t_m, paired in rows:
-        print(
-            f"{n:>12,} {floor:>13.2f} {t_diff:>12.2f} {t_diff / floor:>8.2f} {t_pd:>9.2f} "
-            f"{t_m:>12.2f} {t_diff / t_pd:>12.2f} {paired:>9,}"
-        )
+    for n, r in rows:
+        print(_row(n, r))
     print(
-        f"\nk={args.k}, wall seconds, one run each. read floor: open both traces and read "
-        f"every block column the diff uses. full diff: what `spectrace diff` runs, without "
-        f"printing. x floor: full diff / read floor. pandas: open both traces, read what it "
-        f"needs (request, position, anchor, k, proposed, prompt and output ids), merge on "
-        f"(prompt, position) and compare per slot; (merge+cmp) is its part after the "
-        f"read. diff/pandas < 1: the full diff is faster. paired: blocks paired "
-        f"on matched content (both implementations agree on the exact matches)."
+        f"\nk={args.k}, one run each, each part in a fresh process; load average {load} "
+        f"(1, 5, 15 min) at the end, on {os.cpu_count()} cores. s: wall seconds. MB: peak "
+        f"resident set of that process (VmHWM, interpreter and imports included). floor: "
+        f"open both traces and read every block column the diff uses. diff: what "
+        f"`spectrace diff --format json` runs, without printing. x floor / x MB: diff over "
+        f"floor. pandas: its own read, a merge on (prompt, position) and the per-slot "
+        f"comparison; /pandas: diff time over pandas time (< 1: the diff is faster). paired: "
+        f"blocks paired on matched content."
     )
-    for line in procs:
-        print(line)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"this process (in-process measures): peak RSS {peak:.0f} MB")
 
 
 if __name__ == "__main__":

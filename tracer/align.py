@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .compare import NO_DIVERGENCE, comparable, comparable_limit, first_difference
-from .index import block_order
+from .index import block_keys, block_order
 from .parallel import chunks, in_parallel
 from .similar import PromptDrift, match_drift
 from .store import Trace
@@ -48,11 +48,12 @@ class Alignment:
             :data:`NO_DIVERGENCE`; ``content_known``: bool [m], False when either side lacks
             output ids (then only anchors tell whether content matches).
         common_len: int64 [m] length of the shorter full sequence (tokens).
-        pair_of_block_a, pair_of_block_b: int64 [blocks] request-pair index per block, -1
-            when the request is unmatched.
+        pair_of_block_a, pair_of_block_b: int32 [blocks] request-pair index per block, -1
+            when the request is unmatched (int64 past 2**31 - 1 pairs).
         comparable_a, comparable_b: bool [blocks] block lies on matched content.
-        ia, ib: int64 [P] indices of the P paired blocks (same pair, same anchor position),
-            sorted by (pair, position).
+        ia, ib: int [P] indices of the P paired blocks (same pair, same anchor position),
+            sorted by (pair, position); int32 (int64 past 2**31 - 1 blocks), as
+            :func:`~spectrace.tracer.index.block_order`.
         replay: both traces are replays of the same references; ``disagree_a``,
             ``disagree_b``: int64 block indices of the positions left unpaired because the two
             targets sampled different anchors there (empty otherwise).
@@ -140,15 +141,18 @@ def _pair_blocks(
     their sorted keys. A re-prefill can repeat a position: the first block of each
     (request, position) is used on both sides.
     """
-    order_a, keys_a, _, _ = block_order(a)
-    order_b, keys_b, stride_b, pmin_b = block_order(b)
+    order_a, order_b = block_order(a), block_order(b)
+    keys_a, _, _ = block_keys(a)
     sel = comp_a[order_a]
     ia, ka = order_a[sel], keys_a[sel]
+    del keys_a
     if len(ka):
         first = np.empty(len(ka), bool)
         first[0] = True
         np.not_equal(ka[1:], ka[:-1], out=first[1:])
         ia = ia[first]
+    del ka
+    keys_b, stride_b, pmin_b = block_keys(b)
     pos = a.blocks.position[ia].astype(np.int64) - pmin_b
     q = req_b[pob_a[ia]] * stride_b + pos
     x = np.minimum(np.searchsorted(keys_b, q), max(len(keys_b) - 1, 0))
@@ -230,10 +234,11 @@ def is_replay(t: Trace) -> bool:
 
 
 def _pair_of_block(t: Trace, req: np.ndarray) -> np.ndarray:
-    r = t.blocks.request.astype(np.int64)  # first: may add placeholder request rows
-    lookup = np.full(len(t.requests) + 1, -1, np.int64)
+    r = t.blocks.request  # first: may add placeholder request rows
+    dtype = np.int32 if len(req) < np.iinfo(np.int32).max else np.int64
+    lookup = np.full(len(t.requests) + 1, -1, dtype)
     lookup[req] = np.arange(len(req))
-    return lookup[r] if len(r) else np.zeros(0, np.int64)
+    return lookup[r] if len(r) else np.zeros(0, dtype)
 
 
 def _comparable(

@@ -41,21 +41,37 @@ def _sequence_index(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     start = np.zeros(len(r), np.int64)
     np.cumsum(length[:-1], out=start[1:])
     flat = np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros(0, np.int32)
+    flat.flags.writeable = False  # shared with the request table (below): never written
+    _share_ids(r, flat, start, length)
     return flat, start, length
 
 
-def block_order(trace: Trace) -> tuple[np.ndarray, np.ndarray, int, int]:
+def _share_ids(r, flat: np.ndarray, start: np.ndarray, length: np.ndarray) -> None:
+    """Make the request table's int32 prompt and output arrays views into ``flat`` (same
+    values), so that a trace holds its token ids once, not twice. Lazily read output ids
+    (a :class:`~spectrace.tracer.store.columns.RaggedColumn`) are left alone."""
+    if not (isinstance(r.prompt_ids, list) and isinstance(r.output_ids, list)):
+        return
+    for i in np.flatnonzero(length).tolist():
+        p, o = r.prompt_ids[i], r.output_ids[i]
+        if p.dtype != np.int32 or o.dtype != np.int32:
+            continue
+        s = int(start[i])
+        r.prompt_ids[i] = flat[s : s + len(p)]
+        r.output_ids[i] = flat[s + len(p) : s + len(p) + len(o)]
+
+
+def block_order(trace: Trace) -> np.ndarray:
     """Blocks sorted by (request, position), ties in record order (memoised).
 
     Returns:
-        ``(order, keys, stride, pmin)``: order int64 [blocks] block indices; keys int64
-        [blocks] the sorted keys ``request * stride + position - pmin``, so that
-        ``np.searchsorted(keys, key)`` finds a (request, position) in O(log n).
+        order: block indices [blocks], int32 (int64 past 2**31 - 1 blocks).
     """
     return memo(trace, "block_order", lambda: _block_order(trace))
 
 
-def _block_order(trace: Trace) -> tuple[np.ndarray, np.ndarray, int, int]:
+def _sort_key(trace: Trace) -> tuple[np.ndarray, int, int]:
+    """``(key, stride, pmin)``: int64 [blocks] ``request * stride + position - pmin``."""
     b = trace.blocks
     pos = b.position
     pmin, pmax = (int(pos.min()), int(pos.max())) if len(pos) else (0, 0)
@@ -63,33 +79,51 @@ def _block_order(trace: Trace) -> tuple[np.ndarray, np.ndarray, int, int]:
     key = b.request.astype(np.int64) * stride
     key += pos
     key -= pmin
-    order = np.argsort(key, kind="stable")
-    return order, key[order], stride, pmin
+    return key, stride, pmin
+
+
+def _block_order(trace: Trace) -> np.ndarray:
+    order = np.argsort(_sort_key(trace)[0], kind="stable")
+    return order.astype(np.int32) if len(order) < np.iinfo(np.int32).max else order
+
+
+def block_keys(trace: Trace) -> tuple[np.ndarray, int, int]:
+    """The sorted (request, position) keys of :func:`block_order` (computed per call, not
+    kept: only alignment searches them).
+
+    Returns:
+        ``(keys, stride, pmin)``: keys int64 [blocks], ``keys[i]`` the key
+        ``request * stride + position - pmin`` of block ``order[i]``, so that
+        ``np.searchsorted(keys, key)`` finds a (request, position) in O(log n).
+    """
+    key, stride, pmin = _sort_key(trace)
+    return key[block_order(trace)], stride, pmin
 
 
 def drafts_checked(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """The drafts the target checked per block: verified ids where recorded, else proposed.
 
     Returns:
-        ``(ids, n)``: ids int32 [blocks, kmax] (-1 padded), n int64 [blocks] (tokens).
+        ``(ids, n)``: ids int32 [blocks, kmax] (-1 padded), n int16 [blocks] (tokens; the
+        ``num_verified`` column itself where every block has one, read-only).
     """
     return memo(trace, "drafts_checked", lambda: _drafts_checked(trace))
 
 
 def _drafts_checked(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     b = trace.blocks
-    nv = b.num_verified.astype(np.int64)
+    nv = b.num_verified
     has_v = nv >= 0
     prop, ver = b.proposed, b.verified
     if has_v.all():  # the common cases need no copy
         return ver, nv
     if not has_v.any():
-        return prop, b.k.astype(np.int64)
+        return prop, b.k
     w = max(prop.shape[1], ver.shape[1])
     ids = np.full((len(nv), w), -1, np.int32)
     ids[:, : prop.shape[1]] = prop
     if has_v.any():
         ids[has_v] = -1
         ids[has_v, : ver.shape[1]] = ver[has_v]
-    n = np.where(has_v, nv, b.k.astype(np.int64))
+    n = np.where(has_v, nv, b.k)
     return ids, n

@@ -27,11 +27,11 @@ class TraceData:
 
     Attributes:
         t: the trace; side: ``ours`` | ``theirs``.
-        ids, nchecked: drafts the target checked (int32 [n, w]) and their count int64 [n].
+        ids, nchecked: drafts the target checked (int32 [n, w]) and their count int16 [n].
         recomputed: int16 [n] accepted recomputed from the output (-1 unknown).
-        order: int64 [n] block indices sorted by (request, position).
-        last: bool [n] block is its request's last; prev: int64 [n] previous block of the
-            same request (-1 for the first).
+        order: int32 [n] block indices sorted by (request, position) (int64 past 2**31 - 1).
+        last: bool [n] block is its request's last; prev: int [n] (the dtype of ``order``)
+            previous block of the same request (-1 for the first).
         flat, start, length: concatenated full sequences (see index.sequence_index).
     """
 
@@ -70,9 +70,9 @@ class TraceData:
     @classmethod
     def _build(cls, t: Trace, side: Side) -> TraceData:
         b = t.blocks
-        order = block_order(t)[0]
+        order = block_order(t)
         n = len(order)
-        last, prev = np.zeros(n, bool), np.full(n, -1, np.int64)
+        last, prev = np.zeros(n, bool), np.full(n, -1, order.dtype)
         if n:
             rs = b.request[order]
             same = rs[1:] == rs[:-1]  # order[i + 1] continues order[i]'s request

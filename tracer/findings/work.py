@@ -261,8 +261,8 @@ def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) 
         int(max(b.position.max(initial=0), ref.t.blocks.position.max(initial=0), expected.max()))
         + 2
     )
-    want = pob[idx] * stride + expected
-    have = rpob[rcomp] * stride + ref.t.blocks.position[rcomp].astype(np.int64)
+    want = pob[idx].astype(np.int64) * stride + expected
+    have = rpob[rcomp].astype(np.int64) * stride + ref.t.blocks.position[rcomp].astype(np.int64)
     return idx[np.isin(want, have)]
 
 
