@@ -4,54 +4,29 @@ queries reproduce ``spectrace info`` and ``spectrace diff`` figures exactly."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from inproc import run_inproc, run_process
 
 import spectrace
 from spectrace.tracer import schema
-from spectrace.tracer.cli.main import main
 from spectrace.tracer.export import BLOCK_FIELDS, read_parquet
 from spectrace.tracer.export_sql import PAIR_FIGURES, RUN_FIGURES, RUN_TOTALS
 from spectrace.tracer.store import TraceWriter, open_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 REF, VLLM = ROOT / "traces" / "reference.h5", ROOT / "traces" / "vllm.h5"
-SPECTRACE = os.path.join(os.path.dirname(sys.executable), "spectrace")
 
 duckdb = pytest.importorskip("duckdb")
 pytest.importorskip("pyarrow")
 
 
-def _run(*args) -> SimpleNamespace:
-    """``spectrace ARGS`` in this process (a process start costs seconds on a busy machine):
-    ``returncode``, ``stdout``, ``stderr`` as a subprocess would give them."""
-    out, err = io.StringIO(), io.StringIO()
-    saved = warnings.showwarning
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                main([str(a) for a in args])
-                code = 0
-            except SystemExit as exc:
-                code = int(exc.code or 0)
-    finally:
-        warnings.showwarning = saved
-    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
-
-
-def _run_process(*args) -> subprocess.CompletedProcess:
-    """The installed ``spectrace`` command itself."""
-    return subprocess.run([SPECTRACE, *map(str, args)], capture_output=True, text=True, timeout=120)
+_run, _run_process = run_inproc, run_process
 
 
 def _json(*args) -> dict:

@@ -4,24 +4,17 @@ derived by hand in the comments, not by the importer."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
-import os
-import subprocess
-import sys
-import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from inproc import run_inproc, run_process
 
 from spectrace.hooks.importers.golden import import_golden
 from spectrace.hooks.importers.llama_dump import import_dump
 from spectrace.hooks.importers.placement import accepted_prefix, place
-from spectrace.tracer.cli.main import main
 from spectrace.tracer.errors import InputError, ParseError
 from spectrace.tracer.metrics import trace_summary
 from spectrace.tracer.store import open_trace
@@ -30,29 +23,9 @@ DATA = Path(__file__).parent / "data_importers"
 GOLDEN = DATA / "golden_small.json"
 DUMP = DATA / "llama_spec_dump.jsonl"
 REQS = DATA / "llama.requests.jsonl"
-SPECTRACE = os.path.join(os.path.dirname(sys.executable), "spectrace")
 
 
-def _run(*args) -> SimpleNamespace:
-    """``spectrace ARGS`` in this process (a process start costs seconds on a busy machine):
-    ``returncode``, ``stdout``, ``stderr`` as a subprocess would give them."""
-    out, err = io.StringIO(), io.StringIO()
-    saved = warnings.showwarning
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                main([str(a) for a in args])
-                code = 0
-            except SystemExit as exc:
-                code = int(exc.code or 0)
-    finally:
-        warnings.showwarning = saved
-    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
-
-
-def _run_process(*args) -> subprocess.CompletedProcess:
-    """The installed ``spectrace`` command itself."""
-    return subprocess.run([SPECTRACE, *map(str, args)], capture_output=True, text=True, timeout=120)
+_run, _run_process = run_inproc, run_process
 
 
 # -- the walk --------------------------------------------------------------------------------
