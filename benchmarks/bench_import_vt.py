@@ -35,32 +35,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 
-def _batched_flush_requests(self) -> None:
-    """The store change proposed with this benchmark (tracer/store/writer.py,
-    ``TraceWriter._flush_requests``): write each run of consecutive dirty rows with one
-    slice assignment per column instead of four HDF5 writes per request."""
-    import numpy as np
-
-    from spectrace.tracer import schema
-
-    g = self._file["requests"]
-    n = len(self._requests)
-    for c in schema.REQUEST_COLUMNS:
-        g[c.name].resize((n,))
-    idx = sorted(self._dirty_requests)
-    starts = [i for j, i in enumerate(idx) if j == 0 or idx[j - 1] != i - 1]
-    ends = [i + 1 for j, i in enumerate(idx) if j == len(idx) - 1 or idx[j + 1] != i + 1]
-    for lo, hi in zip(starts, ends):
-        rows = self._requests[lo:hi]
-        for c, col in (("req_id", 0), ("finish_reason", 3)):
-            g[c][lo:hi] = np.array([r[col] for r in rows], dtype=object)
-        for c, col in (("prompt_ids", 1), ("output_ids", 2)):
-            for i, r in enumerate(rows, lo):  # new rows read as empty lists already
-                if r[col]:
-                    g[c][i] = np.asarray(r[col], dtype=np.int32)
-    self._dirty_requests.clear()
-
-
 def _one(mode: str, log: Path, requests: Path | None) -> dict:
     """One measure in this process: seconds and peak RSS (MB)."""
     if mode == "plain":
@@ -72,13 +46,9 @@ def _one(mode: str, log: Path, requests: Path | None) -> dict:
         dt = time.perf_counter() - t0
     else:
         from spectrace.hooks.vt import importer
-        from spectrace.tracer.store import writer
 
-        if mode.endswith("+store"):  # the proposed store change (not shipped: another area)
-            writer.TraceWriter._flush_requests = _batched_flush_requests
-            mode = mode.removesuffix("+store")
         if mode == "old":
-            importer._feed_bulk = lambda parser, log: None  # the line-by-line path
+            importer._feed_bulk = lambda parser, log, progress: None  # the line-by-line path
         with tempfile.TemporaryDirectory() as d:
             t0 = time.perf_counter()
             stats = importer.import_log(log, Path(d) / "t.h5", requests_path=requests)
@@ -107,11 +77,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", action="store_true", help="import with the requests JSONL")
     ap.add_argument("--skip-old", action="store_true", help="leave out the line-by-line path")
-    ap.add_argument(
-        "--store-patch",
-        action="store_true",
-        help="also time new/old with the batched /requests flush proposed for the store",
-    )
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--requests-file", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -127,8 +92,6 @@ def main() -> None:
     requests = a.log.with_name(a.log.name.removesuffix(".vt.log") + ".requests.jsonl")
     req = requests if a.requests else None
     modes = ["plain", "new"] + ([] if a.skip_old else ["old"])
-    if a.store_patch:
-        modes += [m + "+store" for m in modes[1:]]
     got: dict[str, list[dict]] = {m: [] for m in modes}
     print(f"log {a.log} ({os.path.getsize(a.log) / 1e6:.0f} MB), requests: {bool(req)}, "
           f"load average {os.getloadavg()[0]:.2f} at start on {os.cpu_count()} cores")  # fmt: skip
@@ -143,7 +106,6 @@ def main() -> None:
         rss = max(x["rss_mb"] for x in got[m])
         print(f"{m:9s} {_fmt(s)} s   {rate / 1e3:8.0f}K lines/s   peak RSS {rss:.0f} MB")
     pairs = [("new", "plain"), ("old", "plain"), ("old", "new")]
-    pairs += [("new+store", "plain"), ("old+store", "new+store")]
     for num, den in pairs:
         if num in got and den in got:
             ratios = [x["s"] / y["s"] for x, y in zip(got[num], got[den])]
