@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .options import force_option, meta_option, strict_option
+from .options import force_option, meta_option, out_option, strict_option
 
 
 class _CaptureGroup(click.Group):
@@ -30,7 +30,7 @@ def capture() -> None:
 
 
 @capture.command("vt")
-@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False))
+@out_option
 @click.option(
     "--requests",
     "requests_path",
@@ -79,7 +79,7 @@ def capture_vt(
 
 
 @capture.command("vllm")
-@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False))
+@out_option
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from . import output
-from .options import force_option, meta_option, strict_option
+from .options import force_option, meta_option, out_option, strict_option
 from .progress import progress
 
 #: ``--strict`` of the file importers (golden, llama-dump).
@@ -23,9 +23,7 @@ def import_() -> None:
 
 @import_.command("vt")
 @click.argument("log", type=click.Path(dir_okay=False))
-@click.option(
-    "-o", "--out", required=True, type=click.Path(dir_okay=False), help="Output trace file (.h5)."
-)
+@out_option
 @click.option(
     "--requests",
     "requests_path",
@@ -70,9 +68,7 @@ def _say_problems(problems) -> None:
 
 @import_.command("golden")
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option(
-    "-o", "--out", required=True, type=click.Path(dir_okay=False), help="Output trace file (.h5)."
-)
+@out_option
 @strict_file_option
 @meta_option
 @force_option
@@ -100,9 +96,7 @@ def import_golden(file: str, out: str, strict: bool, meta: dict[str, object], fo
 
 @import_.command("llama-dump")
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option(
-    "-o", "--out", required=True, type=click.Path(dir_okay=False), help="Output trace file (.h5)."
-)
+@out_option
 @click.option(
     "--requests",
     "requests_path",

@@ -178,3 +178,9 @@ def gate_errors() -> Iterator[None]:
         yield
     except GateError as exc:
         raise click.BadParameter(exc.what, param_hint=_GATE_OPTION[exc.field]) from None
+
+
+#: ``-o/--out FILE``: the trace file a command writes (capture, import, replay).
+out_option = click.option(
+    "-o", "--out", required=True, type=click.Path(dir_okay=False), help="Output trace file (.h5)."
+)
