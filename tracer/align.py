@@ -29,6 +29,7 @@ import numpy as np
 from .compare import NO_DIVERGENCE, comparable, comparable_limit, first_difference
 from .index import block_keys, block_order
 from .parallel import chunks, in_parallel
+from .schema import SOURCE_REPLAY
 from .similar import PromptDrift, match_drift
 from .store import Trace
 
@@ -230,7 +231,7 @@ def align(a: Trace, b: Trace) -> Alignment:
 
 def is_replay(t: Trace) -> bool:
     """Whether ``t`` was written by ``spectrace replay`` (``/meta`` ``source: "replay"``)."""
-    return t.meta.get("source") == "replay"
+    return t.meta.get("source") == SOURCE_REPLAY
 
 
 def _pair_of_block(t: Trace, req: np.ndarray) -> np.ndarray:

@@ -232,11 +232,15 @@ def select(al: Alignment, sel: Selection) -> Alignment:
     return dataclasses.replace(al, ia=al.ia[keep], ib=al.ib[keep])
 
 
+def _request_mask(t: Trace, ids: frozenset[str]) -> np.ndarray:
+    """bool [requests of ``t``]: the request's id is one of ``ids`` (one test per request,
+    so block-wise selections index it instead of testing ids per block)."""
+    return np.isin(np.asarray(t.requests.req_id, dtype=object), list(ids))
+
+
 def _select_requests(al: Alignment, ids: frozenset[str]) -> Alignment:
-    ra, rb = al.a.requests.req_id, al.b.requests.req_id
-    keep = np.array(
-        [ra[i] in ids or rb[j] in ids for i, j in zip(al.req_a, al.req_b)], bool
-    ).reshape(-1)
+    ma, mb = _request_mask(al.a, ids), _request_mask(al.b, ids)
+    keep = (ma[al.req_a] | mb[al.req_b]) if len(al.req_a) else np.zeros(0, bool)
     new = np.where(keep, np.cumsum(keep) - 1, -1)
 
     def remap(pob: np.ndarray) -> np.ndarray:  # old pair index per block -> new, -1 dropped
@@ -251,8 +255,8 @@ def _select_requests(al: Alignment, ids: frozenset[str]) -> Alignment:
         req_a=al.req_a[keep],
         req_b=al.req_b[keep],
         matched_by=[m for m, k in zip(al.matched_by, keep) if k],
-        unmatched_a=np.array([i for i in al.unmatched_a if ra[i] in ids], np.int64),
-        unmatched_b=np.array([j for j in al.unmatched_b if rb[j] in ids], np.int64),
+        unmatched_a=al.unmatched_a[ma[al.unmatched_a]],
+        unmatched_b=al.unmatched_b[mb[al.unmatched_b]],
         divergence=al.divergence[keep],
         content_known=al.content_known[keep],
         common_len=al.common_len[keep],
@@ -303,11 +307,11 @@ def selection_text(sel: Selection) -> str:
 
 
 def selected_blocks(t: Trace, sel: Selection) -> int:
-    """How many of ``t``'s blocks lie in ``sel`` (their request's id and anchor position)."""
+    """How many of ``t``'s blocks (a count) lie in ``sel``: their request's id and their
+    anchor position (tokens)."""
     keep = sel.position_mask(t.blocks.position.astype(np.int64))
     if sel.requests is not None:
-        ids = t.requests.req_id
-        keep &= np.array([ids[r] in sel.requests for r in t.blocks.request], bool).reshape(-1)
+        keep &= _request_mask(t, sel.requests)[t.blocks.request]
     return int(keep.sum())
 
 

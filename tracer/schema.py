@@ -157,6 +157,9 @@ BLOCK_COLUMNS: tuple[Column, ...] = (
     ),
 )
 
+#: ``/meta`` ``source`` of a trace written by ``spectrace replay`` (one block per position).
+SOURCE_REPLAY = "replay"
+
 #: Values of the ``proposal_source`` block column.
 PROPOSAL_FROM_DRAFTER = 1
 PROPOSAL_COPIED_FROM_VERIFIED = 0

@@ -25,7 +25,7 @@ from spectrace.tracer.store import TraceWriter
 from .positions import Reference, Site
 
 #: /meta ``source`` of a replay trace.
-SOURCE = "replay"
+SOURCE = schema.SOURCE_REPLAY
 
 
 @dataclass

@@ -19,7 +19,7 @@ from spectrace.tracer import schema
 
 from .blocks import Block, Chain, Proposal, anchor_mismatch, block_problems, chain_break, gap_note
 from .bulk_commit import commit
-from .bulk_lex import CODE, Family, Lexed, NotBulk, lex_log
+from .bulk_lex import CODE, SEEN_BITS, Family, Lexed, NotBulk, lex_log
 from .lines import Ids
 from .parser import VtTraceParser
 
@@ -30,17 +30,15 @@ _UPD, _CALLED = CODE["spec-update", "req"], CODE["spec-update", "called"]
 _POST_STEP = CODE["spec-post_step", ""]
 _PHASES = (CODE["spec-phase", "pre"], CODE["spec-phase", "old"], CODE["spec-phase", "dspark"])
 _DEV, _FWD = CODE["spec-phase-dev", ""], CODE["fwd-ops", ""]
-# The parser's step rules (VtTraceParser._on_*): bits of `seen`, what each code adds and
-# which seen bits make it start a new step.
-PR, PS, UP, IN, SC, FW, DV, PH, CA = (1 << i for i in range(9))
+# The parser's step rules (VtTraceParser._on_*): bits of `seen` (bulk_lex.SEEN_BITS), what
+# each code adds and which seen bits make it start a new step.
+PR, PS, UP, IN, SC, FW, DV, PH, CA = SEEN_BITS
 _POST = PS | UP | IN
 _ADD = {_PROPOSE: PR, _NO_ROWS: PR, _POST_STEP: PS, _UPD: UP, _CALLED: UP | CA, _INSTALL: IN}
 _ADD |= {_SCHED: SC, _FWD: FW, _DEV: DV} | {c: PH for c in _PHASES}
 _NEW = {_PROPOSE: PR | _POST, _NO_ROWS: PR | _POST, _SCHED: _POST, _POST_STEP: PS}
 _NEW |= {_CALLED: CA, _UPD: 0, _INSTALL: 0, _FWD: PR | _POST | DV | PH, _DEV: PR | _POST | DV | PH}
 _NEW |= {c: PR | _POST | PH for c in _PHASES}
-_PROBE = {_POST_STEP: "post_step", _CALLED: "update_called", _UPD: "update_rows"}
-_PROBE |= {_INSTALL: "install", _SCHED: "sched", _NO_ROWS: "propose_no_rows"}
 
 
 def bulk_feed(parser: VtTraceParser, data: bytes) -> bool | None:

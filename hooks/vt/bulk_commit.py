@@ -13,7 +13,7 @@ import numpy as np
 from spectrace.tracer import schema
 
 from .blocks import Chain
-from .bulk_lex import CODE, KEYS
+from .bulk_lex import CODE, KEYS, SEEN_BITS
 from .lines import Record, phase_rows
 
 _PHASE_CODES = tuple(CODE[k] for k in KEYS if k[0] in ("spec-phase", "spec-phase-dev", "fwd-ops"))
@@ -70,8 +70,10 @@ def _write_blocks(plan: Any) -> None:
     margin = np.full((n, wk), np.nan, np.float32)
     margins = plan.f(CODE["spec-propose", ""]).margins("margin")
     for i, j in zip(jr.tolist(), jp.tolist()):
-        if margins[j] is not None:
-            margin[i, : plen[j]] = plan.proposal(j).margin_row()
+        m = margins[j]
+        if m is not None:  # NaN-padded to the proposal's width, as Proposal.margin_row
+            width = int(plen[j])
+            margin[i, :width] = (list(m) + [float("nan")] * width)[:width]
     emitted = _matrix(plan.eflat, plan.elen, plan.eoff, int(plan.elen.max()), schema.PAD)
     source = np.where(plan.joined >= 0, schema.PROPOSAL_FROM_DRAFTER, 0)
     w.add_blocks({
@@ -96,7 +98,8 @@ def _write_phases(plan: Any) -> None:
         level = np.full(len(fam.lines), _LEVEL[family], np.int64)
         if family == "spec-phase":
             seen = plan.seen_of[fam.lines]
-            level = np.where(seen & (1 << 5), 3, np.where(seen & (1 << 6), 2, 1))
+            fwd, dev = SEEN_BITS[5], SEEN_BITS[6]  # a fwd-ops line: level 3; phase-dev: 2
+            level = np.where(seen & fwd, 3, np.where(seen & dev, 2, 1))
         step = plan.step_of[fam.lines]
         rows = _phase_columns(family, fam)
         for r, (name, ms) in enumerate(rows):

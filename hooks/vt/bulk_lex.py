@@ -20,6 +20,10 @@ import numpy as np
 
 from .lines import FLOAT32_MAX, FORMATS, ID_RANGE, MARGIN_RE, RANGES, MalformedLine, parse_line
 
+#: Bits of a line's step state ``seen`` (the bulk parser's step rules): propose, post_step,
+#: update, install, sched, fwd-ops, phase-dev, phase, update_called.
+SEEN_BITS = tuple(1 << i for i in range(9))
+
 #: Per-line codes: 0 not a trace line, -1 a malformed trace line, else a (family, variant).
 KEYS: tuple[tuple[str, str], ...] = (
     ("SPECTRACE", ""),

@@ -22,7 +22,7 @@ from ..diff_result import (
 )
 from ..fmt import SEVERITY_STYLE, num, pct
 from ..metrics import CONVENTIONS
-from ..schema import capture_end
+from ..schema import SOURCE_REPLAY, capture_end
 from ..verdict import verdict
 
 #: Content divergences listed one per line in the text report (JSON lists all).
@@ -300,7 +300,7 @@ def _print_sides(con: Console, r: DiffResult) -> None:
 def _print_replay(con: Console, r: DiffResult) -> None:
     """For a replay pair (both sides ``source: replay``): what the pairing and the
     acceptance figures mean there."""
-    if r.ours.source != "replay" or r.theirs.source != "replay":
+    if not r.ours.source == r.theirs.source == SOURCE_REPLAY:
         return
     cv = r.coverage
     unpaired = max(cv.ours_on_matched_content, cv.theirs_on_matched_content) - cv.paired
