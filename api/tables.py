@@ -73,6 +73,7 @@ class TraceTables:
         return trace_summary(self.trace)
 
     def close(self) -> None:
+        """Close the trace's HDF5 files."""
         self.trace.close()
 
     def __enter__(self) -> TraceTables:

@@ -36,6 +36,10 @@ def request_rows(al: Alignment, r: DiffResult, decoder: Decoder | None = None) -
         al: the (possibly narrowed) alignment ``r`` was computed from.
         r: its diff result (for the error findings' locations).
         decoder: decodes the first divergent block's proposals, or None (ids).
+    Returns:
+        :class:`RequestRow` per pair: paired and exact block counts, the first divergent
+        block, the first error finding's kind, and acceptance rates of both sides (None
+        where a side verified nothing).
     """
     m = al.pairs
     pc = compare_alignment(al)

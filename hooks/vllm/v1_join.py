@@ -167,8 +167,17 @@ def _pad(m: np.ndarray, w: int) -> np.ndarray:
 
 def new_chunk(step: int, pos, anchor, proposals: list[list[int]], rows, batch_size: int,
               margins: list[list[float] | None] | None = None):  # fmt: skip
-    """A :class:`StepProposals` of the given rows (``rows``: batch rows); ``margins`` per
-    row (None: unknown) when the drafter's margins are recorded."""
+    """One engine step's proposals as a :class:`StepProposals` (the V1 recorder's
+    ``GPUModelRunner.propose_draft_token_ids`` output, ``vllm/v1/worker/gpu_model_runner.py``).
+
+    Args:
+        step: the engine step (0-based, per process).
+        pos, anchor: int [n]: each row's anchor position (tokens) and anchor token id.
+        proposals: n id lists (the drafter's k ids per row; lengths may differ).
+        rows: int [n]: the rows' indexes in the step's batch; ``batch_size`` its rows.
+        margins: per row the drafter's top-1 minus top-2 logits (None: unknown), or None
+            when margins are not recorded.
+    """
     proposed, lens = ragged(proposals)
     margin = None
     if margins is not None and any(m is not None for m in margins):
