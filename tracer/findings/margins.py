@@ -19,7 +19,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..align import Alignment
-from ..compare import NO_DIVERGENCE
 from .data import PairData
 from .evidence import NearTieEvidence, TargetTie
 from .model import Finding
@@ -47,19 +46,27 @@ def _num(x: float) -> float | None:
     return None if not np.isfinite(x) else round(float(x), 6)
 
 
+def _first_at_divergence(pair_of_block: np.ndarray, position: np.ndarray, div: np.ndarray):
+    """int64 [m]: per request pair, the first block anchored at its divergence position
+    (-1: none, or no divergence). One pass over the blocks (not one per pair)."""
+    out = np.full(len(div), -1, np.int64)
+    on = pair_of_block >= 0
+    hit = np.zeros(len(position), bool)
+    hit[on] = position[on] == div[pair_of_block[on]]  # NO_DIVERGENCE never equals a position
+    rows = np.flatnonzero(hit)
+    pairs, first = np.unique(pair_of_block[rows], return_index=True)
+    out[pairs] = rows[first]
+    return out
+
+
 def _target_sites(al: Alignment) -> tuple[np.ndarray, np.ndarray]:
-    """Block index pairs (ours, theirs; -1 none) where the targets disagree."""
+    """Block index pairs (ours, theirs; -1 none) where the targets disagree, by request pair."""
     if al.replay:
         return al.disagree_a, al.disagree_b
-    rows_a, rows_b = [], []
-    for p in np.flatnonzero(al.divergence != NO_DIVERGENCE):
-        d = int(al.divergence[p])
-        at_a = np.flatnonzero((al.pair_of_block_a == p) & (al.a.blocks.position == d))
-        at_b = np.flatnonzero((al.pair_of_block_b == p) & (al.b.blocks.position == d))
-        if len(at_a) or len(at_b):
-            rows_a.append(int(at_a[0]) if len(at_a) else -1)
-            rows_b.append(int(at_b[0]) if len(at_b) else -1)
-    return np.array(rows_a, np.int64), np.array(rows_b, np.int64)
+    fa = _first_at_divergence(al.pair_of_block_a, al.a.blocks.position, al.divergence)
+    fb = _first_at_divergence(al.pair_of_block_b, al.b.blocks.position, al.divergence)
+    keep = (fa >= 0) | (fb >= 0)
+    return fa[keep], fb[keep]
 
 
 def _target_margins(al: Alignment) -> list[TargetTie]:
