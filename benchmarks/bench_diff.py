@@ -35,7 +35,8 @@ from spectrace.tracer.findings import TraceData  # noqa: E402
 from spectrace.tracer.pages import prefer_small_pages  # noqa: E402
 from spectrace.tracer.store import open_trace  # noqa: E402
 
-COLUMNS = TraceData.COLUMNS  # the block columns the diff reads
+# The block columns the diff reads: the narrow ones whole, the id matrices streamed.
+COLUMNS = TraceData.COLUMNS + TraceData.WIDE
 PARTS = ("floor", "diff", "pandas")
 
 

@@ -522,3 +522,29 @@ def test_clean_against_real_vllm_has_no_error(runs):
 @pytest.mark.parametrize("name", VLLM_FAULTS)
 def test_fault_against_real_vllm(runs, name):
     first_error(spectrace_diff(runs[name].h5, VLLM_TRACE), FAULTS[name].kind)
+
+
+def test_streamed_id_matrices_give_the_same_diff_at_any_chunk_size(runs, monkeypatch):
+    """The diff streams the id matrices (``tracer/rows.py``) instead of loading them: with
+    5 rows per chunk (nearly every block is near a chunk boundary) every fault pair's diff
+    document equals the default chunking's, and no id matrix is ever loaded whole."""
+    from spectrace.tracer import rows
+    from spectrace.tracer.align import align
+    from spectrace.tracer.diff import diff_traces
+    from spectrace.tracer.store import open_trace
+
+    def doc(name: str, other: str) -> tuple[str, list]:
+        a, b = open_trace(runs[name].h5), open_trace(runs[other].h5)
+        text = json.dumps(diff_traces(align(a, b), examples=None).to_json())
+        loaded = [
+            (t.name, col) for t in (a, b) for col in ("proposed", "verified") if t.blocks.loaded(col)
+        ]
+        return text, loaded
+
+    pairs = [(name, reference_of(name)) for name in FAULTS] + [("clean", "clean")]
+    whole = [doc(*p) for p in pairs]
+    monkeypatch.setattr(rows, "ROWS", 5)
+    small = [doc(*p) for p in pairs]
+    for p, (w, loaded_w), (s, loaded_s) in zip(pairs, whole, small):
+        assert s == w, p
+        assert loaded_w == loaded_s == [], p

@@ -3,7 +3,7 @@ sequence, and a diff's differing blocks per request pair.
 
 Headless (numpy only) and vectorised over the block columns; ``spectrace view`` shows them
 (in its background analysis) and any CLI report may print them. Acceptance uses the same
-"drafts checked" count as :mod:`spectrace.tracer.metrics` (:func:`index.drafts_checked`).
+"drafts checked" count as :mod:`spectrace.tracer.metrics` (:func:`index.checked_counts`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .align import Alignment
-from .index import drafts_checked
+from .index import checked_counts
 from .store import Trace
 
 
@@ -26,7 +26,7 @@ def per_request_acceptance(t: Trace) -> dict[str, list[int]]:
     n = len(t.requests)
     req = b.request.astype(np.int64)
     acc = b.accepted.astype(np.int64)
-    _, checked = drafts_checked(t)
+    checked = checked_counts(t)
     known = acc >= 0
     return {
         "blocks": np.bincount(req, minlength=n).tolist(),
@@ -51,7 +51,7 @@ def acceptance_along(t: Trace, buckets: int = 96) -> dict:
     b = t.blocks
     pos = b.position.astype(np.int64)
     acc = b.accepted.astype(np.int64)
-    _, checked = drafts_checked(t)
+    checked = checked_counts(t)
     known = acc >= 0
     top = int(pos.max(initial=0)) + 1
     width = max(1, -(-top // buckets))

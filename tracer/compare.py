@@ -342,8 +342,8 @@ class PairedComparison:
 def compare_paired(
     prop_a: np.ndarray,
     prop_b: np.ndarray,
-    ia: np.ndarray,
-    ib: np.ndarray,
+    ia: np.ndarray | None,
+    ib: np.ndarray | None,
     k_a: np.ndarray,
     k_b: np.ndarray,
     anchor_a: np.ndarray,
@@ -354,15 +354,16 @@ def compare_paired(
 
     Args:
         prop_a, prop_b: int32 [blocks_a, wa] / [blocks_b, wb] proposal matrices (-1 padded).
-        ia, ib: int [P] paired block indices into them.
+        ia, ib: int [P] paired block indices into them, or None: the rows (and ``k_a``...
+            ``anchor_b``) are the paired blocks already, in pair order.
         k_a, k_b: int [blocks_a] / [blocks_b] proposal lengths; anchor_a, anchor_b: int
             [blocks_a] / [blocks_b] anchor ids (-1 unknown).
     Returns:
         A :class:`PairedComparison` (its ``eq`` is [P, w] in Fortran order, w = max(wa, wb)).
     """
     w = max(prop_a.shape[1], prop_b.shape[1])  # 0 only for two empty traces (P = 0)
-    n = len(ia)
-    ka, kb = k_a[ia].astype(np.int64), k_b[ib].astype(np.int64)
+    n = len(k_a) if ia is None else len(ia)
+    ka, kb = (_take(k_a, ia).astype(np.int64), _take(k_b, ib).astype(np.int64))
     eq = np.empty((n, w), bool, order="F")
     prefix = np.empty(n, np.int16)
     present = present_counts(ka, kb, w)
@@ -371,7 +372,9 @@ def compare_paired(
         """Fill rows ``cs``; returns int64 [3, w] counts (equal, shift +1, shift -1)."""
         counts = np.zeros((3, w), np.int64)
         for c in cs:
-            pa, pb, kac, kbc = prop_a[ia[c]], prop_b[ib[c]], ka[c], kb[c]
+            pa = prop_a[c] if ia is None else prop_a[ia[c]]
+            pb = prop_b[c] if ib is None else prop_b[ib[c]]
+            kac, kbc = ka[c], kb[c]
             e = slot_equal(pa, pb, kac, kbc, out=eq[c])
             prefix[c] = common_prefix(e)
             for j in range(w):  # 1-D counts: fast where axis reductions crawl
@@ -387,7 +390,7 @@ def compare_paired(
     counts = sum(each_chunk(n, part), np.zeros((3, w), np.int64))
     exact = exact_match(prefix, ka, kb)
     first = first_slot_from_prefix(prefix, ka, kb)
-    anchor_eq = anchors_equal(anchor_a[ia], anchor_b[ib])
+    anchor_eq = anchors_equal(_take(anchor_a, ia), _take(anchor_b, ib))
     blocks = BlockComparison(
         eq=eq,
         prefix=prefix,
@@ -404,3 +407,7 @@ def compare_paired(
             equal=counts[0], present=present, shift_plus=counts[1, :-1], shift_minus=counts[2, :-1]
         ),
     )
+
+
+def _take(x: np.ndarray, idx: np.ndarray | None) -> np.ndarray:
+    return x if idx is None else x[idx]

@@ -30,8 +30,9 @@ from .diff_result import (
 )
 from .findings import Finding, TraceData, detect_pair, prepare
 from .findings.pair import content_only
+from .findings.sweep import sweep
 from .findings.values import impossible_rows
-from .index import drafts_checked
+from .index import checked_counts
 from .metrics import Acceptance, acceptance_counts, recompute_accepted
 from .parallel import in_parallel
 from .store import Trace, open_trace, prefetch
@@ -97,9 +98,13 @@ def nothing_compared(al: Alignment) -> str:
 
 def compare_alignment(al: Alignment) -> PairedComparison:
     """The kernel's comparison of ``al``'s paired blocks (see
-    :func:`~spectrace.tracer.compare.compare_paired`)."""
+    :func:`~spectrace.tracer.compare.compare_paired`), on the paired rows each side's sweep
+    keeps (:func:`~spectrace.tracer.findings.sweep.sweep`: the id matrices are streamed)."""
     a, b = al.a.blocks, al.b.blocks
-    return compare_paired(a.proposed, b.proposed, al.ia, al.ib, a.k, b.k, a.anchor, b.anchor)
+    pa, pb = sweep(al.a, al.ia).paired, sweep(al.b, al.ib).paired
+    assert pa is not None and pb is not None
+    ia, ib = al.ia, al.ib
+    return compare_paired(pa, pb, None, None, a.k[ia], b.k[ib], a.anchor[ia], b.anchor[ib])
 
 
 def diff_traces(
@@ -118,7 +123,8 @@ def diff_traces(
         although both traces have blocks.
     """
     a, b = al.a, al.b
-    td_a, td_b = prepare([(a, "ours"), (b, "theirs")])  # reads and derived columns, at once
+    # Reads, the sweeps of the id matrices and derived columns, both sides at once.
+    td_a, td_b = prepare([(a, "ours"), (b, "theirs")], [al.ia, al.ib])
     pc = compare_alignment(al)
     bad = pc.blocks.divergent
     kmax = int(max(a.blocks.k.max(initial=0), b.blocks.k.max(initial=0)))
@@ -223,7 +229,7 @@ def _acceptance(
     """One engine's acceptance, recorded and recomputed, on matched and on all content;
     blocks with ``impossible`` values (bool [n]; an impossible_values finding names them)
     are left out, as unknown."""
-    _, checked = drafts_checked(t)
+    checked = checked_counts(t)
     matched, every = {}, {}
     for name, acc in (("recorded", t.blocks.accepted), ("recomputed", recompute_accepted(t))):
         if impossible.any():
@@ -269,6 +275,8 @@ def _examples(al: Alignment, pc: PairedComparison, n: int | None) -> list[Exampl
     """The first ``n`` divergent paired blocks, all with None (kernel: divergent, anchor_eq,
     first_slot)."""
     a, b = al.a.blocks, al.b.blocks
+    pa, pb = sweep(al.a, al.ia).paired, sweep(al.b, al.ib).paired
+    assert pa is not None and pb is not None
     out = []
     for x in np.flatnonzero(pc.blocks.divergent)[:n]:
         i, j = int(al.ia[x]), int(al.ib[x])
@@ -281,8 +289,8 @@ def _examples(al: Alignment, pc: PairedComparison, n: int | None) -> list[Exampl
                 anchor_ours=int(a.anchor[i]),
                 anchor_theirs=int(b.anchor[j]),
                 anchor_equal=bool(pc.blocks.anchor_eq[x]),
-                ours=a.proposed[i, : pc.ka[x]].tolist(),
-                theirs=b.proposed[j, : pc.kb[x]].tolist(),
+                ours=pa[x, : pc.ka[x]].tolist(),
+                theirs=pb[x, : pc.kb[x]].tolist(),
                 first_differing_slot=first if first >= 0 else None,
             )
         )

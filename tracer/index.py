@@ -103,6 +103,9 @@ def block_keys(trace: Trace) -> tuple[np.ndarray, int, int]:
 def drafts_checked(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """The drafts the target checked per block: verified ids where recorded, else proposed.
 
+    Loads both id matrices whole; the diff and the detectors stream them instead
+    (:func:`checked_ids` per row chunk, :func:`checked_counts` for the counts).
+
     Returns:
         ``(ids, n)``: ids int32 [blocks, kmax] (-1 padded), n int16 [blocks] (tokens; the
         ``num_verified`` column itself where every block has one, read-only).
@@ -112,18 +115,42 @@ def drafts_checked(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
 
 def _drafts_checked(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     b = trace.blocks
+    return checked_ids(b.proposed, b.verified, b.num_verified), checked_counts(trace)
+
+
+def checked_counts(trace: Trace) -> np.ndarray:
+    """int16 [blocks]: how many drafts the target checked per block: ``num_verified`` where
+    recorded, else k (the column itself, read-only, where every block has one; memoised)."""
+    return memo(trace, "checked_counts", lambda: _checked_counts(trace))
+
+
+def _checked_counts(trace: Trace) -> np.ndarray:
+    b = trace.blocks
     nv = b.num_verified
     has_v = nv >= 0
-    prop, ver = b.proposed, b.verified
+    if has_v.all():
+        return nv
+    return b.k if not has_v.any() else np.where(has_v, nv, b.k)
+
+
+def checked_ids(prop: np.ndarray, ver: np.ndarray, nv: np.ndarray) -> np.ndarray:
+    """The checked drafts of some rows: ``ver`` where ``nv >= 0``, else ``prop``.
+
+    Args:
+        prop, ver: int32 [n, wp] / [n, wv] proposed and verified ids (-1 padded).
+        nv: int [n] num_verified (-1: not recorded).
+    Returns:
+        int32 [n, max(wp, wv)] (-1 padded; ``ver`` or ``prop`` itself where every row or
+        none has a verify record: no copy).
+    """
+    has_v = nv >= 0
     if has_v.all():  # the common cases need no copy
-        return ver, nv
+        return ver
     if not has_v.any():
-        return prop, b.k
+        return prop
     w = max(prop.shape[1], ver.shape[1])
     ids = np.full((len(nv), w), -1, np.int32)
     ids[:, : prop.shape[1]] = prop
-    if has_v.any():
-        ids[has_v] = -1
-        ids[has_v, : ver.shape[1]] = ver[has_v]
-    n = np.where(has_v, nv, b.k)
-    return ids, n
+    ids[has_v] = -1
+    ids[has_v, : ver.shape[1]] = ver[has_v]
+    return ids

@@ -17,8 +17,9 @@ from typing import Annotated
 
 import numpy as np
 
-from .index import drafts_checked, memo, sequence_index
+from .index import checked_counts, checked_ids, memo, sequence_index
 from .parallel import chunks, each_chunk
+from .rows import row_chunks
 from .store import Trace
 from .typed_json import Constraint, to_json
 
@@ -45,22 +46,39 @@ def recompute_accepted(trace: Trace) -> np.ndarray:
 
 def _recompute_accepted(trace: Trace) -> np.ndarray:
     b = trace.blocks
-    flat, start, length = sequence_index(trace)
-    ids, n = drafts_checked(trace)
     out = np.zeros(len(b), np.int16)
-    req_all, pos_all = b.request, b.position
+    n = checked_counts(trace)
+    for c, cols in row_chunks(trace, ("proposed", "verified")):
+        ids = checked_ids(cols["proposed"], cols["verified"], b.num_verified[c])
+        recompute_rows(trace, c, ids, n[c], out[c])
+    out[(b.num_verified < 0) & (b.accepted < 0)] = -1  # never verified: nothing accepted
+    return out
+
+
+def recompute_rows(trace: Trace, c: slice, ids: np.ndarray, n: np.ndarray, out: np.ndarray) -> None:
+    """:func:`recompute_accepted` of block rows ``c`` (before the never-verified rule), in
+    place, on worker threads.
+
+    Args:
+        c: the block rows; ids: int32 [rows, w] their checked drafts
+            (:func:`~spectrace.tracer.index.checked_ids`); n: int [rows] their counts;
+        out: int16 [rows], written (a view of the whole result).
+    """
+    b = trace.blocks
+    flat, start, length = sequence_index(trace)
+    req_all, pos_all = b.request[c], b.position[c]
 
     def part(cs: list[slice]) -> None:
-        """Fill ``out`` for the row slices ``cs``."""
-        for c in cs:
-            req, first = req_all[c], pos_all[c].astype(np.int64) + 1  # first target position
-            room = np.minimum(n[c], length[req] - first)  # checkable slots
+        """Fill ``out`` for the slices ``cs`` of these rows."""
+        for s in cs:
+            req, first = req_all[s], pos_all[s].astype(np.int64) + 1  # first target position
+            room = np.minimum(n[s], length[req] - first)  # checkable slots
             base = start[req] + first
-            o = out[c]
+            o = out[s]
             # Slot by slot over the blocks still matching: the work shrinks with the
             # acceptance survival curve instead of touching all [n, w] cells.
             alive = np.flatnonzero((room > 0) & (first >= 0))
-            idc = ids[c]
+            idc = ids[s]
             for j in range(ids.shape[1]):
                 if not len(alive):
                     break
@@ -70,8 +88,6 @@ def _recompute_accepted(trace: Trace) -> np.ndarray:
             o[length[req] == 0] = -1
 
     each_chunk(len(out), part)
-    out[(b.num_verified < 0) & (b.accepted < 0)] = -1  # never verified: nothing accepted
-    return out
 
 
 def acceptance_counts(
@@ -188,7 +204,7 @@ def trace_summary(trace: Trace, impossible: np.ndarray | None = None) -> dict:
         name), ``conventions``.
     """
     b = trace.blocks
-    _, checked = drafts_checked(trace)
+    checked = checked_counts(trace)
     k = b.k.astype(np.int64)
     kmax = int(k.max()) if len(k) else 0
     unverified = int(((b.num_verified < 0) & (b.accepted < 0)).sum())

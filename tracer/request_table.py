@@ -14,7 +14,8 @@ from .compare import NO_DIVERGENCE
 from .diff import compare_alignment
 from .diff_result import DiffResult, RequestRow
 from .findings.model import tok
-from .index import drafts_checked
+from .findings.sweep import sweep
+from .index import checked_counts
 from .metrics import acceptance_counts
 from .store import Trace
 from .tokens import Decoder
@@ -22,7 +23,7 @@ from .tokens import Decoder
 
 def _rates(t: Trace, pair_of_block: np.ndarray, comparable: np.ndarray, m: int) -> list:
     """Recorded acceptance rate per request pair (m) of ``t``'s blocks on matched content."""
-    _, checked = drafts_checked(t)
+    checked = checked_counts(t)
     group = np.where(comparable & (pair_of_block >= 0), pair_of_block + 1, 0)
     by_acc, ver = acceptance_counts(t.blocks.accepted, checked, group, m + 1)
     acc = (by_acc * np.arange(by_acc.shape[1])).sum(axis=1)
@@ -51,13 +52,15 @@ def request_rows(al: Alignment, r: DiffResult, decoder: Decoder | None = None) -
     rates_a = _rates(al.a, al.pair_of_block_a, al.comparable_a, m)
     rates_b = _rates(al.b, al.pair_of_block_b, al.comparable_b, m)
     errors = [f for f in r.findings if f.severity == "error" and f.request is not None]
+    pa, pb = sweep(al.a, al.ia).paired, sweep(al.b, al.ib).paired
+    assert pa is not None and pb is not None
     rows = []
     for p in range(m):
         ida, idb = al.a.requests.req_id[al.req_a[p]], al.b.requests.req_id[al.req_b[p]]
         first = next((f.kind for f in errors if f.request in (ida, idb)), None)
         d = int(al.divergence[p])
         x = div[first_div[p]] if p in first_div else None
-        i, j = (int(al.ia[x]), int(al.ib[x])) if x is not None else (-1, -1)
+        i = int(al.ia[x]) if x is not None else -1
         slot = int(pc.blocks.first_slot[x]) if x is not None else -1
         rows.append(
             RequestRow(
@@ -69,8 +72,8 @@ def request_rows(al: Alignment, r: DiffResult, decoder: Decoder | None = None) -
                 content_divergence=None if d == NO_DIVERGENCE else d,
                 first_divergent_position=None if x is None else int(al.a.blocks.position[i]),
                 first_divergent_slot=slot if slot >= 0 else None,
-                ours=[] if x is None else tok(decoder, al.a.blocks.proposed[i, : pc.ka[x]]),
-                theirs=[] if x is None else tok(decoder, al.b.blocks.proposed[j, : pc.kb[x]]),
+                ours=[] if x is None else tok(decoder, pa[x, : pc.ka[x]]),
+                theirs=[] if x is None else tok(decoder, pb[x, : pc.kb[x]]),
                 first_error=first,
                 acceptance_ours=rates_a[p],
                 acceptance_theirs=rates_b[p],

@@ -12,13 +12,14 @@ import numpy as np
 
 from ..align import Alignment
 from ..compare import BlockComparison, PairedComparison, SlotCounts, slots_present
-from ..index import block_order, drafts_checked, memo, sequence_index
+from ..index import block_order, checked_counts, memo, sequence_index
 from ..metrics import recompute_accepted
 from ..schema import pad_to
 from ..store import Trace
 from ..tokens import Decoder
 from .evidence import ProposalPair
 from .model import Side, tok
+from .sweep import Sweep, sweep
 
 
 @dataclass
@@ -27,8 +28,11 @@ class TraceData:
 
     Attributes:
         t: the trace; side: ``ours`` | ``theirs``.
-        ids, nchecked: drafts the target checked (int32 [n, w]) and their count int16 [n].
+        nchecked: int16 [n] how many drafts the target checked
+            (:func:`~spectrace.tracer.index.checked_counts`).
         recomputed: int16 [n] accepted recomputed from the output (-1 unknown).
+        sweep: the per-block reductions of the id matrices (:func:`~.sweep.sweep`; the
+            matrices themselves are never loaded whole).
         order: int32 [n] block indices sorted by (request, position) (int64 past 2**31 - 1).
         last: bool [n] block is its request's last; prev: int [n] (the dtype of ``order``)
             previous block of the same request (-1 for the first).
@@ -37,7 +41,6 @@ class TraceData:
 
     t: Trace
     side: Side
-    ids: np.ndarray
     nchecked: np.ndarray
     recomputed: np.ndarray
     order: np.ndarray
@@ -46,29 +49,38 @@ class TraceData:
     flat: np.ndarray
     start: np.ndarray
     length: np.ndarray
+    sweep: Sweep
 
-    #: Block columns the detectors read (:func:`prepare` reads them up front).
+    #: Narrow block columns the detectors read (:func:`prepare` reads them up front).
     COLUMNS = (
         "request",
         "position",
         "anchor",
         "k",
-        "proposed",
         "num_verified",
-        "verified",
         "accepted",
         "num_emitted",
         "batch_row",
         "batch_size",
     )
+    #: The id matrices, streamed by :func:`~.sweep.sweep` (never loaded whole).
+    WIDE = ("proposed", "verified")
 
     @classmethod
-    def build(cls, t: Trace, side: Side) -> TraceData:
-        """Build (once per trace and side; memoised in ``t.cache``)."""
-        return memo(t, f"TraceData.{side}", lambda: cls._build(t, side))
+    def build(cls, t: Trace, side: Side, paired_rows: np.ndarray | None = None) -> TraceData:
+        """Build (once per trace and side; memoised in ``t.cache``).
+
+        Args:
+            paired_rows: int [P] the rows whose proposals a diff compares (kept by the
+                sweep: ``td.sweep.paired``), or None.
+        """
+        td = memo(t, f"TraceData.{side}", lambda: cls._build(t, side, paired_rows))
+        if paired_rows is not None:
+            td.sweep = sweep(t, paired_rows)
+        return td
 
     @classmethod
-    def _build(cls, t: Trace, side: Side) -> TraceData:
+    def _build(cls, t: Trace, side: Side, paired_rows: np.ndarray | None = None) -> TraceData:
         b = t.blocks
         order = block_order(t)
         n = len(order)
@@ -79,13 +91,12 @@ class TraceData:
             last[order[:-1][~same]] = True
             last[order[-1]] = True
             prev[order[1:][same]] = order[:-1][same]
-        ids, nchecked = drafts_checked(t)
         flat, start, length = sequence_index(t)
+        sw = sweep(t, paired_rows)  # before recompute_accepted: the sweep computes it
         return cls(
             t=t,
             side=side,
-            ids=ids,
-            nchecked=nchecked,
+            nchecked=checked_counts(t),
             recomputed=recompute_accepted(t),
             order=order,
             last=last,
@@ -93,6 +104,7 @@ class TraceData:
             flat=flat,
             start=start,
             length=length,
+            sweep=sw,
         )
 
     def req_id(self, block: int) -> str:
@@ -113,16 +125,24 @@ class TraceData:
         return {"request": self.req_id(block), "position": pos if pos >= 0 else None}
 
 
-def prepare(traces: list[tuple[Trace, Side]]) -> list[TraceData]:
-    """Build each trace's :class:`TraceData`: the block columns are read here, one trace
-    after the other (h5py holds the GIL), and each trace's derived columns (order,
-    recomputed acceptance) are computed on a worker thread while the next trace reads."""
+def prepare(
+    traces: list[tuple[Trace, Side]], paired_rows: list[np.ndarray | None] | None = None
+) -> list[TraceData]:
+    """Build each trace's :class:`TraceData`: the narrow block columns are read here, one
+    trace after the other (h5py holds the GIL), and each trace's derived columns (order,
+    the sweep of its id matrices, recomputed acceptance) on a worker thread while the next
+    trace reads.
+
+    Args:
+        paired_rows: per trace, the block rows a diff compares (``al.ia``, ``al.ib``), or None.
+    """
+    rows = paired_rows or [None] * len(traces)
     with ThreadPoolExecutor(max_workers=max(1, len(traces))) as pool:
         futures = []
-        for t, side in traces:
+        for (t, side), r in zip(traces, rows):
             for col in TraceData.COLUMNS:
                 getattr(t.blocks, col)
-            futures.append(pool.submit(TraceData.build, t, side))
+            futures.append(pool.submit(TraceData.build, t, side, r))
         return [f.result() for f in futures]
 
 
@@ -212,22 +232,27 @@ class PairData:
 
     @functools.cached_property
     def pa(self) -> np.ndarray:
-        """int32 [P, w] our paired proposals (-1 padded; built on first use)."""
-        return pad_to(self.al.a.blocks.proposed[self.al.ia], self.width)
+        """int32 [P, w] our paired proposals (-1 padded; the sweep's rows)."""
+        return pad_to(paired_proposals(self.oa, self.al.ia), self.width)
 
     @functools.cached_property
     def pb(self) -> np.ndarray:
-        """int32 [P, w] their paired proposals (-1 padded; built on first use)."""
-        return pad_to(self.al.b.blocks.proposed[self.al.ib], self.width)
+        """int32 [P, w] their paired proposals (-1 padded; the sweep's rows)."""
+        return pad_to(paired_proposals(self.ob, self.al.ib), self.width)
 
     def example(self, x: int) -> ProposalPair:
         """Both proposals of paired block ``x`` (ids, decoded when a decoder is given)."""
-        a, b = int(self.al.ia[x]), int(self.al.ib[x])
         return ProposalPair(
-            ours=tok(self.decoder, self.al.a.blocks.proposed[a, : self.ka[x]]),
-            theirs=tok(self.decoder, self.al.b.blocks.proposed[b, : self.kb[x]]),
+            ours=tok(self.decoder, self.pa[x, : self.ka[x]]),
+            theirs=tok(self.decoder, self.pb[x, : self.kb[x]]),
         )
 
     def at(self, x: int) -> dict:
         """Location fields (request, position) of paired block ``x`` on our side."""
         return self.oa.at(int(self.al.ia[x]))
+
+
+def paired_proposals(td: TraceData, rows: np.ndarray) -> np.ndarray:
+    """int32 [P, w] the proposals of block rows ``rows`` (a diff's ``ia`` or ``ib``), as the
+    side's sweep kept them (a pass of their own when it kept other rows)."""
+    return sweep(td.t, rows).paired  # type: ignore[return-value]

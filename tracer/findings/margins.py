@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..align import Alignment
+from ..rows import gather
 from .data import PairData
 from .evidence import NearTieEvidence, TargetTie
 from .model import Finding
@@ -93,8 +94,10 @@ def near_ties(pd: PairData) -> Finding | None:
     al = pd.al
     bad = np.flatnonzero(~pd.cmp.exact & pd.cmp.anchor_eq)
     slots = pd.cmp.first_slot[bad]
-    ma = _slot_margin(al.a.blocks.draft_margin, al.ia[bad], slots)
-    mb = _slot_margin(al.b.blocks.draft_margin, al.ib[bad], slots)
+    # Only the differing rows of the margin matrices are read (one pass each).
+    here = np.arange(len(bad))
+    ma = _slot_margin(gather(al.a, "draft_margin", al.ia[bad], np.nan), here, slots)
+    mb = _slot_margin(gather(al.b, "draft_margin", al.ib[bad], np.nan), here, slots)
     tie = _tie(ma, mb)
     targets = _target_margins(al)
     t_ties = [

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..compare import anchors_equal, slot_equal, slots_present
+from ..compare import anchors_equal
 from ..fmt import pct
 from ..index import memo
 from ..parallel import chunks
+from ..rows import row, row_chunks
 from .data import SideInput, TraceData
 from .evidence import (
     AcceptedPair,
@@ -24,6 +25,7 @@ from .evidence import (
     VocabEvidence,
 )
 from .model import Finding, tok
+from .sweep import sweep
 from .thresholds import MIN_BLOCKS, SYSTEMATIC
 
 
@@ -82,29 +84,22 @@ def anchor_consistency(s: SideInput) -> Finding | None:
 
 def verified_vs_proposed(s: SideInput) -> Finding | None:
     """verified_differs: what the target consumed is not what the drafter produced (the
-    kernel's slot equality of each block's proposal with its own verified ids)."""
+    kernel's slot equality of each block's proposal with its own verified ids, from the
+    trace's :func:`~.sweep.sweep`)."""
     td, dec = s.td, s.decoder
+    vs = sweep(td.t).verified
+    if vs is None:
+        return None  # the common case: the store said so, or no slot differs
     b = td.t.blocks
-    if b.verified is b.proposed or (
-        b.proposed.shape == b.verified.shape and np.array_equal(b.proposed, b.verified)
-    ):
-        return None  # the common case: the store said so, or one pass
     nv = b.num_verified.astype(np.int64)
     k = b.k.astype(np.int64)
-    w = min(b.proposed.shape[1], b.verified.shape[1])
-    verified = b.verified[:, :w]
-    diff = slots_present(k, nv, w) & ~slot_equal(b.proposed[:, :w], verified, k, nv)
-    bad = diff.any(axis=1)
-    if not bad.any():
-        return None
+    bad = vs.bad
     trimmed = (nv >= 0) & (nv < k)
     first = int(np.flatnonzero(bad)[0])
-    per_slot = diff.sum(axis=0)
+    per_slot = vs.per_slot
     worst = int(per_slot.argmax())
-    vals = verified[diff]
-    anchors = np.broadcast_to(b.anchor[:, None], diff.shape)[diff]
-    equals_anchor = float((vals == anchors).mean())
-    placeholder = float((vals < 0).mean())
+    equals_anchor = vs.equals_anchor / vs.values
+    placeholder = vs.placeholders / vs.values
     note = ""
     if equals_anchor >= SYSTEMATIC:
         note = (
@@ -113,12 +108,11 @@ def verified_vs_proposed(s: SideInput) -> Finding | None:
         )
     elif placeholder >= SYSTEMATIC:
         note = f"; {pct(placeholder, 0)} of them are placeholder ids (-1)"
-    j = int(np.flatnonzero(diff[first])[0])
     return Finding(
         "verified_differs",
         "error",
         side=td.side,
-        slot=j,
+        slot=vs.first_slot,
         **td.at(first),
         message=(
             f"{td.side}: the target verified other ids than the drafter proposed in "
@@ -132,8 +126,8 @@ def verified_vs_proposed(s: SideInput) -> Finding | None:
             placeholders=placeholder,
             trimmed_blocks=int(trimmed.sum()),
             example=VerifiedExample(
-                proposed=tok(dec, b.proposed[first, : b.k[first]]),
-                verified=tok(dec, b.verified[first, : max(nv[first], 0)]),
+                proposed=tok(dec, row(td.t, "proposed", first)[: b.k[first]]),
+                verified=tok(dec, row(td.t, "verified", first)[: max(nv[first], 0)]),
             ),
         ),
     )
@@ -146,15 +140,7 @@ def constant_rate(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _constant_rate(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
-    b = td.t.blocks
-    p, k = b.proposed, b.k
-    elig = k >= 2
-    const = elig.copy()
-    for c in chunks(len(k)):
-        pc, kc, out = p[c], k[c], const[c]
-        for j in range(1, p.shape[1]):
-            out &= (pc[:, j] == pc[:, 0]) | (kc <= j)  # padded slots count as equal
-    return const, elig
+    return sweep(td.t).constant, td.t.blocks.k >= 2
 
 
 def _constant_both(td: TraceData, rate: float, ref_rate: float, first: int, dec) -> Finding | None:
@@ -180,7 +166,7 @@ def _constant_both(td: TraceData, rate: float, ref_rate: float, first: int, dec)
             eligible=int(elig.sum()),
             rate=float(rate),
             reference_rate=float(ref_rate),
-            example=tok(dec, td.t.blocks.proposed[first, : td.t.blocks.k[first]]),
+            example=tok(dec, row(td.t, "proposed", first)[: td.t.blocks.k[first]]),
         ),
     )
 
@@ -220,7 +206,7 @@ def constant_drafts(s: SideInput) -> Finding | None:
             eligible=int(elig.sum()),
             rate=float(rate),
             reference_rate=None if ref_rate is None else float(ref_rate),
-            example=tok(dec, b.proposed[first, : b.k[first]]),
+            example=tok(dec, row(td.t, "proposed", first)[: b.k[first]]),
         ),
     )
 
@@ -285,23 +271,21 @@ def vocab_range(s: SideInput) -> Finding | None:
         return None
     vocab = _vocab_size(s)
     dvs = meta.get("draft_vocab_size")
-    max_id = int(b.proposed.max(initial=-1))  # the -1 pad never raises the max
-    # Negative ids are placeholders (-1) or impossible values: not a vocabulary problem.
-    live = np.arange(b.proposed.shape[1]) < b.k[:, None]
-    bad = live & (b.proposed >= vocab) if vocab and max_id >= vocab else np.zeros(0, bool)
-    if vocab and bad.any():
-        first = int(np.flatnonzero(bad.any(axis=1))[0])
+    max_id = sweep(td.t).max_id  # the -1 pad never raises the max
+    out = _out_of_vocab(td, vocab) if vocab and max_id >= vocab else None
+    if vocab and out is not None:
+        nbad, first, slot = out
         return Finding(
             "vocab_mapping",
             "error",
             side=td.side,
             **td.at(first),
-            slot=int(np.flatnonzero(bad[first])[0]),
+            slot=slot,
             message=(
-                f"{td.side}: {int(bad.sum())} proposed ids lie outside the "
+                f"{td.side}: {nbad} proposed ids lie outside the "
                 f"target vocabulary of {vocab} ids (ids out of range, up to {max_id})"
             ),
-            evidence=VocabEvidence(ids=int(bad.sum()), vocab_size=vocab, max_id=max_id),
+            evidence=VocabEvidence(ids=nbad, vocab_size=vocab, max_id=max_id),
         )
     if len(b) < MIN_BLOCKS:
         return None
@@ -319,3 +303,20 @@ def vocab_range(s: SideInput) -> Finding | None:
             evidence=VocabEvidence(draft_vocab_size=dvs, max_id=max_id),
         )
     return None
+
+
+def _out_of_vocab(td: TraceData, vocab: int) -> tuple[int, int, int] | None:
+    """Live proposed ids (slots < k) at or above ``vocab``: ``(ids, first block, its first
+    such slot)``, or None (a pass of its own: only a trace whose largest id is out of range
+    takes it). Negative ids are placeholders (-1) or impossible values: not a vocabulary
+    problem."""
+    k = td.t.blocks.k
+    nbad, first = 0, None
+    for c, cols in row_chunks(td.t, ("proposed",)):
+        p = cols["proposed"]
+        bad = (np.arange(p.shape[1]) < k[c][:, None]) & (p >= vocab)
+        nbad += int(bad.sum())
+        rows = np.flatnonzero(bad.any(axis=1))
+        if first is None and len(rows):
+            first = (c.start + int(rows[0]), int(np.flatnonzero(bad[rows[0]])[0]))
+    return None if first is None else (nbad, *first)

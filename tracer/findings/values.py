@@ -16,59 +16,63 @@ from collections.abc import Callable
 import numpy as np
 
 from ..index import memo
+from ..rows import row as read_row
 from ..store import Blocks
 from .data import SideInput, TraceData
 from .evidence import ImpossibleEvidence, TrimmedEvidence
 from .model import Finding
+from .sweep import Sweep, sweep
 from .thresholds import MIN_BLOCKS
 
-Rule = tuple[str, str, Callable[[Blocks, np.ndarray], tuple[np.ndarray, np.ndarray | None]]]
+Rule = tuple[str, str, Callable[[Blocks, np.ndarray, Sweep], tuple[np.ndarray, np.ndarray | None]]]
 
 
 def _i64(x: np.ndarray) -> np.ndarray:
     return x.astype(np.int64)
 
 
-def _ids_below_pad(ids: np.ndarray) -> np.ndarray:
-    """bool [n]: rows of an id matrix (int32 [n, w]) holding an id below the -1 pad."""
-    return np.asarray((ids < -1).any(axis=1), bool)
-
-
 #: The rules, in report order: ``(name, column, test)``; test(blocks, int64 [n] one past the
-#: largest possible position per block, 0 unknown) -> (bool [n] broken, int64 [n] the limit
-#: broken or None).
+#: largest possible position per block (0 unknown), the trace's :class:`~.sweep.Sweep`) ->
+#: (bool [n] broken, int64 [n] the limit broken or None).
 RULES: tuple[Rule, ...] = (
-    ("k < 0", "k", lambda b, n: (_i64(b.k) < 0, None)),
+    ("k < 0", "k", lambda b, n, sw: (_i64(b.k) < 0, None)),
     (
         "k > proposed width",
         "k",
-        lambda b, n: (_i64(b.k) > b.proposed.shape[1], np.full(len(b), b.proposed.shape[1])),
+        lambda b, n, sw: (_i64(b.k) > sw.width, np.full(len(b), sw.width)),
     ),
-    ("proposed id < -1", "proposed", lambda b, n: (_ids_below_pad(b.proposed), None)),
-    ("anchor < -1", "anchor", lambda b, n: (_i64(b.anchor) < -1, None)),
-    ("num_verified < -1", "num_verified", lambda b, n: (_i64(b.num_verified) < -1, None)),
-    ("num_verified > k", "num_verified", lambda b, n: (b.num_verified > b.k, _i64(b.k))),
-    ("accepted < -1", "accepted", lambda b, n: (_i64(b.accepted) < -1, None)),
-    ("accepted > k", "accepted", lambda b, n: (b.accepted > b.k, _i64(b.k))),
+    ("proposed id < -1", "proposed", lambda b, n, sw: (sw.below_pad, None)),
+    ("anchor < -1", "anchor", lambda b, n, sw: (_i64(b.anchor) < -1, None)),
+    ("num_verified < -1", "num_verified", lambda b, n, sw: (_i64(b.num_verified) < -1, None)),
+    ("num_verified > k", "num_verified", lambda b, n, sw: (b.num_verified > b.k, _i64(b.k))),
+    ("accepted < -1", "accepted", lambda b, n, sw: (_i64(b.accepted) < -1, None)),
+    ("accepted > k", "accepted", lambda b, n, sw: (b.accepted > b.k, _i64(b.k))),
     (
         "accepted > num_verified",
         "accepted",
-        lambda b, n: ((b.num_verified >= 0) & (b.accepted > b.num_verified), _i64(b.num_verified)),
+        lambda b, n, sw: (
+            (b.num_verified >= 0) & (b.accepted > b.num_verified),
+            _i64(b.num_verified),
+        ),
     ),
-    ("num_emitted < -1", "num_emitted", lambda b, n: (_i64(b.num_emitted) < -1, None)),
-    ("num_emitted > k + 1", "num_emitted", lambda b, n: (b.num_emitted > b.k + 1, _i64(b.k) + 1)),
-    ("position < 0", "position", lambda b, n: (_i64(b.position) < 0, None)),
+    ("num_emitted < -1", "num_emitted", lambda b, n, sw: (_i64(b.num_emitted) < -1, None)),
+    (
+        "num_emitted > k + 1",
+        "num_emitted",
+        lambda b, n, sw: (b.num_emitted > b.k + 1, _i64(b.k) + 1),
+    ),
+    ("position < 0", "position", lambda b, n, sw: (_i64(b.position) < 0, None)),
     (
         "position outside the sequence",
         "position",
-        lambda b, n: ((n > 0) & (b.position >= n), n - 1),
+        lambda b, n, sw: ((n > 0) & (b.position >= n), n - 1),
     ),
-    ("batch_row < -1", "batch_row", lambda b, n: (_i64(b.batch_row) < -1, None)),
-    ("batch_size < -1", "batch_size", lambda b, n: (_i64(b.batch_size) < -1, None)),
+    ("batch_row < -1", "batch_row", lambda b, n, sw: (_i64(b.batch_row) < -1, None)),
+    ("batch_size < -1", "batch_size", lambda b, n, sw: (_i64(b.batch_size) < -1, None)),
     (
         "batch_row >= batch_size",
         "batch_row",
-        lambda b, n: (
+        lambda b, n, sw: (
             (b.batch_row >= 0) & (b.batch_size >= 0) & (b.batch_row >= b.batch_size),
             _i64(b.batch_size) - 1,
         ),
@@ -100,8 +104,9 @@ def _impossible_rows(td: TraceData) -> np.ndarray:
     b = td.t.blocks
     n = _position_room(td)
     bad = np.zeros(len(b), bool)
+    sw = sweep(td.t)
     for _, _, test in RULES:
-        bad |= test(b, n)[0]
+        bad |= test(b, n, sw)[0]
     return bad
 
 
@@ -124,8 +129,9 @@ def impossible(s: SideInput) -> Finding | None:
         return None
     n = _position_room(td)
     counts, first = {}, None
+    sw = sweep(td.t)
     for name, col, test in RULES:
-        broken, limit = test(b, n)
+        broken, limit = test(b, n, sw)
         rows = np.flatnonzero(broken)
         if not len(rows):
             continue
@@ -136,7 +142,7 @@ def impossible(s: SideInput) -> Finding | None:
     if first is None:
         return None
     row, rule, col, lim = first
-    value = _value(getattr(b, col)[row])
+    value = _value(read_row(td.t, col, row) if col == "proposed" else getattr(b, col)[row])
     pos = int(b.position[row])
     bad = impossible_rows(td)
     lim_txt = "" if lim is None else f", limit {lim}"

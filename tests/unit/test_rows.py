@@ -1,0 +1,36 @@
+"""tracer/rows.py: the id matrices read in row chunks give the loaded column's values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from spectrace.tracer import rows
+from spectrace.tracer.store import open_trace
+
+TRACE = Path(__file__).resolve().parents[2] / "traces" / "reference.h5"
+
+
+def test_row_chunks_cover_the_column_in_order(monkeypatch):
+    whole = open_trace(TRACE).blocks.proposed  # 139 blocks x 4 (traces/README.md)
+    t = open_trace(TRACE)
+    got = [(c.start, c.stop, cols["proposed"]) for c, cols in rows.row_chunks(t, ["proposed"], 50)]
+    assert [(a, b) for a, b, _ in got] == [(0, 50), (50, 100), (100, 139)]
+    assert np.array_equal(np.concatenate([x for _, _, x in got]), whole)
+    assert t.blocks.loaded("proposed") is None  # streamed, never loaded
+
+
+def test_gather_takes_any_rows_in_the_order_asked(monkeypatch):
+    whole = open_trace(TRACE).blocks.proposed
+    idx = np.array([138, 0, 7, 7, 64, 3, 100, 0])
+    many = np.arange(139)[::-1].repeat(2)  # more rows than rows.FEW: the pass path
+    monkeypatch.setattr(rows, "ROWS", 16)  # the pass crosses chunk boundaries
+    for want in (idx, many, idx[:0]):
+        t = open_trace(TRACE)
+        got = rows.gather(t, "proposed", want)
+        assert got.shape == (len(want), 4) and got.dtype == whole.dtype
+        assert np.array_equal(got, whole[want])
+        assert t.blocks.loaded("proposed") is None
+    assert rows.width(open_trace(TRACE), "proposed") == 4
+    assert np.array_equal(rows.row(open_trace(TRACE), "proposed", 64), whole[64])

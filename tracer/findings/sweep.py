@@ -1,0 +1,154 @@
+"""The one pass over a trace's id matrices that the single-trace detectors share.
+
+The detectors need per-block reductions of ``proposed`` and ``verified`` ([n, w] each), not
+the matrices: which blocks hold an id below the pad (impossible_values), which repeat one id
+across slots (constant_drafts), the largest id (vocab_mapping), where the target verified
+other ids than proposed (verified_differs), the recomputed acceptance, and in a diff the rows
+of the paired blocks. :func:`sweep` computes all of them in one streaming pass
+(:func:`~spectrace.tracer.rows.row_chunks`), so a diff's memory is set by its narrow columns
+and the paired rows, not by the trace's matrices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..compare import slot_equal, slots_present
+from ..index import checked_counts, checked_ids, memo
+from ..metrics import recompute_rows
+from ..rows import Gather, gather, row_chunks, verified_is_proposed
+from ..store import Trace
+
+
+@dataclass
+class VerifiedStats:
+    """verified_differs' figures: slots where the verified id is not the proposed one.
+
+    Attributes:
+        bad: bool [n] blocks with such a slot; per_slot: int64 [w] such slots per slot.
+        values, equals_anchor, placeholders: such slots, those whose verified id is the
+            block's anchor, and those holding -1.
+        first_slot: the first such slot of the first bad block (-1: none).
+    """
+
+    bad: np.ndarray
+    per_slot: np.ndarray
+    values: int = 0
+    equals_anchor: int = 0
+    placeholders: int = 0
+    first_slot: int = -1
+
+
+@dataclass
+class Sweep:
+    """Per-block reductions of one trace's id matrices (see the module docstring).
+
+    Attributes:
+        width: slots of the ``proposed`` matrix as loaded.
+        max_id: the largest proposed id (-1 when none; the pad never raises it).
+        below_pad: bool [n] a proposed id below -1.
+        constant: bool [n] k >= 2 and every live slot holds slot 0's id.
+        recomputed: int16 [n] (:func:`~spectrace.tracer.metrics.recompute_accepted`).
+        verified: the verified_differs figures, None when verified equals proposed.
+        paired: int32 [P, width] rows ``rows`` of ``proposed`` (-1 padded), or None.
+        rows: int [P] the block rows of ``paired`` (None with it).
+    """
+
+    width: int
+    max_id: int
+    below_pad: np.ndarray
+    constant: np.ndarray
+    recomputed: np.ndarray
+    verified: VerifiedStats | None
+    paired: np.ndarray | None = None
+    rows: np.ndarray | None = None
+
+
+def sweep(t: Trace, paired_rows: np.ndarray | None = None) -> Sweep:
+    """The :class:`Sweep` of trace ``t`` (memoised in ``t.cache``; the first call decides
+    which rows are gathered: a later call with other rows gathers them in a pass of its own).
+
+    Args:
+        paired_rows: int [P] block rows whose proposals to keep (a diff's ``ia`` / ``ib``).
+    Raises:
+        TraceFormatError: a damaged chunk of either matrix.
+    """
+    sw = memo(t, "sweep", lambda: _sweep(t, paired_rows))
+    if paired_rows is not None and not (
+        sw.rows is paired_rows or (sw.rows is not None and np.array_equal(sw.rows, paired_rows))
+    ):
+        sw.paired, sw.rows = gather(t, "proposed", paired_rows), paired_rows
+    return sw
+
+
+def _sweep(t: Trace, paired_rows: np.ndarray | None) -> Sweep:
+    b = t.blocks
+    n = len(b)
+    k, nv, anchor = b.k, b.num_verified, b.anchor
+    same = verified_is_proposed(t)
+    counts = checked_counts(t)
+    recomputed = np.zeros(n, np.int16)
+    below, const = np.zeros(n, bool), k >= 2
+    vs: VerifiedStats | None = None
+    g: Gather | None = None
+    width, max_id = 0, -1
+    for c, cols in row_chunks(t, ("proposed", "verified")):
+        p, v = cols["proposed"], cols["verified"]
+        if g is None:
+            width = p.shape[1]
+            g = Gather(
+                np.zeros(0, np.int64) if paired_rows is None else paired_rows, width, np.int32, -1
+            )
+            if not same:
+                vs = VerifiedStats(
+                    bad=np.zeros(n, bool), per_slot=np.zeros(min(width, v.shape[1]), np.int64)
+                )
+        max_id = max(max_id, int(p.max(initial=-1)))
+        below[c] = (p < -1).any(axis=1)
+        _constant(p, k[c], const[c])
+        recompute_rows(t, c, checked_ids(p, v, nv[c]), counts[c], recomputed[c])
+        if vs is not None:
+            _verified(vs, c, p, v, k[c], nv[c], anchor[c])
+        g.take(c, p)
+    if g is None:  # no rows
+        width = t.read_rows("proposed", 0, 0).shape[1]
+    recomputed[(nv < 0) & (b.accepted < 0)] = -1  # never verified: nothing accepted
+    memo(t, "recompute_accepted", lambda: recomputed)
+    return Sweep(
+        width=width,
+        max_id=max_id,
+        below_pad=below,
+        constant=const,
+        recomputed=recomputed,
+        verified=vs if vs is not None and vs.bad.any() else None,
+        paired=None if paired_rows is None or g is None else g.out,
+        rows=None if paired_rows is None or g is None else paired_rows,
+    )
+
+
+def _constant(p: np.ndarray, k: np.ndarray, out: np.ndarray) -> None:
+    """``out &=`` every slot j < k holds slot 0's id (padded slots count as equal)."""
+    for j in range(1, p.shape[1]):
+        out &= (p[:, j] == p[:, 0]) | (k <= j)
+
+
+def _verified(vs: VerifiedStats, c: slice, p, v, k, nv, anchor) -> None:
+    """Add rows ``c`` to the verified_differs figures (the kernel's slot equality of each
+    block's proposal with its own verified ids)."""
+    w = len(vs.per_slot)
+    k64, nv64 = k.astype(np.int64), nv.astype(np.int64)
+    ver = v[:, :w]
+    diff = slots_present(k64, nv64, w) & ~slot_equal(p[:, :w], ver, k64, nv64)
+    bad = diff.any(axis=1)
+    if not bad.any():
+        return
+    vs.bad[c] = bad
+    vs.per_slot += diff.sum(axis=0)
+    vals = ver[diff]
+    vs.values += len(vals)
+    vs.equals_anchor += int((vals == np.broadcast_to(anchor[:, None], diff.shape)[diff]).sum())
+    vs.placeholders += int((vals < 0).sum())
+    if vs.first_slot < 0:
+        vs.first_slot = int(np.flatnonzero(diff[np.flatnonzero(bad)[0]])[0])
