@@ -183,17 +183,20 @@ def _changes(pd: PairData, col: str) -> tuple[np.ndarray, np.ndarray]:
     """Per block of our trace (bool [n] each): ``col`` differs from the request's previous
     block (both known), and at or after the request's first such change."""
     oa = pd.oa
-    v = getattr(oa.t.blocks, col).astype(np.int64)
-    pv = np.where(oa.prev >= 0, oa.prev, 0)
-    changed = (oa.prev >= 0) & (v >= 0) & (v[pv] >= 0) & (v != v[pv])
+    v = getattr(oa.t.blocks, col)  # compared in its own dtype: no int64 copies of [n]
+    has = oa.prev >= 0
+    vp = v[np.where(has, oa.prev, 0)]
+    changed = has & (v >= 0) & (vp >= 0) & (v != vp)
+    del vp
     # Per request, in (request, position) order: changes so far, minus those of earlier
     # requests.
     o = oa.order
-    cs = np.cumsum(changed[o])
-    starts = np.flatnonzero(oa.prev[o] < 0)
-    base = np.repeat(cs[starts] - changed[o][starts], np.diff(np.append(starts, len(o))))
+    co = changed[o]
+    cs = np.cumsum(co, dtype=o.dtype)  # o's dtype holds any count of blocks
+    starts = np.flatnonzero(~has[o])
+    cs -= np.repeat(cs[starts] - co[starts], np.diff(np.append(starts, len(o))))
     moved = np.zeros(len(v), bool)
-    moved[o] = (cs - base) > 0
+    moved[o] = cs > 0
     return changed, moved
 
 
@@ -202,12 +205,12 @@ def batch_groups(pd: PairData) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     blocks (eligible: the block's batch value is known, and for changes its previous
     block's too)."""
     b, ia = pd.oa.t.blocks, pd.al.ia
-    row, size = b.batch_row[ia].astype(np.int64), b.batch_size[ia].astype(np.int64)
+    row, size = b.batch_row[ia], b.batch_size[ia]  # their own dtypes: compared only
     prev = pd.oa.prev[ia]
     out = {"batch_row": (row > 0, row >= 0), "batch_size": (size > 1, size >= 1)}
     for col, v in (("batch_row", row), ("batch_size", size)):
         changed, moved = _changes(pd, col)
-        pv = getattr(b, col)[np.where(prev >= 0, prev, 0)].astype(np.int64)
+        pv = getattr(b, col)[np.where(prev >= 0, prev, 0)]
         known = (v >= 0) & (prev >= 0) & (pv >= 0)
         out[f"{col}_change"] = (changed[ia], known)
         out[f"{col}_moved"] = (moved[ia], known)

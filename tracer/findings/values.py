@@ -12,6 +12,7 @@ finding).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,90 +25,125 @@ from .model import Finding
 from .sweep import Sweep, sweep
 from .thresholds import MIN_BLOCKS
 
-Rule = tuple[str, str, Callable[[Blocks, np.ndarray, Sweep], tuple[np.ndarray, np.ndarray | None]]]
+#: A rule's test: (blocks, int64 [n] one past the largest possible position per block (0
+#: unknown), the trace's :class:`~.sweep.Sweep`) -> bool [n] broken. Comparisons stay in the
+#: columns' own dtypes: no int64 copy per rule.
+Test = Callable[[Blocks, np.ndarray, Sweep], np.ndarray]
+#: The limit a broken block exceeds: (blocks, position room, sweep, block row) -> int.
+Limit = Callable[[Blocks, np.ndarray, Sweep, int], int]
+Rule = tuple[str, str, Test, Limit | None]
 
-
-def _i64(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.int64)
-
-
-#: The rules, in report order: ``(name, column, test)``; test(blocks, int64 [n] one past the
-#: largest possible position per block (0 unknown), the trace's :class:`~.sweep.Sweep`) ->
-#: (bool [n] broken, int64 [n] the limit broken or None).
+#: The rules, in report order: ``(name, column, test, limit or None)``.
 RULES: tuple[Rule, ...] = (
-    ("k < 0", "k", lambda b, n, sw: (_i64(b.k) < 0, None)),
+    ("k < 0", "k", lambda b, n, sw: b.k < 0, None),
+    ("k > proposed width", "k", lambda b, n, sw: b.k > sw.width, lambda b, n, sw, i: sw.width),
+    ("proposed id < -1", "proposed", lambda b, n, sw: sw.below_pad, None),
+    ("anchor < -1", "anchor", lambda b, n, sw: b.anchor < -1, None),
+    ("num_verified < -1", "num_verified", lambda b, n, sw: b.num_verified < -1, None),
     (
-        "k > proposed width",
-        "k",
-        lambda b, n, sw: (_i64(b.k) > sw.width, np.full(len(b), sw.width)),
+        "num_verified > k",
+        "num_verified",
+        lambda b, n, sw: b.num_verified > b.k,
+        lambda b, n, sw, i: int(b.k[i]),
     ),
-    ("proposed id < -1", "proposed", lambda b, n, sw: (sw.below_pad, None)),
-    ("anchor < -1", "anchor", lambda b, n, sw: (_i64(b.anchor) < -1, None)),
-    ("num_verified < -1", "num_verified", lambda b, n, sw: (_i64(b.num_verified) < -1, None)),
-    ("num_verified > k", "num_verified", lambda b, n, sw: (b.num_verified > b.k, _i64(b.k))),
-    ("accepted < -1", "accepted", lambda b, n, sw: (_i64(b.accepted) < -1, None)),
-    ("accepted > k", "accepted", lambda b, n, sw: (b.accepted > b.k, _i64(b.k))),
+    ("accepted < -1", "accepted", lambda b, n, sw: b.accepted < -1, None),
+    (
+        "accepted > k",
+        "accepted",
+        lambda b, n, sw: b.accepted > b.k,
+        lambda b, n, sw, i: int(b.k[i]),
+    ),
     (
         "accepted > num_verified",
         "accepted",
-        lambda b, n, sw: (
-            (b.num_verified >= 0) & (b.accepted > b.num_verified),
-            _i64(b.num_verified),
-        ),
+        lambda b, n, sw: (b.num_verified >= 0) & (b.accepted > b.num_verified),
+        lambda b, n, sw, i: int(b.num_verified[i]),
     ),
-    ("num_emitted < -1", "num_emitted", lambda b, n, sw: (_i64(b.num_emitted) < -1, None)),
+    ("num_emitted < -1", "num_emitted", lambda b, n, sw: b.num_emitted < -1, None),
     (
         "num_emitted > k + 1",
         "num_emitted",
-        lambda b, n, sw: (b.num_emitted > b.k + 1, _i64(b.k) + 1),
+        lambda b, n, sw: b.num_emitted > b.k + 1,
+        lambda b, n, sw, i: int(b.k[i]) + 1,
     ),
-    ("position < 0", "position", lambda b, n, sw: (_i64(b.position) < 0, None)),
+    ("position < 0", "position", lambda b, n, sw: b.position < 0, None),
     (
         "position outside the sequence",
         "position",
-        lambda b, n, sw: ((n > 0) & (b.position >= n), n - 1),
+        lambda b, n, sw: (n > 0) & (b.position >= n),
+        lambda b, n, sw, i: int(n[i]) - 1,
     ),
-    ("batch_row < -1", "batch_row", lambda b, n, sw: (_i64(b.batch_row) < -1, None)),
-    ("batch_size < -1", "batch_size", lambda b, n, sw: (_i64(b.batch_size) < -1, None)),
+    ("batch_row < -1", "batch_row", lambda b, n, sw: b.batch_row < -1, None),
+    ("batch_size < -1", "batch_size", lambda b, n, sw: b.batch_size < -1, None),
     (
         "batch_row >= batch_size",
         "batch_row",
-        lambda b, n, sw: (
-            (b.batch_row >= 0) & (b.batch_size >= 0) & (b.batch_row >= b.batch_size),
-            _i64(b.batch_size) - 1,
-        ),
+        lambda b, n, sw: (b.batch_row >= 0) & (b.batch_size >= 0) & (b.batch_row >= b.batch_size),
+        lambda b, n, sw, i: int(b.batch_size[i]) - 1,
     ),
 )
 
 
 def _lengths(td: TraceData) -> np.ndarray:
-    """int64 [n] the full sequence length of each block's request (0 unknown)."""
-    req = td.t.blocks.request.astype(np.int64)
-    return np.where((req >= 0) & (req < len(td.length)), td.length[np.clip(req, 0, None)], 0)
+    """int64 [n] the full sequence length of each block's request (0 unknown; memoised)."""
+    return memo(td.t, "block_lengths", lambda: _block_lengths(td))
+
+
+def _block_lengths(td: TraceData) -> np.ndarray:
+    req = td.t.blocks.request
+    ok = (req >= 0) & (req < len(td.length))
+    return np.where(ok, td.length[np.where(ok, req, 0)], 0)
 
 
 def _position_room(td: TraceData) -> np.ndarray:
     """int64 [n] one past the largest possible anchor position per block (0 unknown): the
     sequence length, plus k + 1 for a request's last block (the output is trimmed at
-    max_tokens or a stop after the engine emitted and drafted past it)."""
+    max_tokens or a stop after the engine emitted and drafted past it; memoised)."""
+    return memo(td.t, "position_room", lambda: _room(td))
+
+
+def _room(td: TraceData) -> np.ndarray:
     n = _lengths(td)
     kmax = int(td.t.blocks.k.max(initial=0))
     return np.where((n > 0) & td.last, n + kmax + 1, n)
 
 
-def impossible_rows(td: TraceData) -> np.ndarray:
-    """bool [n]: blocks breaking any of :data:`RULES` (memoised in the trace's cache)."""
-    return memo(td.t, "impossible_rows", lambda: _impossible_rows(td))
+@dataclass
+class _Hits:
+    """Every rule's result: ``bad`` bool [n] (any rule), ``counts`` (rule -> blocks) and the
+    first broken block ``(row, rule, column, limit)`` in block row order (None: none)."""
+
+    bad: np.ndarray
+    counts: dict
+    first: tuple | None
 
 
-def _impossible_rows(td: TraceData) -> np.ndarray:
+def _hits(td: TraceData) -> _Hits:
+    return memo(td.t, "impossible_hits", lambda: _rule_hits(td))
+
+
+def _rule_hits(td: TraceData) -> _Hits:
     b = td.t.blocks
     n = _position_room(td)
-    bad = np.zeros(len(b), bool)
     sw = sweep(td.t)
-    for _, _, test in RULES:
-        bad |= test(b, n, sw)[0]
-    return bad
+    bad = np.zeros(len(b), bool)
+    counts: dict[str, int] = {}
+    first = None
+    for name, col, test, limit in RULES:
+        broken = test(b, n, sw)
+        if not broken.any():
+            continue
+        bad |= broken
+        row = int(np.argmax(broken))  # the first broken block
+        counts[name] = int(np.count_nonzero(broken))
+        if first is None or row < first[0]:
+            first = (row, name, col, None if limit is None else limit(b, n, sw, row))
+    return _Hits(bad=bad, counts=counts, first=first)
+
+
+def impossible_rows(td: TraceData) -> np.ndarray:
+    """bool [n]: blocks breaking any of :data:`RULES` (memoised in the trace's cache)."""
+    return _hits(td).bad
 
 
 def _value(v: np.ndarray) -> int:
@@ -127,18 +163,8 @@ def impossible(s: SideInput) -> Finding | None:
     b = td.t.blocks
     if not len(b):
         return None
-    n = _position_room(td)
-    counts, first = {}, None
-    sw = sweep(td.t)
-    for name, col, test in RULES:
-        broken, limit = test(b, n, sw)
-        rows = np.flatnonzero(broken)
-        if not len(rows):
-            continue
-        counts[name] = len(rows)
-        if first is None or rows[0] < first[0]:
-            lim = None if limit is None else int(limit[rows[0]])
-            first = (int(rows[0]), name, col, lim)
+    hits = _hits(td)
+    counts, first = hits.counts, hits.first
     if first is None:
         return None
     row, rule, col, lim = first
