@@ -308,6 +308,8 @@ class Runner:
                 step()
         self.t = 0
         self.events: list = []
+        self._graphs: dict = {}  # hook -> the graph of the step with the hook
+        self._hook = None
 
     def propose(
         self,
@@ -332,11 +334,42 @@ class Runner:
         st = self.step_fn
         st.anchor.copy_(last_sampled[input_batch.idx_mapping, 0])  # the prepare kernel's reads
         st.anchor_pos.add_(1)
-        if self.graph is not None:
-            self.graph.replay()
+        graph = self._graphs.get(self._hook, self.graph) if self._hook else self.graph
+        if graph is not None:
+            graph.replay()
         else:
             st()
+            if self._hook is not None:  # the drafter's eager path: the hook runs in Python
+                self._hook(st.draft_tokens)
         return st.draft_tokens[: input_batch.num_reqs]
+
+    def hooked(self, hook):
+        """A ``propose`` whose draft step ends with ``hook(draft_tokens)`` (spectrace's
+        in-graph staging launch, as DSpark's ``_sample_sequential`` would call it), captured in
+        a second graph of the same step (eager without graphs)."""
+        step = self.step_fn
+        if self.graph is not None and hook not in self._graphs:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(3):  # warmup (compiles the staging kernel)
+                    step()
+                    hook(step.draft_tokens)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                step()
+                hook(step.draft_tokens)
+            self._graphs[hook] = g
+
+        def propose(*a, **kw):
+            self._hook = hook
+            try:
+                return self.propose(*a, **kw)
+            finally:
+                self._hook = None
+
+        return propose
 
     def run_step(self, propose) -> None:
         i = self.t % self.ns_pool.shape[0]
@@ -459,21 +492,18 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
             {"engine": "bench", "method": "dspark", "k": k, "source": "bench"},
         )
 
-    taps = {
-        m: _timed_tap(runner, make_session(), m == "capture", args.flush_steps)
-        for m in ("capture", "inline")
-    }
-    for tap, host in taps.values():  # compile the staging kernel, start the join thread
+    taps = {m: _timed_tap(runner, make_session(), m, args.flush_steps) for m in MODES}
+    for tap, host, propose in taps.values():  # compile the kernels, start the join thread
         for _ in range(args.warmup):
-            runner.run_step(tap.propose)
+            runner.run_step(propose)
         tap.drain(wait=True)
-        host[:] = [0.0, 0]  # host time of the interleaved runs only (their warmup included)
+        host[:] = [0.0, 0, 0.0]  # host time of the interleaved runs only (warmup included)
         if tap.drainer is not None:
             tap.drainer.busy_ns = 0
-    runs: dict[str, list[dict]] = {"off": [], "capture": [], "inline": []}
+    runs: dict[str, list[dict]] = {"off": [], **{m: [] for m in MODES}}
     for _ in range(args.repeats):
         for mode in runs:
-            propose = runner.propose if mode == "off" else taps[mode][0].propose
+            propose = runner.propose if mode == "off" else taps[mode][2]
             runs[mode].append(measure(runner, propose, args.steps, args.warmup, cuda))
     from spectrace.hooks.vllm.v2 import stage as v2_stage
 
@@ -495,11 +525,15 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
         rows.append(r)
     off = rows[0]
     for on in rows[1:]:
-        tap, host = taps[on["mode"]]
+        tap, host, _ = taps[on["mode"]]
         steps = max(host[1], 1)
         joined = tap.drainer.busy_ns / 1e3 / steps if tap.drainer is not None else 0.0
         tap.session.close()  # stops the join thread, joins the rest
-        on["capture_host_us"] = host[0] / steps * 1e6
+        on["capture_host_us"] = (host[0] - host[2]) / steps * 1e6
+        g = tap.graph
+        on["graph_stage"] = None if g is None else {"captures": g.captures, "lost": g.lost}
+        if g is not None and g.lost:
+            raise SystemExit(f"bench: in-graph staging lost {g.lost} descriptors")
         on["join_thread_us"] = joined
         on["sync_waits"] = tap.sync_waits
         on["launch_counts"] = launches  # cumulative over the process (direct vs kernel[grid])
@@ -515,25 +549,42 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
     return rows
 
 
-def _timed_tap(runner: Runner, session, background: bool, flush_steps: int | None):
-    """A ProposeTap on its own speculator object wrapping ``runner.propose`` (which stays
-    bare), and ``[seconds, calls]`` of host time inside its ``record``."""
-    spec = SimpleNamespace(propose=runner.propose)
-    kw = {} if flush_steps is None else {"flush_steps": flush_steps}
-    tap = vllm_v2.ProposeTap(spec, session, background_join=background, **kw)
-    host = [0.0, 0]
-    orig_record = tap.record
+#: Capture modes: ``capture``, the drafter's graph stages the rows (the tap writes one
+#: descriptor per step: :mod:`spectrace.hooks.vllm.v2.graph_stage`); ``launch``, the landed
+#: path measured in the same run (one staging launch from Python after each ``propose``).
+MODES = ("capture", "launch")
 
-    def timed_record(*a, **kw):  # host time spent inside the capture path
+
+def _timed_tap(runner: Runner, session, mode: str, flush_steps: int | None):
+    """``(tap, host, propose)``: a ProposeTap on its own speculator object wrapping
+    ``runner.propose`` (which stays bare), or the hooked propose in mode ``capture``;
+    ``host`` is ``[seconds in the tap's propose, calls, seconds in the original propose]``
+    (tap host time = the difference: everything the tap adds on the runner's thread)."""
+    kw = {} if flush_steps is None else {"flush_steps": flush_steps}
+    host = [0.0, 0, 0.0]
+    inner = [runner.propose]  # the hooked propose in mode capture, once the tap exists
+
+    def timed_inner(*a, **kw):  # the original propose, timed (subtracted)
         t0 = time.perf_counter()
         try:
-            return orig_record(*a, **kw)
+            return inner[0](*a, **kw)
+        finally:
+            host[2] += time.perf_counter() - t0
+
+    spec = SimpleNamespace(propose=timed_inner)
+    tap = vllm_v2.ProposeTap(spec, session, background_join=True, **kw)
+    if mode == "capture":  # captures the step's graph with the tap's staging launch
+        inner[0] = runner.hooked(tap.stage_in_graph)
+
+    def timed_propose(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return tap.propose(*a, **kw)
         finally:
             host[0] += time.perf_counter() - t0
             host[1] += 1
 
-    tap.record = timed_record
-    return tap, host
+    return tap, host, timed_propose
 
 
 def stage_micro(batch: int = 64, k: int = 7, n_iter: int = 2000) -> dict:
@@ -697,7 +748,7 @@ def main(argv=None) -> int:
             print(f"bench: {config} batch {b} done", file=sys.stderr, flush=True)
     print_table(rows)
     caps = [r for r in rows if r["mode"] == "capture"]
-    inline = [r for r in rows if r["mode"] == "inline"]
+    inline = [r for r in rows if r["mode"] == "launch"]
     worst = max(caps, key=lambda r: r["overhead_pct"])
     added = max(r["added_syncs_per_step"] for r in caps)
     waits = max(r["sync_waits"] for r in caps)
@@ -711,7 +762,7 @@ def main(argv=None) -> int:
         by_cfg.setdefault(r["config"], []).append(r["overhead_pct"])
     for c, v in by_cfg.items():
         print(f"  {c}: overhead per batch size {', '.join(f'{x:+.2f}%' for x in v)}")
-    for name, rs in (("capture", caps), ("inline (pre-change path)", inline)):
+    for name, rs in (("capture", caps), ("launch (pre-change path)", inline)):
         host = ", ".join(f"{r['config']} b{r['batch']} {r['capture_host_us']:.1f}" for r in rs)
         print(f"  tap host us/step, {name}: {host}")
     for c in by_cfg:
@@ -721,7 +772,7 @@ def main(argv=None) -> int:
             if a["config"] == c and b["config"] == c
         ]
         print(
-            f"  {c}: capture vs inline overhead "
+            f"  {c}: capture vs launch overhead "
             + ", ".join(f"{a:+.2f}% vs {b:+.2f}%" for a, b in pairs)
         )
     if micro:  # device work the capture adds per step: one staging kernel (+ a copy per flush)
