@@ -58,6 +58,7 @@ and ``--no-cpu-fallback``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -564,6 +565,7 @@ def _timed_tap(runner: Runner, session, mode: str, flush_steps: int | None):
     host = [0.0, 0, 0.0]
     inner = [runner.propose]  # the hooked propose in mode capture, once the tap exists
 
+    @functools.wraps(runner.propose)  # the signature the tap resolves
     def timed_inner(*a, **kw):  # the original propose, timed (subtracted)
         t0 = time.perf_counter()
         try:
