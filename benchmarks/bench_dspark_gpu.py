@@ -493,15 +493,16 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
             {"engine": "bench", "method": "dspark", "k": k, "source": "bench"},
         )
 
-    taps = {m: _timed_tap(runner, make_session(), m, args.flush_steps) for m in MODES}
+    modes = args.modes.split(",")
+    taps = {m: _timed_tap(runner, make_session(), m, args.flush_steps) for m in modes}
     for tap, host, propose in taps.values():  # compile the kernels, start the join thread
         for _ in range(args.warmup):
             runner.run_step(propose)
         tap.drain(wait=True)
-        host[:] = [0.0, 0, 0.0]  # host time of the interleaved runs only (warmup included)
+        host[:] = [0.0, 0, 0.0, []]  # host time of the interleaved runs only (warmup included)
         if tap.drainer is not None:
             tap.drainer.busy_ns = 0
-    runs: dict[str, list[dict]] = {"off": [], **{m: [] for m in MODES}}
+    runs: dict[str, list[dict]] = {"off": [], **{m: [] for m in modes}}
     for _ in range(args.repeats):
         for mode in runs:
             propose = runner.propose if mode == "off" else taps[mode][2]
@@ -531,6 +532,8 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
         joined = tap.drainer.busy_ns / 1e3 / steps if tap.drainer is not None else 0.0
         tap.session.close()  # stops the join thread, joins the rest
         on["capture_host_us"] = (host[0] - host[2]) / steps * 1e6
+        on["capture_host_p50_us"] = statistics.median(host[3] or [0.0]) * 1e6
+        on["capture_host_p90_us"] = sorted(host[3] or [0.0])[int(len(host[3]) * 0.9)] * 1e6
         g = tap.graph
         on["graph_stage"] = None if g is None else {"captures": g.captures, "lost": g.lost}
         if g is not None and g.lost:
@@ -562,7 +565,7 @@ def _timed_tap(runner: Runner, session, mode: str, flush_steps: int | None):
     ``host`` is ``[seconds in the tap's propose, calls, seconds in the original propose]``
     (tap host time = the difference: everything the tap adds on the runner's thread)."""
     kw = {} if flush_steps is None else {"flush_steps": flush_steps}
-    host = [0.0, 0, 0.0]
+    host = [0.0, 0, 0.0, []]  # + per-step tap host seconds (for the median)
     inner = [runner.propose]  # the hooked propose in mode capture, once the tap exists
 
     @functools.wraps(runner.propose)  # the signature the tap resolves
@@ -580,11 +583,14 @@ def _timed_tap(runner: Runner, session, mode: str, flush_steps: int | None):
 
     def timed_propose(*a, **kw):
         t0 = time.perf_counter()
+        inner0 = host[2]
         try:
             return tap.propose(*a, **kw)
         finally:
-            host[0] += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            host[0] += dt
             host[1] += 1
+            host[3].append(dt - (host[2] - inner0))
 
     return tap, host, timed_propose
 
@@ -704,6 +710,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--flush-steps", type=int, default=None, help="steps per ring segment (default: the tap's)"
     )
+    ap.add_argument("--modes", default=",".join(MODES), help="capture modes, comma-separated")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--no-cpu-fallback", action="store_true")
     ap.add_argument(
@@ -712,7 +719,15 @@ def main(argv=None) -> int:
         help="skip the staging-launch micro "
         "benchmark (Triton vs torch ops vs a CUDA graph of them)",
     )
+    ap.add_argument("--poll-ms", type=float, default=None, help="override Drainer.POLL_S")
+    ap.add_argument("--switch-us", type=float, default=None, help="override Drainer.SWITCH_S")
     args = ap.parse_args(argv)
+    from spectrace.hooks.vllm.v2.drainer import Drainer
+
+    if args.poll_ms is not None:
+        Drainer.POLL_S = args.poll_ms / 1e3
+    if args.switch_us is not None:
+        Drainer.SWITCH_S = args.switch_us / 1e6
     if args.sink is None:
         try:
             import h5py  # noqa: F401
@@ -749,7 +764,7 @@ def main(argv=None) -> int:
             rows += bench_one(config, b, args, device)
             print(f"bench: {config} batch {b} done", file=sys.stderr, flush=True)
     print_table(rows)
-    caps = [r for r in rows if r["mode"] == "capture"]
+    caps = [r for r in rows if r["mode"] == "capture"] or [r for r in rows if r["mode"] != "off"]
     inline = [r for r in rows if r["mode"] == "launch"]
     worst = max(caps, key=lambda r: r["overhead_pct"])
     added = max(r["added_syncs_per_step"] for r in caps)
@@ -765,8 +780,12 @@ def main(argv=None) -> int:
     for c, v in by_cfg.items():
         print(f"  {c}: overhead per batch size {', '.join(f'{x:+.2f}%' for x in v)}")
     for name, rs in (("capture", caps), ("launch (pre-change path)", inline)):
-        host = ", ".join(f"{r['config']} b{r['batch']} {r['capture_host_us']:.1f}" for r in rs)
-        print(f"  tap host us/step, {name}: {host}")
+        host = ", ".join(
+            f"{r['config']} b{r['batch']} {r['capture_host_us']:.1f} "
+            f"(p50 {r['capture_host_p50_us']:.1f}, p90 {r['capture_host_p90_us']:.1f})"
+            for r in rs
+        )
+        print(f"  tap host us/step mean (median, p90), {name}: {host}")
     for c in by_cfg:
         pairs = [
             (a["overhead_pct"], b["overhead_pct"])

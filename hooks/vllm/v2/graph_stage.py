@@ -12,16 +12,17 @@ segment, the row offset) change per step, so the kernel reads them from a *descr
 Per step the host only writes one descriptor (numpy stores, no CUDA call) before calling the
 original ``propose``.
 
-Which descriptor a kernel run takes: a device-side counter (int64 ``[1]``, device memory) that
-every run increments; run ``c`` reads ``desc[c % SLOTS]`` and stages its rows only when the
-descriptor's sequence number is ``c``. The host writes descriptor ``h`` for the ``h``-th run it
-expects: one per ``propose`` call while armed (``n = 0`` for calls it does not record: dummy
-runs, warmup batches, an inactive session), and one of its own for a launch from
+Which descriptor a kernel run takes: a device-side counter (int64 ``[2]``, device memory: runs,
+lost runs) that every run increments; run ``c`` reads ``desc[c % SLOTS]`` and stages its rows
+only when the descriptor's sequence number is ``c``. The host writes descriptor ``h`` for the
+``h``-th run it expects: one per ``propose`` call while armed (``n = 0`` for calls it does not
+record: dummy runs, warmup batches, an inactive session), and one of its own for a launch from
 :meth:`GraphStage.launch` outside a capture and outside a ``propose`` call (eager warmup).
 Eager steps (no replay: ``enforce_eager``, batch sizes without a graph) launch the same kernel
 from :meth:`GraphStage.launch`, taking the call's descriptor. A run whose descriptor does not
 match (a replay the host did not see, or a call that ran no kernel) writes nothing and counts
-in ``ctl[1]`` (pinned; the tap fails the session when it is non-zero: never a silent shift).
+in ``ctl[1]`` (pinned, written by the kernel; the tap fails the session when it is non-zero:
+never a silent shift).
 ``ctl[0]`` is the count of runs done, which bounds how far the host may write ahead
 (:attr:`SLOTS` descriptors; past that it waits, counted in ``waits``: never in practice).
 
@@ -88,7 +89,7 @@ class GraphStage:
         self.desc_np = self.desc.numpy()
         self.ctl = torch.zeros(2, dtype=torch.int64).pin_memory()  # runs done, lost
         self.ctl_np = self.ctl.numpy()
-        self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+        self.counter = torch.zeros(2, dtype=torch.int64, device=device)  # runs, lost
         self.k: int | None = None
         self.armed = False
         self.seq = 0

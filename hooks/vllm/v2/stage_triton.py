@@ -65,6 +65,12 @@ def _ld(p, wide, bit: tl.constexpr, offs, m):
 
 
 @triton.jit
+def _field(v, cols, i: tl.constexpr):
+    """Word ``i`` of the descriptor vector ``v`` (int64 [DESC_W])."""
+    return tl.sum(tl.where(cols == i, v, 0), axis=0)
+
+
+@triton.jit
 def _ring_stage_kernel(
     desc_ptr,
     ctl_ptr,
@@ -77,28 +83,31 @@ def _ring_stage_kernel(
     KP: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """One program: the descriptor ``desc[counter % A]`` (pinned host memory, written by the
-    host before the launch or graph replay) names this step's inputs and destination; when
-    its sequence number equals the device counter, its ``n`` rows are staged like
-    :func:`_stage_kernel`'s; else nothing is written and ``ctl[1]`` (lost descriptors)
-    grows. Then the counter and ``ctl[0]`` (descriptors consumed) become counter + 1."""
+    """One program: the descriptor ``desc[counter[0] % A]`` (pinned host memory, written by
+    the host before the launch or graph replay; read in one uncached load) names this step's
+    inputs and destination; when its sequence number equals the device counter, its ``n``
+    rows are staged like :func:`_stage_kernel`'s, else nothing is written and ``counter[1]``
+    (lost descriptors) grows. Then ``counter[0]`` grows by one, and both counters are
+    written to ``ctl`` (pinned host memory: posted writes, the host reads them)."""
     c = tl.load(counter_ptr)
-    d = desc_ptr + (c % A) * 16  # DESC_W
-    ok = tl.load(d, volatile=True) == c
-    n = tl.minimum(tl.where(ok, tl.load(d + 1, volatile=True), 0), drafts_rows)
-    out_p = tl.load(d + 2, volatile=True).to(tl.pointer_type(tl.int32))
-    out_stride = tl.load(d + 3, volatile=True)
-    row0 = tl.load(d + 4, volatile=True)
-    ns_p = tl.load(d + 5, volatile=True)
-    nr_p = tl.load(d + 6, volatile=True)
-    idx_p = tl.load(d + 7, volatile=True)
-    qsl_p = tl.load(d + 8, volatile=True)
-    pos_p = tl.load(d + 9, volatile=True)
-    last_p = tl.load(d + 10, volatile=True)
-    last_stride = tl.load(d + 11, volatile=True)
-    nxt_p = tl.load(d + 12, volatile=True)
-    nxt_stride = tl.load(d + 13, volatile=True)
-    wide = tl.load(d + 14, volatile=True)
+    lost = tl.load(counter_ptr + 1)
+    w = tl.arange(0, 16)  # DESC_W
+    v = tl.load(desc_ptr + (c % A) * 16 + w, cache_modifier=".cv")
+    ok = _field(v, w, 0) == c
+    n = tl.minimum(tl.where(ok, _field(v, w, 1), 0), drafts_rows)
+    out_p = _field(v, w, 2).to(tl.pointer_type(tl.int32))
+    out_stride = _field(v, w, 3)
+    row0 = _field(v, w, 4)
+    ns_p = _field(v, w, 5)
+    nr_p = _field(v, w, 6)
+    idx_p = _field(v, w, 7)
+    qsl_p = _field(v, w, 8)
+    pos_p = _field(v, w, 9)
+    last_p = _field(v, w, 10)
+    last_stride = _field(v, w, 11)
+    nxt_p = _field(v, w, 12)
+    nxt_stride = _field(v, w, 13)
+    wide = _field(v, w, 14)
     cols = tl.arange(0, KP)
     for b in range(0, n, BLOCK):
         rows = b + tl.arange(0, BLOCK)
@@ -123,7 +132,8 @@ def _ring_stage_kernel(
             other=-1,
         )
         tl.store(base[:, None] + 4 + cols[None, :], dr.to(tl.int32), mask=cm)  # META_COLS
+    lost = tl.where(ok, lost, lost + 1)
     tl.store(counter_ptr, c + 1)
+    tl.store(counter_ptr + 1, lost)
     tl.store(ctl_ptr, c + 1)
-    lost = tl.load(ctl_ptr + 1, volatile=True)
-    tl.store(ctl_ptr + 1, tl.where(ok, lost, lost + 1))
+    tl.store(ctl_ptr + 1, lost)
