@@ -331,12 +331,14 @@ def test_graph_stage_counts_a_replay_it_did_not_see(tmp_path, fakes):
     session = Session(tmp_path / "t.h5", {"k": K, "source": "vllm-hook"})
     make_propose, v2_batch, _ = fakes
     spec = GraphSpec(make_propose, v2_batch)
-    tap = ProposeTap(spec, session, max_model_len=1000)
+    tap = ProposeTap(spec, session, max_model_len=1000, flush_steps=1)
     spec.attach(tap)
     spec.drafts = torch.zeros((1, K), dtype=torch.int64, device="cuda")
     spec.graph.replay()  # outside propose: no descriptor
     torch.cuda.synchronize()
     assert tap.graph.lost == 1
+    step(spec, [("a", 1, 0, 5, 5, [1, 2, 3])], "cuda")  # the count is read after each flush
+    assert tap.graph.lost_seen >= 1
     with pytest.raises(RuntimeError, match="lost count"):
         step(spec, [("a", 1, 0, 5, 5, [1, 2, 3])], "cuda")
     session.close()

@@ -139,7 +139,7 @@ class ProposeTap(TapJoin):
 
         if torch.cuda.is_current_stream_capturing():  # no replay runs in this call
             return self._orig(*args, **kwargs)
-        if self._join_error is not None or (g.lost and self.session.active):
+        if self._join_error is not None or (g.lost_seen and self.session.active):
             exc = self._join_error or RuntimeError(
                 f"in-graph staging lost count: {g.lost} kernel runs without their descriptor"
             )
@@ -162,10 +162,11 @@ class ProposeTap(TapJoin):
             self._post = None
             drafts = out if isinstance(out, torch.Tensor) else getattr(out, "draft_tokens", out)
             stage_torch(seg_dev, n, *inputs, drafts)
-        if self._flush_after is not None:
+        if self._flush_after is not None:  # once per segment: also read the lost count
             seg, self._flush_after = self._flush_after, None
             if seg.state == "fill":
                 self._flush(seg)
+            g.lost_seen = g.lost
         return out
 
     def stage_in_graph(self, drafts) -> None:
@@ -224,12 +225,12 @@ class ProposeTap(TapJoin):
         ids, keep, all_warmup = self._prev_batch
         if all_warmup:
             return False
-        import torch
-
         g = self.graph if out is None else None  # None: staged from the drafter's graph
         if g is not None:
             cuda, k_all, device = True, g.k, g.device
         else:
+            import torch
+
             drafts = out if isinstance(out, torch.Tensor) else getattr(out, "draft_tokens", out)
             cuda, k_all, device = drafts.is_cuda, drafts.shape[1], drafts.device
             if cuda and torch.cuda.is_current_stream_capturing():
