@@ -65,12 +65,6 @@ def _ld(p, wide, bit: tl.constexpr, offs, m):
 
 
 @triton.jit
-def _field(v, cols, i: tl.constexpr):
-    """Word ``i`` of the descriptor vector ``v`` (int64 [DESC_W])."""
-    return tl.sum(tl.where(cols == i, v, 0), axis=0)
-
-
-@triton.jit
 def _ring_stage_kernel(
     desc_ptr,
     ctl_ptr,
@@ -91,23 +85,22 @@ def _ring_stage_kernel(
     written to ``ctl`` (pinned host memory: posted writes, the host reads them)."""
     c = tl.load(counter_ptr)
     lost = tl.load(counter_ptr + 1)
-    w = tl.arange(0, 16)  # DESC_W
-    v = tl.load(desc_ptr + (c % A) * 16 + w, cache_modifier=".cv")
-    ok = _field(v, w, 0) == c
-    n = tl.minimum(tl.where(ok, _field(v, w, 1), 0), drafts_rows)
-    out_p = _field(v, w, 2).to(tl.pointer_type(tl.int32))
-    out_stride = _field(v, w, 3)
-    row0 = _field(v, w, 4)
-    ns_p = _field(v, w, 5)
-    nr_p = _field(v, w, 6)
-    idx_p = _field(v, w, 7)
-    qsl_p = _field(v, w, 8)
-    pos_p = _field(v, w, 9)
-    last_p = _field(v, w, 10)
-    last_stride = _field(v, w, 11)
-    nxt_p = _field(v, w, 12)
-    nxt_stride = _field(v, w, 13)
-    wide = _field(v, w, 14)
+    d = desc_ptr + (c % A) * 16  # DESC_W; uncached scalar loads, issued together
+    ok = tl.load(d, cache_modifier=".cv") == c
+    n = tl.minimum(tl.where(ok, tl.load(d + 1, cache_modifier=".cv"), 0), drafts_rows)
+    out_p = tl.load(d + 2, cache_modifier=".cv").to(tl.pointer_type(tl.int32))
+    out_stride = tl.load(d + 3, cache_modifier=".cv")
+    row0 = tl.load(d + 4, cache_modifier=".cv")
+    ns_p = tl.load(d + 5, cache_modifier=".cv")
+    nr_p = tl.load(d + 6, cache_modifier=".cv")
+    idx_p = tl.load(d + 7, cache_modifier=".cv")
+    qsl_p = tl.load(d + 8, cache_modifier=".cv")
+    pos_p = tl.load(d + 9, cache_modifier=".cv")
+    last_p = tl.load(d + 10, cache_modifier=".cv")
+    last_stride = tl.load(d + 11, cache_modifier=".cv")
+    nxt_p = tl.load(d + 12, cache_modifier=".cv")
+    nxt_stride = tl.load(d + 13, cache_modifier=".cv")
+    wide = tl.load(d + 14, cache_modifier=".cv")
     cols = tl.arange(0, KP)
     for b in range(0, n, BLOCK):
         rows = b + tl.arange(0, BLOCK)
