@@ -9,16 +9,20 @@ What runs, per measured step (both modes do exactly the same work except the cap
    written into a static KV cache (vLLM's context-KV precompute), the query block through the
    backbone, draft-vocabulary logits, the sequential Markov loop with argmax and d2t, drafts
    into a persistent ``draft_tokens`` buffer;
-3. mode ``capture`` only: spectrace's ``ProposeTap`` (``spectrace.hooks.vllm.v2.tap``) wraps
-   ``propose``: one Triton launch (through the compiled launcher) stages ``[n, 4 + k]`` int32
-   rows (verdict, anchor, anchor position, drafts) into a device ring; every ``flush_steps``
-   (64) steps one non-blocking copy to pinned memory
-   and one event; segments whose event completed are joined (numpy, many steps at once) into
-   blocks on the tap's background thread (``spectrace.hooks.vllm.v2.drainer``). Mode
-   ``inline`` is the pre-change path, measured in the same run: the same tap with
-   ``background_join=False``, joining on the runner's thread at the next ``propose``. The sink
-   is a real trace file (``--sink h5``, needs h5py; written on a background thread) or an
-   in-memory counter (``--sink null``);
+3. modes ``capture`` and ``launch``: spectrace's ``ProposeTap`` (``spectrace.hooks.vllm.v2.tap``)
+   wraps ``propose`` and stages ``[n, 4 + k]`` int32 rows (verdict, anchor, anchor position,
+   drafts) into a device ring; every ``flush_steps`` (64) steps one non-blocking copy to
+   pinned memory and one event; segments whose event completed are joined (numpy, many steps
+   at once) into blocks on the tap's background thread (``spectrace.hooks.vllm.v2.drainer``).
+   In mode ``capture`` the staging kernel is part of the drafter's CUDA graph
+   (``spectrace.hooks.vllm.v2.graph_stage``: the step is captured a second time with
+   ``tap.stage_in_graph(draft_tokens)`` at its end, as DSpark's ``_sample_sequential`` calls
+   it), and the tap only writes the step's descriptor to pinned memory before the replay: no
+   launch from Python. Mode ``launch`` is the landed path, measured in the same run: one
+   Triton launch (through the compiled launcher) from Python after each replay. With
+   ``--eager`` (no graphs) mode ``capture`` launches the same kernel from the hook in Python.
+   The sink is a real trace file (``--sink h5``, needs h5py; written on a background thread)
+   or an in-memory counter (``--sink null``);
 4. the runner's per-step host wait (emulated): like vLLM with async scheduling, the host
    waits for the step before the previous one (``event.synchronize()``), so it runs at most
    two steps ahead. That wait is the same in both modes.
@@ -31,13 +35,16 @@ calls counted by wrappers plus implicit ones reported by ``torch.cuda.set_sync_d
 the runner's own wait is 1 per step in both modes) and the ring's ``sync_waits``. The capture
 must cost under 1% of the step and add no synchronisation.
 
-Where the runner thread's time goes (H200 host, measured with ``_launch_direct``'s pieces
-timed alone): the staging launch is ~16 us of it, of which ~7 us is Triton's C launcher
-(``cuLaunchKernelEx``) and ~9 us the Python around it (specialisation key 3.3, pointers 1.6,
-device, hooks, the launcher's Python); the rest of ``record`` is ~5 us; with ``--sink h5`` the
-trace writer's thread (h5py holds the GIL while it writes) adds ~15-20 us per step at batch 64
-(compare ``--sink null``). Getting under ~20 us per step therefore needs the launch out of the
-step, i.e. the staging kernel captured in the drafter's own graph (not done here).
+Where the runner thread's time goes (H200 host; torch tensor methods cost ~0.3-0.5 us each
+there): in mode ``launch`` the staging launch is ~16 us (~7 us Triton's C launcher, ~9 us the
+Python around it) and the rest of ``record`` ~5-10 us; in mode ``capture`` the descriptor write
+is ~3.6 us (one ``stride()``/``dtype``/``data_ptr()`` per input, one ``struct`` pack) and the
+rest of the wrapper ~8-10 us. With ``--sink h5`` the trace writer's thread and the join thread
+hold the GIL at times (h5py holds it while it writes), which adds a few us on average and
+most of the spread between runs (compare ``--sink null``). The in-graph kernel reads its
+descriptor from pinned host memory: ~4-5 us of device time per step (one PCIe round trip
+before the dependent loads) vs ~1.2-1.5 us for the launched kernel (see the staging micro
+benchmark, ``in-graph``).
 
 Configurations (``--config``): ``tiny`` is the bundled drafter (``engine/models/dspark``,
 hidden 128, fp32; random weights if it is missing), a launch-bound worst case; ``qwen3-8b`` is
@@ -663,6 +670,7 @@ def stage_micro(batch: int = 64, k: int = 7, n_iter: int = 2000) -> dict:
             torch.cuda.synchronize()
             dev_us = e0.elapsed_time(e1) * 1e3 / 500
         out[name] = {"host_us": host_us, "dev_us": dev_us}
+    out["in-graph"] = _in_graph_micro(ring, batch, args, drafts)
     print(
         f"staging launch, batch {batch}, k {k}: "
         + "; ".join(
@@ -670,6 +678,44 @@ def stage_micro(batch: int = 64, k: int = 7, n_iter: int = 2000) -> dict:
         )
     )
     return out
+
+
+def _in_graph_micro(ring, batch: int, args: tuple, drafts) -> dict:
+    """Host us per descriptor write and device us per launch of the in-graph staging kernel
+    (:mod:`spectrace.hooks.vllm.v2.graph_stage`): a graph of 50 launches, replayed after the
+    host wrote their 50 descriptors."""
+    from spectrace.hooks.vllm.v2.graph_stage import GraphStage
+
+    st = GraphStage(drafts.device)
+    for _ in range(3):  # compiles; eager launches write their own descriptors
+        st.launch(drafts)
+    torch.cuda.synchronize()
+    g50 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g50):
+        for _ in range(50):
+            st.launch(drafts)
+
+    def fill() -> float:
+        t0 = time.perf_counter()
+        for i in range(50):
+            st.write(ring, (i % 32) * batch, batch, *args[:7])
+        st.end_call()
+        return time.perf_counter() - t0
+
+    fill()
+    g50.replay()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    dev, host = [], []
+    for _ in range(20):
+        host.append(fill() / 50 * 1e6)
+        e0.record()
+        g50.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        dev.append(e0.elapsed_time(e1) * 1e3 / 50)
+    assert st.lost == 0, st.lost
+    return {"host_us": sorted(host)[10], "dev_us": sorted(dev)[10]}
 
 
 def print_table(rows: list[dict]) -> None:
@@ -797,10 +843,10 @@ def main(argv=None) -> int:
             + ", ".join(f"{a:+.2f}% vs {b:+.2f}%" for a, b in pairs)
         )
     if micro:  # device work the capture adds per step: one staging kernel (+ a copy per flush)
-        dev_us = micro["triton"]["dev_us"]
+        dev_us = micro["in-graph"]["dev_us"]
         offs = {(r["config"], r["batch"]): r["gpu_ms"] for r in rows if r["mode"] == "off"}
         print(
-            f"  staging kernel device time {dev_us:.2f} us per step (batch 64): "
+            f"  in-graph staging kernel device time {dev_us:.2f} us per step (batch 64): "
             + ", ".join(f"{c} b{b} {dev_us / (ms * 1e3) * 100:.2f}%" for (c, b), ms in offs.items())
         )
     if args.json:
