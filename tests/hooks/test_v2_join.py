@@ -118,6 +118,21 @@ class GraphSpec(HookSpec):
     graph_mode = True
 
 
+class MixedSpec(GraphSpec):
+    """A captured drafter whose calls 2, 4 and 6 run eagerly (a batch size without a graph):
+    the hook launches from Python then, taking the call's descriptor."""
+
+    def _draft(self):
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls % 2:
+            return super()._draft()
+        n = self.drafts.shape[0]
+        self.src.fill_(-9)
+        self.src[:n].copy_(self.drafts)
+        self._body()
+        return self.buf[:n]
+
+
 def run_scenario(
     path, device: str, fakes, late_add: bool = False, spec_cls=None, **tap_kw
 ) -> ProposeTap:
@@ -302,26 +317,31 @@ def test_late_add_is_queued_with_a_background_joiner_cuda(tmp_path, fakes, flush
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec_cls", [HookSpec, GraphSpec])
+@pytest.mark.parametrize("spec_cls", [GraphSpec, MixedSpec])
 @pytest.mark.parametrize("flush_steps", [1, 3, 32])
 def test_chunked_join_staged_in_graph_cuda(tmp_path, fakes, flush_steps, spec_cls):
     """The drafter stages its rows itself (``stage_in_graph``): from a replayed CUDA graph
-    (no launch from Python per step) and on its eager path; the same trace, no descriptor
-    lost, no launch from the tap."""
+    (no launch from Python per step), and on its eager path after a capture; the same
+    trace, no descriptor lost, no launch from the tap."""
     before = dict(v2_stage.launch_counts)
     tap = run_scenario(
         tmp_path / "t.h5", "cuda", fakes, True, spec_cls=spec_cls, flush_steps=flush_steps
     )
     check_trace(tmp_path / "t.h5", tap)
     g = tap.graph
-    assert g is not None and g.armed and g.lost == 0 and g.waits == 0
-    assert g.captures == (1 if spec_cls is GraphSpec else 0)
-    eager_warmups = 2 if spec_cls is GraphSpec else 0
-    assert g.seq == 6 + eager_warmups and int(g.ctl_np[0]) == 6 + eager_warmups
-    # No staging launch by the tap once the drafter has staged once (eager: the first step
-    # is staged by the tap, before its hook has run).
-    launched = sum(v2_stage.launch_counts.values()) - sum(before.values())
-    assert launched == (0 if spec_cls is GraphSpec else 1)
+    assert g is not None and g.armed and g.lost == 0 and g.waits == 0 and g.captures == 1
+    assert g.seq == 6 and int(g.ctl_np[0]) == 6  # warmups before the capture: no descriptor
+    assert sum(v2_stage.launch_counts.values()) == sum(before.values())  # none by the tap
+
+
+@needs_cuda
+def test_eager_drafter_keeps_the_tap_launch_cuda(tmp_path, fakes):
+    """A drafter that never captures: its hook does nothing, the tap launches each step."""
+    before = sum(v2_stage.launch_counts.values())
+    tap = run_scenario(tmp_path / "t.h5", "cuda", fakes, True, spec_cls=HookSpec)
+    check_trace(tmp_path / "t.h5", tap)
+    assert not tap.graph.armed and tap.graph.seq == 0  # compiled once, never used
+    assert sum(v2_stage.launch_counts.values()) - before == 6
 
 
 @needs_cuda

@@ -69,8 +69,8 @@ class GraphStage:
     Attributes:
         k: drafts per row the captured launches stage (``drafts.shape[1]``), None before the
             first :meth:`launch`.
-        armed: True once a launch was made (from then on every ``propose`` call writes one
-            descriptor).
+        armed: True once a launch was captured (from then on every ``propose`` call writes
+            one descriptor).
         seq: descriptors written so far (the next one's sequence number).
         waits: times the host waited for the device to take descriptors (should stay 0).
         captures: launches made inside a CUDA-graph capture.
@@ -102,6 +102,12 @@ class GraphStage:
         self._wide = {torch.int32: 0, torch.int64: 1}
         self._out = None  # the last destination block (its pointer and row stride cached)
         self._out_ptr = self._out_stride = 0
+        # Same dtypes as the real buffers (same compiled kernel); seq -1: nothing is staged.
+        self._scratch = (
+            torch.full((len(DESC_FIELDS),), -1, dtype=torch.int64).pin_memory(),
+            torch.zeros(2, dtype=torch.int64).pin_memory(),
+            torch.zeros(2, dtype=torch.int64, device=device),
+        )
 
     # -- host side -------------------------------------------------------------------------
 
@@ -207,9 +213,11 @@ class GraphStage:
         """The staging launch, from the drafter, after ``drafts`` (int ``[rows, k]``, unit
         column stride, the buffer ``propose`` returns the first ``n`` rows of) are written.
 
-        Inside a CUDA-graph capture the launch is captured (every replay stages a step);
-        outside one it runs now, taking the current ``propose`` call's descriptor (or writing
-        one of no rows: a warmup launch outside ``propose``).
+        Inside a CUDA-graph capture the launch is captured (every replay stages a step) and
+        the stage is armed; outside one, once armed, it runs now, taking the current
+        ``propose`` call's descriptor (or writing one of no rows: a warmup launch outside
+        ``propose``); before the first capture it runs once on scratch buffers (compiling the
+        kernel before a capture needs it) and stages nothing.
 
         Raises:
             ValueError: ``drafts`` has a column stride other than 1, or another ``k`` than an
@@ -226,16 +234,22 @@ class GraphStage:
                 f"(k {self.k} before); needs unit column stride and one k"
             )
         capturing = torch.cuda.is_current_stream_capturing()
-        if not capturing:
+        desc, ctl, counter = self.desc, self.ctl, self.counter
+        if capturing:
+            self.captures += 1
+            self.armed = True
+        elif not self.armed:  # before the first capture: compile on scratch buffers, once
+            if self.k == k:
+                return
+            desc, ctl, counter = self._scratch
+        else:
             if not self._call_desc:
                 self.write_skip()
             self._call_desc = False
-        else:
-            self.captures += 1
         _ring_stage_kernel[(1,)](
-            self.desc,
-            self.ctl,
-            self.counter,
+            desc,
+            ctl,
+            counter,
             drafts,
             drafts.stride(0),
             drafts.shape[0],
@@ -246,4 +260,3 @@ class GraphStage:
             num_warps=1,  # one tiny program: a warp is enough, and it starts sooner
         )
         self.k = k
-        self.armed = True

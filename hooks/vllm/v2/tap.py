@@ -172,16 +172,25 @@ class ProposeTap(TapJoin):
     def stage_in_graph(self, drafts) -> None:
         """The drafter's staging launch (:meth:`.graph_stage.GraphStage.launch`): call it
         after ``drafts`` (the buffer ``propose`` returns rows of) is written, inside the
-        drafter's CUDA-graph capture and on its eager path. A no-op off CUDA.
+        drafter's CUDA-graph capture and on its eager path. A no-op off CUDA; until a first
+        capture, an eager call only compiles the kernel (an eager-only drafter keeps the
+        tap's own launch, which is cheaper than this one from Python).
 
         Raises:
             ValueError: see :meth:`~.graph_stage.GraphStage.launch`.
         """
-        if not drafts.is_cuda or not triton_ok(drafts):
-            return
-        if self.graph is None:
-            self.graph = GraphStage(drafts.device)
-        self.graph.launch(drafts)
+        import torch
+
+        g = self.graph
+        if g is None:
+            # Made on an eager call only: its buffers must not come from a graph's pool (a
+            # drafter captured with no eager call first keeps the tap's own launch).
+            if not drafts.is_cuda or not triton_ok(drafts):
+                return
+            if torch.cuda.is_current_stream_capturing():
+                return
+            g = self.graph = GraphStage(drafts.device)
+        g.launch(drafts)
 
     def _args(self, args: tuple, kwargs: dict) -> list:
         """The values of ``_RECORD_ARGS`` in this call (keyword, else position, else the
