@@ -316,8 +316,24 @@ def test_late_add_is_queued_with_a_background_joiner_cuda(tmp_path, fakes, flush
     assert tap.drainer is not None and tap.drainer.runs >= 1
 
 
+class StridedSpec(GraphSpec):
+    """A captured drafter called with a ``num_sampled`` of stride 2 (a layout the in-graph
+    kernel does not take): the tap writes descriptors of no rows and stages with torch ops
+    after each call."""
+
+    def attach(self, tap) -> None:
+        super().attach(tap)
+        wrapped = self.propose  # the tap's wrapper by now
+
+        def propose(*a, **kw):
+            ns = a[5]
+            return wrapped(*a[:5], torch.stack([ns, ns], 1)[:, 0], *a[6:], **kw)
+
+        self.propose = propose
+
+
 @needs_cuda
-@pytest.mark.parametrize("spec_cls", [GraphSpec, MixedSpec])
+@pytest.mark.parametrize("spec_cls", [GraphSpec, MixedSpec, StridedSpec])
 @pytest.mark.parametrize("flush_steps", [1, 3, 32])
 def test_chunked_join_staged_in_graph_cuda(tmp_path, fakes, flush_steps, spec_cls):
     """The drafter stages its rows itself (``stage_in_graph``): from a replayed CUDA graph

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from typing import Any
 
 import numpy as np
 
@@ -108,7 +109,8 @@ class ProposeTap(TapJoin):
         self._join_error: BaseException | None = None
         self._lock = threading.RLock()  # join state: the drainer's thread vs close/finish paths
         self.graph: GraphStage | None = None  # set by the drafter's first stage_in_graph
-        self._post: tuple | None = None  # torch-op staging left for after the call
+        # torch-op staging left for after the call: (rows, n, the 7 inputs before drafts)
+        self._post: tuple[Any, int, tuple[Any, Any, Any, Any, Any, Any, Any]] | None = None
         self._flush_after: Segment | None = None  # a segment to copy out after the call
         self._orig = speculator.propose
         speculator.propose = self.propose  # instance attribute: beats subclass overrides
@@ -236,7 +238,7 @@ class ProposeTap(TapJoin):
             return False
         g = self.graph if out is None else None  # None: staged from the drafter's graph
         if g is not None:
-            cuda, k_all, device = True, g.k, g.device
+            cuda, k_all, device = True, int(g.k or 0), g.device
         else:
             import torch
 

@@ -3,6 +3,8 @@ deferred request events joined against the carried proposals, blocks to the sess
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..joiner import OpenBlock
@@ -10,11 +12,31 @@ from .join import Proposals, concat_proposals, join_chunk
 from .stage import META_COLS
 from .stream import StepRec, assemble
 
+if TYPE_CHECKING:
+    from ..session import Session
+    from .outputs import EmittedIds
+
 
 class TapJoin:
     """:class:`~.tap.ProposeTap`'s joining methods (they use its attributes: ``_ids``,
     ``_names``, ``_wrows``, ``_carry_req``, ``_carry``, ``_ring_key``, ``step_observers``,
     ``session``, ``_out``)."""
+
+    session: Session
+    step_observers: list
+    _ids: dict[str, int]
+    _names: list[str]
+    _wrows: np.ndarray | None
+    _carry_req: np.ndarray
+    _carry: Proposals | None
+    _ring_key: tuple | None
+    _out: EmittedIds
+
+    if TYPE_CHECKING:  # ProposeTap's request methods
+
+        def _register(self, req_id: str, prompt_ids, sampling_params) -> None: ...
+
+        def finish(self, req_id: str, final: bool = True) -> None: ...
 
     def _join(self, items: list) -> None:
         """Join a run of stream items (steps and deferred finishes/drops) in order."""
