@@ -19,10 +19,11 @@ for ``DSparkSpeculator`` instances:
   (``input_buffers.input_ids[_anchor_idx[:n]]``), ``sample_pos[:n*k]`` and
   ``draft_tokens[:n, :k]``. On CUDA the block goes through a small ring of pinned host slots
   with a non-blocking copy and an event, like the propose wrapper: nothing synchronises.
-* **In-graph staging** (``graph_stage``, on CUDA): the same wrapper makes the propose tap's
-  staging launch after the Markov loop (:meth:`.tap.ProposeTap.stage_in_graph`); while vLLM
-  captures the draft step that launch is captured too, so a replayed step stages its rows with
-  no launch from Python (:mod:`.graph_stage`).
+* **In-graph staging** (``graph_stage``, on CUDA, opt-in: ``SPECTRACE_GRAPH_STAGE=1``): the
+  same wrapper makes the propose tap's staging launch after the Markov loop
+  (:meth:`.tap.ProposeTap.stage_in_graph`); while vLLM captures the draft step that launch is
+  captured too, so a replayed step stages its rows with no launch from Python
+  (:mod:`.graph_stage`).
 * **Agreement check**: when the propose wrapper joins a step, the inner record of the same step
   must have the same anchors and drafts per row, and ``sample_pos[i, j] == anchor_pos[i] + 1 +
   j`` (the DFlash/DSpark prepare kernel's positions). The result is stored in
@@ -33,6 +34,7 @@ for ``DSparkSpeculator`` instances:
 from __future__ import annotations
 
 import inspect
+import os
 
 import numpy as np
 
@@ -148,7 +150,11 @@ class DSparkTap:
         slots: ring size for the inner records on CUDA.
         graph_stage: on CUDA, ``_sample_sequential`` also makes the propose tap's staging
             launch (:meth:`.tap.ProposeTap.stage_in_graph`): captured with the drafter's CUDA
-            graph, so a replayed step adds no launch from Python (:mod:`.graph_stage`).
+            graph, so a replayed step adds no launch from Python (:mod:`.graph_stage`). None
+            (default): on when ``SPECTRACE_GRAPH_STAGE=1``. Off by default: it halves the
+            tap's host time per step but its kernel's descriptor read over PCIe costs about
+            5 us of device time per step, which put the 8B shape over 1% at batch 1 on the
+            H200 (``benchmarks/bench_dspark_gpu.py``).
 
     Attributes:
         layout: :func:`dspark_layout`'s result.
@@ -165,7 +171,7 @@ class DSparkTap:
         session: Session,
         inner: bool = True,
         slots: int = 8,
-        graph_stage: bool = True,
+        graph_stage: bool | None = None,
     ) -> None:
         self.layout = dspark_layout(speculator)
         self.spec = speculator
@@ -181,6 +187,8 @@ class DSparkTap:
         self._set_meta()
         tap.step_observers.append(self._observe)
         self.inner = bool(inner)
+        if graph_stage is None:
+            graph_stage = os.environ.get("SPECTRACE_GRAPH_STAGE") == "1"
         self.graph_stage = bool(graph_stage)
         if self.inner or self.graph_stage:
             self._orig_sample = speculator._sample_sequential
