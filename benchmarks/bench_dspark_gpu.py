@@ -9,16 +9,20 @@ What runs, per measured step (both modes do exactly the same work except the cap
    written into a static KV cache (vLLM's context-KV precompute), the query block through the
    backbone, draft-vocabulary logits, the sequential Markov loop with argmax and d2t, drafts
    into a persistent ``draft_tokens`` buffer;
-3. mode ``capture`` only: spectrace's ``ProposeTap`` (``spectrace.hooks.vllm.v2.tap``) wraps
-   ``propose``: one Triton launch (through the compiled launcher) stages ``[n, 4 + k]`` int32
-   rows (verdict, anchor, anchor position, drafts) into a device ring; every ``flush_steps``
-   (64) steps one non-blocking copy to pinned memory
-   and one event; segments whose event completed are joined (numpy, many steps at once) into
-   blocks on the tap's background thread (``spectrace.hooks.vllm.v2.drainer``). Mode
-   ``inline`` is the pre-change path, measured in the same run: the same tap with
-   ``background_join=False``, joining on the runner's thread at the next ``propose``. The sink
-   is a real trace file (``--sink h5``, needs h5py; written on a background thread) or an
-   in-memory counter (``--sink null``);
+3. modes ``capture`` and ``launch``: spectrace's ``ProposeTap`` (``spectrace.hooks.vllm.v2.tap``)
+   wraps ``propose`` and stages ``[n, 4 + k]`` int32 rows (verdict, anchor, anchor position,
+   drafts) into a device ring; every ``flush_steps`` (64) steps one non-blocking copy to
+   pinned memory and one event; segments whose event completed are joined (numpy, many steps
+   at once) into blocks on the tap's background thread (``spectrace.hooks.vllm.v2.drainer``).
+   In mode ``capture`` the staging kernel is part of the drafter's CUDA graph
+   (``spectrace.hooks.vllm.v2.graph_stage``: the step is captured a second time with
+   ``tap.stage_in_graph(draft_tokens)`` at its end, as DSpark's ``_sample_sequential`` calls
+   it), and the tap only writes the step's descriptor to pinned memory before the replay: no
+   launch from Python. Mode ``launch`` is the landed path, measured in the same run: one
+   Triton launch (through the compiled launcher) from Python after each replay. With
+   ``--eager`` (no graphs) mode ``capture`` launches the same kernel from the hook in Python.
+   The sink is a real trace file (``--sink h5``, needs h5py; written on a background thread)
+   or an in-memory counter (``--sink null``);
 4. the runner's per-step host wait (emulated): like vLLM with async scheduling, the host
    waits for the step before the previous one (``event.synchronize()``), so it runs at most
    two steps ahead. That wait is the same in both modes.
@@ -31,13 +35,16 @@ calls counted by wrappers plus implicit ones reported by ``torch.cuda.set_sync_d
 the runner's own wait is 1 per step in both modes) and the ring's ``sync_waits``. The capture
 must cost under 1% of the step and add no synchronisation.
 
-Where the runner thread's time goes (H200 host, measured with ``_launch_direct``'s pieces
-timed alone): the staging launch is ~16 us of it, of which ~7 us is Triton's C launcher
-(``cuLaunchKernelEx``) and ~9 us the Python around it (specialisation key 3.3, pointers 1.6,
-device, hooks, the launcher's Python); the rest of ``record`` is ~5 us; with ``--sink h5`` the
-trace writer's thread (h5py holds the GIL while it writes) adds ~15-20 us per step at batch 64
-(compare ``--sink null``). Getting under ~20 us per step therefore needs the launch out of the
-step, i.e. the staging kernel captured in the drafter's own graph (not done here).
+Where the runner thread's time goes (H200 host; torch tensor methods cost ~0.3-0.5 us each
+there): in mode ``launch`` the staging launch is ~16 us (~7 us Triton's C launcher, ~9 us the
+Python around it) and the rest of ``record`` ~5-10 us; in mode ``capture`` the descriptor write
+is ~3.6 us (one ``stride()``/``dtype``/``data_ptr()`` per input, one ``struct`` pack) and the
+rest of the wrapper ~8-10 us. With ``--sink h5`` the trace writer's thread and the join thread
+hold the GIL at times (h5py holds it while it writes), which adds a few us on average and
+most of the spread between runs (compare ``--sink null``). The in-graph kernel reads its
+descriptor from pinned host memory: ~4-5 us of device time per step (one PCIe round trip
+before the dependent loads) vs ~1.2-1.5 us for the launched kernel (see the staging micro
+benchmark, ``in-graph``).
 
 Configurations (``--config``): ``tiny`` is the bundled drafter (``engine/models/dspark``,
 hidden 128, fp32; random weights if it is missing), a launch-bound worst case; ``qwen3-8b`` is
@@ -58,6 +65,7 @@ and ``--no-cpu-fallback``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -308,6 +316,8 @@ class Runner:
                 step()
         self.t = 0
         self.events: list = []
+        self._graphs: dict = {}  # hook -> the graph of the step with the hook
+        self._hook = None
 
     def propose(
         self,
@@ -332,11 +342,42 @@ class Runner:
         st = self.step_fn
         st.anchor.copy_(last_sampled[input_batch.idx_mapping, 0])  # the prepare kernel's reads
         st.anchor_pos.add_(1)
-        if self.graph is not None:
-            self.graph.replay()
+        graph = self._graphs.get(self._hook, self.graph) if self._hook else self.graph
+        if graph is not None:
+            graph.replay()
         else:
             st()
+            if self._hook is not None:  # the drafter's eager path: the hook runs in Python
+                self._hook(st.draft_tokens)
         return st.draft_tokens[: input_batch.num_reqs]
+
+    def hooked(self, hook):
+        """A ``propose`` whose draft step ends with ``hook(draft_tokens)`` (spectrace's
+        in-graph staging launch, as DSpark's ``_sample_sequential`` would call it), captured in
+        a second graph of the same step (eager without graphs)."""
+        step = self.step_fn
+        if self.graph is not None and hook not in self._graphs:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(3):  # warmup (compiles the staging kernel)
+                    step()
+                    hook(step.draft_tokens)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                step()
+                hook(step.draft_tokens)
+            self._graphs[hook] = g
+
+        def propose(*a, **kw):
+            self._hook = hook
+            try:
+                return self.propose(*a, **kw)
+            finally:
+                self._hook = None
+
+        return propose
 
     def run_step(self, propose) -> None:
         i = self.t % self.ns_pool.shape[0]
@@ -459,21 +500,19 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
             {"engine": "bench", "method": "dspark", "k": k, "source": "bench"},
         )
 
-    taps = {
-        m: _timed_tap(runner, make_session(), m == "capture", args.flush_steps)
-        for m in ("capture", "inline")
-    }
-    for tap, host in taps.values():  # compile the staging kernel, start the join thread
+    modes = args.modes.split(",")
+    taps = {m: _timed_tap(runner, make_session(), m, args.flush_steps) for m in modes}
+    for tap, host, propose in taps.values():  # compile the kernels, start the join thread
         for _ in range(args.warmup):
-            runner.run_step(tap.propose)
+            runner.run_step(propose)
         tap.drain(wait=True)
-        host[:] = [0.0, 0]  # host time of the interleaved runs only (their warmup included)
+        host[:] = [0.0, 0, 0.0, []]  # host time of the interleaved runs only (warmup included)
         if tap.drainer is not None:
             tap.drainer.busy_ns = 0
-    runs: dict[str, list[dict]] = {"off": [], "capture": [], "inline": []}
+    runs: dict[str, list[dict]] = {"off": [], **{m: [] for m in modes}}
     for _ in range(args.repeats):
         for mode in runs:
-            propose = runner.propose if mode == "off" else taps[mode][0].propose
+            propose = runner.propose if mode == "off" else taps[mode][2]
             runs[mode].append(measure(runner, propose, args.steps, args.warmup, cuda))
     from spectrace.hooks.vllm.v2 import stage as v2_stage
 
@@ -495,11 +534,17 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
         rows.append(r)
     off = rows[0]
     for on in rows[1:]:
-        tap, host = taps[on["mode"]]
+        tap, host, _ = taps[on["mode"]]
         steps = max(host[1], 1)
         joined = tap.drainer.busy_ns / 1e3 / steps if tap.drainer is not None else 0.0
         tap.session.close()  # stops the join thread, joins the rest
-        on["capture_host_us"] = host[0] / steps * 1e6
+        on["capture_host_us"] = (host[0] - host[2]) / steps * 1e6
+        on["capture_host_p50_us"] = statistics.median(host[3] or [0.0]) * 1e6
+        on["capture_host_p90_us"] = sorted(host[3] or [0.0])[int(len(host[3]) * 0.9)] * 1e6
+        g = tap.graph
+        on["graph_stage"] = None if g is None else {"captures": g.captures, "lost": g.lost}
+        if g is not None and g.lost:
+            raise SystemExit(f"bench: in-graph staging lost {g.lost} descriptors")
         on["join_thread_us"] = joined
         on["sync_waits"] = tap.sync_waits
         on["launch_counts"] = launches  # cumulative over the process (direct vs kernel[grid])
@@ -515,25 +560,46 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
     return rows
 
 
-def _timed_tap(runner: Runner, session, background: bool, flush_steps: int | None):
-    """A ProposeTap on its own speculator object wrapping ``runner.propose`` (which stays
-    bare), and ``[seconds, calls]`` of host time inside its ``record``."""
-    spec = SimpleNamespace(propose=runner.propose)
-    kw = {} if flush_steps is None else {"flush_steps": flush_steps}
-    tap = vllm_v2.ProposeTap(spec, session, background_join=background, **kw)
-    host = [0.0, 0]
-    orig_record = tap.record
+#: Capture modes: ``capture``, the drafter's graph stages the rows (the tap writes one
+#: descriptor per step: :mod:`spectrace.hooks.vllm.v2.graph_stage`); ``launch``, the landed
+#: path measured in the same run (one staging launch from Python after each ``propose``).
+MODES = ("capture", "launch")
 
-    def timed_record(*a, **kw):  # host time spent inside the capture path
+
+def _timed_tap(runner: Runner, session, mode: str, flush_steps: int | None):
+    """``(tap, host, propose)``: a ProposeTap on its own speculator object wrapping
+    ``runner.propose`` (which stays bare), or the hooked propose in mode ``capture``;
+    ``host`` is ``[seconds in the tap's propose, calls, seconds in the original propose]``
+    (tap host time = the difference: everything the tap adds on the runner's thread)."""
+    kw = {} if flush_steps is None else {"flush_steps": flush_steps}
+    host = [0.0, 0, 0.0, []]  # + per-step tap host seconds (for the median)
+    inner = [runner.propose]  # the hooked propose in mode capture, once the tap exists
+
+    @functools.wraps(runner.propose)  # the signature the tap resolves
+    def timed_inner(*a, **kw):  # the original propose, timed (subtracted)
         t0 = time.perf_counter()
         try:
-            return orig_record(*a, **kw)
+            return inner[0](*a, **kw)
         finally:
-            host[0] += time.perf_counter() - t0
-            host[1] += 1
+            host[2] += time.perf_counter() - t0
 
-    tap.record = timed_record
-    return tap, host
+    spec = SimpleNamespace(propose=timed_inner)
+    tap = vllm_v2.ProposeTap(spec, session, background_join=True, **kw)
+    if mode == "capture":  # captures the step's graph with the tap's staging launch
+        inner[0] = runner.hooked(tap.stage_in_graph)
+
+    def timed_propose(*a, **kw):
+        t0 = time.perf_counter()
+        inner0 = host[2]
+        try:
+            return tap.propose(*a, **kw)
+        finally:
+            dt = time.perf_counter() - t0
+            host[0] += dt
+            host[1] += 1
+            host[3].append(dt - (host[2] - inner0))
+
+    return tap, host, timed_propose
 
 
 def stage_micro(batch: int = 64, k: int = 7, n_iter: int = 2000) -> dict:
@@ -604,6 +670,7 @@ def stage_micro(batch: int = 64, k: int = 7, n_iter: int = 2000) -> dict:
             torch.cuda.synchronize()
             dev_us = e0.elapsed_time(e1) * 1e3 / 500
         out[name] = {"host_us": host_us, "dev_us": dev_us}
+    out["in-graph"] = _in_graph_micro(ring, batch, args, drafts)
     print(
         f"staging launch, batch {batch}, k {k}: "
         + "; ".join(
@@ -611,6 +678,44 @@ def stage_micro(batch: int = 64, k: int = 7, n_iter: int = 2000) -> dict:
         )
     )
     return out
+
+
+def _in_graph_micro(ring, batch: int, args: tuple, drafts) -> dict:
+    """Host us per descriptor write and device us per launch of the in-graph staging kernel
+    (:mod:`spectrace.hooks.vllm.v2.graph_stage`): a graph of 50 launches, replayed after the
+    host wrote their 50 descriptors."""
+    from spectrace.hooks.vllm.v2.graph_stage import GraphStage
+
+    st = GraphStage(drafts.device)
+    for _ in range(3):  # compiles; eager launches write their own descriptors
+        st.launch(drafts)
+    torch.cuda.synchronize()
+    g50 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g50):
+        for _ in range(50):
+            st.launch(drafts)
+
+    def fill() -> float:
+        t0 = time.perf_counter()
+        for i in range(50):
+            st.write(ring, (i % 32) * batch, batch, *args[:7])
+        st.end_call()
+        return time.perf_counter() - t0
+
+    fill()
+    g50.replay()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    dev, host = [], []
+    for _ in range(20):
+        host.append(fill() / 50 * 1e6)
+        e0.record()
+        g50.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        dev.append(e0.elapsed_time(e1) * 1e3 / 50)
+    assert st.lost == 0, st.lost
+    return {"host_us": sorted(host)[10], "dev_us": sorted(dev)[10]}
 
 
 def print_table(rows: list[dict]) -> None:
@@ -651,6 +756,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--flush-steps", type=int, default=None, help="steps per ring segment (default: the tap's)"
     )
+    ap.add_argument("--modes", default=",".join(MODES), help="capture modes, comma-separated")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--no-cpu-fallback", action="store_true")
     ap.add_argument(
@@ -659,7 +765,15 @@ def main(argv=None) -> int:
         help="skip the staging-launch micro "
         "benchmark (Triton vs torch ops vs a CUDA graph of them)",
     )
+    ap.add_argument("--poll-ms", type=float, default=None, help="override Drainer.POLL_S")
+    ap.add_argument("--switch-us", type=float, default=None, help="override Drainer.SWITCH_S")
     args = ap.parse_args(argv)
+    from spectrace.hooks.vllm.v2.drainer import Drainer
+
+    if args.poll_ms is not None:
+        Drainer.POLL_S = args.poll_ms / 1e3
+    if args.switch_us is not None:
+        Drainer.SWITCH_S = args.switch_us / 1e6
     if args.sink is None:
         try:
             import h5py  # noqa: F401
@@ -696,8 +810,8 @@ def main(argv=None) -> int:
             rows += bench_one(config, b, args, device)
             print(f"bench: {config} batch {b} done", file=sys.stderr, flush=True)
     print_table(rows)
-    caps = [r for r in rows if r["mode"] == "capture"]
-    inline = [r for r in rows if r["mode"] == "inline"]
+    caps = [r for r in rows if r["mode"] == "capture"] or [r for r in rows if r["mode"] != "off"]
+    inline = [r for r in rows if r["mode"] == "launch"]
     worst = max(caps, key=lambda r: r["overhead_pct"])
     added = max(r["added_syncs_per_step"] for r in caps)
     waits = max(r["sync_waits"] for r in caps)
@@ -711,9 +825,13 @@ def main(argv=None) -> int:
         by_cfg.setdefault(r["config"], []).append(r["overhead_pct"])
     for c, v in by_cfg.items():
         print(f"  {c}: overhead per batch size {', '.join(f'{x:+.2f}%' for x in v)}")
-    for name, rs in (("capture", caps), ("inline (pre-change path)", inline)):
-        host = ", ".join(f"{r['config']} b{r['batch']} {r['capture_host_us']:.1f}" for r in rs)
-        print(f"  tap host us/step, {name}: {host}")
+    for name, rs in (("capture", caps), ("launch (pre-change path)", inline)):
+        host = ", ".join(
+            f"{r['config']} b{r['batch']} {r['capture_host_us']:.1f} "
+            f"(p50 {r['capture_host_p50_us']:.1f}, p90 {r['capture_host_p90_us']:.1f})"
+            for r in rs
+        )
+        print(f"  tap host us/step mean (median, p90), {name}: {host}")
     for c in by_cfg:
         pairs = [
             (a["overhead_pct"], b["overhead_pct"])
@@ -721,14 +839,14 @@ def main(argv=None) -> int:
             if a["config"] == c and b["config"] == c
         ]
         print(
-            f"  {c}: capture vs inline overhead "
+            f"  {c}: capture vs launch overhead "
             + ", ".join(f"{a:+.2f}% vs {b:+.2f}%" for a, b in pairs)
         )
     if micro:  # device work the capture adds per step: one staging kernel (+ a copy per flush)
-        dev_us = micro["triton"]["dev_us"]
+        dev_us = micro["in-graph"]["dev_us"]
         offs = {(r["config"], r["batch"]): r["gpu_ms"] for r in rows if r["mode"] == "off"}
         print(
-            f"  staging kernel device time {dev_us:.2f} us per step (batch 64): "
+            f"  in-graph staging kernel device time {dev_us:.2f} us per step (batch 64): "
             + ", ".join(f"{c} b{b} {dev_us / (ms * 1e3) * 100:.2f}%" for (c, b), ms in offs.items())
         )
     if args.json:

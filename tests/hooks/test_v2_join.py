@@ -69,13 +69,82 @@ def step(spec: Spec, rows: list[tuple], device: str) -> None:
     )
 
 
-def run_scenario(path, device: str, fakes, late_add: bool = False, **tap_kw) -> ProposeTap:
+class HookSpec(Spec):
+    """A drafter that stages from its own step (``tap.stage_in_graph``, as DSpark's
+    ``_sample_sequential`` does): the step copies the preset drafts into a persistent
+    ``draft_tokens`` [8, K] and calls the hook; ``graph``: that step is captured once in a
+    CUDA graph and replayed each call (the preset drafts go through a static source buffer,
+    like vLLM's prepare step writes the graph's inputs)."""
+
+    graph_mode = False
+
+    def __init__(self, make_propose, v2_batch) -> None:
+        super().__init__(make_propose, v2_batch)
+        self.propose = make_propose(lambda *args: self._draft())
+        self.buf = torch.full((8, K), -9, dtype=torch.int64, device="cuda")
+        self.src = torch.full((8, K), -9, dtype=torch.int64, device="cuda")
+        self.tap = self.graph = None
+
+    def _body(self) -> None:
+        self.buf.copy_(self.src)
+        self.tap.stage_in_graph(self.buf)
+
+    def attach(self, tap) -> None:
+        self.tap = tap
+        if not self.graph_mode:
+            return
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):  # warmup: eager launches (descriptors of no rows)
+            self._body()
+            self._body()
+        torch.cuda.current_stream().wait_stream(s)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._body()
+
+    def _draft(self):
+        n = self.drafts.shape[0]
+        self.src.fill_(-9)
+        self.src[:n].copy_(self.drafts)
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._body()
+        return self.buf[:n]
+
+
+class GraphSpec(HookSpec):
+    graph_mode = True
+
+
+class MixedSpec(GraphSpec):
+    """A captured drafter whose calls 2, 4 and 6 run eagerly (a batch size without a graph):
+    the hook launches from Python then, taking the call's descriptor."""
+
+    def _draft(self):
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls % 2:
+            return super()._draft()
+        n = self.drafts.shape[0]
+        self.src.fill_(-9)
+        self.src[:n].copy_(self.drafts)
+        self._body()
+        return self.buf[:n]
+
+
+def run_scenario(
+    path, device: str, fakes, late_add: bool = False, spec_cls=None, **tap_kw
+) -> ProposeTap:
     """Six steps of requests a, b, c (see the expected blocks in the test); ``late_add``:
-    c is registered after the first step (queued while a background joiner runs)."""
+    c is registered after the first step (queued while a background joiner runs);
+    ``spec_cls``: the fake speculator's class (default :class:`Spec`)."""
     session = Session(path, {"k": K, "source": "vllm-hook"})
     make_propose, v2_batch, sampling = fakes
-    spec = Spec(make_propose, v2_batch)
+    spec = (spec_cls or Spec)(make_propose, v2_batch)
     tap = ProposeTap(spec, session, max_model_len=1000, **tap_kw)
+    if hasattr(spec, "attach"):
+        spec.attach(tap)
     params = sampling(max_tokens=6)
     for rid in "ab" if late_add else "abc":
         tap.add_request(rid, [1, 2], params)
@@ -245,6 +314,70 @@ def test_late_add_is_queued_with_a_background_joiner_cuda(tmp_path, fakes, flush
     tap = run_scenario(tmp_path / "t.h5", "cuda", fakes, True, flush_steps=flush_steps)
     check_trace(tmp_path / "t.h5", tap)
     assert tap.drainer is not None and tap.drainer.runs >= 1
+
+
+class StridedSpec(GraphSpec):
+    """A captured drafter called with a ``num_sampled`` of stride 2 (a layout the in-graph
+    kernel does not take): the tap writes descriptors of no rows and stages with torch ops
+    after each call."""
+
+    def attach(self, tap) -> None:
+        super().attach(tap)
+        wrapped = self.propose  # the tap's wrapper by now
+
+        def propose(*a, **kw):
+            ns = a[5]
+            return wrapped(*a[:5], torch.stack([ns, ns], 1)[:, 0], *a[6:], **kw)
+
+        self.propose = propose
+
+
+@needs_cuda
+@pytest.mark.parametrize("spec_cls", [GraphSpec, MixedSpec, StridedSpec])
+@pytest.mark.parametrize("flush_steps", [1, 3, 32])
+def test_chunked_join_staged_in_graph_cuda(tmp_path, fakes, flush_steps, spec_cls):
+    """The drafter stages its rows itself (``stage_in_graph``): from a replayed CUDA graph
+    (no launch from Python per step), and on its eager path after a capture; the same
+    trace, no descriptor lost, no launch from the tap."""
+    before = dict(v2_stage.launch_counts)
+    tap = run_scenario(
+        tmp_path / "t.h5", "cuda", fakes, True, spec_cls=spec_cls, flush_steps=flush_steps
+    )
+    check_trace(tmp_path / "t.h5", tap)
+    g = tap.graph
+    assert g is not None and g.armed and g.lost == 0 and g.waits == 0 and g.captures == 1
+    assert g.seq == 6 and int(g.ctl_np[0]) == 6  # warmups before the capture: no descriptor
+    assert sum(v2_stage.launch_counts.values()) == sum(before.values())  # none by the tap
+
+
+@needs_cuda
+def test_eager_drafter_keeps_the_tap_launch_cuda(tmp_path, fakes):
+    """A drafter that never captures: its hook does nothing, the tap launches each step."""
+    before = sum(v2_stage.launch_counts.values())
+    tap = run_scenario(tmp_path / "t.h5", "cuda", fakes, True, spec_cls=HookSpec)
+    check_trace(tmp_path / "t.h5", tap)
+    assert not tap.graph.armed and tap.graph.seq == 0  # compiled once, never used
+    assert sum(v2_stage.launch_counts.values()) - before == 6
+
+
+@needs_cuda
+def test_graph_stage_counts_a_replay_it_did_not_see(tmp_path, fakes):
+    """A replay with no descriptor (the host lost count) writes nothing and is counted; the
+    tap then fails the session at the next call (no silent shift of rows)."""
+    session = Session(tmp_path / "t.h5", {"k": K, "source": "vllm-hook"})
+    make_propose, v2_batch, _ = fakes
+    spec = GraphSpec(make_propose, v2_batch)
+    tap = ProposeTap(spec, session, max_model_len=1000, flush_steps=1)
+    spec.attach(tap)
+    spec.drafts = torch.zeros((1, K), dtype=torch.int64, device="cuda")
+    spec.graph.replay()  # outside propose: no descriptor
+    torch.cuda.synchronize()
+    assert tap.graph.lost == 1
+    step(spec, [("a", 1, 0, 5, 5, [1, 2, 3])], "cuda")  # the count is read after each flush
+    assert tap.graph.lost_seen >= 1
+    with pytest.raises(RuntimeError, match="lost count"):
+        step(spec, [("a", 1, 0, 5, 5, [1, 2, 3])], "cuda")
+    session.close()
 
 
 def test_join_chunk_carry_in_and_out():

@@ -1,7 +1,9 @@
 """The V2 model runner path of the vLLM plugin: a wrapper on ``speculator.propose``.
 
 Modules: :mod:`.attach` (wires a runner), :mod:`.layout` (the ``propose`` signature),
-:mod:`.tap` (the hot path), :mod:`.stage` / :mod:`.stage_triton` (one staging launch),
+:mod:`.tap` (the hot path), :mod:`.tap_join` (its joins), :mod:`.stage` /
+:mod:`.stage_triton` (one staging launch), :mod:`.graph_stage` (staging from inside the
+drafter's CUDA graph: a descriptor per step, no launch),
 :mod:`.ring` (device/host blocks), :mod:`.stream` (staged steps in order), :mod:`.drainer`
 (the background join thread), :mod:`.join` (the vectorised join), :mod:`.outputs` (emitted
 ids per request), :mod:`.dspark` (DSpark's inner record and agreement check).
@@ -25,7 +27,9 @@ Per call, for the ``n = input_batch.num_reqs`` rows (row i is ``input_batch.req_
 ``num_rejected``, the anchor (``last_sampled[slot]`` when ``num_sampled > 0``, else
 ``next_prefill_tokens[0, slot]``), the anchor position
 (``positions[query_start_loc[i + 1] - 1 - num_rejected[i]] + 1``) and the K drafts. On CUDA
-that is one Triton launch (:mod:`.stage`) into a segment of a device ring;
+that is one Triton launch (:mod:`.stage`) into a segment of a device ring, or, once the
+drafter has captured the tap's staging kernel in its CUDA graph (DSpark: :mod:`.dspark`), one
+descriptor written to pinned memory before the call and no launch (:mod:`.graph_stage`);
 every ``flush_steps`` steps the segment goes to pinned host memory with one non-blocking copy
 and one event. Nothing synchronises: segments are joined once their event has completed
 (``event.query()``), many steps at once (:mod:`.join`), on a background thread

@@ -19,6 +19,11 @@ for ``DSparkSpeculator`` instances:
   (``input_buffers.input_ids[_anchor_idx[:n]]``), ``sample_pos[:n*k]`` and
   ``draft_tokens[:n, :k]``. On CUDA the block goes through a small ring of pinned host slots
   with a non-blocking copy and an event, like the propose wrapper: nothing synchronises.
+* **In-graph staging** (``graph_stage``, on CUDA, opt-in: ``SPECTRACE_GRAPH_STAGE=1``): the
+  same wrapper makes the propose tap's staging launch after the Markov loop
+  (:meth:`.tap.ProposeTap.stage_in_graph`); while vLLM captures the draft step that launch is
+  captured too, so a replayed step stages its rows with no launch from Python
+  (:mod:`.graph_stage`).
 * **Agreement check**: when the propose wrapper joins a step, the inner record of the same step
   must have the same anchors and drafts per row, and ``sample_pos[i, j] == anchor_pos[i] + 1 +
   j`` (the DFlash/DSpark prepare kernel's positions). The result is stored in
@@ -29,6 +34,7 @@ for ``DSparkSpeculator`` instances:
 from __future__ import annotations
 
 import inspect
+import os
 
 import numpy as np
 
@@ -142,6 +148,13 @@ class DSparkTap:
         inner: wrap ``_sample_sequential`` (only meaningful under ``enforce_eager``: with
             CUDA graphs the method does not run on replay, and capture is skipped).
         slots: ring size for the inner records on CUDA.
+        graph_stage: on CUDA, ``_sample_sequential`` also makes the propose tap's staging
+            launch (:meth:`.tap.ProposeTap.stage_in_graph`): captured with the drafter's CUDA
+            graph, so a replayed step adds no launch from Python (:mod:`.graph_stage`). None
+            (default): on when ``SPECTRACE_GRAPH_STAGE=1``. Off by default: it halves the
+            tap's host time per step but its kernel's descriptor read over PCIe costs about
+            5 us of device time per step, which put the 8B shape over 1% at batch 1 on the
+            H200 (``benchmarks/bench_dspark_gpu.py``).
 
     Attributes:
         layout: :func:`dspark_layout`'s result.
@@ -152,7 +165,13 @@ class DSparkTap:
     """
 
     def __init__(
-        self, speculator, tap, session: Session, inner: bool = True, slots: int = 8
+        self,
+        speculator,
+        tap,
+        session: Session,
+        inner: bool = True,
+        slots: int = 8,
+        graph_stage: bool | None = None,
     ) -> None:
         self.layout = dspark_layout(speculator)
         self.spec = speculator
@@ -168,7 +187,10 @@ class DSparkTap:
         self._set_meta()
         tap.step_observers.append(self._observe)
         self.inner = bool(inner)
-        if self.inner:
+        if graph_stage is None:
+            graph_stage = os.environ.get("SPECTRACE_GRAPH_STAGE") == "1"
+        self.graph_stage = bool(graph_stage)
+        if self.inner or self.graph_stage:
             self._orig_sample = speculator._sample_sequential
             speculator._sample_sequential = self._sample_sequential
         session.on_close(self._on_close)
@@ -202,7 +224,13 @@ class DSparkTap:
 
     def _sample_sequential(self, *args, **kwargs):
         out = self._orig_sample(*args, **kwargs)
-        if self.session.active:
+        if self.graph_stage:  # every run, also while the session is closed (see graph_stage)
+            try:
+                self.tap.stage_in_graph(self.spec.draft_tokens)
+            except Exception as exc:
+                self.graph_stage = False
+                self.session.fail(exc, "DSpark in-graph staging")
+        if self.inner and self.session.active:
             try:
                 n = kwargs.get("num_reqs")
                 if n is None:

@@ -7,23 +7,25 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from typing import Any
 
 import numpy as np
 
 from ..common import is_warmup, require_attrs
-from ..joiner import OpenBlock
 from ..sampling import trim_output
 from ..session import Session
 from .drainer import Drainer
-from .join import Proposals, concat_proposals, join_chunk
+from .graph_stage import GraphStage
+from .join import Proposals
 from .layout import BATCH_ATTRS, KNOWN_LAYOUT, RECORD_ARGS, propose_layout
 from .outputs import EmittedIds
 from .ring import Segment, make_ring
 from .stage import META_COLS, stage_torch, stage_triton, triton_ok
-from .stream import StepRec, assemble
+from .stream import StepRec
+from .tap_join import TapJoin
 
 
-class ProposeTap:
+class ProposeTap(TapJoin):
     """Wraps ``speculator.propose`` on one instance and feeds ``session``.
 
     Per recorded step the hot path issues one staging launch (:mod:`.stage`:
@@ -106,6 +108,10 @@ class ProposeTap:
         self.drainer: Drainer | None = None
         self._join_error: BaseException | None = None
         self._lock = threading.RLock()  # join state: the drainer's thread vs close/finish paths
+        self.graph: GraphStage | None = None  # set by the drafter's first stage_in_graph
+        # torch-op staging left for after the call: (rows, n, the 7 inputs before drafts)
+        self._post: tuple[Any, int, tuple[Any, Any, Any, Any, Any, Any, Any]] | None = None
+        self._flush_after: Segment | None = None  # a segment to copy out after the call
         self._orig = speculator.propose
         speculator.propose = self.propose  # instance attribute: beats subclass overrides
         session.on_close(self.finalize_requests)
@@ -114,6 +120,9 @@ class ProposeTap:
 
     def propose(self, *args, **kwargs):
         """Call the original ``propose`` and record this step (never alters its result)."""
+        g = self.graph
+        if g is not None and g.armed:
+            return self._propose_graph(g, args, kwargs)
         out = self._orig(*args, **kwargs)
         if self._join_error is not None:  # raised on the drainer's thread: report it here
             exc, self._join_error = self._join_error, None
@@ -124,6 +133,66 @@ class ProposeTap:
             except Exception as exc:
                 self.session.fail(exc, "V2 propose")
         return out
+
+    def _propose_graph(self, g: GraphStage, args: tuple, kwargs: dict):
+        """``propose`` once the drafter stages in its graph (:mod:`.graph_stage`): the step's
+        descriptor is written first (rows, or none), then the original call runs the kernel."""
+        import torch
+
+        if torch.cuda.is_current_stream_capturing():  # no replay runs in this call
+            return self._orig(*args, **kwargs)
+        if self._join_error is not None or (g.lost_seen and self.session.active):
+            exc = self._join_error or RuntimeError(
+                f"in-graph staging lost count: {g.lost} kernel runs without their descriptor"
+            )
+            self._join_error = None
+            self.session.fail(exc, "V2 join")
+        staged = False
+        if self.session.active:
+            try:
+                staged = self.record(args, kwargs, None)
+            except Exception as exc:
+                self.session.fail(exc, "V2 propose")
+        if not staged:
+            g.write_skip()
+        try:
+            out = self._orig(*args, **kwargs)
+        finally:
+            g.end_call()
+        if self._post is not None:  # a layout the kernel does not take: torch ops now
+            seg_dev, n, inputs = self._post
+            self._post = None
+            drafts = out if isinstance(out, torch.Tensor) else getattr(out, "draft_tokens", out)
+            stage_torch(seg_dev, n, *inputs, drafts)
+        if self._flush_after is not None:  # once per segment: also read the lost count
+            seg, self._flush_after = self._flush_after, None
+            if seg.state == "fill":
+                self._flush(seg)
+            g.lost_seen = g.lost
+        return out
+
+    def stage_in_graph(self, drafts) -> None:
+        """The drafter's staging launch (:meth:`.graph_stage.GraphStage.launch`): call it
+        after ``drafts`` (the buffer ``propose`` returns rows of) is written, inside the
+        drafter's CUDA-graph capture and on its eager path. A no-op off CUDA; until a first
+        capture, an eager call only compiles the kernel (an eager-only drafter keeps the
+        tap's own launch, which is cheaper than this one from Python).
+
+        Raises:
+            ValueError: see :meth:`~.graph_stage.GraphStage.launch`.
+        """
+        import torch
+
+        g = self.graph
+        if g is None:
+            # Made on an eager call only: its buffers must not come from a graph's pool (a
+            # drafter captured with no eager call first keeps the tap's own launch).
+            if not drafts.is_cuda or not triton_ok(drafts):
+                return
+            if torch.cuda.is_current_stream_capturing():
+                return
+            g = self.graph = GraphStage(drafts.device)
+        g.launch(drafts)
 
     def _args(self, args: tuple, kwargs: dict) -> list:
         """The values of ``_RECORD_ARGS`` in this call (keyword, else position, else the
@@ -138,11 +207,13 @@ class ProposeTap:
             for name, pos, default in self._argspec
         ]
 
-    def record(self, args: tuple, kwargs: dict, out) -> None:
-        """Stage (num_sampled, num_rejected, anchor, anchor position, drafts) of this call."""
+    def record(self, args: tuple, kwargs: dict, out) -> bool:
+        """Stage (num_sampled, num_rejected, anchor, anchor position, drafts) of this call;
+        ``out`` None: before the call, as a descriptor for the drafter's graph (:attr:`graph`).
+        Returns True when the step was staged."""
         batch, ns, nr, last, nxt, k_arg, dummy, profile = self._args(args, kwargs)
         if dummy or profile:
-            return
+            return False
         if not self._batch_checked:
             require_attrs(
                 batch,
@@ -153,7 +224,7 @@ class ProposeTap:
             self._batch_checked = True
         n = int(batch.num_reqs)
         if n <= 0:
-            return
+            return False
         req_ids = batch.req_ids
         if type(req_ids) is not list or len(req_ids) != n:
             req_ids = list(req_ids[:n])
@@ -164,36 +235,34 @@ class ProposeTap:
             self._new_batch(req_ids)
         ids, keep, all_warmup = self._prev_batch
         if all_warmup:
-            return
-        import torch
+            return False
+        g = self.graph if out is None else None  # None: staged from the drafter's graph
+        if g is not None:
+            cuda, k_all, device = True, int(g.k or 0), g.device
+        else:
+            import torch
 
-        drafts = out if isinstance(out, torch.Tensor) else getattr(out, "draft_tokens", out)
-        cuda = drafts.is_cuda
-        if cuda and torch.cuda.is_current_stream_capturing():
-            return
+            drafts = out if isinstance(out, torch.Tensor) else getattr(out, "draft_tokens", out)
+            cuda, k_all, device = drafts.is_cuda, drafts.shape[1], drafts.device
+            if cuda and torch.cuda.is_current_stream_capturing():
+                return False
         if cuda and self.drainer is None and self._stream:
             self._poll()  # no background joiner: join what is ready here
-        k_all = drafts.shape[1]
         k_eff = min(int(k_arg), k_all) if k_arg else k_all
         t_ns = time.time_ns()
         seg = self._cur
         if seg is None or seg.used + n > seg.cap or seg.cols != META_COLS + k_all:
             seg = self._segment(
-                n, META_COLS + k_all, max(n, int(last.shape[0])), drafts.device, cuda, t_ns
+                n, META_COLS + k_all, max(n, int(last.shape[0])), device, cuda, t_ns
             )
         row0 = seg.used
-        inputs = (
-            ns,
-            nr,
-            batch.idx_mapping,
-            batch.query_start_loc,
-            batch.positions,
-            last,
-            nxt,
-            drafts,
-        )
-        if not (cuda and triton_ok(drafts) and stage_triton(seg.dev, row0, n, *inputs)):
-            stage_torch(seg.dev[row0 : row0 + n], n, *inputs)
+        inputs = (ns, nr, batch.idx_mapping, batch.query_start_loc, batch.positions, last, nxt)
+        if g is not None:
+            if not g.write(seg.dev, row0, n, *inputs):
+                g.write_skip()
+                self._post = (seg.dev[row0 : row0 + n], n, inputs)
+        elif not (cuda and triton_ok(drafts) and stage_triton(seg.dev, row0, n, *inputs, drafts)):
+            stage_torch(seg.dev[row0 : row0 + n], n, *inputs, drafts)
         seg.used += n
         seg.steps += 1
         seg.pending += 1
@@ -207,7 +276,11 @@ class ProposeTap:
             if seg.steps >= self.cpu_flush_steps:
                 self.drain(wait=True)
         elif seg.steps >= self.flush_steps or t_ns - seg.t0_ns >= self.SEGMENT_AGE_NS:
-            self._flush(seg)
+            if g is None:
+                self._flush(seg)
+            else:  # after the call: its kernel writes the rows
+                self._flush_after = seg
+        return True
 
     def _new_batch(self, req_ids: list) -> None:
         """Request ids changed since the last step: map them to int ids, mark warmup rows."""
@@ -328,94 +401,6 @@ class ProposeTap:
     def _join_failed(self, exc: BaseException) -> None:
         # session.fail may raise (strict mode): the runner's thread calls it at the next step.
         self._join_error = exc
-
-    # -- joining -------------------------------------------------------------------------
-
-    def _join(self, items: list) -> None:
-        """Join a run of stream items (steps and deferred finishes/drops) in order."""
-        pieces: list[StepRec | int] = []
-        finishes: list[tuple] = []
-        for item in items:
-            if isinstance(item, StepRec):
-                if self.step_observers:
-                    rows = item.seg.host_np[item.row0 : item.row0 + item.n]
-                    for fn in self.step_observers:
-                        fn(rows, item.req_ids, item.step)
-                pieces.append(item)
-            elif item[0] == "add":  # queued by add_request while the drainer runs
-                self._register(*item[1:])
-            else:
-                if item[1] in self._ids:
-                    pieces.append(self._ids[item[1]])  # a synthetic drop row
-                if item[0] == "finish":
-                    finishes.append(item)
-        chunk = assemble(pieces, self._ring_key[0] if self._ring_key else META_COLS)
-        for item in items:  # rows are copied out: segments whose steps are all joined are free
-            if isinstance(item, StepRec):
-                seg = item.seg
-                seg.pending -= 1
-                if seg.pending == 0 and seg.state == "flight":
-                    seg.state = "free"
-        if chunk is not None:
-            self._join_chunk(*chunk)
-        for _, rid, final in finishes:
-            self.finish(rid, final)
-
-    def _join_chunk(self, rows, req, step, brow, bsize, t_ns) -> None:
-        """Join assembled rows against the carry; blocks to the session, outputs, new carry."""
-        if not len(req):
-            return
-        k_all = rows.shape[1] - META_COLS
-        carry_req, carry = self._carry_req, self._carry
-        if carry is None or carry.drafts.shape[1] != k_all:
-            carry = Proposals.empty(k_all) if carry is None else carry.widen(k_all)
-        res = join_chunk(req, rows, step, brow, bsize, t_ns, carry_req, carry)
-        if len(res.blocks["request"]):
-            cols = dict(res.blocks)
-            cols["request"] = self._writer_rows(cols["request"])
-            cols["proposal_source"] = np.ones(len(cols["request"]), dtype=np.int8)
-            self.session.add_block_columns(cols)
-        self._out.add(req[res.out_rows], res.out_tokens, res.out_len)
-        kept = ~np.isin(carry_req, res.seen)  # requests absent from the chunk keep theirs
-        self._carry_req = np.concatenate([carry_req[kept], req[res.open_rows]])
-        self._carry = concat_proposals(carry.take(np.flatnonzero(kept)), res.open)
-
-    def _hand_over(self, req_id: str) -> None:
-        """Move ``req_id``'s carried proposal (if any) to ``session.joiner.open``, where the
-        session's finish/drop paths write it."""
-        i = self._ids.get(req_id)
-        if i is None or self._carry is None or not len(self._carry_req):
-            return
-        hit = np.flatnonzero(self._carry_req == i)
-        if not len(hit):
-            return
-        j = int(hit[0])
-        c = self._carry
-        self.session.joiner.open[req_id] = OpenBlock(
-            int(c.step[j]),
-            int(c.position[j]),
-            int(c.anchor[j]),
-            c.drafts[j, : int(c.k[j])].tolist(),
-            int(c.t_ns[j]),
-            int(c.batch_row[j]),
-            int(c.batch_size[j]),
-        )
-        keep = np.ones(len(self._carry_req), dtype=bool)
-        keep[j] = False
-        self._carry_req = self._carry_req[keep]
-        self._carry = c.take(np.flatnonzero(keep))
-
-    def _writer_rows(self, ids):
-        """/requests rows of tap-local int ids (registering unknown requests)."""
-        if self._wrows is None or len(self._wrows) < len(self._names):
-            grown = np.full(len(self._names), -1, dtype=np.int64)
-            if self._wrows is not None:
-                grown[: len(self._wrows)] = self._wrows
-            self._wrows = grown
-        rows = self._wrows[ids]
-        for i in np.unique(ids[rows < 0]).tolist():
-            self._wrows[i] = self.session.request_row(self._names[i])
-        return self._wrows[ids] if (rows < 0).any() else rows
 
     def output_ids(self, req_id: str) -> list[int]:
         """``req_id``'s emitted ids so far (joined steps only), as a list."""
