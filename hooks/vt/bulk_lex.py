@@ -20,7 +20,7 @@ from typing import TypeAlias, cast
 
 import numpy as np
 
-from .bulk_vec import Buf, classify, has_at, line_bounds, read_fields
+from .bulk_vec import Buf, classify, has_at, read_fields
 from .lines import FLOAT32_MAX, FORMATS, ID_RANGE, MARGIN_RE, RANGES, MalformedLine, parse_line
 
 #: Bits of a line's step state ``seen`` (the bulk parser's step rules): propose, post_step,
@@ -188,24 +188,25 @@ def lex_log(data: bytes) -> Lexed:
     while start < len(data):
         end = data.find(b"\n", min(start + CHUNK_BYTES, len(data)) - 1)
         end = len(data) if end < 0 else end + 1
-        part = _lex_chunk(data[start:end], n_lines)
+        part = _lex_chunk(data, start, end, n_lines)
         parts.append(part)
         n_lines += part.n_lines
         start = end
     return _concat(parts, n_lines)
 
 
-def _lex_chunk(data: bytes, first: int) -> Lexed:
-    """Lex the lines of ``data``; line numbers (0-based) start at ``first``."""
-    buf = Buf(data)
-    starts, ends = line_bounds(buf.a)
+def _lex_chunk(whole: bytes, start: int, end: int, first: int) -> Lexed:
+    """Lex the lines of ``whole[start:end]``; line numbers (0-based) start at ``first``."""
+    buf = Buf(whole, start, end)
+    data = memoryview(whole)[start:end]
+    starts, ends = buf.starts, buf.ends
     codes = _classify(buf, data, starts, ends)
     families: dict[int, Family] = {}
     slow: list[int] = []
     for code in range(1, len(KEYS) + 1):
         idx = np.flatnonzero(codes == code)
         if len(idx):
-            bounds = (buf, data, starts[idx], ends[idx])
+            bounds = (buf, data, idx)
             fam, bad = _lex_family(code, bounds, idx + first)
             families[code] = fam
             slow += [i - first for i in bad]
@@ -223,11 +224,11 @@ def _lex_chunk(data: bytes, first: int) -> Lexed:
 class _Line:
     """``line[i]``: the bytes of line i of a chunk (its bounds: int64 arrays)."""
 
-    def __init__(self, data: bytes, starts: np.ndarray, ends: np.ndarray) -> None:
+    def __init__(self, data: memoryview, starts: np.ndarray, ends: np.ndarray) -> None:
         self.data, self.starts, self.ends = data, starts, ends
 
     def __getitem__(self, i: int) -> bytes:
-        return self.data[int(self.starts[i]) : int(self.ends[i])]
+        return bytes(self.data[int(self.starts[i]) : int(self.ends[i])])
 
 
 def _concat(parts: list[Lexed], n_lines: int) -> Lexed:
@@ -257,14 +258,14 @@ def _concat(parts: list[Lexed], n_lines: int) -> Lexed:
     return Lexed(n_lines, codes, families, [m for p in parts for m in p.malformed])
 
 
-def _classify(buf: Buf, data: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+def _classify(buf: Buf, data: memoryview, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     codes = classify(buf, starts, ends, _PREFIX)
     line = _Line(data, starts, ends)
     for i in np.flatnonzero(codes == CODE["spec-phase", "old"]).tolist():
         if b" sequential=" in line[i]:
             codes[i] = CODE["spec-phase", "dspark"]
     prop = np.flatnonzero(codes == CODE["spec-propose", ""])
-    no = has_at(buf, starts[prop] + 15, ends[prop], b"NO")
+    no = has_at(buf, starts[prop] + 15, b"NO")
     codes[prop[no]] = CODE["spec-propose", "no_rows"]
     return codes
 
@@ -290,13 +291,15 @@ def _lex_family(code: int, bounds: tuple, idx: np.ndarray) -> tuple[Family, list
     the lines' starts and ends); returns its columns and the lines for the exact path. The
     vectorised reader first (:func:`~.bulk_vec.read_fields`), the byte regex when it
     declines."""
-    buf, data, starts, ends = bounds
+    buf, data, at = bounds
     got = None
     if code in _HEAD:
-        got = read_fields(buf, starts, ends, _HEAD[code], _FIELDS[code])
-    if got is not None and _in_range(code, got[0], got[1], len(starts)).all():
+        got = read_fields(buf, at, _HEAD[code], _FIELDS[code])
+    if got is not None and _in_range(code, got[0], got[1], len(at)).all():
         return Family(idx, *got), []
-    return _regex_family(code, [data[s:e] for s, e in zip(starts.tolist(), ends.tolist())], idx)
+    bounds = zip(buf.starts[at].tolist(), buf.ends[at].tolist())
+    lines = [bytes(data[s:e]) for s, e in bounds]
+    return _regex_family(code, lines, idx)
 
 
 def _regex_family(code: int, lines: list[bytes], idx: np.ndarray) -> tuple[Family, list[int]]:
