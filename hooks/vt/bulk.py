@@ -282,6 +282,7 @@ class _Plan:
         todo = np.setdiff1d(np.arange(len(self.flen)), pj[first_exact])
         srt = np.argsort(pj, kind="stable")
         lo, hi = np.searchsorted(pj[srt], todo, "left"), np.searchsorted(pj[srt], todo, "right")
+        self._todo = todo
         hints = self._hints(prop_at)
         for j, a, b in zip(todo.tolist(), lo.tolist(), hi.tolist()):
             self._join_one(j, srt[a:b].tolist(), hints.get(j))
@@ -315,11 +316,14 @@ class _Plan:
         rows = ok[at]
         js = prop_at[np.minimum(steps[at], len(prop_at) - 1)]
         fin = fu.ints("finished")
-        return {
-            int(j): (int(self.ridx[_UPD][i]), bool(fin[i] == 1))
-            for j, i in zip(js.tolist(), rows.tolist())
-            if j >= 0
-        }
+        has = js >= 0
+        js, rows = js[has], rows[has]
+        todo = np.zeros(len(self.flen), bool)
+        todo[self._todo] = True
+        keep = todo[js]  # only the proposals without an exact block ask for a hint
+        js, rows = js[keep].tolist(), rows[keep]
+        reqs, fins = self.ridx[_UPD][rows].tolist(), (fin[rows] == 1).tolist()
+        return dict(zip(js, zip(reqs, fins)))
 
     def _join_one(self, j: int, blocks: list[int], hint) -> None:
         """Proposal ``j`` without an exact block among ``blocks`` (its next step's)."""

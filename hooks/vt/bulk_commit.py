@@ -191,12 +191,12 @@ def _state(plan: Any) -> None:
     p._step = plan.last_step
     p._rows = plan.n
     srt = np.argsort(plan.vreq, kind="stable")
-    lastof = {int(plan.vreq[i]): i for i in srt.tolist()}
-    for r in sorted(lastof):  # request indexes of V lines follow their first appearance
-        i = lastof[r]
+    tail = np.flatnonzero(np.diff(plan.vreq[srt], append=-1) != 0)  # a request's last block
+    rows = srt[tail]  # by request index: V lines' requests follow their first appearance
+    cols = (plan.vreq[rows], plan.pos[rows], plan.ns[rows], plan.last[rows], plan.vline[rows])
+    for r, pos, ns, last, line in zip(*(c.tolist() for c in cols)):
         name = plan.names[r]
-        last = int(plan.last[i])
-        p._chains[name] = Chain(int(plan.pos[i]), int(plan.ns[i]), last, int(plan.vline[i]))
+        p._chains[name] = Chain(pos, ns, last, line)
         p._reqs.add(name)
         p._held.plain[name] = 0
     p._unresolved = [

@@ -297,8 +297,8 @@ def _lex_family(code: int, bounds: tuple, idx: np.ndarray) -> tuple[Family, list
         got = read_fields(buf, at, _HEAD[code], _FIELDS[code])
     if got is not None and _in_range(code, got[0], got[1], len(at)).all():
         return Family(idx, *got), []
-    bounds = zip(buf.starts[at].tolist(), buf.ends[at].tolist())
-    lines = [bytes(data[s:e]) for s, e in bounds]
+    spans = zip(buf.starts[at].tolist(), buf.ends[at].tolist())
+    lines = [bytes(data[s:e]) for s, e in spans]
     return _regex_family(code, lines, idx)
 
 
