@@ -44,8 +44,8 @@ class Buf:
         starts, ends: the lines (int64 [n], end exclusive of ``\\n``), as
             ``bytes.split(b"\\n")`` cuts them, less a last empty line.
         first_sep: index in ``sep`` of each line's first separator (int64 [n]).
-        rb, rb_sep: positions of every ``]``, then the chunk's length, and the index in
-            ``sep`` of the first separator after each.
+        rb, rb_sep: positions of every ``]`` just before a separator, then the chunk's
+            length, and the index in ``sep`` of that separator.
     """
 
     def __init__(self, data: bytes, start: int, end: int) -> None:
@@ -55,15 +55,18 @@ class Buf:
         self.words = np.ndarray((len(pad) - 7,), "<u8", pad, 0, (1,))  # words[p + _OFF]: p
         a = self.a = pad[_OFF : _OFF + n]
         sep = np.flatnonzero((a == 32) | (a == 10))
-        nl = np.flatnonzero(a[sep] == 10)  # the lines' ends, as indexes in sep
+        self.sep = np.concatenate([sep, [n] * _TAIL])
+        nl = np.flatnonzero(pad[sep + _OFF] == 10)  # the lines' ends, as indexes in sep
+        # A list's "]" ends its token: the byte before a separator (a "]" elsewhere is in a
+        # token that cannot be an id, so the reader rejects that line anyway).
+        after = np.flatnonzero(pad[np.append(sep, n) + (_OFF - 1)] == 93)
         if n and a[-1] != 10:  # a last line without "\n" ends at the first sentinel
             nl = np.concatenate([nl, [len(sep)]])
-        self.sep = np.concatenate([sep, [n] * _TAIL])
         self.ends = self.sep[nl]
         self.starts = np.concatenate([[0], self.ends[:-1] + 1]).astype(np.int64)
         self.first_sep = np.concatenate([[0], nl[:-1] + 1]).astype(np.int64)
-        self.rb = np.concatenate([_where_sparse(pad, 93), [n]])
-        self.rb_sep = np.searchsorted(sep, self.rb)
+        self.rb = np.concatenate([self.sep[after] - 1, [n]])
+        self.rb_sep = np.concatenate([after, [len(sep)]])
 
     def word(self, p: np.ndarray) -> np.ndarray:
         """The 8 bytes from each position ``p`` (int64 [k], -8 <= p <= len) as uint64."""
@@ -71,14 +74,6 @@ class Buf:
 
     def byte(self, p: np.ndarray) -> np.ndarray:
         return self.words[p + _OFF] & _U(0xFF)
-
-
-def _where_sparse(pad: np.ndarray, byte: int) -> np.ndarray:
-    """Positions (from ``_OFF``) of a rare byte in the padded chunk: 8 bytes tested at a time."""
-    hit = pad[: len(pad) // 8 * 8] == byte
-    words = np.flatnonzero(hit.view(np.uint64))
-    rows, cols = np.nonzero(hit.reshape(-1, 8)[words])
-    return words[rows] * 8 + cols - _OFF
 
 
 def has_at(buf: Buf, at: np.ndarray, lit: bytes) -> np.ndarray:
