@@ -105,7 +105,8 @@ class _Plan:
         order = np.flatnonzero(lexed.codes > 0)
         vreq = self.ridx.get(V, np.zeros(0, np.int64))
         codes = lexed.codes[order]
-        got = segment(codes, vreq, _MASKS, V, _SCHED)
+        self.by_req = np.argsort(vreq, kind="stable")  # blocks by request, in line order
+        got = segment(codes, vreq, _MASKS, V, _SCHED, self.by_req)
         if got is None:  # the automaton did not settle: one pass over the lines
             s, e, last = _segment(codes.tolist(), vreq.tolist())
             got = (np.asarray(s, np.int64), np.asarray(e, np.int64), last)
@@ -171,7 +172,7 @@ class _Plan:
 
     def _anchors(self) -> None:
         n, pos = self.n, self.pos
-        srt = np.argsort(self.vreq, kind="stable")
+        srt = self.by_req
         prev = np.full(n, -1, np.int64)
         same = self.vreq[srt[1:]] == self.vreq[srt[:-1]]
         prev[srt[1:][same]] = srt[:-1][same]

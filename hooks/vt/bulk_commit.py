@@ -190,7 +190,7 @@ def _state(plan: Any) -> None:
     p._lineno = plan.lx.n_lines
     p._step = plan.last_step
     p._rows = plan.n
-    srt = np.argsort(plan.vreq, kind="stable")
+    srt = plan.by_req
     tail = np.flatnonzero(np.diff(plan.vreq[srt], append=-1) != 0)  # a request's last block
     rows = srt[tail]  # by request index: V lines' requests follow their first appearance
     cols = (plan.vreq[rows], plan.pos[rows], plan.ns[rows], plan.last[rows], plan.vline[rows])

@@ -15,7 +15,6 @@ message, a line it reads as a record (an edited line) makes :func:`lex_log` give
 from __future__ import annotations
 
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeAlias, cast
 
@@ -176,14 +175,10 @@ _HEAD = {c: b"[%s]%s" % (KEYS[c - 1][0].encode(), b" called" if KEYS[c - 1][1] =
 
 #: Bytes lexed at a time (cut at a line end): bounds the arrays alive per chunk.
 CHUNK_BYTES = 4 << 20
-#: Chunks lexed at once (threads; 1: in the calling thread only).
-#: Two threads gain little on a busy 2-core machine and hold two chunks' arrays.
-THREADS = 1
 
 
 def lex_log(data: bytes) -> Lexed:
-    """Lex a whole log (``\\n``-separated bytes, no ``\\r``), :data:`CHUNK_BYTES` at a time,
-    :data:`THREADS` chunks at once (numpy releases the GIL in most of the work).
+    """Lex a whole log (``\\n``-separated bytes, no ``\\r``), :data:`CHUNK_BYTES` at a time.
 
     Raises:
         NotBulk: a line :func:`~.lines.parse_line` reads as a record that is not canonical.
@@ -195,12 +190,7 @@ def lex_log(data: bytes) -> Lexed:
     firsts = [0]
     for start, end in zip(cuts, cuts[1:]):  # lines before each chunk
         firsts.append(firsts[-1] + data.count(b"\n", start, end) + (data[end - 1] != 10))
-    jobs = list(zip(cuts, cuts[1:], firsts))
-    if THREADS > 1 and len(jobs) > 1:
-        with ThreadPoolExecutor(THREADS) as pool:
-            parts = list(pool.map(lambda job: _lex_chunk(data, *job), jobs))
-    else:
-        parts = [_lex_chunk(data, *job) for job in jobs]
+    parts = [_lex_chunk(data, *job) for job in zip(cuts, cuts[1:], firsts)]
     return _concat(parts, firsts[-1])
 
 
