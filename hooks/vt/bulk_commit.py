@@ -70,7 +70,9 @@ def _write_blocks(plan: Any) -> None:
     proposed[rows, within] = plan.fflat[np.repeat(foff[jp], fl) + within]
     margin = np.full((n, wk), np.nan, np.float32)
     margins = plan.f(CODE["spec-propose", ""]).margins("margin")
-    for i, j in zip(jr.tolist(), jp.tolist()):
+    with_margin = [j for j, m in enumerate(margins) if m is not None]
+    keep = np.isin(jp, with_margin) if with_margin else np.zeros(len(jp), bool)
+    for i, j in zip(jr[keep].tolist(), jp[keep].tolist()):
         m = margins[j]
         if m is not None:  # NaN-padded to the proposal's width, as Proposal.margin_row
             width = int(plen[j])

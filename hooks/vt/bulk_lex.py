@@ -173,6 +173,16 @@ _HEAD = {c: b"[%s]%s" % (KEYS[c - 1][0].encode(), b" called" if KEYS[c - 1][1] =
          for c in _FIELDS if c != CODE["spec-propose", "no_rows"]}  # fmt: skip
 
 
+#: Columns of a family that the bulk parser never reads (their lines are still checked).
+_UNUSED = {
+    CODE["spec-sched", ""]: ("num_new", "computed", "NumTokens", "placeholders"),
+    CODE["spec-update", "req"]: ("found",),
+    CODE["spec-update", "called"]: ("n",),
+    CODE["spec-install", ""]: ("lookahead",),
+    CODE["spec-post_step", ""]: ("pulled", "rows"),
+    CODE["spec-propose", ""]: ("rows",),
+}
+
 #: Bytes lexed at a time (cut at a line end): bounds the arrays alive per chunk.
 CHUNK_BYTES = 4 << 20
 
@@ -293,10 +303,13 @@ def _lex_family(code: int, bounds: tuple, idx: np.ndarray) -> tuple[Family, list
     if code in _HEAD:
         got = read_fields(buf, at, _HEAD[code], _FIELDS[code])
     if got is not None and _in_range(code, got[0], got[1], len(at)).all():
-        return Family(idx, *got), []
-    spans = zip(buf.starts[at].tolist(), buf.ends[at].tolist())
-    lines = [bytes(data[s:e]) for s, e in spans]
-    return _regex_family(code, lines, idx)
+        fam, bad = Family(idx, *got), []
+    else:
+        spans = zip(buf.starts[at].tolist(), buf.ends[at].tolist())
+        fam, bad = _regex_family(code, [bytes(data[s:e]) for s, e in spans], idx)
+    for name in _UNUSED.get(code, ()):  # checked, then dropped: nothing reads them
+        del fam.cols[name]
+    return fam, bad
 
 
 def _regex_family(code: int, lines: list[bytes], idx: np.ndarray) -> tuple[Family, list[int]]:

@@ -30,7 +30,7 @@ _LOW = np.array([(1 << (8 * m)) - 1 for m in range(9)], dtype=_U)  # the low m b
 _B = {x: _U(int.from_bytes(bytes([x]) * 8, "little")) for x in (0x01, 0x06, 0x30, 0x5F)}
 _F0, _H80 = _U(0xF0F0F0F0F0F0F0F0), _U(0x8080808080808080)
 _X7F = _U(0x7F7F7F7F7F7F7F7F)
-_POW = 10 ** np.arange(0, 19, dtype=np.int64)
+_SEP = bytes(1 if b in b" \n" else 0 for b in range(256))  # bytes.translate: separators -> 1
 
 
 class Buf:
@@ -54,12 +54,13 @@ class Buf:
         pad[_OFF : _OFF + n] = np.frombuffer(data, np.uint8, n, start)
         self.words = np.ndarray((len(pad) - 7,), "<u8", pad, 0, (1,))  # words[p + _OFF]: p
         a = self.a = pad[_OFF : _OFF + n]
-        sep = np.flatnonzero((a == 32) | (a == 10))
+        is_sep = np.frombuffer(data[start:end].translate(_SEP), bool)  # one C pass
+        sep = np.flatnonzero(is_sep)
         self.sep = np.concatenate([sep, [n] * _TAIL])
-        nl = np.flatnonzero(pad[sep + _OFF] == 10)  # the lines' ends, as indexes in sep
+        nl = np.flatnonzero(a[sep] == 10)  # the lines' ends, as indexes in sep
         # A list's "]" ends its token: the byte before a separator (a "]" elsewhere is in a
         # token that cannot be an id, so the reader rejects that line anyway).
-        after = np.flatnonzero(pad[np.append(sep, n) + (_OFF - 1)] == 93)
+        after = np.flatnonzero(pad[_OFF - 1 :][self.sep[: len(sep) + 1]] == 93)
         if n and a[-1] != 10:  # a last line without "\n" ends at the first sentinel
             nl = np.concatenate([nl, [len(sep)]])
         self.ends = self.sep[nl]
