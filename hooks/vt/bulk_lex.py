@@ -302,8 +302,9 @@ def _lex_family(code: int, bounds: tuple, idx: np.ndarray) -> tuple[Family, list
     got = None
     if code in _HEAD:
         got = read_fields(buf, at, _HEAD[code], _FIELDS[code])
+    bad: list[int] = []
     if got is not None and _in_range(code, got[0], got[1], len(at)).all():
-        fam, bad = Family(idx, *got), []
+        fam = Family(idx, *got)
     else:
         spans = zip(buf.starts[at].tolist(), buf.ends[at].tolist())
         fam, bad = _regex_family(code, [bytes(data[s:e]) for s, e in spans], idx)
