@@ -3,7 +3,9 @@ with the result of feeding it line by line (the parser's bulk front end; rules: 
 docstring).
 
 :func:`bulk_feed` lexes the log with :func:`~.bulk_lex.lex_log`, segments engine steps with
-one pass over the line codes (the parser's step rules as bit masks), and computes blocks,
+:func:`~.bulk_steps.segment` (the parser's step rules as bit masks, run over many stretches
+of line codes at once; :func:`_segment`, one pass over the codes, where it does not
+settle), and computes blocks,
 joins, anchors, batch rows, phases and statistics with numpy. It takes only logs whose every
 decision it reproduces exactly: canonical lines (malformed ones are counted with today's
 messages), sync-scheduling joins (exact or hinted), no ``installed=0`` / ``sched=0``, and in
