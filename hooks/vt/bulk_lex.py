@@ -193,15 +193,16 @@ def lex_log(data: bytes) -> Lexed:
     Raises:
         NotBulk: a line :func:`~.lines.parse_line` reads as a record that is not canonical.
     """
-    cuts = [0]
-    while cuts[-1] < len(data):
-        end = data.find(b"\n", min(cuts[-1] + CHUNK_BYTES, len(data)) - 1)
-        cuts.append(len(data) if end < 0 else end + 1)
-    firsts = [0]
-    for start, end in zip(cuts, cuts[1:]):  # lines before each chunk
-        firsts.append(firsts[-1] + data.count(b"\n", start, end) + (data[end - 1] != 10))
-    parts = [_lex_chunk(data, *job) for job in zip(cuts, cuts[1:], firsts)]
-    return _concat(parts, firsts[-1])
+    parts: list[Lexed] = []
+    start = n_lines = 0
+    while start < len(data):
+        end = data.find(b"\n", min(start + CHUNK_BYTES, len(data)) - 1)
+        end = len(data) if end < 0 else end + 1
+        part = _lex_chunk(data, start, end, n_lines)
+        parts.append(part)
+        n_lines += part.n_lines
+        start = end
+    return _concat(parts, n_lines)
 
 
 def _lex_chunk(whole: bytes, start: int, end: int, first: int) -> Lexed:

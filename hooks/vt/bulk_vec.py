@@ -50,7 +50,8 @@ class Buf:
 
     def __init__(self, data: bytes, start: int, end: int) -> None:
         n = self.n = end - start
-        pad = np.zeros(_OFF + n + _TAIL, np.uint8)  # one copy of the chunk, zero padded
+        pad = np.empty(_OFF + n + _TAIL, np.uint8)  # one copy of the chunk, zero padded
+        pad[:_OFF], pad[_OFF + n :] = 0, 0
         pad[_OFF : _OFF + n] = np.frombuffer(data, np.uint8, n, start)
         self.words = np.ndarray((len(pad) - 7,), "<u8", pad, 0, (1,))  # words[p + _OFF]: p
         a = self.a = pad[_OFF : _OFF + n]
