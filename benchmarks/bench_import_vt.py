@@ -7,15 +7,18 @@ is its own):
 * **plain read**: ``for line in open(LOG, newline="")`` (the floor: Python reading the lines);
 * **new**: ``import_log`` as shipped (the bulk path for a saved file);
 * **old**: ``import_log`` with the bulk path switched off (line-by-line ``feed_line``, the
-  pre-change code path, still what stdin, live capture and unusual logs use).
+  pre-change code path, still what stdin, live capture and unusual logs use);
+* **base** (with ``--base DIR``): ``import_log`` as shipped by another source tree, e.g. a
+  checkout of the previous commit (DIR holds a ``spectrace`` package, put first on
+  ``PYTHONPATH``): before/after in one run.
 
-Prints the median, min and max of each, lines/s, the ratios new/plain, old/plain and old/new
-(per round, then their median), and peak RSS. Asserts nothing. With ``--requests`` the
+Prints the median, min and max of each, lines/s, the ratios new/plain, base/plain,
+old/plain, base/new and old/new (per round, then their median), and peak RSS. Asserts nothing. With ``--requests`` the
 import also reads the log's requests JSONL (anchors from the requests file; the store then
 writes one /requests row per request, which costs as much as the parse on a big log).
 
 Usage: ``python benchmarks/bench_import_vt.py [--log /tmp/spectrace-vt/big.vt.log]
-[--lines 1050000] [--rounds 3] [--requests] [--skip-old]``.
+[--lines 1050000] [--rounds 3] [--requests] [--skip-old] [--base DIR]``.
 """
 
 from __future__ import annotations
@@ -58,11 +61,14 @@ def _one(mode: str, log: Path, requests: Path | None) -> dict:
     return {"s": dt, "lines": n, "rss_mb": rss}
 
 
-def _spawn(mode: str, log: Path, requests: Path | None) -> dict:
-    cmd = [sys.executable, __file__, "--one", mode, "--log", str(log)]
+def _spawn(mode: str, log: Path, requests: Path | None, base: Path | None = None) -> dict:
+    cmd = [sys.executable, __file__, "--one", "new" if mode == "base" else mode, "--log", str(log)]
     if requests is not None:
         cmd += ["--requests-file", str(requests)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    env = dict(os.environ)
+    if mode == "base" and base is not None:  # the other tree's spectrace comes first
+        env["PYTHONPATH"] = os.pathsep.join([str(base), env.get("PYTHONPATH", "")])
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -77,6 +83,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", action="store_true", help="import with the requests JSONL")
     ap.add_argument("--skip-old", action="store_true", help="leave out the line-by-line path")
+    ap.add_argument("--base", type=Path, help="a source tree to compare with (mode base)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--requests-file", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -91,13 +98,13 @@ def main() -> None:
                  ROOT / "traces" / "reference.requests.jsonl")  # fmt: skip
     requests = a.log.with_name(a.log.name.removesuffix(".vt.log") + ".requests.jsonl")
     req = requests if a.requests else None
-    modes = ["plain", "new"] + ([] if a.skip_old else ["old"])
+    modes = ["plain", "new"] + (["base"] if a.base else []) + ([] if a.skip_old else ["old"])
     got: dict[str, list[dict]] = {m: [] for m in modes}
     print(f"log {a.log} ({os.path.getsize(a.log) / 1e6:.0f} MB), requests: {bool(req)}, "
           f"load average {os.getloadavg()[0]:.2f} at start on {os.cpu_count()} cores")  # fmt: skip
     for r in range(a.rounds):
         for m in modes:  # interleaved: a load change hits every measure of a round
-            got[m].append(_spawn(m, a.log, req))
+            got[m].append(_spawn(m, a.log, req, a.base))
         print(f"round {r + 1}: " + "  ".join(f"{m} {got[m][-1]['s']:.2f}s" for m in modes))
     n = got["plain"][0]["lines"]
     for m in modes:
@@ -105,7 +112,7 @@ def main() -> None:
         rate = n / statistics.median(s)
         rss = max(x["rss_mb"] for x in got[m])
         print(f"{m:9s} {_fmt(s)} s   {rate / 1e3:8.0f}K lines/s   peak RSS {rss:.0f} MB")
-    pairs = [("new", "plain"), ("old", "plain"), ("old", "new")]
+    pairs = [("new", "plain"), ("base", "plain"), ("old", "plain"), ("base", "new"), ("old", "new")]
     for num, den in pairs:
         if num in got and den in got:
             ratios = [x["s"] / y["s"] for x, y in zip(got[num], got[den])]

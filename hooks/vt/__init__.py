@@ -3,8 +3,10 @@
 :mod:`.parser` (records -> blocks and phases, with :mod:`.blocks`, :mod:`.requests` and
 :mod:`.stats`) -> :mod:`.importer` (a saved log; ``spectrace capture`` parses live through
 :mod:`spectrace.hooks.capture`). A saved log file is read whole by the bulk path
-(:mod:`.bulk_lex` lexes every line family with one regex pass, :mod:`.bulk` decides with
-numpy, :mod:`.bulk_commit` records), which records exactly what line-by-line feeding records
+(:mod:`.bulk_lex` lexes every line family at once, with numpy over the bytes
+(:mod:`.bulk_vec`) or else one regex pass, :mod:`.bulk` decides with numpy and
+:mod:`.bulk_steps`, :mod:`.bulk_commit` records), which records exactly what line-by-line
+feeding records
 and hands every log it cannot reproduce (edited lines, never-installed proposals, joins
 without a hint, strict mode with a problem, ``\r`` line ends) to the line-by-line parser.
 

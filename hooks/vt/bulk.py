@@ -3,7 +3,9 @@ with the result of feeding it line by line (the parser's bulk front end; rules: 
 docstring).
 
 :func:`bulk_feed` lexes the log with :func:`~.bulk_lex.lex_log`, segments engine steps with
-one pass over the line codes (the parser's step rules as bit masks), and computes blocks,
+:func:`~.bulk_steps.segment` (the parser's step rules as bit masks, run over many stretches
+of line codes at once; :func:`_segment`, one pass over the codes, where it does not
+settle), and computes blocks,
 joins, anchors, batch rows, phases and statistics with numpy. It takes only logs whose every
 decision it reproduces exactly: canonical lines (malformed ones are counted with today's
 messages), sync-scheduling joins (exact or hinted), no ``installed=0`` / ``sched=0``, and in
@@ -19,7 +21,8 @@ from spectrace.tracer import schema
 
 from .blocks import Block, Chain, Proposal, anchor_mismatch, block_problems, chain_break, gap_note
 from .bulk_commit import commit
-from .bulk_lex import CODE, SEEN_BITS, Family, Lexed, NotBulk, lex_log
+from .bulk_lex import CODE, KEYS, SEEN_BITS, Family, Lexed, NotBulk, lex_log
+from .bulk_steps import segment
 from .lines import Ids
 from .parser import VtTraceParser
 
@@ -39,6 +42,14 @@ _ADD |= {_SCHED: SC, _FWD: FW, _DEV: DV} | {c: PH for c in _PHASES}
 _NEW = {_PROPOSE: PR | _POST, _NO_ROWS: PR | _POST, _SCHED: _POST, _POST_STEP: PS}
 _NEW |= {_CALLED: CA, _UPD: 0, _INSTALL: 0, _FWD: PR | _POST | DV | PH, _DEV: PR | _POST | DV | PH}
 _NEW |= {c: PR | _POST | PH for c in _PHASES}
+# The same as arrays by code (0: no trace line) for bulk_steps; a [SPECTRACE] line adds
+# nothing and starts a step on any bit but sched.
+_MASKS = tuple(np.zeros(len(KEYS) + 1, np.int64) for _ in range(2))
+for _c, _bits in _NEW.items():
+    _MASKS[0][_c] = _bits
+for _c, _bits in _ADD.items():
+    _MASKS[1][_c] = _bits
+_MASKS[0][V] = sum(SEEN_BITS) & ~SC
 
 
 def bulk_feed(parser: VtTraceParser, data: bytes) -> bool | None:
@@ -94,8 +105,14 @@ class _Plan:
         self.problems: list[tuple[int, int, str, str]] = []  # (line, order, kind, message)
         self._requests()
         order = np.flatnonzero(lexed.codes > 0)
-        vreq = self.ridx.get(V, np.zeros(0, np.int64)).tolist()
-        steps, seens, self.last_step = _segment(lexed.codes[order].tolist(), vreq)
+        vreq = self.ridx.get(V, np.zeros(0, np.int64))
+        codes = lexed.codes[order]
+        self.by_req = np.argsort(vreq, kind="stable")  # blocks by request, in line order
+        got = segment(codes, vreq, _MASKS, V, _SCHED, self.by_req)
+        if got is None:  # the automaton did not settle: one pass over the lines
+            s, e, last = _segment(codes.tolist(), vreq.tolist())
+            got = (np.asarray(s, np.int64), np.asarray(e, np.int64), last)
+        steps, seens, self.last_step = got
         self.step_of = np.zeros(lexed.n_lines, np.int64)
         self.step_of[order] = steps
         self.seen_of = np.zeros(lexed.n_lines, np.int64)
@@ -111,14 +128,22 @@ class _Plan:
         return self.fam.get(code, self.empty)
 
     def _requests(self) -> None:
-        """One index per request id over every family (``ridx[code]``: per line)."""
-        self.req_ids: dict[bytes, int] = {}
-        self.ridx: dict[int, np.ndarray] = {}
-        for code in (V, _UPD, _INSTALL, _SCHED):
-            reqs = self.f(code).strs("req")
-            get = self.req_ids.setdefault
-            self.ridx[code] = np.array([get(r, len(self.req_ids)) for r in reqs], np.int64)
-        self.names = [r.decode("ascii") for r in self.req_ids]
+        """One index per request id over every family (``ridx[code]``: per line), in order
+        of first appearance (``[SPECTRACE]`` lines first, then update, install, sched)."""
+        codes = (V, _UPD, _INSTALL, _SCHED)
+        cols = [self.f(code).strs("req") for code in codes]
+        ids = np.concatenate(cols)
+        if ids.dtype.itemsize <= 8:  # sort 8-byte words: much faster than bytes
+            ids = ids.astype("S8").view(np.uint64)
+        uniq, first, inv = np.unique(ids, return_index=True, return_inverse=True)
+        order = np.argsort(first)
+        rank = np.empty(len(uniq), np.int64)
+        rank[order] = np.arange(len(uniq))
+        index = rank[inv.ravel()]
+        cuts = np.cumsum([len(c) for c in cols])[:-1]
+        self.ridx = dict(zip(codes, np.split(index, cuts)))
+        allr = np.concatenate(cols)
+        self.names = [r.decode("ascii") for r in allr[first[order]].tolist()]
 
     def _refuse(self) -> None:
         if (self.f(_INSTALL).ints("installed") == 0).any():
@@ -149,7 +174,7 @@ class _Plan:
 
     def _anchors(self) -> None:
         n, pos = self.n, self.pos
-        srt = np.argsort(self.vreq, kind="stable")
+        srt = self.by_req
         prev = np.full(n, -1, np.int64)
         same = self.vreq[srt[1:]] == self.vreq[srt[:-1]]
         prev[srt[1:][same]] = srt[:-1][same]
@@ -187,7 +212,7 @@ class _Plan:
         self.batch_size = np.full(self.n, schema.PAD, np.int64)
         if not len(fu.lines) or not self.n:
             return
-        nr = max(len(self.req_ids), 1)
+        nr = max(len(self.names), 1)
         ustep = self.step_of[fu.lines]
         key = ustep * nr + self.ridx[_UPD]
         _, first = np.unique(key, return_index=True)
@@ -244,23 +269,23 @@ class _Plan:
         """Each ``[spec-propose]`` against the blocks of the next step (choose_join)."""
         fp = self.f(_PROPOSE)
         self.pstep = self.step_of[fp.lines]
-        firsts = fp.strs("first")
         self.fflat, self.flen = fp.flat("first")
+        self.foff = np.concatenate([[0], np.cumsum(self.flen)])[:-1].astype(np.int64)
         self.per_row = fp.ints("drafts/row")
         self.joined = np.full(self.n, -1, np.int64)  # block -> proposal
         self.outcome = {"exact": 0, "hint": 0, "not_verified": 0}
         prop_at = np.full(int(self.last_step) + 2, -1, np.int64)  # step -> its proposal
         prop_at[self.pstep] = np.arange(len(self.pstep))
         pj = prop_at[self.vstep - 1] if self.n else np.zeros(0, np.int64)  # block -> candidate
-        drafts = np.array(self.f(V).strs("draft"), dtype=object)
-        exact = (pj >= 0) & (drafts == np.array(firsts + [b""], dtype=object)[pj])
+        exact = self._same_ids(pj)
         _, at = np.unique(pj[exact], return_index=True)
         first_exact = np.flatnonzero(exact)[at]  # the first exact block of each proposal
         self.joined[first_exact] = pj[first_exact]
         self.outcome["exact"] = len(first_exact)
-        todo = np.setdiff1d(np.arange(len(firsts)), pj[first_exact])
+        todo = np.setdiff1d(np.arange(len(self.flen)), pj[first_exact])
         srt = np.argsort(pj, kind="stable")
         lo, hi = np.searchsorted(pj[srt], todo, "left"), np.searchsorted(pj[srt], todo, "right")
+        self._todo = todo
         hints = self._hints(prop_at)
         for j, a, b in zip(todo.tolist(), lo.tolist(), hi.tolist()):
             self._join_one(j, srt[a:b].tolist(), hints.get(j))
@@ -268,6 +293,19 @@ class _Plan:
         for j in bad.tolist():
             msg = f"drafts/row={self.per_row[j]} but first=[…] holds {self.flen[j]} ids"
             self._violation(int(fp.lines[j]) + 1, 0, "drafts/row", msg)
+
+    def _same_ids(self, pj: np.ndarray) -> np.ndarray:
+        """Blocks whose draft is the ``first=[…]`` of proposal ``pj`` (-1: none), bool [n]."""
+        has = np.flatnonzero(pj >= 0)
+        has = has[self.dlen[has] == self.flen[pj[has]]]
+        lens = self.dlen[has]
+        within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        d = self.dflat[np.repeat(self.doff[has], lens) + within]
+        f = self.fflat[np.repeat(self.foff[pj[has]], lens) + within]
+        differ = np.bincount(np.repeat(np.arange(len(has)), lens)[d != f], minlength=len(has))
+        exact = np.zeros(self.n, bool)
+        exact[has[differ == 0]] = True
+        return exact
 
     def _hints(self, prop_at: np.ndarray) -> dict[int, tuple[int, bool]]:
         """Proposal -> (request, finished) of the first ``[spec-update] req=`` row of its
@@ -281,11 +319,14 @@ class _Plan:
         rows = ok[at]
         js = prop_at[np.minimum(steps[at], len(prop_at) - 1)]
         fin = fu.ints("finished")
-        return {
-            int(j): (int(self.ridx[_UPD][i]), bool(fin[i] == 1))
-            for j, i in zip(js.tolist(), rows.tolist())
-            if j >= 0
-        }
+        has = js >= 0
+        js, rows = js[has], rows[has]
+        todo = np.zeros(len(self.flen), bool)
+        todo[self._todo] = True
+        keep = todo[js]  # only the proposals without an exact block ask for a hint
+        js, rows = js[keep].tolist(), rows[keep]
+        reqs, fins = self.ridx[_UPD][rows].tolist(), (fin[rows] == 1).tolist()
+        return dict(zip(js, zip(reqs, fins)))
 
     def _join_one(self, j: int, blocks: list[int], hint) -> None:
         """Proposal ``j`` without an exact block among ``blocks`` (its next step's)."""
@@ -306,7 +347,7 @@ class _Plan:
 
     def proposal(self, j: int) -> Proposal:
         """Proposal ``j`` as the line-by-line parser holds it."""
-        o = int(self.flen[:j].sum())
+        o = int(self.foff[j])
         first = Ids(self.fflat[o : o + self.flen[j]].tolist())
         p = Proposal(int(self.pstep[j]), int(self.f(_PROPOSE).lines[j]) + 1, first,
                      int(self.per_row[j]))  # fmt: skip

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from spectrace.tracer import schema
+from spectrace.tracer.store.bulk_rows import add_phases, register_requests
 
 from .blocks import Chain
 from .bulk_lex import CODE, KEYS, SEEN_BITS
@@ -52,7 +53,7 @@ def _write_blocks(plan: Any) -> None:
         return
     w = plan.p.writer
     nv = int(plan.vreq.max()) + 1  # V requests come first, in order of appearance
-    widx = np.array([w.request(plan.names[r]) for r in range(nv)], np.int64)
+    widx = register_requests(w, plan.names[:nv])
     jr = np.flatnonzero(plan.joined >= 0)
     jp = plan.joined[jr]
     plen = np.maximum(plan.per_row, plan.flen)
@@ -69,7 +70,9 @@ def _write_blocks(plan: Any) -> None:
     proposed[rows, within] = plan.fflat[np.repeat(foff[jp], fl) + within]
     margin = np.full((n, wk), np.nan, np.float32)
     margins = plan.f(CODE["spec-propose", ""]).margins("margin")
-    for i, j in zip(jr.tolist(), jp.tolist()):
+    with_margin = [j for j, m in enumerate(margins) if m is not None]
+    keep = np.isin(jp, with_margin) if with_margin else np.zeros(len(jp), bool)
+    for i, j in zip(jr[keep].tolist(), jp[keep].tolist()):
         m = margins[j]
         if m is not None:  # NaN-padded to the proposal's width, as Proposal.margin_row
             width = int(plen[j])
@@ -111,14 +114,11 @@ def _write_phases(plan: Any) -> None:
     line = np.concatenate([p[0] for p in parts])
     sub = np.concatenate([np.full(len(p[0]), p[1]) for p in parts])
     order = np.lexsort((sub, line))
-    steps = np.concatenate([p[2] for p in parts])[order].tolist()
+    steps = np.concatenate([p[2] for p in parts])[order]
     names = np.concatenate([np.full(len(p[0]), i) for i, p in enumerate(parts)])[order]
-    ms = np.concatenate([p[4] for p in parts])[order].tolist()
-    levels = np.concatenate([p[5] for p in parts])[order].tolist()
-    label = [p[3] for p in parts]
-    add = plan.p.writer.add_phase
-    for st, k, v, lv in zip(steps, names.tolist(), ms, levels):
-        add(st, label[k], v, lv)
+    ms = np.concatenate([p[4] for p in parts])[order]
+    levels = np.concatenate([p[5] for p in parts])[order]
+    add_phases(plan.p.writer, steps, [p[3] for p in parts], names, ms, levels)
     plan.p.stats.phases += len(ms)
 
 
@@ -126,8 +126,9 @@ def _phase_columns(family: str, fam: Any) -> list[tuple[str, object]]:
     """``phase_rows`` of a whole family: (name, ms per line) in the order it names them."""
     if family != "fwd-ops":
         return phase_rows(Record(family, {n: np.asarray(v) for n, v in fam.cols.items()}))
+    cols = {n: np.asarray(v).tolist() for n, v in fam.cols.items()}
     per_line = [
-        phase_rows(Record(family, {n: v[j] for n, v in fam.cols.items()}))
+        phase_rows(Record(family, {n: v[j] for n, v in cols.items()}))
         for j in range(len(fam.lines))
     ]
     return [(name, [row[i][1] for row in per_line]) for i, (name, _) in enumerate(per_line[0])]
@@ -191,13 +192,13 @@ def _state(plan: Any) -> None:
     p._lineno = plan.lx.n_lines
     p._step = plan.last_step
     p._rows = plan.n
-    srt = np.argsort(plan.vreq, kind="stable")
-    lastof = {int(plan.vreq[i]): i for i in srt.tolist()}
-    for r in sorted(lastof):  # request indexes of V lines follow their first appearance
-        i = lastof[r]
+    srt = plan.by_req
+    tail = np.flatnonzero(np.diff(plan.vreq[srt], append=-1) != 0)  # a request's last block
+    rows = srt[tail]  # by request index: V lines' requests follow their first appearance
+    cols = (plan.vreq[rows], plan.pos[rows], plan.ns[rows], plan.last[rows], plan.vline[rows])
+    for r, pos, ns, last, line in zip(*(c.tolist() for c in cols)):
         name = plan.names[r]
-        last = int(plan.last[i])
-        p._chains[name] = Chain(int(plan.pos[i]), int(plan.ns[i]), last, int(plan.vline[i]))
+        p._chains[name] = Chain(pos, ns, last, line)
         p._reqs.add(name)
         p._held.plain[name] = 0
     p._unresolved = [

@@ -1,8 +1,10 @@
 """The bulk lexer of a whole ``VT_SPEC_TRACE`` log: bytes -> one family code per line and
 numpy/list columns per line family, for :mod:`.bulk` (the fast import path).
 
-Lines are classified by their first bytes, then every family's lines are joined and read by
-ONE ``findall`` of a byte regex built from the canonical formats of :mod:`.lines`
+Lines are classified by their first bytes, then every family's lines are read at once by
+:func:`~.bulk_vec.read_fields` (numpy over the log's bytes). When it declines a family (a
+line off the canonical format, a value out of range), that family's lines are joined and read
+by ONE ``findall`` of a byte regex built from the canonical formats of :mod:`.lines`
 (:data:`~.lines.FORMATS`), a little stricter than :func:`~.lines.parse_line`'s fast path
 (numbers without leading zeros and at most 18 digits, request ids of printable ASCII). A line
 the regex or a value-range check rejects, and any other line that may hold a tag, is handed to
@@ -18,6 +20,7 @@ from typing import TypeAlias, cast
 
 import numpy as np
 
+from .bulk_vec import Buf, classify, has_at, read_fields
 from .lines import FLOAT32_MAX, FORMATS, ID_RANGE, MARGIN_RE, RANGES, MalformedLine, parse_line
 
 #: Bits of a line's step state ``seen`` (the bulk parser's step rules): propose, post_step,
@@ -73,9 +76,10 @@ class NotBulk(Exception):
     """The log needs the line-by-line parser (an edited or otherwise unusual line)."""
 
 
-#: One lexed column, by field kind: int64 array [n] (integers), floats (ms/%), bytes (``req``,
-#: raw id lists), or per-line float lists with ``None`` for a left-out optional field (margins).
-Column: TypeAlias = "np.ndarray | list[bytes] | list[float] | list[list[float] | None]"
+#: One lexed column, by field kind: int64 array [n] (integers), float64 array [n] (ms/%),
+#: fixed-width bytes array [n] (``req``), or per-line float lists with ``None`` for a left-out
+#: optional field (margins). Id lists live in :attr:`Family.ids`.
+Column: TypeAlias = "np.ndarray | list[list[float] | None]"
 
 
 def _ints(v: Column) -> np.ndarray:
@@ -85,29 +89,30 @@ def _ints(v: Column) -> np.ndarray:
     return v
 
 
-def _strs(v: Column) -> list[bytes]:
-    """A ``str`` or id-list column (bytes per line). Raises TypeError for an integer column."""
-    if isinstance(v, np.ndarray):
+def _strs(v: Column) -> np.ndarray:
+    """A ``str`` column (bytes array [n]). Raises TypeError for another column."""
+    if not isinstance(v, np.ndarray) or v.dtype.kind != "S":
         raise TypeError("not a bytes column")
-    return cast("list[bytes]", v)  # the field kind (see _columns) fixes the element type
+    return v
 
 
 def _margins(v: Column) -> list[list[float] | None]:
     """An optional float-list column (``floats_opt``). Raises TypeError for an integer column."""
     if isinstance(v, np.ndarray):
         raise TypeError("not a float-list column")
-    return cast("list[list[float] | None]", v)  # the field kind (see _columns) fixes it
+    return v
 
 
 @dataclass
 class Family:
     """The lines of one (family, variant): 0-based line numbers and one column per field
-    (int64 arrays for integers, float lists for ms/%, bytes lists for ``req`` and id
-    lists, ``None`` entries for an optional field left out)."""
+    (int64 arrays for integers, float64 arrays for ms/%, a fixed-width bytes array for
+    ``req``, per-line lists with ``None`` entries for an optional field left out) and the id
+    lists."""
 
     lines: np.ndarray
     cols: dict[str, Column] = field(default_factory=dict)
-    #: id-list field -> (every id, int64; ids per line, int64): :func:`flatten` of its column.
+    #: id-list field -> (every id, int64; ids per line, int64).
     ids: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def flat(self, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -120,9 +125,9 @@ class Family:
         v = self.cols.get(name)
         return np.zeros(0, np.int64) if v is None else _ints(v)
 
-    def strs(self, name: str) -> list[bytes]:
-        """``str``/id-list column ``name`` (bytes per line); empty for a family without lines."""
-        return _strs(self.cols.get(name, []))
+    def strs(self, name: str) -> np.ndarray:
+        """``str`` column ``name`` (bytes array [n]); empty for a family without lines."""
+        return _strs(self.cols.get(name, np.zeros(0, "S1")))
 
     def margins(self, name: str) -> list[list[float] | None]:
         """Optional float-list column ``name``; empty for a family without lines."""
@@ -163,9 +168,22 @@ _CORE[CODE["spec-propose", "no_rows"]] = _NO_ROWS
 # Joined lines ("\n" + line + "\n" + ...): one match per canonical line; one line alone.
 _JOINED = {c: re.compile(rb"\n" + p + rb"(?=\n)") for c, p in _CORE.items()}
 _ONE = {c: re.compile(p + rb"\Z") for c, p in _CORE.items()}
+# What each line of a family starts with, for the vectorised reader (no_rows: regex only).
+_HEAD = {c: b"[%s]%s" % (KEYS[c - 1][0].encode(), b" called" if KEYS[c - 1][1] == "called" else b"")
+         for c in _FIELDS if c != CODE["spec-propose", "no_rows"]}  # fmt: skip
 
 
-#: Bytes lexed at a time (cut at a line end): bounds the per-line Python objects alive.
+#: Columns of a family that the bulk parser never reads (their lines are still checked).
+_UNUSED = {
+    CODE["spec-sched", ""]: ("num_new", "computed", "NumTokens", "placeholders"),
+    CODE["spec-update", "req"]: ("found",),
+    CODE["spec-update", "called"]: ("n",),
+    CODE["spec-install", ""]: ("lookahead",),
+    CODE["spec-post_step", ""]: ("pulled", "rows"),
+    CODE["spec-propose", ""]: ("rows",),
+}
+
+#: Bytes lexed at a time (cut at a line end): bounds the arrays alive per chunk.
 CHUNK_BYTES = 4 << 20
 
 
@@ -180,35 +198,47 @@ def lex_log(data: bytes) -> Lexed:
     while start < len(data):
         end = data.find(b"\n", min(start + CHUNK_BYTES, len(data)) - 1)
         end = len(data) if end < 0 else end + 1
-        part = _lex_chunk(data[start:end], n_lines)
+        part = _lex_chunk(data, start, end, n_lines)
         parts.append(part)
         n_lines += part.n_lines
         start = end
     return _concat(parts, n_lines)
 
 
-def _lex_chunk(data: bytes, first: int) -> Lexed:
-    """Lex the lines of ``data``; line numbers (0-based) start at ``first``."""
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    codes = _classify(lines)
+def _lex_chunk(whole: bytes, start: int, end: int, first: int) -> Lexed:
+    """Lex the lines of ``whole[start:end]``; line numbers (0-based) start at ``first``."""
+    buf = Buf(whole, start, end)
+    data = memoryview(whole)[start:end]
+    starts, ends = buf.starts, buf.ends
+    codes = _classify(buf, data, starts, ends)
     families: dict[int, Family] = {}
     slow: list[int] = []
     for code in range(1, len(KEYS) + 1):
         idx = np.flatnonzero(codes == code)
         if len(idx):
-            fam, bad = _lex_family(code, [lines[i] for i in idx.tolist()], idx + first)
+            bounds = (buf, data, idx)
+            fam, bad = _lex_family(code, bounds, idx + first)
             families[code] = fam
             slow += [i - first for i in bad]
-    slow += [i for i in np.flatnonzero(codes == 0).tolist() if _maybe_trace(lines[i])]
+    line = _Line(data, starts, ends)
+    slow += [i for i in np.flatnonzero(codes == 0).tolist() if _maybe_trace(line[i])]
     malformed = []
     for i in sorted(slow):
-        msg = _slow_line(lines[i])
+        msg = _slow_line(line[i])
         codes[i] = 0 if msg is None else -1
         if msg is not None:
             malformed.append((first + i + 1, msg))
-    return Lexed(len(lines), codes, families, malformed)
+    return Lexed(len(starts), codes, families, malformed)
+
+
+class _Line:
+    """``line[i]``: the bytes of line i of a chunk (its bounds: int64 arrays)."""
+
+    def __init__(self, data: memoryview, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.data, self.starts, self.ends = data, starts, ends
+
+    def __getitem__(self, i: int) -> bytes:
+        return bytes(self.data[int(self.starts[i]) : int(self.ends[i])])
 
 
 def _concat(parts: list[Lexed], n_lines: int) -> Lexed:
@@ -221,34 +251,30 @@ def _concat(parts: list[Lexed], n_lines: int) -> Lexed:
     for code in sorted({c for p in parts for c in p.families}):
         fams = [p.families[code] for p in parts if code in p.families]
         cols: dict[str, Column] = {}
-        for name, v in fams[0].cols.items():
+        for name, v in list(fams[0].cols.items()):  # each chunk's column dropped once joined
             if isinstance(v, np.ndarray):
-                cols[name] = np.concatenate([_ints(f.cols[name]) for f in fams])
+                cols[name] = np.concatenate([_ints(f.cols.pop(name)) for f in fams])
             else:  # the same kind of list as ``v`` (mypy cannot tie the element types)
-                cols[name] = cast(Column, [x for f in fams for x in f.cols[name]])
-        ids = {
-            name: (
-                np.concatenate([f.ids[name][0] for f in fams]),
-                np.concatenate([f.ids[name][1] for f in fams]),
-            )
-            for name in fams[0].ids
-        }
+                cols[name] = cast(Column, [x for f in fams for x in f.cols.pop(name)])
+        ids = {}
+        for name in list(fams[0].ids):
+            got = [f.ids.pop(name) for f in fams]
+            ids[name] = (np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got]))
+            del got
         families[code] = Family(np.concatenate([f.lines for f in fams]), cols, ids)
     codes = np.concatenate([p.codes for p in parts])
     return Lexed(n_lines, codes, families, [m for p in parts for m in p.malformed])
 
 
-def _classify(lines: list[bytes]) -> np.ndarray:
-    get = _PREFIX.get
-    codes = np.array([get(ln[:15], 0) for ln in lines], dtype=np.int8)
-    for i in np.flatnonzero(codes == 0).tolist():  # [fwd-ops] has a shorter prefix
-        codes[i] = _PREFIX.get(lines[i][:12], 0)
+def _classify(buf: Buf, data: memoryview, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    codes = classify(buf, starts, ends, _PREFIX)
+    line = _Line(data, starts, ends)
     for i in np.flatnonzero(codes == CODE["spec-phase", "old"]).tolist():
-        if b" sequential=" in lines[i]:
+        if b" sequential=" in line[i]:
             codes[i] = CODE["spec-phase", "dspark"]
-    for i in np.flatnonzero(codes == CODE["spec-propose", ""]).tolist():
-        if lines[i].startswith(b"[spec-propose] NO"):
-            codes[i] = CODE["spec-propose", "no_rows"]
+    prop = np.flatnonzero(codes == CODE["spec-propose", ""])
+    no = has_at(buf, starts[prop] + 15, b"NO")
+    codes[prop[no]] = CODE["spec-propose", "no_rows"]
     return codes
 
 
@@ -268,8 +294,29 @@ def _slow_line(line: bytes) -> str | None:
     return None
 
 
-def _lex_family(code: int, lines: list[bytes], idx: np.ndarray) -> tuple[Family, list[int]]:
-    """Read one family's lines; returns its columns and the lines for the exact path."""
+def _lex_family(code: int, bounds: tuple, idx: np.ndarray) -> tuple[Family, list[int]]:
+    """Read one family's lines (``bounds``: the chunk as :class:`~.bulk_vec.Buf` and bytes,
+    the lines' starts and ends); returns its columns and the lines for the exact path. The
+    vectorised reader first (:func:`~.bulk_vec.read_fields`), the byte regex when it
+    declines."""
+    buf, data, at = bounds
+    got = None
+    if code in _HEAD:
+        got = read_fields(buf, at, _HEAD[code], _FIELDS[code])
+    bad: list[int] = []
+    if got is not None and _in_range(code, got[0], got[1], len(at)).all():
+        fam = Family(idx, *got)
+    else:
+        spans = zip(buf.starts[at].tolist(), buf.ends[at].tolist())
+        fam, bad = _regex_family(code, [bytes(data[s:e]) for s, e in spans], idx)
+    for name in _UNUSED.get(code, ()):  # checked, then dropped: nothing reads them
+        del fam.cols[name]
+    return fam, bad
+
+
+def _regex_family(code: int, lines: list[bytes], idx: np.ndarray) -> tuple[Family, list[int]]:
+    """One family's lines read by its byte regex; returns its columns and the lines for the
+    exact path."""
     groups = _JOINED[code].findall(b"\n" + b"\n".join(lines) + b"\n")
     ok = np.ones(len(lines), dtype=bool)
     if len(groups) != len(lines):  # some lines are not canonical: find them one by one
@@ -278,20 +325,24 @@ def _lex_family(code: int, lines: list[bytes], idx: np.ndarray) -> tuple[Family,
         groups = [m.groups() for m in ms if m is not None]
     if not isinstance(groups[0] if groups else (), tuple):
         groups = [(g,) for g in groups]
-    cols = _columns(_FIELDS[code], groups)
-    names = [n for n, kind in _FIELDS[code] if kind.startswith("ids")]
-    ids = {n: flatten(_strs(cols[n])) for n in names}
+    cols, raw = _columns(_FIELDS[code], groups)
+    ids = {n: flatten(r) for n, r in raw.items()}
     good = _in_range(code, cols, ids, len(groups))
     keep = np.flatnonzero(ok)
     bad = idx[np.flatnonzero(~ok)].tolist() + idx[keep[~good]].tolist()
     if not good.all():
         cols = {n: _take(v, good) for n, v in cols.items()}
-        ids = {n: flatten(_strs(cols[n])) for n in names}
+        ids = {n: flatten(_take_list(r, good)) for n, r in raw.items()}
     return Family(idx[keep[good]], cols, ids), bad
 
 
-def _columns(fields: tuple[tuple[str, str], ...], groups: list[tuple]) -> dict[str, Column]:
+def _columns(
+    fields: tuple[tuple[str, str], ...], groups: list[tuple]
+) -> tuple[dict[str, Column], dict[str, list[bytes]]]:
+    """Regex groups -> columns (as :func:`~.bulk_vec.read_fields` gives them) and the raw
+    text of each id list (for :func:`flatten`)."""
     cols: dict[str, Column] = {}
+    raw_ids: dict[str, list[bytes]] = {}
     raw = list(zip(*groups)) if groups else [()] * (len(fields) + 1)
     g = 0
     for name, kind in fields:
@@ -303,13 +354,15 @@ def _columns(fields: tuple[tuple[str, str], ...], groups: list[tuple]) -> dict[s
             cols[name] = [
                 [float(x) for x in b.split()] if outer else None for outer, b in zip(col, inner)
             ]
-        elif kind == "str" or kind.startswith("ids"):
-            cols[name] = list(col)
+        elif kind.startswith("ids"):
+            raw_ids[name] = list(col)
+        elif kind == "str":
+            cols[name] = np.array(list(col), dtype="S")
         elif kind in ("ms", "pct"):
-            cols[name] = list(map(float, col))
+            cols[name] = np.array(list(map(float, col)), dtype=np.float64)
         else:
             cols[name] = np.array(list(map(int, col)), dtype=np.int64)
-    return cols
+    return cols, raw_ids
 
 
 def _in_range(
@@ -318,13 +371,13 @@ def _in_range(
     """Rows whose values fit their trace columns (the rest: the exact path's message)."""
     good = np.ones(n, dtype=bool)
     for name, v in cols.items():
-        if isinstance(v, np.ndarray):
+        if isinstance(v, np.ndarray) and v.dtype.kind == "i":
             lo, hi = RANGES.get(name, (-(2**63), 2**63 - 1))
             good &= (v >= lo) & (v <= hi)
-        elif v and isinstance(v[0], float):
-            good &= np.abs(np.array(v)) <= FLOAT32_MAX
-        elif name in ids:
-            good &= _ids_fit(*ids[name])
+        elif isinstance(v, np.ndarray) and v.dtype.kind == "f":
+            good &= np.abs(v) <= FLOAT32_MAX
+    for name in ids:
+        good &= _ids_fit(*ids[name])
     if "margin" in cols:
         first = ids["first"][1].tolist()
         good &= np.array(
@@ -359,4 +412,8 @@ def _take(v: Column, good: np.ndarray) -> Column:
     """The rows of ``v`` where ``good`` (bool [n]), as the same kind of column."""
     if isinstance(v, np.ndarray):
         return v[good]
-    return cast(Column, [x for x, g in zip(v, good.tolist()) if g])  # same list kind as v
+    return cast(Column, _take_list(v, good))  # same list kind as v
+
+
+def _take_list(v: list, good: np.ndarray) -> list:
+    return [x for x, g in zip(v, good.tolist()) if g]
