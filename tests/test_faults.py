@@ -537,7 +537,10 @@ def test_streamed_id_matrices_give_the_same_diff_at_any_chunk_size(runs, monkeyp
         a, b = open_trace(runs[name].h5), open_trace(runs[other].h5)
         text = json.dumps(diff_traces(align(a, b), examples=None).to_json())
         loaded = [
-            (t.name, col) for t in (a, b) for col in ("proposed", "verified") if t.blocks.loaded(col)
+            (t.name, col)
+            for t in (a, b)
+            for col in ("proposed", "verified")
+            if t.blocks.loaded(col)
         ]
         return text, loaded
 
