@@ -23,6 +23,7 @@ Usage: ``python benchmarks/bench_vllm_cpu_capture.py [generate|recorder] [--pair
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -34,6 +35,7 @@ from types import SimpleNamespace
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+MARGINS_ENV = "SPECTRACE_MARGINS"  # spectrace.hooks.vllm.margins.ENV (not imported: main's too)
 
 
 def _spread(xs: list[float], unit: str = "") -> str:
@@ -115,15 +117,59 @@ def recorder(a: argparse.Namespace) -> None:
     print(f"recorder added   : {_spread(extra, ' us/step')}")
 
 
-def generate(a: argparse.Namespace) -> None:
-    """Paired warm generate on/off in one process."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    out = Path(tempfile.mkdtemp()) / "bench.h5"
-    os.environ["SPECTRACE_OUT"] = str(out)
+#: The sides of a ``generate`` round: (name, session recording, drafter margins).
+SIDES = (("off", False, False), ("on", True, True), ("on-no-margins", True, False))
+
+
+class Timers:
+    """Thread CPU time (``time.thread_time``) spent in wrapped methods, per label: the
+    recorder on the engine thread, the margins wrapper, the writer's two threads."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {}
+
+    def wrap(self, owner, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            t0 = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.ms[label] = self.ms.get(label, 0.0) + 1e3 * (time.thread_time() - t0)
+
+        setattr(owner, name, timed)
+
+    def take(self) -> dict[str, float]:
+        out, self.ms = self.ms, {}
+        return out
+
+
+def _install_timers(t: Timers) -> None:
+    """Wrap the capture's parts (before vLLM builds the runner, so the margins wrapper
+    installed on its drafter is timed too)."""
+    from spectrace.hooks.vllm import v1
+    from spectrace.tracer.store import TraceWriter
+
+    for name in ("_before", "_after", "_finish"):
+        t.wrap(v1.V1Recorder, name, "recorder (engine thread)")
+    t.wrap(TraceWriter, "add_blocks", "writer: blocks (column thread)")
+    t.wrap(TraceWriter, "flush", "writer: 1 s flush (flush thread)")
+    install = v1.install_margins
+
+    def install_timed(drafter):
+        tap = install(drafter)
+        if tap is not None:
+            t.wrap(drafter, "_greedy_sample", "drafter _greedy_sample (incl. vLLM's own)")
+        return tap
+
+    v1.install_margins = install_timed
+
+
+def _make_llm(a: argparse.Namespace):
     from vllm import LLM, SamplingParams
 
-    from spectrace.hooks.vllm import registry
     from spectrace.hooks.vllm.driver import read_prompts
 
     models = ROOT / "engine" / "models"
@@ -143,41 +189,85 @@ def generate(a: argparse.Namespace) -> None:
     )
     prompts = [p["text"] for p in read_prompts(str(ROOT / "engine" / "prompts.jsonl"), a.prompts)]
     params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, ignore_eos=True)
+    return llm, prompts, params
 
-    def timed(on: bool) -> float:
-        sessions = list(registry._sessions)
-        for s in sessions:
-            s.disabled = not on
-        t0 = time.perf_counter()
+
+def generate(a: argparse.Namespace) -> None:
+    """Interleaved warm generates in one process: off, on, on without margins (the order
+    rotates every round); per side wall and process CPU time, per round the on/off ratios."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.pop(MARGINS_ENV, None)  # the default (on, on a CPU) at install
+    os.environ["SPECTRACE_OUT"] = str(Path(tempfile.mkdtemp()) / "bench.h5")
+    timers = Timers()
+    if a.breakdown:
+        _install_timers(timers)
+    llm, prompts, params = _make_llm(a)
+    from spectrace.hooks.vllm import registry
+
+    def run(side: tuple[str, bool, bool]) -> tuple[float, float, dict]:
+        _, record, margins = side
+        for s in list(registry._sessions):
+            s.disabled = not record
+        os.environ[MARGINS_ENV] = "1" if margins else "0"  # read by the wrapper per call
+        timers.take()
+        t0, c0 = time.perf_counter(), time.process_time()
         llm.generate(prompts, params, use_tqdm=False)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0, timers.take()
 
-    timed(True)  # warm-up (and the session's file opens)
+    run(SIDES[1])  # warm-up (and the session's file opens)
     if not registry._sessions:
         sys.exit("no spectrace session: is the plugin installed (vllm.general_plugins)?")
-    ratios = []
+    res: dict[str, list] = {name: [] for name, _, _ in SIDES}
+    loads = []
     for i in range(a.pairs):
-        order = (True, False) if i % 2 == 0 else (False, True)
-        t = {side: timed(side) for side in order}
-        ratios.append(t[True] / t[False])
-        print(f"pair {i + 1}: on {t[True]:.3f}s off {t[False]:.3f}s  on/off {ratios[-1]:.4f}")
-    print(f"{a.prompts} prompts x {a.max_tokens} tokens, load {os.getloadavg()[0]:.2f}")
-    print(f"capture on/off: {_spread(ratios)}")
-    # Pairs alternate their order, so the geometric mean over an even number of pairs
-    # cancels a first-call/second-call effect.
-    geo = statistics.geometric_mean(ratios)
-    print(f"overhead: median {100 * (statistics.median(ratios) - 1):+.2f}%, "
-          f"order-balanced geometric mean {100 * (geo - 1):+.2f}%")  # fmt: skip
+        for j in range(len(SIDES)):
+            side = SIDES[(i + j) % len(SIDES)]
+            res[side[0]].append(run(side))
+        loads.append(os.getloadavg()[0])
+        off = res["off"][-1]
+        print(f"round {i + 1}: " + "  ".join(
+            f"{n} {r[-1][0]:.3f}s/{r[-1][1]:.3f}s cpu" for n, r in res.items()
+        ) + f"  on/off wall {res['on'][-1][0] / off[0]:.4f} cpu {res['on'][-1][1] / off[1]:.4f}"
+          f"  load {loads[-1]:.2f}")  # fmt: skip
+    _report(a, res, loads)
+
+
+def _report(a: argparse.Namespace, res: dict[str, list], loads: list[float]) -> None:
+    print(f"{a.prompts} prompts x {a.max_tokens} tokens, {a.pairs} rounds, load (1 min) "
+          f"{_spread(loads)}")  # fmt: skip
+    off = res["off"]
+    for name in ("on", "on-no-margins"):
+        for what, k in (("wall", 0), ("cpu", 1)):
+            ratios = [x[k] / y[k] for x, y in zip(res[name], off)]
+            geo = statistics.geometric_mean(ratios)
+            print(f"{name}/off {what:4s}: {_spread(ratios)}  geometric mean {geo:.4f}")
+    if not a.breakdown:
+        return
+    print("per generate, thread CPU ms (median over rounds; share of the off side's CPU):")
+    base = statistics.median(x[1] for x in off) * 1e3
+    labels = sorted({k for rs in res.values() for r in rs for k in r[2]})
+    for label in labels:
+        cells = []
+        for name, rs in res.items():
+            ms = statistics.median(r[2].get(label, 0.0) for r in rs)
+            cells.append(f"{name} {ms:7.1f} ({100 * ms / base:5.2f}%)")
+        print(f"  {label:44s} " + "  ".join(cells))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("mode", nargs="?", default="generate", choices=("generate", "recorder"))
-    ap.add_argument("--pairs", type=int, default=4, help="even: both orders equally often")
+    ap.add_argument(
+        "--pairs", type=int, default=6, help="rounds (generate: a multiple of 3 rotates evenly)"
+    )
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument(
+        "--breakdown", action="store_true", help="generate: thread CPU time per component"
+    )
     a = ap.parse_args()
     (generate if a.mode == "generate" else recorder)(a)
 
