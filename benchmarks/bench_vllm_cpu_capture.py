@@ -4,11 +4,19 @@ Two modes, both printing the ratio with its spread; asserts nothing.
 
 * ``generate`` (default): real vLLM in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) on
   the bundled tiny models (draft_model, k=4, greedy, fp32, eager), with the plugin recording
-  into a temporary trace. After a warm-up ``generate``, N pairs of warm ``generate`` calls
-  (64 prompts x 128 tokens by default) run with the recorder on and off alternately (the order
-  flips every pair, so a load change hits both sides); "off" disables the session, leaving
-  only the wrapper's attribute check. Prints each pair's on/off ratio and their median, min
-  and max.
+  into a temporary trace. After a warm-up ``generate``, N rounds of three warm ``generate``
+  calls (64 prompts x 128 tokens by default), their order rotating every round so that a load
+  change hits every side: ``off`` (session disabled, drafter margins off, the scheduler's
+  counting detached: only the wrappers' checks remain), ``on`` (everything) and
+  ``on-no-margins`` (``SPECTRACE_MARGINS=0``, read by the margins wrapper per call). A
+  recording side's time includes writing its blocks and requests (drained before the clock
+  stops). Prints per round each side's wall and process CPU time (all threads) and the load;
+  then the on/off ratios per round (median, min, max) and the ratio of each side's fastest
+  generate (the least disturbed by other processes: on a loaded machine single generates
+  stall for seconds). ``--breakdown`` adds the thread CPU time per generate of each part:
+  the recorder and the scheduler's counting (engine thread), the drafter's
+  ``_greedy_sample`` (vLLM's own logits + argmax, plus the margins when on), the writer's
+  column thread and its 1 s flush thread.
 * ``recorder``: the V1 recorder alone (:class:`~spectrace.hooks.vllm.v1.V1Recorder`) on a
   fake runner with the real attribute layout (B rows, k drafts, one step per call), so its
   per-step CPU time (``time.process_time``: all threads, robust to a loaded machine) can be
@@ -16,8 +24,8 @@ Two modes, both printing the ratio with its spread; asserts nothing.
   ``/work/main/.venv/bin/python benchmarks/bench_vllm_cpu_capture.py recorder`` runs main's
   code, the worktree's ``.venv`` runs the branch.
 
-Usage: ``python benchmarks/bench_vllm_cpu_capture.py [generate|recorder] [--pairs 4]
-[--prompts 64] [--max-tokens 128] [--rows 64] [--steps 2000]``.
+Usage: ``python benchmarks/bench_vllm_cpu_capture.py [generate|recorder] [--pairs 6]
+[--breakdown] [--prompts 64] [--max-tokens 128] [--rows 64] [--steps 2000]``.
 """
 
 from __future__ import annotations
