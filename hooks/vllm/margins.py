@@ -78,11 +78,11 @@ class MarginTap:
         rows, lens = np.asarray(rows, np.int64), np.asarray(lens, np.int64)
         depth = len(d)
         g = self._grid
-        fits = g is not None and int(rows.max()) < g.shape[1]
-        if fits and width == depth and (lens == depth).all():  # usual: k drafts, k depths
-            return np.ascontiguousarray(g[:, rows].T)
-        if self._grid is not None:
-            m = self._grid  # [depth, B]
+        if g is not None and int(rows.max()) < g.shape[1]:
+            if width == depth and (lens == depth).all():  # usual: k drafts, k depths
+                return np.ascontiguousarray(g[:, rows].T)
+        if g is not None:
+            m = g  # [depth, B]
             inside = rows < m.shape[1]
             vals = m[:, np.where(inside, rows, 0)].T  # [n, depth]
         else:

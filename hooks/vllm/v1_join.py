@@ -164,9 +164,9 @@ class StepJoiner(BlockJoiner):
 
     def _columns(self, hits, verdicts: StepVerdicts, row_of) -> dict:
         n = len(hits)
-        rids, opened, b = zip(*hits)
+        rids, opened, batch_rows = zip(*hits)
         chunks, js = zip(*opened)
-        b = np.array(b, np.int64)
+        b = np.array(batch_rows, np.int64)
         c0 = chunks[0]
         if all(c is c0 for c in chunks):  # the usual case: every block from the previous step
             gather, plen, proposed, margin = c0.rows(np.array(js, np.int64))
