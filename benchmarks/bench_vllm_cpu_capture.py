@@ -4,11 +4,19 @@ Two modes, both printing the ratio with its spread; asserts nothing.
 
 * ``generate`` (default): real vLLM in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) on
   the bundled tiny models (draft_model, k=4, greedy, fp32, eager), with the plugin recording
-  into a temporary trace. After a warm-up ``generate``, N pairs of warm ``generate`` calls
-  (64 prompts x 128 tokens by default) run with the recorder on and off alternately (the order
-  flips every pair, so a load change hits both sides); "off" disables the session, leaving
-  only the wrapper's attribute check. Prints each pair's on/off ratio and their median, min
-  and max.
+  into a temporary trace. After a warm-up ``generate``, N rounds of three warm ``generate``
+  calls (64 prompts x 128 tokens by default), their order rotating every round so that a load
+  change hits every side: ``off`` (session disabled, drafter margins off, the scheduler's
+  counting detached: only the wrappers' checks remain), ``on`` (everything) and
+  ``on-no-margins`` (``SPECTRACE_MARGINS=0``, read by the margins wrapper per call). A
+  recording side's time includes writing its blocks and requests (drained before the clock
+  stops). Prints per round each side's wall and process CPU time (all threads) and the load;
+  then the on/off ratios per round (median, min, max) and the ratio of each side's fastest
+  generate (the least disturbed by other processes: on a loaded machine single generates
+  stall for seconds). ``--breakdown`` adds the thread CPU time per generate of each part:
+  the recorder and the scheduler's counting (engine thread), the drafter's
+  ``_greedy_sample`` (vLLM's own logits + argmax, plus the margins when on), the writer's
+  column thread and its 1 s flush thread.
 * ``recorder``: the V1 recorder alone (:class:`~spectrace.hooks.vllm.v1.V1Recorder`) on a
   fake runner with the real attribute layout (B rows, k drafts, one step per call), so its
   per-step CPU time (``time.process_time``: all threads, robust to a loaded machine) can be
@@ -16,13 +24,14 @@ Two modes, both printing the ratio with its spread; asserts nothing.
   ``/work/main/.venv/bin/python benchmarks/bench_vllm_cpu_capture.py recorder`` runs main's
   code, the worktree's ``.venv`` runs the branch.
 
-Usage: ``python benchmarks/bench_vllm_cpu_capture.py [generate|recorder] [--pairs 4]
-[--prompts 64] [--max-tokens 128] [--rows 64] [--steps 2000]``.
+Usage: ``python benchmarks/bench_vllm_cpu_capture.py [generate|recorder] [--pairs 6]
+[--breakdown] [--prompts 64] [--max-tokens 128] [--rows 64] [--steps 2000]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -34,6 +43,7 @@ from types import SimpleNamespace
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+MARGINS_ENV = "SPECTRACE_MARGINS"  # spectrace.hooks.vllm.margins.ENV (not imported: main's too)
 
 
 def _spread(xs: list[float], unit: str = "") -> str:
@@ -115,15 +125,59 @@ def recorder(a: argparse.Namespace) -> None:
     print(f"recorder added   : {_spread(extra, ' us/step')}")
 
 
-def generate(a: argparse.Namespace) -> None:
-    """Paired warm generate on/off in one process."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    out = Path(tempfile.mkdtemp()) / "bench.h5"
-    os.environ["SPECTRACE_OUT"] = str(out)
+#: The sides of a ``generate`` round: (name, session recording, drafter margins).
+SIDES = (("off", False, False), ("on", True, True), ("on-no-margins", True, False))
+
+
+class Timers:
+    """Thread CPU time (``time.thread_time``) spent in wrapped methods, per label: the
+    recorder on the engine thread, the margins wrapper, the writer's two threads."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {}
+
+    def wrap(self, owner, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            t0 = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.ms[label] = self.ms.get(label, 0.0) + 1e3 * (time.thread_time() - t0)
+
+        setattr(owner, name, timed)
+
+    def take(self) -> dict[str, float]:
+        out, self.ms = self.ms, {}
+        return out
+
+
+def _install_timers(t: Timers) -> None:
+    """Wrap the capture's parts (before vLLM builds the runner, so the margins wrapper
+    installed on its drafter is timed too)."""
+    from spectrace.hooks.vllm import v1
+    from spectrace.tracer.store import TraceWriter
+
+    for name in ("_before", "_after", "_finish"):
+        t.wrap(v1.V1Recorder, name, "recorder (engine thread)")
+    t.wrap(TraceWriter, "add_blocks", "writer: blocks (column thread)")
+    t.wrap(TraceWriter, "flush", "writer: 1 s flush (flush thread)")
+    install = v1.install_margins
+
+    def install_timed(drafter):
+        tap = install(drafter)
+        if tap is not None:
+            t.wrap(drafter, "_greedy_sample", "drafter _greedy_sample (incl. vLLM's own)")
+        return tap
+
+    v1.install_margins = install_timed
+
+
+def _make_llm(a: argparse.Namespace):
     from vllm import LLM, SamplingParams
 
-    from spectrace.hooks.vllm import registry
     from spectrace.hooks.vllm.driver import read_prompts
 
     models = ROOT / "engine" / "models"
@@ -143,41 +197,106 @@ def generate(a: argparse.Namespace) -> None:
     )
     prompts = [p["text"] for p in read_prompts(str(ROOT / "engine" / "prompts.jsonl"), a.prompts)]
     params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, ignore_eos=True)
+    return llm, prompts, params
 
-    def timed(on: bool) -> float:
-        sessions = list(registry._sessions)
-        for s in sessions:
-            s.disabled = not on
-        t0 = time.perf_counter()
+
+def _scheduler(llm):
+    """The in-process engine core's scheduler (``LLM.llm_engine.engine_core`` is vLLM's
+    ``InprocClient``), or None."""
+    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
+    return getattr(core, "scheduler", None)
+
+
+def generate(a: argparse.Namespace) -> None:
+    """Interleaved warm generates in one process: off, on, on without margins (the order
+    rotates every round); per side wall and process CPU time, per round the on/off ratios."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.pop(MARGINS_ENV, None)  # the default (on, on a CPU) at install
+    os.environ["SPECTRACE_OUT"] = str(Path(tempfile.mkdtemp()) / "bench.h5")
+    timers = Timers()
+    if a.breakdown:
+        _install_timers(timers)
+    llm, prompts, params = _make_llm(a)
+    from spectrace.hooks.vllm import registry
+
+    sched = _scheduler(llm)
+    counters = getattr(sched, "_spectrace_counters", None)
+    if a.breakdown and sched is not None:
+        timers.wrap(type(sched), "make_spec_decoding_stats", "scheduler counting (engine thread)")
+
+    def run(side: tuple[str, bool, bool]) -> tuple[float, float, dict]:
+        _, record, margins = side
+        for s in list(registry._sessions):
+            s.disabled = not record
+        if sched is not None:  # off: vLLM's counters are not counted either
+            sched._spectrace_counters = counters if record else None
+        os.environ[MARGINS_ENV] = "1" if margins else "0"  # read by the wrapper per call
+        timers.take()
+        t0, c0 = time.perf_counter(), time.process_time()
         llm.generate(prompts, params, use_tqdm=False)
-        return time.perf_counter() - t0
+        if record:  # this generate's blocks and requests written: its cost, not the next's
+            for s in list(registry._sessions):
+                s.flush_columns(wait=True)
+                s.writer.flush()
+        return time.perf_counter() - t0, time.process_time() - c0, timers.take()
 
-    timed(True)  # warm-up (and the session's file opens)
+    run(SIDES[1])  # warm-up (and the session's file opens)
     if not registry._sessions:
         sys.exit("no spectrace session: is the plugin installed (vllm.general_plugins)?")
-    ratios = []
+    res: dict[str, list] = {name: [] for name, _, _ in SIDES}
+    loads = []
     for i in range(a.pairs):
-        order = (True, False) if i % 2 == 0 else (False, True)
-        t = {side: timed(side) for side in order}
-        ratios.append(t[True] / t[False])
-        print(f"pair {i + 1}: on {t[True]:.3f}s off {t[False]:.3f}s  on/off {ratios[-1]:.4f}")
-    print(f"{a.prompts} prompts x {a.max_tokens} tokens, load {os.getloadavg()[0]:.2f}")
-    print(f"capture on/off: {_spread(ratios)}")
-    # Pairs alternate their order, so the geometric mean over an even number of pairs
-    # cancels a first-call/second-call effect.
-    geo = statistics.geometric_mean(ratios)
-    print(f"overhead: median {100 * (statistics.median(ratios) - 1):+.2f}%, "
-          f"order-balanced geometric mean {100 * (geo - 1):+.2f}%")  # fmt: skip
+        for j in range(len(SIDES)):
+            side = SIDES[(i + j) % len(SIDES)]
+            res[side[0]].append(run(side))
+        loads.append(os.getloadavg()[0])
+        off = res["off"][-1]
+        print(f"round {i + 1}: " + "  ".join(
+            f"{n} {r[-1][0]:.3f}s/{r[-1][1]:.3f}s cpu" for n, r in res.items()
+        ) + f"  on/off wall {res['on'][-1][0] / off[0]:.4f} cpu {res['on'][-1][1] / off[1]:.4f}"
+          f"  load {loads[-1]:.2f}")  # fmt: skip
+    _report(a, res, loads)
+
+
+def _report(a: argparse.Namespace, res: dict[str, list], loads: list[float]) -> None:
+    print(f"{a.prompts} prompts x {a.max_tokens} tokens, {a.pairs} rounds, load (1 min) "
+          f"{_spread(loads)}")  # fmt: skip
+    off = res["off"]
+    for name in ("on", "on-no-margins"):
+        for what, k in (("wall", 0), ("cpu", 1)):
+            ratios = [x[k] / y[k] for x, y in zip(res[name], off)]
+            # a loaded machine adds stalls of seconds to single generates: the ratio of the
+            # sides' fastest generates is the least disturbed figure
+            best = min(x[k] for x in res[name]) / min(y[k] for y in off)
+            print(f"{name}/off {what:4s}: per round {_spread(ratios)}; fastest/fastest "
+                  f"{best:.4f}")  # fmt: skip
+    if not a.breakdown:
+        return
+    print("per generate, thread CPU ms (median over rounds; share of the off side's CPU):")
+    base = statistics.median(x[1] for x in off) * 1e3
+    labels = sorted({k for rs in res.values() for r in rs for k in r[2]})
+    for label in labels:
+        cells = []
+        for name, rs in res.items():
+            ms = statistics.median(r[2].get(label, 0.0) for r in rs)
+            cells.append(f"{name} {ms:7.1f} ({100 * ms / base:5.2f}%)")
+        print(f"  {label:44s} " + "  ".join(cells))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("mode", nargs="?", default="generate", choices=("generate", "recorder"))
-    ap.add_argument("--pairs", type=int, default=4, help="even: both orders equally often")
+    ap.add_argument(
+        "--pairs", type=int, default=6, help="rounds (generate: a multiple of 3 rotates evenly)"
+    )
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument(
+        "--breakdown", action="store_true", help="generate: thread CPU time per component"
+    )
     a = ap.parse_args()
     (generate if a.mode == "generate" else recorder)(a)
 

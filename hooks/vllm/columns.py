@@ -1,10 +1,12 @@
 """Columnar block writes off the recording thread (the V2 vectorised join's output, and the
 V1 joiner's rows gathered by :class:`RowBuffer`).
 
-Chunks of block columns are buffered and appended with one
-:meth:`~spectrace.tracer.store.TraceWriter.add_blocks` call on a background thread once
+Chunks of block columns are buffered and appended (concatenated, then one
+:meth:`~spectrace.tracer.store.TraceWriter.add_blocks` call) on a background thread once
 :attr:`ColumnWriter.FLUSH_ROWS` rows or :attr:`ColumnWriter.FLUSH_S` seconds are buffered
-(HDF5 releases the GIL while it compresses and writes, so the recording thread keeps running).
+(h5py holds the GIL through much of an HDF5 call, compression included: measured, a Python
+loop ran at about a fifth of its speed beside a compressing write. So background writes still
+slow the recording thread: keep them few and large).
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ class ColumnWriter:
                     name="spectrace-columns",
                     daemon=True,
                 ).start()
-            self._writes.put(concat_columns(parts))
+            self._writes.put(parts)  # concatenated on the writer thread
         if wait and self._writes is not None:
             self._writes.join()
             if self._error is not None:
@@ -116,7 +118,7 @@ class ColumnWriter:
             try:
                 if cols is None:
                     return
-                writer.add_blocks(cols)
+                writer.add_blocks(concat_columns(cols))
             except Exception as exc:  # raised on the recording thread at the next wait
                 self._error = exc
             finally:

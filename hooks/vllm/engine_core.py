@@ -29,6 +29,7 @@ from .paths import output_path, trace_of_handoff, trace_path
 from .registry import waiting_for_counters
 
 _NEEDED = ("num_draft_tokens", "num_accepted_tokens")
+_KEYWORDS = frozenset(_NEEDED + ("num_invalid_spec_tokens", "request_id"))
 
 
 def patch_scheduler(module: ModuleType) -> None:
@@ -81,7 +82,13 @@ def _counting(make):
         c = getattr(self, "_spectrace_counters", None)
         if c is not None:
             try:
-                b = sig.bind(self, *args, **kwargs).arguments
+                # vLLM passes these by keyword (Scheduler.update_from_output): read them
+                # directly; Signature.bind costs more than the rest of the step's counting.
+                b = (
+                    kwargs
+                    if _KEYWORDS.issubset(kwargs)
+                    else sig.bind(self, *args, **kwargs).arguments
+                )
                 n_draft = int(b["num_draft_tokens"])
                 if n_draft:  # vLLM returns early on zero drafts
                     invalid = b.get("num_invalid_spec_tokens") or {}

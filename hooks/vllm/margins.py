@@ -3,13 +3,17 @@
 Wraps, on the V1 drafter instance (``vllm/v1/spec_decode/llm_base_proposer.py``
 ``SpecDecodeBaseProposer._greedy_sample``), the plain path ``compute_logits(hidden).argmax``:
 the wrapper computes the same logits once, takes the same argmax and keeps
-``top1 - top2`` per row. One call per draft depth, rows in the input batch's order; the
-recorder takes them after ``sample_tokens`` (:meth:`MarginTap.take`).
+``top1 - top2`` per row (a ``[B]`` tensor). One call per draft depth, rows in the input
+batch's order; the recorder takes them after ``sample_tokens`` (:meth:`MarginTap.matrix`).
 
-Cost: on a CPU nothing but a top-2 over logits that exist anyway; on a GPU ``.tolist()`` is a
-device-to-host copy and a sync per draft step, so it is off there unless
-``SPECTRACE_MARGINS=1`` (``0`` turns it off everywhere). The local-argmax and
-heterogeneous-vocabulary paths are left alone (no margins: NaN).
+Cost: the top-2 is fused with the argmax vLLM takes anyway: top-1 is gathered at the argmax,
+the argmax cell is set to ``-inf`` in place, top-2 is the row maximum (a vectorised float
+reduction, several times cheaper than ``torch.topk(2)`` on a CPU), and the cell is restored.
+The values equal ``topk(2)``'s bit for bit (ties: a second maximal cell stays, margin 0).
+The per-step tensors are moved to the host once per engine step (:meth:`MarginTap.matrix`),
+not once per depth; on a GPU that is still a device-to-host copy and a sync, so margins are
+off there unless ``SPECTRACE_MARGINS=1`` (``0`` turns them off everywhere). The local-argmax
+and heterogeneous-vocabulary paths are left alone (no margins: NaN).
 """
 
 from __future__ import annotations
@@ -17,25 +21,86 @@ from __future__ import annotations
 import functools
 import os
 
+import numpy as np
+
 #: ``1`` records margins, ``0`` never; unset: only on a CPU device (no sync cost there).
 ENV = "SPECTRACE_MARGINS"
 
 
 class MarginTap:
-    """Margins of the draft steps since the last :meth:`take`: a list of per-depth rows."""
+    """Margins of the draft steps since the last :meth:`reset`: one ``[B]`` tensor (or list)
+    of top-1 minus top-2 logits per draft depth, rows in the input batch's order."""
 
     def __init__(self) -> None:
-        self.steps: list[list[float]] = []
+        self.steps: list = []
+        self._depth_rows: list[np.ndarray] | None = None  # steps on the host, float32 [B_d]
+        self._grid: np.ndarray | None = None  # the same as one [depth, B] array, if uniform
 
     def reset(self) -> None:
         """Forget what was recorded (called before each engine step)."""
         self.steps = []
+        self._depth_rows = self._grid = None
+
+    def _depths(self) -> list[np.ndarray]:
+        """The recorded depths as float32 host arrays: one transfer per engine step when
+        every depth has the same rows (the usual case)."""
+        if self._depth_rows is None:
+            import torch
+
+            s = self.steps
+            if s and all(isinstance(t, torch.Tensor) for t in s) and len({len(t) for t in s}) == 1:
+                self._grid = torch.stack(s).to(torch.float32).cpu().numpy()
+                self._depth_rows = list(self._grid)
+            else:
+                self._depth_rows = [np.asarray(t.cpu() if hasattr(t, "cpu") else t, np.float32)
+                                    for t in s]  # fmt: skip
+        return self._depth_rows
 
     def take(self, row: int, k: int) -> list[float] | None:
         """Row ``row``'s margins for its ``k`` drafts, or None when not recorded."""
-        if len(self.steps) < k or any(row >= len(s) for s in self.steps[:k]):
+        d = self._depths()
+        if len(d) < k or any(row >= len(s) for s in d[:k]):
             return None
-        return [float(s[row]) for s in self.steps[:k]]
+        return [float(s[row]) for s in d[:k]]
+
+    def matrix(self, rows: np.ndarray, lens: np.ndarray, width: int) -> np.ndarray | None:
+        """The margins of batch rows ``rows`` for their ``lens`` drafts, as what
+        :meth:`take` gives row by row: ``[n, width]`` float32, NaN where not recorded (a row
+        with more drafts than recorded depths, or beyond a depth's rows, is all NaN); None
+        when no row has margins.
+
+        Args:
+            rows: int [n], batch rows; lens: int [n], drafts per row (``<= width``).
+        """
+        d = self._depths()
+        if not d or not len(rows):
+            return None
+        rows, lens = np.asarray(rows, np.int64), np.asarray(lens, np.int64)
+        depth = len(d)
+        g = self._grid
+        if g is not None and int(rows.max()) < g.shape[1]:
+            if width == depth and (lens == depth).all():  # usual: k drafts, k depths
+                return np.ascontiguousarray(g[:, rows].T)
+        if g is not None:
+            m = g  # [depth, B]
+            inside = rows < m.shape[1]
+            vals = m[:, np.where(inside, rows, 0)].T  # [n, depth]
+        else:
+            inside = np.ones(len(rows), bool)
+            vals = np.full((len(rows), depth), np.nan, np.float32)
+            for j, s in enumerate(d):
+                ok = rows < len(s)
+                vals[ok, j] = s[rows[ok]]
+                # take(): a row needs all of its first k depths
+                inside &= ok | (lens <= j)
+        have = inside & (lens <= depth)
+        if not have.any():
+            return None
+        out = np.full((len(rows), width), np.nan, np.float32)
+        w = min(width, depth)
+        cells = have[:, None] & (np.arange(w)[None, :] < lens[:, None])
+        out[:, :w] = np.where(cells, vals[:, :w], np.nan)
+        return out
 
 
 def _wanted(device_type: str) -> bool:
@@ -43,6 +108,23 @@ def _wanted(device_type: str) -> bool:
     if v is not None:
         return v not in ("", "0")
     return device_type == "cpu"
+
+
+def top2_margin(logits):
+    """``(argmax, top1 - top2)`` of ``logits`` [B, V] along the last axis: ``argmax`` is
+    ``logits.argmax(dim=-1)`` (int64 [B], what vLLM samples), the margin equals
+    ``topk(logits, 2).values[:, 0] - [:, 1]`` bit for bit ([B], logits' dtype). ``logits``
+    is written in place (one cell per row) and restored before returning."""
+    idx = logits.argmax(dim=-1)
+    if logits.dim() != 2 or logits.requires_grad:  # not vLLM's [B, V] inference logits
+        top = logits.topk(2, dim=-1).values
+        return idx, top[..., 0] - top[..., 1]
+    at = idx[:, None]
+    top1 = logits.gather(1, at)
+    logits.scatter_(1, at, float("-inf"))
+    top2 = logits.amax(dim=-1)
+    logits.scatter_(1, at, top1)
+    return idx, top1[:, 0] - top2
 
 
 def install_margins(drafter) -> MarginTap | None:
@@ -60,12 +142,9 @@ def install_margins(drafter) -> MarginTap | None:
         )
         if not plain or not _wanted(hidden_states.device.type):
             return orig(hidden_states)
-        import torch
-
-        logits = drafter.model.compute_logits(hidden_states)
-        top = torch.topk(logits, 2, dim=-1).values
-        tap.steps.append((top[:, 0] - top[:, 1]).tolist())
-        return logits.argmax(dim=-1)
+        idx, margin = top2_margin(drafter.model.compute_logits(hidden_states))
+        tap.steps.append(margin)
+        return idx
 
     drafter._greedy_sample = _greedy_sample
     return tap

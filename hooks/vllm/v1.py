@@ -12,7 +12,7 @@ from .common import SpecTraceLayoutError, is_warmup, require_attrs, vllm_version
 from .margins import install_margins
 from .sampling import trim_output
 from .session import Session, close_on_shutdown
-from .v1_join import StepJoiner, new_chunk
+from .v1_join import StepJoiner, StepVerdicts, new_chunk, ragged
 
 _V1_RUNNER_ATTRS = (
     "sample_tokens",
@@ -58,6 +58,9 @@ class V1Recorder:
         self.session.joiner = self.joiner = StepJoiner(self.session)  # one step at a time
         self.session.on_close(self._finalize_requests)
         self._batch_checked = False
+        self._batch: list[str] | None = None  # the last step's req ids (see _live)
+        self._rows: tuple[list[str], np.ndarray] = ([], np.zeros(0, np.int64))
+        self._all_seen = False  # every live request of _batch is registered
         drafter = getattr(runner, "drafter", None)
         self.margins = install_margins(drafter) if drafter is not None else None
         self._wrap()
@@ -104,7 +107,8 @@ class V1Recorder:
     # -- per step --------------------------------------------------------------------------
 
     def _before(self):
-        """Read the drafts verified in this step: req id -> verified ids."""
+        """Read the drafts verified in this step: (req ids, verified [B, w] int64 -1 padded,
+        drafts per row [B]; 0: none verified)."""
         r = self.runner
         batch = r.input_batch
         if not self._batch_checked:
@@ -114,24 +118,25 @@ class V1Recorder:
         req_ids = list(batch.req_ids)
         if self.margins is not None:
             self.margins.reset()
-        verified: dict[str, list[int]] = {}
-        if md is not None:
-            counts = [int(n) for n in md.num_draft_tokens]
-            flat = md.draft_token_ids.tolist()
-            if len(counts) != len(req_ids) or sum(counts) != len(flat):
-                raise RuntimeError(
-                    f"spec-decode metadata does not match the batch ({len(counts)} rows, "
-                    f"{sum(counts)} drafts vs {len(req_ids)} requests, {len(flat)} ids)"
-                )
-            o = 0
-            for req_id, n in zip(req_ids, counts):
-                if n:
-                    verified[req_id] = flat[o : o + n]
-                o += n
-        return req_ids, verified
+        if md is None:  # nothing verified in this step
+            b = len(req_ids)
+            return req_ids, np.full((b, 0), -1, np.int64), np.zeros(b, np.int64)
+        counts = np.asarray(md.num_draft_tokens, dtype=np.int64).reshape(-1)
+        flat = _host_ids(md.draft_token_ids)
+        if len(counts) != len(req_ids) or int(counts.sum()) != len(flat):
+            raise RuntimeError(
+                f"spec-decode metadata does not match the batch ({len(counts)} rows, "
+                f"{int(counts.sum())} drafts vs {len(req_ids)} requests, {len(flat)} ids)"
+            )
+        w = int(counts.max()) if len(counts) else 0
+        if len(counts) and (counts == w).all():
+            return req_ids, flat.reshape(len(counts), w), counts
+        vmat = np.full((len(counts), max(w, 1)), -1, np.int64)
+        vmat[np.arange(vmat.shape[1])[None, :] < counts[:, None]] = flat
+        return req_ids, vmat, counts
 
     def _after(self, pre, out) -> None:
-        req_ids, verified = pre
+        req_ids, vmat, vlen = pre
         r = self.runner
         s = self.session
         out_ids = getattr(out, "req_ids", None)
@@ -141,52 +146,70 @@ class V1Recorder:
                 f"vLLM {vllm_version()}: V1 sample_tokens returned "
                 f"{type(out).__name__} without req_ids / sampled_token_ids lists"
             )
-        emitted = {rid: sampled[i] for i, rid in enumerate(out_ids) if i < len(sampled)}
-        live = [rid for rid in req_ids if not is_warmup(rid)]
+        live, rows = self._live(req_ids)
         if not live:
             return
-        requests = r.requests
-        for rid in live:
-            if not s.seen(rid):
-                state = requests.get(rid)
-                if state is not None:
-                    s.see_request(
-                        rid,
-                        getattr(state, "prompt_token_ids", None),
-                        getattr(state, "sampling_params", None),
-                    )
-        cols = self.joiner.close_step(live, verified, emitted, s.request_row)
+        if not self._all_seen:
+            requests = r.requests
+            for rid in live:
+                if not s.seen(rid):
+                    state = requests.get(rid)
+                    if state is not None:
+                        s.see_request(
+                            rid,
+                            getattr(state, "prompt_token_ids", None),
+                            getattr(state, "sampling_params", None),
+                        )
+            self._all_seen = all(s.seen(rid) for rid in live)
+        emat, elen = ragged(_emitted_by_row(req_ids, out_ids, sampled))
+        verdicts = StepVerdicts(vmat, vlen, emat, elen)
+        cols = self.joiner.close_step(live, rows, verdicts, s.request_row)
         if cols is not None:
             s.add_block_columns(cols)
-        self._open_proposals(req_ids, emitted)
+        self._open_proposals(req_ids, rows, verdicts)
         s.step += 1
         s.end_step()
 
-    def _open_proposals(self, req_ids: list[str], emitted: dict) -> None:
+    def _live(self, req_ids: list[str]) -> tuple[list[str], np.ndarray]:
+        """The batch's recorded (non-warmup) request ids and their rows; kept while the
+        batch is unchanged (vLLM keeps it from step to step until a request joins or
+        leaves)."""
+        if req_ids != self._batch:
+            self._batch = req_ids
+            rows = [i for i, rid in enumerate(req_ids) if not is_warmup(rid)]
+            self._rows = (
+                [req_ids[i] for i in rows],
+                np.asarray(rows, dtype=np.int64),
+            )
+            self._all_seen = False
+        return self._rows
+
+    def _open_proposals(self, req_ids: list[str], live: np.ndarray, v: StepVerdicts) -> None:
         """Open a block for each row that emitted a token this step and has a non-empty
         proposal in ``_draft_token_ids`` (anchor: the last token of ``token_ids_cpu``), as
-        one :class:`~.v1_join.StepProposals` chunk."""
+        one :class:`~.v1_join.StepProposals` chunk; ``live``: the recorded rows."""
         r, s = self.runner, self.session
         proposals = r._draft_token_ids
         if proposals is None:
             return
-        if hasattr(proposals, "tolist"):
-            proposals = proposals.tolist()
         batch = r.input_batch
         if list(batch.req_ids) != req_ids:
             raise RuntimeError("the batch order changed inside sample_tokens")
-        rows = [
-            i
-            for i, rid in enumerate(req_ids)
-            # no token this step (prefill chunk): vLLM ignores the drafts; an empty proposal
-            # (n-gram, no match) is not a draft for vLLM
-            if i < len(proposals) and emitted.get(rid) and len(proposals[i]) and not is_warmup(rid)
-        ]
-        if not rows:
+        if hasattr(proposals, "tolist") and getattr(proposals, "ndim", 0) == 2:
+            props = _host_ids(proposals).reshape(proposals.shape)  # [B, k]: the model drafter
+            plen = np.full(len(props), props.shape[1], np.int64)
+        else:  # lists (n-gram): possibly shorter than k, or empty
+            props = proposals.tolist() if hasattr(proposals, "tolist") else proposals
+            plen = np.fromiter(map(len, props), np.int64, len(props))
+        # no token this step (prefill chunk): vLLM ignores the drafts; an empty proposal
+        # (n-gram, no match) is not a draft for vLLM
+        live = live[live < len(plen)]
+        rows = live[(v.elen[live] > 0) & (plen[live] > 0)]
+        if not len(rows):
             return
         pos = np.asarray(batch.num_tokens_no_spec)[rows].astype(np.int64) - 1
         anchor = np.asarray(batch.token_ids_cpu)[rows, pos].astype(np.int64)
-        last = np.array([emitted[req_ids[i]][-1] for i in rows], dtype=np.int64)
+        last = v.emitted[rows, v.elen[rows] - 1]
         bad = np.flatnonzero(anchor != last)
         if len(bad):
             i, j = rows[bad[0]], bad[0]
@@ -194,10 +217,13 @@ class V1Recorder:
                 f"request {req_ids[i]}: anchor {anchor[j]} at position {pos[j]} is not the "
                 f"last emitted token {last[j]}"
             )
-        props = [proposals[i] for i in rows]
+        if isinstance(props, np.ndarray):
+            chosen = props[rows]
+        else:
+            chosen = [props[i] for i in rows]
         m = self.margins
-        gaps = None if m is None else [m.take(i, len(p)) for i, p in zip(rows, props)]
-        chunk = new_chunk(s.step, pos, anchor, props, rows, len(req_ids), gaps)
+        gaps = None if m is None else m.matrix(rows, plen[rows], int(plen[rows].max()))
+        chunk = new_chunk(s.step, pos, anchor, chosen, rows, len(req_ids), gaps)
         self.joiner.open_step([req_ids[i] for i in rows], chunk)
 
     # -- requests --------------------------------------------------------------------------
@@ -226,3 +252,18 @@ class V1Recorder:
         for req_id, state in list(getattr(self.runner, "requests", {}).items()):
             if not is_warmup(req_id) and self.session.seen(req_id):
                 self._finish(req_id, state, final=False)
+
+
+def _host_ids(ids) -> np.ndarray:
+    """Token ids (a CPU tensor, an array or a list) as a flat int64 numpy array."""
+    if hasattr(ids, "cpu"):
+        ids = ids.cpu().numpy()
+    return np.asarray(ids, dtype=np.int64).reshape(-1)
+
+
+def _emitted_by_row(req_ids: list[str], out_ids: list[str], sampled: list) -> list:
+    """``sampled`` (rows in ``out_ids`` order) in batch order; [] for a row without output."""
+    if out_ids == req_ids and len(sampled) >= len(req_ids):
+        return [e or [] for e in sampled[: len(req_ids)]]
+    at = {rid: sampled[i] for i, rid in enumerate(out_ids) if i < len(sampled)}
+    return [at.get(rid) or [] for rid in req_ids]

@@ -10,6 +10,7 @@ unverified one) goes through :meth:`~.joiner.BlockJoiner.drop` as before.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -39,6 +40,21 @@ class StepProposals:
     #: The drafter's top-1 minus top-2 logit per slot, [n, w] float32 (NaN unknown), or None.
     margin: np.ndarray | None = None
 
+    def rows(self, js: np.ndarray) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray | None]:
+        """Rows ``js`` as block columns: (``_GATHERED`` columns [n] int64, ``k`` [n],
+        ``proposed`` [n, w], ``margin`` [n, w] or None)."""
+        n = len(js)
+        gather = {
+            "step": np.full(n, self.step, np.int64),
+            "position": self.position[js],
+            "anchor": self.anchor[js],
+            "t_ns": np.full(n, self.t_ns, np.int64),
+            "batch_row": self.batch_row[js],
+            "batch_size": np.full(n, self.batch_size, np.int64),
+        }
+        margin = None if self.margin is None else self.margin[js]
+        return gather, self.lens[js], self.proposed[js], margin
+
     def block(self, row: int) -> OpenBlock:
         """Row ``row`` as the per-row joiner's :class:`OpenBlock`."""
         ids = self.proposed[row, : self.lens[row]].tolist()
@@ -48,16 +64,55 @@ class StepProposals:
                          gaps)  # fmt: skip
 
 
-def ragged(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Id lists -> ([n, w] int64 padded with -1, lengths [n])."""
-    lens = np.fromiter(map(len, rows), np.int64, len(rows))
-    w = int(lens.max()) if len(rows) else 0
-    if len(rows) and (lens == w).all():
-        return np.array(rows, dtype=np.int64).reshape(len(rows), w), lens
-    out = np.full((len(rows), max(w, 1)), PAD, dtype=np.int64)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
+def ragged(rows: list) -> tuple[np.ndarray, np.ndarray]:
+    """Id lists -> ([n, w] int64 padded with -1, lengths [n]); ``w`` is the common length
+    when all lists have one (0 included), else the longest (at least 1). A few C calls,
+    no per-row Python."""
+    n = len(rows)
+    lens = np.fromiter(map(len, rows), np.int64, n)
+    w = int(lens.max()) if n else 0
+    if n and (lens == w).all():
+        return np.array(rows, dtype=np.int64).reshape(n, w), lens
+    out = np.full((n, max(w, 1)), PAD, dtype=np.int64)
+    total = int(lens.sum())
+    if total:  # a boolean mask fills row-major: row i's cells, in order
+        flat = np.fromiter(itertools.chain.from_iterable(rows), np.int64, total)
+        out[np.arange(out.shape[1])[None, :] < lens[:, None]] = flat
     return out, lens
+
+
+def ragged_width(lens: np.ndarray) -> int:
+    """The width :func:`ragged` gives lists of these lengths."""
+    if not len(lens):
+        return 0
+    w = int(lens.max())
+    return w if (lens == w).all() else max(w, 1)
+
+
+def fit(mat: np.ndarray, w: int, fill=PAD) -> np.ndarray:
+    """``mat`` [n, m] cut to or padded with ``fill`` to ``w`` columns (a new array)."""
+    if mat.shape[1] >= w:
+        return mat[:, :w].copy()
+    out = np.full((mat.shape[0], w), fill, dtype=mat.dtype)
+    out[:, : mat.shape[1]] = mat
+    return out
+
+
+@dataclass
+class StepVerdicts:
+    """One engine step's verdicts by batch row: ``verified`` [B, wv] / ``vlen`` [B] (the
+    drafts verified now; 0: none) and ``emitted`` [B, we] / ``elen`` [B] (the tokens
+    emitted; 0: none), int64 -1 padded."""
+
+    verified: np.ndarray
+    vlen: np.ndarray
+    emitted: np.ndarray
+    elen: np.ndarray
+
+    def lists(self, i: int) -> tuple[list[int] | None, list[int]]:
+        """Row i as the per-row joiner takes it: (verified or None, emitted)."""
+        v = self.verified[i, : self.vlen[i]].tolist() if self.vlen[i] else None
+        return v, self.emitted[i, : self.elen[i]].tolist()
 
 
 class StepJoiner(BlockJoiner):
@@ -81,50 +136,45 @@ class StepJoiner(BlockJoiner):
         if o is not None:
             self._write(req_id, o)
 
-    def close_step(self, req_ids: list[str], verified: dict, emitted: dict, row_of) -> dict | None:
+    def close_step(
+        self, req_ids: list[str], rows: np.ndarray, verdicts: StepVerdicts, row_of
+    ) -> dict | None:
         """Close the open blocks of ``req_ids`` (those that have one) with this step's
-        verdicts: ``verified[rid]`` the drafts verified (list, absent: unverified) and
-        ``emitted[rid]`` the tokens emitted. Returns ``add_blocks`` columns (``request``
-        from ``row_of(rid)``), or None when no block closed."""
-        hits = [(rid, self.open.pop(rid)) for rid in req_ids if rid in self.open]
+        verdicts: ``req_ids[i]`` is batch row ``rows[i]`` of ``verdicts`` (no drafts
+        verified: written unverified). Returns ``add_blocks`` columns (``request`` from
+        ``row_of(rid)``), or None when no block closed."""
+        opened = self.open
+        pop = opened.pop
+        hits = []  # (rid, (chunk, j) or OpenBlock, batch row)
+        for rid, b in zip(req_ids, rows.tolist()):
+            o = pop(rid, None)
+            if o is not None:
+                hits.append((rid, o, b))
         if not hits:
             return None
-        for rid, o in hits:  # a per-row proposal (propose()): materialise as a chunk of one
-            if isinstance(o, OpenBlock):
-                self.open[rid] = o
-                self.verdict(rid, verified.get(rid), emitted.get(rid) or [])
-        hits = [(rid, o) for rid, o in hits if isinstance(o, tuple)]
-        if not hits:
-            return None
-        return self._columns(hits, verified, emitted, row_of)
+        if not all(type(h[1]) is tuple for h in hits):
+            for rid, o, b in hits:  # a per-row proposal (propose()): the per-row verdict
+                if isinstance(o, OpenBlock):
+                    opened[rid] = o
+                    self.verdict(rid, *verdicts.lists(b))
+            hits = [h for h in hits if isinstance(h[1], tuple)]
+            if not hits:
+                return None
+        return self._columns(hits, verdicts, row_of)
 
-    def _columns(self, hits, verified: dict, emitted: dict, row_of) -> dict:
-        rids = [rid for rid, _ in hits]
+    def _columns(self, hits, verdicts: StepVerdicts, row_of) -> dict:
         n = len(hits)
-        parts: dict[int, tuple[StepProposals, list[int], list[int]]] = {}
-        for i, (_, (c, j)) in enumerate(hits):  # usually one chunk: the previous step's
-            part = parts.setdefault(id(c), (c, [], []))
-            part[1].append(i)
-            part[2].append(j)
-        gather = {name: np.empty(n, np.int64) for name in _GATHERED}
-        plen = np.empty(n, np.int64)
-        wp = max(c.proposed.shape[1] for c, _, _ in parts.values())
-        proposed = np.full((n, wp), PAD, np.int64)
-        with_margin = any(c.margin is not None for c, _, _ in parts.values())
-        margin = np.full((n, wp), np.nan, np.float32) if with_margin else None
-        for c, at, js in parts.values():
-            if margin is not None and c.margin is not None:
-                margin[at, : c.margin.shape[1]] = c.margin[js]
-            for name in ("position", "anchor", "batch_row"):
-                gather[name][at] = getattr(c, name)[js]
-            for name in ("step", "t_ns", "batch_size"):
-                gather[name][at] = getattr(c, name)
-            plen[at] = c.lens[js]
-            proposed[at, : c.proposed.shape[1]] = c.proposed[js]
-        ver = [verified.get(r) or [] for r in rids]
-        emi = [emitted.get(r) or [] for r in rids]
-        vmat, vlen = ragged(ver)
-        emat, elen = ragged(emi)
+        rids, opened, batch_rows = zip(*hits)
+        chunks, js = zip(*opened)
+        b = np.array(batch_rows, np.int64)
+        c0 = chunks[0]
+        if all(c is c0 for c in chunks):  # the usual case: every block from the previous step
+            gather, plen, proposed, margin = c0.rows(np.array(js, np.int64))
+        else:
+            gather, plen, proposed, margin = _gather_chunks(hits)
+        vlen, elen = verdicts.vlen[b], verdicts.elen[b]
+        vmat = fit(verdicts.verified[b], ragged_width(vlen))
+        emat = fit(verdicts.emitted[b], ragged_width(elen))
         ok = (vlen > 0) & (elen > 0)  # else written unverified (BlockJoiner.verdict)
         w = max(proposed.shape[1], vmat.shape[1])
         p_w, v_w = _pad(proposed, w), _pad(vmat, w)
@@ -149,6 +199,32 @@ class StepJoiner(BlockJoiner):
         )
 
 
+def _gather_chunks(hits) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray | None]:
+    """:meth:`StepProposals.rows` over blocks from several chunks (in ``hits`` order)."""
+    n = len(hits)
+    parts: dict[int, tuple[StepProposals, list[int], list[int]]] = {}
+    for i, (_, (c, j), _) in enumerate(hits):
+        part = parts.setdefault(id(c), (c, [], []))
+        part[1].append(i)
+        part[2].append(j)
+    gather = {name: np.empty(n, np.int64) for name in _GATHERED}
+    plen = np.empty(n, np.int64)
+    wp = max(c.proposed.shape[1] for c, _, _ in parts.values())
+    proposed = np.full((n, wp), PAD, np.int64)
+    with_margin = any(c.margin is not None for c, _, _ in parts.values())
+    margin = np.full((n, wp), np.nan, np.float32) if with_margin else None
+    for c, at, js in parts.values():
+        if margin is not None and c.margin is not None:
+            margin[at, : c.margin.shape[1]] = c.margin[js]
+        for name in ("position", "anchor", "batch_row"):
+            gather[name][at] = getattr(c, name)[js]
+        for name in ("step", "t_ns", "batch_size"):
+            gather[name][at] = getattr(c, name)
+        plen[at] = c.lens[js]
+        proposed[at, : c.proposed.shape[1]] = c.proposed[js]
+    return gather, plen, proposed, margin
+
+
 def _pad_nan(m: np.ndarray, w: int) -> np.ndarray:
     if m.shape[1] >= w:
         return m
@@ -165,22 +241,30 @@ def _pad(m: np.ndarray, w: int) -> np.ndarray:
     return out
 
 
-def new_chunk(step: int, pos, anchor, proposals: list[list[int]], rows, batch_size: int,
-              margins: list[list[float] | None] | None = None):  # fmt: skip
+def new_chunk(step: int, pos, anchor, proposals, rows, batch_size: int,
+              margins=None):  # fmt: skip
     """One engine step's proposals as a :class:`StepProposals` (the V1 recorder's
     ``GPUModelRunner.propose_draft_token_ids`` output, ``vllm/v1/worker/gpu_model_runner.py``).
 
     Args:
         step: the engine step (0-based, per process).
         pos, anchor: int [n]: each row's anchor position (tokens) and anchor token id.
-        proposals: n id lists (the drafter's k ids per row; lengths may differ).
+        proposals: n id lists (the drafter's k ids per row; lengths may differ), or an
+            int [n, w] array (w ids per row).
         rows: int [n]: the rows' indexes in the step's batch; ``batch_size`` its rows.
-        margins: per row the drafter's top-1 minus top-2 logits (None: unknown), or None
-            when margins are not recorded.
+        margins: the drafter's top-1 minus top-2 logits: per row a list (None: unknown), or
+            a float32 [n, w] array (NaN: unknown; :meth:`~.margins.MarginTap.matrix`), or
+            None when margins are not recorded.
     """
-    proposed, lens = ragged(proposals)
+    if isinstance(proposals, np.ndarray) and proposals.ndim == 2:
+        proposed = proposals.astype(np.int64, copy=False)
+        lens = np.full(len(proposed), proposed.shape[1], np.int64)
+    else:
+        proposed, lens = ragged(proposals)
     margin = None
-    if margins is not None and any(m is not None for m in margins):
+    if isinstance(margins, np.ndarray):
+        margin = fit(margins.astype(np.float32, copy=False), proposed.shape[1], np.nan)
+    elif margins is not None and any(m is not None for m in margins):
         margin = np.full(proposed.shape, np.nan, np.float32)
         for i, m in enumerate(margins):
             if m is not None:

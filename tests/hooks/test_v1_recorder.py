@@ -98,3 +98,175 @@ def test_concat_columns_fills_a_column_only_some_parts_carry():
     assert out["proposed"].tolist() == [[1, 2, -1], [3, 4, 5], [6, 7, 8]]
     assert out["target_margin"][0] == np.float32(0.5)
     assert np.isnan(out["target_margin"][1:]).all()
+
+
+# -- margins: the fused top-2, the per-step matrix, and the recorder's path through them ----
+
+
+def test_top2_margin_equals_topk_and_restores_the_logits():
+    import torch
+
+    from spectrace.hooks.vllm.margins import top2_margin
+
+    inf = float("inf")
+    logits = torch.tensor(
+        [
+            [1.0, 5.0, 3.0, 4.5],  # argmax 1, margin 0.5
+            [4.0, 4.0, 0.0, 1.0],  # tie: argmax 0 (first), margin 0
+            [-inf, -inf, -inf, -inf],  # no finite logit: -inf - -inf = NaN (as topk)
+            [inf, 1.0, 2.0, 0.0],  # argmax 0, margin inf
+        ]
+    )
+    before = logits.clone()
+    idx, margin = top2_margin(logits)
+    assert idx.tolist() == [1, 0, 0, 0]
+    assert margin[[0, 1, 3]].tolist() == [0.5, 0.0, inf] and torch.isnan(margin[2])
+    assert torch.equal(logits, before)
+    x = torch.randn(64, 2048, generator=torch.Generator().manual_seed(0))
+    top = torch.topk(x, 2, dim=-1).values
+    idx, margin = top2_margin(x)
+    assert torch.equal(idx, x.argmax(dim=-1)) and torch.equal(margin, top[:, 0] - top[:, 1])
+
+
+def test_margin_matrix_equals_take_row_by_row():
+    import torch
+
+    from spectrace.hooks.vllm.margins import MarginTap
+
+    tap = MarginTap()
+    tap.steps = [torch.tensor([0.5, 1.5, 2.5, 3.5]), torch.tensor([10.0, 11.0, 12.0, 13.0])]
+    rows, lens = np.array([0, 2, 3]), np.array([2, 1, 2])
+    nan = np.nan
+    want = np.array([[0.5, 10.0, nan], [2.5, nan, nan], [3.5, 13.0, nan]], np.float32)
+    assert np.array_equal(tap.matrix(rows, lens, 3), want, equal_nan=True)
+    assert np.array_equal(tap.matrix(rows, lens, 2), want[:, :2], equal_nan=True)
+    assert tap.take(2, 1) == [2.5] and tap.take(0, 3) is None
+    # depths of different rows (the second depth ran on 2 rows): rows beyond it have none
+    tap.reset()
+    tap.steps = [torch.tensor([0.5, 1.5, 2.5]), torch.tensor([10.0, 11.0])]
+    got = tap.matrix(np.array([0, 2]), np.array([2, 1]), 2)
+    assert np.array_equal(got, np.array([[0.5, 10.0], [2.5, nan]], np.float32), equal_nan=True)
+    assert tap.matrix(np.array([2]), np.array([2]), 2) is None  # needs depth 2 of row 2
+    assert tap.matrix(np.array([0]), np.array([3]), 3) is None  # 3 drafts, 2 depths
+
+
+def test_ragged_pads_with_minus_one():
+    from spectrace.hooks.vllm.v1_join import ragged
+
+    m, n = ragged([[1, 2], [3], []])
+    assert m.tolist() == [[1, 2], [3, -1], [-1, -1]] and n.tolist() == [2, 1, 0]
+    m, n = ragged([[1], [2]])
+    assert m.tolist() == [[1], [2]] and n.tolist() == [1, 1]
+    m, n = ragged([[], []])
+    assert m.shape == (2, 0) and n.tolist() == [0, 0]
+
+
+class MarginRunner(Runner):
+    """:class:`Runner` with a drafter whose ``_greedy_sample`` the recorder wraps; every step
+    runs it k=2 times on logits whose top-1 minus top-2 is ``step + depth / 4`` in row 0 and
+    ``0`` (a tie) in row 1, and proposes its argmaxes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import torch
+
+        self.drafter = SimpleNamespace(
+            model=SimpleNamespace(compute_logits=lambda h: h.clone()),
+            _greedy_sample=lambda h: h.argmax(dim=-1),
+        )
+        self._torch = torch
+
+    def sample_tokens(self):
+        out = super().sample_tokens()
+        ids = []
+        for depth in range(2):
+            gap = self.step + depth / 4
+            h = self._torch.tensor([[0.0, 5.0 + gap, 5.0], [7.0, 1.0, 7.0]])
+            ids.append(self.drafter._greedy_sample(h))  # row 0 -> 1, row 1 -> 0 (first max)
+        self._draft_token_ids = self._torch.stack(ids, dim=1) + 10 * self.step
+        md = SimpleNamespace(num_draft_tokens=[2, 2], draft_token_ids=self._draft_token_ids.ravel())
+        self.execute_model_state = SimpleNamespace(spec_decode_metadata=md)
+        return out
+
+
+def test_recorder_writes_the_drafter_margins(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPECTRACE_MARGINS", raising=False)  # on: the logits are on a CPU
+    r = MarginRunner()
+    rec = V1Recorder(r, tmp_path / "t.h5", {"k": 2})
+    for _ in range(3):
+        r.sample_tokens()
+    rec.session.close()
+    b = open_trace(tmp_path / "t.h5").blocks
+    # proposals of steps 1-3 (the runner's step counter after each call), two rows each
+    assert b.proposed.tolist() == [[11, 11], [10, 10], [21, 21], [20, 20], [31, 31], [30, 30]]
+    assert b.draft_margin.tolist() == [[1.0, 1.25], [0.0, 0.0], [2.0, 2.25], [0.0, 0.0],
+                                       [3.0, 3.25], [0.0, 0.0]]  # fmt: skip
+    assert b.num_verified.tolist() == [2, 2, 2, 2, -1, -1]  # the last step's: unverified
+
+
+class ListRunner(Runner):
+    """:class:`Runner` proposing lists as n-gram does: row 0 one id (accepted at the next
+    step), row 1 nothing (it emits the bonus only)."""
+
+    def sample_tokens(self):
+        b, d = self.input_batch, self._draft_token_ids
+        sampled = []
+        for i in range(2):
+            emit = (list(d[i]) if d is not None else []) + [100 + self.step]
+            n = int(b.num_tokens_no_spec[i])
+            b.token_ids_cpu[i, n : n + len(emit)] = emit
+            b.num_tokens_no_spec[i] = n + len(emit)
+            sampled.append(emit)
+        self.step += 1
+        self._draft_token_ids = [[10 * self.step + 1], []]
+        md = SimpleNamespace(
+            num_draft_tokens=[1, 0], draft_token_ids=np.array([10 * self.step + 1])
+        )
+        self.execute_model_state = SimpleNamespace(spec_decode_metadata=md)
+        return SimpleNamespace(req_ids=list(b.req_ids), sampled_token_ids=sampled)
+
+
+def test_recorder_list_proposals_skip_empty_rows(tmp_path):
+    r = ListRunner()
+    rec = V1Recorder(r, tmp_path / "t.h5", {"k": 2})
+    for _ in range(3):
+        r.sample_tokens()
+    rec.session.close()
+    t = open_trace(tmp_path / "t.h5")
+    b = t.blocks
+    assert [t.requests.req_id[i] for i in b.request] == ["a", "a", "a"]
+    assert b.proposed[:, 0].tolist() == [11, 21, 31] and b.k.tolist() == [1, 1, 1]
+    assert b.num_verified.tolist() == [1, 1, -1] and b.verified[:, 0].tolist() == [11, 21, -1]
+    assert b.accepted.tolist() == [1, 1, -1]  # the draft, then the bonus
+    assert b.emitted[:, :2].tolist() == [[11, 101], [21, 102], [-1, -1]]
+
+
+# -- the scheduler's counting ---------------------------------------------------------------
+
+
+def test_counting_reads_keywords_and_positional_arguments_alike():
+    from spectrace.hooks.vllm.engine_core import patch_scheduler
+
+    class Scheduler:  # vLLM 0.32's signature (vllm/v1/core/sched/scheduler.py)
+        def make_spec_decoding_stats(
+            self,
+            spec_decoding_stats,
+            num_draft_tokens,
+            num_accepted_tokens,
+            num_invalid_spec_tokens,
+            request_id,
+        ):
+            return None
+
+    module = SimpleNamespace(Scheduler=Scheduler)
+    patch_scheduler(module)
+    seen = []
+    s = Scheduler.__new__(Scheduler)
+    s._spectrace_counters = SimpleNamespace(observe=lambda d, a: seen.append((d, a)))
+    s.make_spec_decoding_stats(
+        None, num_draft_tokens=4, num_accepted_tokens=2, num_invalid_spec_tokens={"r": 1},
+        request_id="r",
+    )  # fmt: skip
+    s.make_spec_decoding_stats(None, 4, 3, None, "q")
+    s.make_spec_decoding_stats(None, 0, 0, num_invalid_spec_tokens=None, request_id="z")
+    assert seen == [(3, 2), (4, 3)]  # 4 drafts - 1 invalid; zero drafts: not counted
