@@ -27,6 +27,7 @@ from ..errors import InputError
 from .amend import amend_meta as amend_meta  # re-exported: callers of the writer
 from .live import announce
 from .paths import final_path, partial_path
+from .vlen import row_runs, write_ragged
 
 _STR = h5py.string_dtype("utf-8")
 _VLEN_I32 = h5py.vlen_dtype(np.int32)
@@ -401,14 +402,13 @@ class TraceWriter:
         n, old = len(self._requests), g["req_id"].shape[0]
         for c in schema.REQUEST_COLUMNS:
             g[c.name].resize((n,))
-        for lo, hi in _runs(sorted(self._dirty_requests)):
+        for lo, hi in row_runs(sorted(self._dirty_requests)):
             rows = self._requests[lo:hi]
             g["req_id"][lo:hi] = np.array([r[0] for r in rows], dtype=object)
             g["finish_reason"][lo:hi] = np.array([r[3] for r in rows], dtype=object)
             for name, col in (("prompt_ids", 1), ("output_ids", 2)):
-                for i, r in enumerate(rows, lo):
-                    if r[col] or i < old:
-                        g[name][i] = np.asarray(r[col], dtype=np.int32)
+                todo = {i: r[col] for i, r in enumerate(rows, lo) if r[col] or i < old}
+                write_ragged(g[name], todo)
         self._dirty_requests.clear()
 
     def patch_blocks(self, column: str, rows: Sequence[int], values: Sequence[int]) -> int:
@@ -490,10 +490,3 @@ class TraceWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(complete=exc_type is None)
-
-
-def _runs(idx: list[int]) -> list[tuple[int, int]]:
-    """Sorted row indexes as ``[(lo, hi), ...]`` runs of consecutive rows (hi exclusive)."""
-    starts = [i for j, i in enumerate(idx) if j == 0 or idx[j - 1] != i - 1]
-    ends = [i + 1 for j, i in enumerate(idx) if j == len(idx) - 1 or idx[j + 1] != i + 1]
-    return list(zip(starts, ends))

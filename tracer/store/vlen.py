@@ -1,0 +1,32 @@
+"""Writing the ragged (vlen) request columns a run of rows at a time.
+
+h5py costs about 0.2 ms per call: one call per request and column was most of a vLLM
+capture's writer time (three per request), so rows are written per run of consecutive rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import h5py
+import numpy as np
+
+
+def row_runs(idx: list[int]) -> list[tuple[int, int]]:
+    """Sorted row indexes as ``[(lo, hi), ...]`` runs of consecutive rows (hi exclusive)."""
+    starts = [i for j, i in enumerate(idx) if j == 0 or idx[j - 1] != i - 1]
+    ends = [i + 1 for j, i in enumerate(idx) if j == len(idx) - 1 or idx[j + 1] != i + 1]
+    return list(zip(starts, ends))
+
+
+def write_ragged(ds: h5py.Dataset, rows: dict[int, Sequence[int]]) -> None:
+    """Write int32 id lists into vlen dataset ``ds``: ``rows`` maps a row index to its ids.
+
+    One ``write_direct`` per run of consecutive rows (``ds[a:b] = arr`` would stack an object
+    array of equal-length rows into a matrix and be refused).
+    """
+    for a, b in row_runs(sorted(rows)):
+        ids = np.empty(b - a, dtype=object)
+        for j in range(a, b):
+            ids[j - a] = np.asarray(rows[j], dtype=np.int32)
+        ds.write_direct(ids, dest_sel=np.s_[a:b])
