@@ -262,6 +262,48 @@ def test_k_wider_than_the_stored_proposals(tmp_path):
     )
 
 
+def _k_wide(path, width: int, last: list[int]) -> None:
+    """Request a's blocks at 2 and 5 (k 2 and 3), proposals stored ``width`` wide, the
+    block at 5 proposing ``last``."""
+    seq = PROMPTS["a"] + OUTPUTS["a"]
+    prop = np.full((2, width), -1)
+    prop[0, :2], prop[1, : len(last)] = seq[3:5], last
+    with TraceWriter(path, meta={"engine": "test", "k": 2, "exit_status": 0}) as w:
+        w.request("a", prompt_ids=PROMPTS["a"], output_ids=OUTPUTS["a"], finish_reason="length")
+        w.add_blocks(
+            {
+                "request": np.array([0, 0]),
+                "step": np.array([0, 1]),
+                "position": np.array([2, 5]),
+                "anchor": np.array([seq[2], seq[5]]),
+                "k": np.array([2, 3]),
+                "proposed": prop,
+                "num_verified": np.array([2, 2]),
+                "verified": prop[:, :2],
+                "accepted": np.array([2, 2]),
+            }
+        )
+
+
+def test_k_wider_than_the_stored_proposals_shows_the_stored_ids(tmp_path):
+    """Ours stores 2 ids for k=3 at position 5; theirs stores 3 other ids: every example of
+    the diff shows our 2 stored ids (no -1 pad of the wider side; found by a breaker)."""
+    seq = PROMPTS["a"] + OUTPUTS["a"]
+    _k_wide(tmp_path / "ours.h5", 2, seq[6:8])
+    _k_wide(tmp_path / "theirs.h5", 3, [7, 8, 9])
+    rc, doc = diff_json(tmp_path / "ours.h5", tmp_path / "theirs.h5")
+    assert rc == 1
+    shown = [e["ours"] for e in doc["examples"]]
+    shown += [
+        f["evidence"]["example"]["ours"]
+        for f in doc["findings"]
+        if "example" in (f.get("evidence") or {})
+        and isinstance(f["evidence"]["example"], dict)
+        and "ours" in f["evidence"]["example"]
+    ]
+    assert shown and all(s == list(seq[6:8]) for s in shown), shown
+
+
 def test_minus_one_pad_and_short_proposals_are_possible(tmp_path):
     """Twin: b's block at 5 proposes one id, 203 (k=1, the second slot the -1 pad)."""
     path = one_bad_block(tmp_path / "short.h5", prop=[203])

@@ -259,3 +259,30 @@ def test_bulk_equals_line_by_line_at_level_3(tmp_path):
     a, b = _columns(tmp_path / "slow.h5"), _columns(tmp_path / "fast.h5")
     assert {k: repr(v) for k, v in a.items()} == {k: repr(v) for k, v in b.items()}
     assert sorted(set(a["phases/level"])) == [2, 3]  # dev 2; fwd-ops and spec-phase 3
+
+
+@pytest.mark.parametrize(
+    "margins,edited",
+    [
+        ("0.523 0.010", 0),
+        ("-0.000 nan", 0),
+        ("1 2", 1),  # not %.3f: an edited line on both paths (found by a breaker session)
+        ("0.5 -0.0", 1),
+        ("1E2 0.010", 1),
+        ("0123.000 0.010", 1),
+        ("+0.500 0.010", 1),
+        ("1234567890123456.000 0.010", 0),  # 16 digits: still exact in a float64
+        ("12345678901234567.000 0.010", 1),  # past 2**53: printed back as ...568.000
+    ],
+)
+def test_margin_spellings_edited_as_line_by_line(tmp_path, margins, edited):
+    """``import vt`` (bulk where it takes the log, else the line path) counts a margin
+    spelled otherwise than ``%.3f`` as an edited line, as the line path does."""
+    log = tmp_path / "m.log"
+    log.write_text(MARGIN_LOG.replace("margin=[ 0.523 0.010 ]", f"margin=[ {margins} ]"))
+    slow = _parse(log, tmp_path / "slow.h5", False)
+    fast = import_log(log, tmp_path / "fast.h5")
+    assert (slow.edited, fast.edited) == (edited, edited)
+    assert fast.summary() == slow.summary()
+    a, b = _columns(tmp_path / "slow.h5"), _columns(tmp_path / "fast.h5")
+    assert repr(a) == repr(b)

@@ -242,9 +242,11 @@ class PairData:
 
     def example(self, x: int) -> ProposalPair:
         """Both proposals of paired block ``x`` (ids, decoded when a decoder is given)."""
+        # Each side's own width: a k wider than the stored matrix shows the stored ids only.
+        pa, pb = paired_proposals(self.oa, self.al.ia), paired_proposals(self.ob, self.al.ib)
         return ProposalPair(
-            ours=tok(self.decoder, self.pa[x, : self.ka[x]]),
-            theirs=tok(self.decoder, self.pb[x, : self.kb[x]]),
+            ours=tok(self.decoder, pa[x, : self.ka[x]]),
+            theirs=tok(self.decoder, pb[x, : self.kb[x]]),
         )
 
     def at(self, x: int) -> dict:
