@@ -235,21 +235,7 @@ def test_k_wider_than_the_stored_proposals(tmp_path):
     """Block 1 says k=3 while the proposals are stored 2 wide."""
     path = tmp_path / "k.h5"
     seq = PROMPTS["a"] + OUTPUTS["a"]
-    with TraceWriter(path, meta={"engine": "test", "k": 2, "exit_status": 0}) as w:
-        w.request("a", prompt_ids=PROMPTS["a"], output_ids=OUTPUTS["a"], finish_reason="length")
-        w.add_blocks(
-            {
-                "request": np.array([0, 0]),
-                "step": np.array([0, 1]),
-                "position": np.array([2, 5]),
-                "anchor": np.array([seq[2], seq[5]]),
-                "k": np.array([2, 3]),
-                "proposed": np.array([seq[3:5], seq[6:8]]),
-                "num_verified": np.array([2, 2]),
-                "verified": np.array([seq[3:5], seq[6:8]]),
-                "accepted": np.array([2, 2]),
-            }
-        )
+    _k_wide(path, 2, seq[6:8])
     f = impossible(path)
     ev = f["evidence"]
     assert (f["request"], f["position"], ev["rule"], ev["value"], ev["limit"], ev["row"]) == (

@@ -9,16 +9,12 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
+from test_vt_bulk import _columns, _parse  # the bulk tests' own harness
 
 from spectrace.hooks.vt import bulk, bulk_lex, bulk_steps, bulk_vec
-from spectrace.hooks.vt.bulk import bulk_feed
 from spectrace.hooks.vt.bulk_lex import CODE
-from spectrace.hooks.vt.parser import VtTraceParser
-from spectrace.hooks.vt.requests import read_requests
-from spectrace.tracer.store import TraceWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLED = ROOT / "traces" / "reference.vt.log"
@@ -168,33 +164,6 @@ def test_step_automaton_matches_the_line_loop(monkeypatch, seed, stretch):
     steps, seens, last = got
     want = _loop_steps(codes, vreq)
     assert (steps.tolist(), seens.tolist(), last) == want
-
-
-def _parse(log: Path, out: Path, bulk_path: bool, requests: Path | None = None):
-    w = TraceWriter(out, {"source": "test"})
-    p = VtTraceParser(w, source_name=str(log))
-    if requests is not None:
-        p.set_requests(read_requests(requests), source=str(requests))
-    if bulk_path:
-        assert bulk_feed(p, log.read_bytes()) is not None, "the bulk path declined"
-    else:
-        with open(log, encoding="utf-8", errors="replace", newline="") as fh:
-            for n, line in enumerate(fh, 1):
-                p.feed_line(line, n)
-    stats = p.finish()
-    w.close()
-    return stats
-
-
-def _columns(path: Path) -> dict:
-    out = {}
-    with h5py.File(path) as f:
-        for table in ("blocks", "phases", "requests"):
-            for name, ds in f[table].items():
-                if name != "t_ns":
-                    out[f"{table}/{name}"] = [np.asarray(x).tolist() for x in ds[()]]
-        out["phase names"] = list(f["phases"].attrs["names"])
-    return out
 
 
 def _equal_runs(tmp_path: Path, log: Path, requests: Path | None = None) -> None:
