@@ -21,7 +21,15 @@ from typing import TypeAlias, cast
 import numpy as np
 
 from .bulk_vec import Buf, classify, has_at, read_fields
-from .lines import FLOAT32_MAX, FORMATS, ID_RANGE, RANGES, MalformedLine, parse_line
+from .lines import (
+    CANONICAL_MARGIN,
+    FLOAT32_MAX,
+    FORMATS,
+    ID_RANGE,
+    RANGES,
+    MalformedLine,
+    parse_line,
+)
 
 #: Bits of a line's step state ``seen`` (the bulk parser's step rules): propose, post_step,
 #: update, install, sched, fwd-ops, phase-dev, phase, update_called.
@@ -145,11 +153,8 @@ class Lexed:
     malformed: list[tuple[int, str]]
 
 
-#: A margin as the engine prints it (``%.3f``, or ``nan``), and only where reading it as a float
-#: and printing it again gives the same text (at most 12 integer digits: 15 significant digits
-#: round-trip through a float64). Any other spelling is the line path's to judge: there it is an
-#: edited line (``lines._render`` prints ``%.3f``), or malformed.
-_MARGIN = rb"(?:-?(?:0|[1-9]\d{0,11})\.\d{3}|nan)"
+#: The engine's margin spelling (one definition: the line path's canonical regex).
+_MARGIN = CANONICAL_MARGIN.encode()
 
 
 def _core(family: str, variant: str, fields: tuple[tuple[str, str], ...]) -> bytes:

@@ -110,6 +110,11 @@ ID_RANGE = (-(2**31), 2**31 - 1)  # int32 cells (-1 pads a list the engine cut s
 _ANY_INT = (-(2**63), 2**63 - 1)
 _MAX_DIGITS = 19  # longer digit strings exceed int64 (and int() has a digit limit)
 FLOAT32_MAX = 3.4028234663852886e38  # largest finite float32
+#: A margin exactly as the engine prints it (``%.3f``, or ``nan``) where reading and printing it
+#: again gives the same text (<= 12 integer digits). Unambiguous, so a long number cannot make
+#: the canonical regex backtrack (``MARGIN_RE`` there took 26 s on one 17-digit margin); any
+#: other spelling goes to :func:`_render`, which calls the line edited.
+CANONICAL_MARGIN = r"(?:-?(?:0|[1-9]\d{0,11})\.\d{3}|nan)"
 MARGIN_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|nan")
 
 
@@ -252,7 +257,7 @@ def _canonical_regex(family: str, variant: str, fields: _F) -> re.Pattern:
     tail = ""
     for name, kind in fields:
         if kind == "floats_opt":
-            tail += rf"(?: {re.escape(name)}=\[ ((?:{MARGIN_RE.pattern} )*)\])?"
+            tail += rf"(?: {re.escape(name)}=\[ ((?:{CANONICAL_MARGIN} )*)\])?"
             continue
         parts.append(("-> " if kind == "arrow" else "") + re.escape(name) + "=" + pat[kind])
     return re.compile(" ".join(parts) + tail)
