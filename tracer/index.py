@@ -100,24 +100,6 @@ def block_keys(trace: Trace) -> tuple[np.ndarray, int, int]:
     return key[block_order(trace)], stride, pmin
 
 
-def drafts_checked(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    """The drafts the target checked per block: verified ids where recorded, else proposed.
-
-    Loads both id matrices whole; the diff and the detectors stream them instead
-    (:func:`checked_ids` per row chunk, :func:`checked_counts` for the counts).
-
-    Returns:
-        ``(ids, n)``: ids int32 [blocks, kmax] (-1 padded), n int16 [blocks] (tokens; the
-        ``num_verified`` column itself where every block has one, read-only).
-    """
-    return memo(trace, "drafts_checked", lambda: _drafts_checked(trace))
-
-
-def _drafts_checked(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    b = trace.blocks
-    return checked_ids(b.proposed, b.verified, b.num_verified), checked_counts(trace)
-
-
 def checked_counts(trace: Trace) -> np.ndarray:
     """int16 [blocks]: how many drafts the target checked per block: ``num_verified`` where
     recorded, else k (the column itself, read-only, where every block has one; memoised)."""

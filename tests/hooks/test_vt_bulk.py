@@ -52,6 +52,16 @@ def _columns(path: Path) -> dict:
     return out
 
 
+def _equal_runs(tmp_path: Path, log: Path, requests: Path | None = None) -> None:
+    """The bulk path and the line-by-line path record the same stats, meta and columns."""
+    slow = _parse(log, tmp_path / "slow.h5", False, requests)
+    fast = _parse(log, tmp_path / "fast.h5", True, requests)
+    assert fast.to_meta() == slow.to_meta()
+    assert fast.summary() == slow.summary()
+    a, b = _columns(tmp_path / "slow.h5"), _columns(tmp_path / "fast.h5")
+    assert {k: repr(v) for k, v in a.items()} == {k: repr(v) for k, v in b.items()}
+
+
 @pytest.mark.parametrize(
     "log,requests",
     [
@@ -228,12 +238,7 @@ def test_bulk_equals_line_by_line_on_mutated_logs(tmp_path, seed):
     w.close()
     if not taken:
         pytest.skip("the bulk path declines this log (the line-by-line parser reads it)")
-    slow = _parse(log, tmp_path / "slow.h5", False, requests)
-    fast = _parse(log, tmp_path / "fast.h5", True, requests)
-    assert fast.to_meta() == slow.to_meta()
-    assert fast.summary() == slow.summary()
-    a, b = _columns(tmp_path / "slow.h5"), _columns(tmp_path / "fast.h5")
-    assert {k: repr(v) for k, v in a.items()} == {k: repr(v) for k, v in b.items()}
+    _equal_runs(tmp_path, log, requests)
 
 
 FWD_OPS = (

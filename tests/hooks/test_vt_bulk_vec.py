@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_vt_bulk import _columns, _parse  # the bulk tests' own harness
+from test_vt_bulk import _equal_runs  # the bulk tests' own harness
 
 from spectrace.hooks.vt import bulk, bulk_lex, bulk_steps, bulk_vec
 from spectrace.hooks.vt.bulk_lex import CODE
@@ -164,15 +164,6 @@ def test_step_automaton_matches_the_line_loop(monkeypatch, seed, stretch):
     steps, seens, last = got
     want = _loop_steps(codes, vreq)
     assert (steps.tolist(), seens.tolist(), last) == want
-
-
-def _equal_runs(tmp_path: Path, log: Path, requests: Path | None = None) -> None:
-    slow = _parse(log, tmp_path / "slow.h5", False, requests)
-    fast = _parse(log, tmp_path / "fast.h5", True, requests)
-    assert fast.to_meta() == slow.to_meta()
-    assert fast.summary() == slow.summary()
-    a, b = _columns(tmp_path / "slow.h5"), _columns(tmp_path / "fast.h5")
-    assert {k: repr(v) for k, v in a.items()} == {k: repr(v) for k, v in b.items()}
 
 
 @pytest.mark.parametrize("fallback", ["regex_reader", "line_loop"])
