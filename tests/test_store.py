@@ -62,6 +62,30 @@ def test_exception_leaves_partial(tmp_path):
     assert len(t.blocks) == 1 and t.status == "recording"
 
 
+def test_partial_renamed_between_check_and_open_opens_the_final_name(tmp_path, monkeypatch):
+    """The writer closes (renames NAME.h5.partial to NAME.h5) after the reader saw the
+    .partial but before it opened it: the reader opens NAME.h5, with no error."""
+    from spectrace.tracer.store import h5file, reader
+
+    partial = tmp_path / "t.h5.partial"
+    with TraceWriter(tmp_path / "t.h5", {"k": 2}, flush_interval=0) as w:
+        w.add_block("r", 0, 3, 1, [1, 2], accepted=0)
+    (tmp_path / "t.h5").rename(partial)  # the closed file, under its recording name
+    real_open, calls = h5file.open_h5, []
+
+    def racing_open(path):
+        calls.append(Path(path).name)
+        if len(calls) == 1:
+            partial.rename(tmp_path / "t.h5")  # the close lands here
+        return real_open(path)
+
+    monkeypatch.setattr(reader, "open_h5", racing_open)
+    t = open_trace(partial)
+    assert calls == ["t.h5.partial", "t.h5"]
+    assert t.paths == [tmp_path / "t.h5"] and t.status == "complete" and t.warnings == []
+    assert t.blocks.proposed.tolist() == [[1, 2]]
+
+
 def test_several_files_are_one_trace(tmp_path):
     for r in range(2):
         with TraceWriter(tmp_path / f"run.dp{r}.h5", {"k": 2}, flush_interval=0) as w:

@@ -21,7 +21,7 @@ SWMR would need ``libver="latest"`` files and forbids what the writer does while
   of a ``.partial`` file is retried only while it changed in the last :data:`LIVE_WINDOW`
   seconds (a dead writer's damaged file fails at once). A live file's last chunk that does
   not read back at open is a race, answered by a re-open; only a dead writer's file is cut
-  back to the rows that read (:meth:`spectrace.tracer.store.Trace._readable_rows`).
+  back to the rows that read (:func:`readable_rows`).
 """
 
 from __future__ import annotations
@@ -29,9 +29,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import h5py
+
+from .. import schema
+from ..errors import TraceFormatError
+from .h5file import short_reason
 
 #: ``/blocks`` attribute: block rows completely written by the last flush (int).
 FLUSHED_ROWS = "flushed_rows"
@@ -103,3 +108,26 @@ def retrying(read: Callable[[], T], reopen: Callable[[], None], live: Callable[[
         time.sleep(backoff(attempt))
         reopen()
     raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def readable_rows(path: Path, f: h5py.File, n: int, step_back: bool = True) -> int:
+    """Rows of a dead writer's file that read back: a kill during a flush can tear the
+    last compressed chunks, so step back a chunk at a time until every column reads.
+
+    Raises:
+        TraceFormatError: with ``step_back`` False, instead of stepping back (the file's
+            writer may be flushing right now: opening it again is the better answer).
+    """
+    g = f["blocks"]
+    cols = [g[c.name] for c in schema.BLOCK_COLUMNS if c.name in g]
+    while n > 0:
+        try:
+            for ds in cols:
+                ds[max(0, n - ds.chunks[0]) : n]
+            return n
+        except (OSError, RuntimeError, ValueError) as exc:
+            if not step_back:
+                raise TraceFormatError(f"{path}: {short_reason(exc)}") from None
+            step = min(ds.chunks[0] for ds in cols)
+            n = (n - 1) // step * step
+    return 0

@@ -23,7 +23,7 @@ from .. import schema
 from ..errors import InputError, SpectraceError, TraceFormatError
 from .columns import Blocks, RaggedColumn, Requests
 from .h5file import open_h5, short_reason
-from .live import ATTEMPTS, announced, backoff, maybe_live, retrying
+from .live import ATTEMPTS, announced, backoff, maybe_live, readable_rows, retrying
 from .paths import TraceSpec, TraceWarning, final_path, resolve_paths
 from .structure import (
     COUNT_COLUMNS,
@@ -113,6 +113,9 @@ class Trace:
             except TraceFormatError:
                 if last:
                     raise
+            except InputError:  # renamed to its final name between the check and the open
+                if last or not final_path(path).exists():
+                    raise
             time.sleep(backoff(attempt))
 
     def _open_checked(self, path: Path, step_back: bool = True) -> None:
@@ -145,7 +148,7 @@ class Trace:
         if problems:
             raise problems[0].error()
         if not complete:
-            n = self._readable_rows(path, f, n, step_back)
+            n = readable_rows(path, f, n, step_back)
             self.status = schema.STATUS_RECORDING
             self._warn(
                 f"{path}: trace was not closed cleanly (status {status!r}); "
@@ -166,29 +169,6 @@ class Trace:
         n = min((g[c.name].shape[0] for c in schema.BLOCK_COLUMNS if c.name in g), default=0)
         told = announced(f)
         return n if told is None else min(n, told)
-
-    @staticmethod
-    def _readable_rows(path: Path, f: h5py.File, n: int, step_back: bool = True) -> int:
-        """Rows of a dead writer's file that read back: a kill during a flush can tear the
-        last compressed chunks, so step back a chunk at a time until every column reads.
-
-        Raises:
-            TraceFormatError: with ``step_back`` False, instead of stepping back (the file's
-                writer may be flushing right now: opening it again is the better answer).
-        """
-        g = f["blocks"]
-        cols = [g[c.name] for c in schema.BLOCK_COLUMNS if c.name in g]
-        while n > 0:
-            try:
-                for ds in cols:
-                    ds[max(0, n - ds.chunks[0]) : n]
-                return n
-            except (OSError, RuntimeError, ValueError) as exc:
-                if not step_back:
-                    raise TraceFormatError(f"{path}: {short_reason(exc)}") from None
-                step = min(ds.chunks[0] for ds in cols)
-                n = (n - 1) // step * step
-        return 0
 
     # -- sharing a file with its live writer (.live) ---------------------------------------------
 
