@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -60,7 +62,34 @@ def _capture_reference(
 
 
 @pytest.fixture(scope="session")
-def capture_reference():
+def capture_reference(tmp_path_factory):
     """``capture_reference(tmp, name, args, k=4, max_tokens=64)`` -> the finished process
-    of a reference-engine capture into ``tmp/NAME.h5`` (see :func:`_capture_reference`)."""
-    return _capture_reference
+    of a reference-engine capture into ``tmp/NAME.h5`` (see :func:`_capture_reference`).
+
+    The engine is deterministic, so a configuration (``args``, k, max_tokens) runs once per
+    session: test_faults, test_faults_general and the TUI's agreement tests capture the same
+    clean and faulty runs, and later callers get copies of the first run's three files (a
+    failed run is not kept). Safe to call from several threads."""
+    cache = tmp_path_factory.mktemp("reference_runs")
+    done: dict[tuple, tuple[Path, subprocess.CompletedProcess]] = {}
+    locks: dict[tuple, threading.Lock] = {}
+    guard = threading.Lock()
+
+    def capture(tmp, name, args, k=4, max_tokens=64):
+        key = (tuple(args), k, max_tokens)
+        with guard:
+            lock = locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in done:
+                where = cache / f"config{list(locks).index(key)}"
+                where.mkdir(exist_ok=True)
+                proc = _capture_reference(where, "run", args, k, max_tokens)
+                if proc.returncode != 0:
+                    return proc
+                done[key] = (where, proc)
+            where, proc = done[key]
+        for ext in ("h5", "requests.jsonl", "log"):
+            shutil.copyfile(where / f"run.{ext}", Path(tmp) / f"{name}.{ext}")
+        return proc
+
+    return capture

@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -83,7 +84,8 @@ def _capture(root: Path, name: str, extra: list[str], env: dict) -> SimpleNamesp
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """``runs("tp2" | "dp2")`` -> the finished capture (each made once per module)."""
+    """``runs("tp2" | "dp2")`` -> the finished capture (both made once per module, at the
+    first use, side by side)."""
     pytest.importorskip("vllm")
     root = tmp_path_factory.mktemp("ranks")
     (root / "p.jsonl").write_text("".join(PROMPTS.read_text().splitlines(True)[:2]))
@@ -91,16 +93,19 @@ def runs(tmp_path_factory):
         "tp2": (["--tensor-parallel-size", "2"], {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}),
         "dp2": (["--data-parallel-size", "2"], {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}),
     }
-    cache: dict = {}
+    started: dict = {}
+    pool = ThreadPoolExecutor(max_workers=2)
 
     def get(name: str) -> SimpleNamespace:
-        if name not in cache:
-            cache[name] = _capture(root, name, *how[name])
-        if cache[name].error:
-            pytest.fail(cache[name].error)
-        return cache[name]
+        if not started:  # both runs at once: most of a run is vLLM starting its processes
+            started.update({n: pool.submit(_capture, root, n, *how[n]) for n in how})
+        run = started[name].result()
+        if run.error:
+            pytest.fail(run.error)
+        return run
 
-    return get
+    yield get
+    pool.shutdown(wait=True)
 
 
 def _meta(path: Path) -> dict:
