@@ -10,6 +10,21 @@ from pathlib import Path
 
 import pytest
 
+#: Modules that capture the same reference-engine runs (:func:`capture_reference`'s session
+#: cache): one xdist group, so the runs are made once.
+REFERENCE_RUN_MODULES = {"test_faults.py", "test_faults_general.py", "test_agreement.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist's ``--dist loadgroup`` every module is one group (one worker runs
+    it, so a module fixture that loads vLLM loads it once); the reference-run modules share
+    one group and their session cache."""
+    for item in items:
+        name = item.path.name
+        group = "reference_runs" if name in REFERENCE_RUN_MODULES else str(item.path)
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 #: num_speculative_tokens of the tiny DSpark drafter (its block_size).
 TINY_DSPARK_K = 4
 
