@@ -35,16 +35,21 @@ calls counted by wrappers plus implicit ones reported by ``torch.cuda.set_sync_d
 the runner's own wait is 1 per step in both modes) and the ring's ``sync_waits``. The capture
 must cost under 1% of the step and add no synchronisation.
 
-Where the runner thread's time goes (H200 host; torch tensor methods cost ~0.3-0.5 us each
-there): in mode ``launch`` the staging launch is ~16 us (~7 us Triton's C launcher, ~9 us the
-Python around it) and the rest of ``record`` ~5-10 us; in mode ``capture`` the descriptor write
-is ~3.6 us (one ``stride()``/``dtype``/``data_ptr()`` per input, one ``struct`` pack) and the
-rest of the wrapper ~8-10 us. With ``--sink h5`` the trace writer's thread and the join thread
-hold the GIL at times (h5py holds it while it writes), which adds a few us on average and
-most of the spread between runs (compare ``--sink null``). The in-graph kernel reads its
-descriptor from pinned host memory: ~4-5 us of device time per step (one PCIe round trip
-before the dependent loads) vs ~1.2-1.5 us for the launched kernel (see the staging micro
-benchmark, ``in-graph``).
+Where the runner thread's time goes (H200 host, 2026-12-02; torch tensor methods cost
+~0.13-0.18 us each there): in mode ``launch`` the staging launch is ~14 us (Triton's compiled
+launcher and the Python around it) and the rest of ``record`` ~5-10 us; in mode ``capture``
+the descriptor write (``GraphStage.write``: one ``stride()``/``dtype``/``data_ptr()`` per
+input, one ``struct`` pack) is 6-7 us and the whole tap 13-18 us at the median with no other
+thread running (``--sink null``, no join thread, 8B batch 1). The same code runs 2-2.5x slower
+in some 500-step runs than in the next ones of the same process (``write`` alone 6-7 us or
+15-18 us), with or without the join thread and with the runner's thread pinned to one core:
+a state of the machine, which moves the medians here by up to ~20 us between runs. With
+``--sink h5`` the trace writer's thread and the join thread hold the GIL at times (h5py holds
+it while it writes), which adds a few us on average. The in-graph kernel reads its descriptor
+from pinned host memory: 4.85 us of device time per launch at batch 64 against 2.92 us with
+the same descriptor in device memory (2.16 vs 1.34 us with no rows), i.e. ~1.9 us is the PCIe
+round trip; its posted writes of the counters to pinned memory cost nothing measurable. The
+launched kernel takes 1.37 us (the staging micro benchmark, ``in-graph``).
 
 Configurations (``--config``): ``tiny`` is the bundled drafter (``engine/models/dspark``,
 hidden 128, fp32; random weights if it is missing), a launch-bound worst case; ``qwen3-8b`` is
@@ -698,7 +703,7 @@ def _in_graph_micro(ring, batch: int, args: tuple, drafts) -> dict:
     def fill() -> float:
         t0 = time.perf_counter()
         for i in range(50):
-            st.write(ring, (i % 32) * batch, batch, *args[:7])
+            st.write(ring, (i % 32) * batch, batch, args[:7])
         st.end_call()
         return time.perf_counter() - t0
 

@@ -515,3 +515,41 @@ def test_launch_hook_sends_launches_through_triton(monkeypatch):
     v2_stage.stage_triton(ring, 0, 8, *inputs)
     assert v2_stage.launch_counts["direct"] == counts["direct"] + 1
     assert torch.equal(ring.cpu().long(), ref)
+
+
+def _staging_inputs(n: int = 3, slots: int = 5):
+    """CPU staging inputs of the kernels' layout: ns/nr/idx/qsl/positions 1-D unit stride,
+    last_sampled ``[slots, 2]`` (column 0 read), next_prefill_tokens ``[1, slots]``."""
+    ns = torch.arange(n, dtype=torch.int32)
+    nr = torch.arange(n, dtype=torch.int64)
+    idx = torch.arange(n, dtype=torch.int32)
+    qsl = torch.arange(n + 1, dtype=torch.int32)
+    positions = torch.arange(4 * n, dtype=torch.int64)
+    last = torch.zeros((slots, 2), dtype=torch.int64)
+    nxt = torch.zeros((1, slots), dtype=torch.int32)
+    return [ns, nr, idx, qsl, positions, last, nxt]
+
+
+def test_input_layout_reads_pointers_and_row_strides():
+    """Clean twin of the layouts rejected below: the seven pointers in the kernels' order,
+    last_sampled's column 0 steps by its row stride (2), next_prefill_tokens' row 0 by 1."""
+    inputs = _staging_inputs()
+    lay = v2_stage.input_layout(tuple(inputs))
+    assert lay == (tuple(t.data_ptr() for t in inputs), 2, 1)
+    inputs[6] = torch.zeros(5, dtype=torch.int32)  # 1-D next_prefill_tokens
+    inputs[5] = torch.zeros(5, dtype=torch.int64)  # 1-D last_sampled
+    assert v2_stage.input_layout(tuple(inputs))[1:] == (1, 1)
+
+
+@pytest.mark.parametrize(
+    "i,bad",
+    [
+        (0, lambda: torch.arange(6, dtype=torch.int32)[::2]),  # ns with stride 2
+        (4, lambda: torch.zeros((2, 6), dtype=torch.int64)),  # 2-D positions
+        (5, lambda: torch.zeros((5, 2, 1), dtype=torch.int64)),  # 3-D last_sampled
+    ],
+)
+def test_input_layout_rejects_what_the_kernels_do_not_take(i, bad):
+    inputs = _staging_inputs()
+    inputs[i] = bad()
+    assert v2_stage.input_layout(tuple(inputs)) is None

@@ -152,9 +152,12 @@ class DSparkTap:
             launch (:meth:`.tap.ProposeTap.stage_in_graph`): captured with the drafter's CUDA
             graph, so a replayed step adds no launch from Python (:mod:`.graph_stage`). None
             (default): on when ``SPECTRACE_GRAPH_STAGE=1``. Off by default: it halves the
-            tap's host time per step but its kernel's descriptor read over PCIe costs about
-            5 us of device time per step, which put the 8B shape over 1% at batch 1 on the
-            H200 (``benchmarks/bench_dspark_gpu.py``).
+            tap's host time per step (H200, 8B shape: 32-48 us against 61-87 us) but its
+            kernel takes ~4.9 us of device time per step against 1.4 us for the launched
+            one (~1.9 us of it the descriptor's read from pinned memory), so the 8B shape
+            costs more with it from batch 8 up (+0.80/+0.57/+0.28% against
+            +0.46/+0.32/+0.17% at batch 8/32/64) and sits near 1% at batch 1 (+0.71% in
+            the 500x5 run, +0.95% in another) (``benchmarks/bench_dspark_gpu.py``).
 
     Attributes:
         layout: :func:`dspark_layout`'s result.

@@ -35,28 +35,9 @@ from __future__ import annotations
 import struct
 import time
 
-from .stage import META_COLS  # noqa: F401 - the column layout the kernel writes
+from .row_layout import DESC_FIELDS
+from .stage import input_layout
 
-#: Descriptor fields (int64 each), in order; ``wide`` has bit i set when input i (of ns, nr,
-#: idx, qsl, positions, last, nxt) is int64 (else int32).
-DESC_FIELDS = (
-    "seq",
-    "n",
-    "out",
-    "out_stride",
-    "row0",
-    "ns",
-    "nr",
-    "idx",
-    "qsl",
-    "positions",
-    "last",
-    "last_stride",
-    "nxt",
-    "nxt_stride",
-    "wide",
-    "spare",
-)
 _PACK = struct.Struct(f"<{len(DESC_FIELDS)}q")  # one descriptor, as the kernel reads it
 
 
@@ -84,6 +65,7 @@ class GraphStage:
         import torch
 
         self.device = device
+        self.capturing = torch.cuda.is_current_stream_capturing  # bound once: no import per step
         self.desc = torch.full((self.SLOTS, len(DESC_FIELDS)), -1, dtype=torch.int64)
         self.desc = self.desc.pin_memory()
         self.desc_np = self.desc.numpy()
@@ -99,7 +81,7 @@ class GraphStage:
         self._call_desc = False  # inside a propose call whose descriptor no run took yet
         self._room = 0  # descriptors writable before the device's count is read again
         self._buf = memoryview(self.desc_np).cast("B")
-        self._wide = {torch.int32: 0, torch.int64: 1}
+        self._wide: dict[tuple, int] = {}  # the 7 inputs' dtypes -> the descriptor's wide
         self._out = None  # the last destination block (its pointer and row stride cached)
         self._out_ptr = self._out_stride = 0
         # Same dtypes as the real buffers (same compiled kernel); seq -1: nothing is staged.
@@ -112,54 +94,44 @@ class GraphStage:
     # -- host side -------------------------------------------------------------------------
 
     def _next(self) -> int:
-        """The next descriptor's sequence number (waiting while the device is
-        :attr:`SLOTS` runs behind; the device's count is read once per that many writes)."""
+        """The next descriptor's sequence number (see :meth:`_wait_room`)."""
         h = self.seq
         if self._room <= 0:
-            done = int(self.ctl_np[0])
-            if h - done >= self.SLOTS:
-                self.waits += 1
-                while h - done >= self.SLOTS:
-                    time.sleep(0.0001)
-                    done = int(self.ctl_np[0])
-            self._room = self.SLOTS - (h - done)
+            self._wait_room(h)
         self._room -= 1
         self.seq = h + 1
         return h
 
-    def write(self, out, row0: int, n: int, ns, nr, idx, qsl, positions, last, nxt) -> bool:
-        """Write the descriptor of the next run: stage ``n`` rows at ``out[row0]`` (int32
-        ``[R, 4 + k]``, contiguous rows) from these ``propose`` inputs (the shapes of
-        :func:`.stage.stage_triton`; int32 or int64 each). Returns False, writing nothing,
-        when an input's layout or dtype is not what the kernel takes (the caller then writes
-        :meth:`write_skip` and stages with torch ops after the call).
+    def _wait_room(self, h: int) -> None:
+        """Refill :attr:`_room` from the device's count of runs done (read once per
+        :attr:`SLOTS` writes), waiting while descriptor ``h`` would overwrite one the
+        device has not taken yet."""
+        done = int(self.ctl_np[0])
+        if h - done >= self.SLOTS:
+            self.waits += 1
+            while h - done >= self.SLOTS:
+                time.sleep(0.0001)
+                done = int(self.ctl_np[0])
+        self._room = self.SLOTS - (h - done)
 
-        One ``stride()``, ``dtype`` and ``data_ptr()`` per input and one ``struct`` pack:
-        torch's per-call cost (~0.3-0.5 us a method on the H200 host) is what this spends."""
-        wd = self._wide
-        try:
-            wide = (
-                wd[ns.dtype]
-                | wd[nr.dtype] << 1
-                | wd[idx.dtype] << 2
-                | wd[qsl.dtype] << 3
-                | wd[positions.dtype] << 4
-                | wd[last.dtype] << 5
-                | wd[nxt.dtype] << 6
-            )
-        except KeyError:  # not an int32/int64 tensor
-            return False
-        unit = (1,)
-        if (
-            ns.stride() != unit
-            or nr.stride() != unit
-            or idx.stride() != unit
-            or qsl.stride() != unit
-            or positions.stride() != unit
-        ):
-            return False
-        ls, xs = last.stride(), nxt.stride()
-        if not (0 < len(ls) < 3 and 0 < len(xs) < 3):
+    def write(self, out, row0: int, n: int, inputs: tuple) -> bool:
+        """Write the descriptor of the next run: stage ``n`` rows at ``out[row0]`` (int32
+        ``[R, 4 + k]``, contiguous rows) from ``inputs``, ``(ns, nr, idx, qsl, positions,
+        last, nxt)`` of ``propose`` (the shapes of :func:`.stage.stage_triton`; int32 or
+        int64 each). Returns False, writing nothing, when an input's layout or dtype is not
+        what the kernel takes (the caller then writes :meth:`write_skip` and stages with
+        torch ops after the call).
+
+        Per call: one ``stride()``, ``dtype`` and ``data_ptr()`` per input
+        (:func:`.stage.input_layout`), one dict lookup for the dtypes and one ``struct``
+        pack into the pinned ring (~0.15 us a torch call on the H200 host)."""
+        ns, nr, idx, qsl, positions, last, nxt = inputs
+        dtypes = (ns.dtype, nr.dtype, idx.dtype, qsl.dtype, positions.dtype, last.dtype, nxt.dtype)
+        wide = self._wide.get(dtypes)
+        if wide is None:
+            wide = self._wide[dtypes] = _wide_bits(dtypes)
+        lay = input_layout(inputs) if wide >= 0 else None
+        if lay is None:
             return False
         if out is not self._out:
             st = out.stride()
@@ -175,15 +147,9 @@ class GraphStage:
             self._out_ptr,
             self._out_stride,
             row0,
-            ns.data_ptr(),
-            nr.data_ptr(),
-            idx.data_ptr(),
-            qsl.data_ptr(),
-            positions.data_ptr(),
-            last.data_ptr(),
-            ls[0],
-            nxt.data_ptr(),
-            xs[-1],  # next_prefill_tokens' row 0 (2-D) or the 1-D tensor
+            *lay[0],
+            lay[1],
+            lay[2],
             wide,
             0,
         )
@@ -260,3 +226,17 @@ class GraphStage:
             num_warps=1,  # one tiny program: a warp is enough, and it starts sooner
         )
         self.k = k
+
+
+def _wide_bits(dtypes: tuple) -> int:
+    """The descriptor's ``wide`` of the inputs' dtypes (bit i: input i is int64), or -1 when
+    one is neither int32 nor int64."""
+    import torch
+
+    wide = 0
+    for i, dt in enumerate(dtypes):
+        if dt is torch.int64:
+            wide |= 1 << i
+        elif dt is not torch.int32:
+            return -1
+    return wide

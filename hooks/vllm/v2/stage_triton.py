@@ -1,9 +1,66 @@
-"""The Triton staging kernel of :mod:`spectrace.hooks.vllm.v2.stage` (imported only on CUDA)."""
+"""The Triton staging kernels of :mod:`spectrace.hooks.vllm.v2.stage` and :mod:`.graph_stage`
+(imported only on CUDA). Both write a step's rows the same way (:func:`_put_rows`); they differ
+in where the inputs come from: kernel arguments (:func:`_stage_kernel`, one launch per step
+from Python) or a descriptor in pinned host memory (:func:`_ring_stage_kernel`, captured in the
+drafter's CUDA graph)."""
 
 import triton
 import triton.language as tl
 
+from .row_layout import DESC_FIELDS, META_COLS
+
 BLOCK = 128  # rows per program
+
+_META = tl.constexpr(META_COLS)
+#: int64 words per descriptor, and each field's word (``DESC_FIELDS``' order).
+DESC_W = len(DESC_FIELDS)
+_DW = tl.constexpr(DESC_W)
+
+
+def _field(name: str) -> tl.constexpr:
+    return tl.constexpr(DESC_FIELDS.index(name))
+
+
+_D_SEQ, _D_N, _D_OUT, _D_OUT_STRIDE = (
+    _field("seq"),
+    _field("n"),
+    _field("out"),
+    _field("out_stride"),
+)
+_D_ROW0, _D_NS, _D_NR, _D_IDX = _field("row0"), _field("ns"), _field("nr"), _field("idx")
+_D_QSL, _D_POS, _D_LAST, _D_NXT = _field("qsl"), _field("positions"), _field("last"), _field("nxt")
+_D_LAST_STRIDE, _D_NXT_STRIDE, _D_WIDE = _field("last_stride"), _field("nxt_stride"), _field("wide")
+
+
+@triton.jit
+def _put_rows(
+    out_ptr,
+    out_stride,
+    row0,
+    rows,
+    m,
+    ns,
+    nr,
+    anchor,
+    pos,
+    drafts_ptr,
+    drafts_stride,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+):
+    """Write rows ``row0 + rows`` of ``out`` (int32): the four meta columns, then ``K``
+    drafts from ``drafts[rows]``."""
+    base = out_ptr + (row0 + rows).to(tl.int64) * out_stride
+    tl.store(base + 0, ns.to(tl.int32), mask=m)
+    tl.store(base + 1, nr.to(tl.int32), mask=m)
+    tl.store(base + 2, anchor.to(tl.int32), mask=m)
+    tl.store(base + 3, pos.to(tl.int32), mask=m)
+    cols = tl.arange(0, KP)
+    cm = m[:, None] & (cols[None, :] < K)
+    d = tl.load(
+        drafts_ptr + rows[:, None].to(tl.int64) * drafts_stride + cols[None, :], mask=cm, other=-1
+    )
+    tl.store(base[:, None] + _META + cols[None, :], d.to(tl.int32), mask=cm)
 
 
 @triton.jit(do_not_specialize=["row0", "n"])
@@ -37,21 +94,9 @@ def _stage_kernel(
     anchor = tl.where(ns > 0, last.to(tl.int64), nxt.to(tl.int64))
     q = tl.load(qsl_ptr + rows + 1, mask=m, other=1).to(tl.int64) - 1 - nr
     pos = tl.load(pos_ptr + tl.maximum(q, 0), mask=m, other=0).to(tl.int64) + 1
-    base = out_ptr + (row0 + rows).to(tl.int64) * out_stride
-    tl.store(base + 0, ns.to(tl.int32), mask=m)
-    tl.store(base + 1, nr.to(tl.int32), mask=m)
-    tl.store(base + 2, anchor.to(tl.int32), mask=m)
-    tl.store(base + 3, pos.to(tl.int32), mask=m)
-    cols = tl.arange(0, KP)
-    cm = m[:, None] & (cols[None, :] < K)
-    d = tl.load(
-        drafts_ptr + rows[:, None].to(tl.int64) * drafts_stride + cols[None, :], mask=cm, other=-1
+    _put_rows(
+        out_ptr, out_stride, row0, rows, m, ns, nr, anchor, pos, drafts_ptr, drafts_stride, K, KP
     )
-    tl.store(base[:, None] + 4 + cols[None, :], d.to(tl.int32), mask=cm)  # META_COLS
-
-
-#: int64 words per descriptor of :mod:`.graph_stage` (the field order of ``DESC_FIELDS``).
-DESC_W = 16
 
 
 @triton.jit
@@ -62,6 +107,12 @@ def _ld(p, wide, bit: tl.constexpr, offs, m):
     v64 = tl.load(p.to(tl.pointer_type(tl.int64)) + offs, mask=m & is64, other=0)
     v32 = tl.load(p.to(tl.pointer_type(tl.int32)) + offs, mask=m & is32, other=0)
     return tl.where(is64, v64, v32.to(tl.int64))
+
+
+@triton.jit
+def _df(d, field: tl.constexpr):
+    """Descriptor word ``field`` (an uncached load: the host rewrote it since the last run)."""
+    return tl.load(d + field, cache_modifier=".cv")
 
 
 @triton.jit
@@ -78,30 +129,29 @@ def _ring_stage_kernel(
     BLOCK: tl.constexpr,
 ):
     """One program: the descriptor ``desc[counter[0] % A]`` (pinned host memory, written by
-    the host before the launch or graph replay; read in one uncached load) names this step's
+    the host before the launch or graph replay; scalar uncached loads) names this step's
     inputs and destination; when its sequence number equals the device counter, its ``n``
     rows are staged like :func:`_stage_kernel`'s, else nothing is written and ``counter[1]``
     (lost descriptors) grows. Then ``counter[0]`` grows by one, and both counters are
     written to ``ctl`` (pinned host memory: posted writes, the host reads them)."""
     c = tl.load(counter_ptr)
     lost = tl.load(counter_ptr + 1)
-    d = desc_ptr + (c % A) * 16  # DESC_W; uncached scalar loads, issued together
-    ok = tl.load(d, cache_modifier=".cv") == c
-    n = tl.minimum(tl.where(ok, tl.load(d + 1, cache_modifier=".cv"), 0), drafts_rows)
-    out_p = tl.load(d + 2, cache_modifier=".cv").to(tl.pointer_type(tl.int32))
-    out_stride = tl.load(d + 3, cache_modifier=".cv")
-    row0 = tl.load(d + 4, cache_modifier=".cv")
-    ns_p = tl.load(d + 5, cache_modifier=".cv")
-    nr_p = tl.load(d + 6, cache_modifier=".cv")
-    idx_p = tl.load(d + 7, cache_modifier=".cv")
-    qsl_p = tl.load(d + 8, cache_modifier=".cv")
-    pos_p = tl.load(d + 9, cache_modifier=".cv")
-    last_p = tl.load(d + 10, cache_modifier=".cv")
-    last_stride = tl.load(d + 11, cache_modifier=".cv")
-    nxt_p = tl.load(d + 12, cache_modifier=".cv")
-    nxt_stride = tl.load(d + 13, cache_modifier=".cv")
-    wide = tl.load(d + 14, cache_modifier=".cv")
-    cols = tl.arange(0, KP)
+    d = desc_ptr + (c % A) * _DW  # the fields' loads are independent: issued together
+    ok = _df(d, _D_SEQ) == c
+    n = tl.minimum(tl.where(ok, _df(d, _D_N), 0), drafts_rows)
+    out_p = _df(d, _D_OUT).to(tl.pointer_type(tl.int32))
+    out_stride = _df(d, _D_OUT_STRIDE)
+    row0 = _df(d, _D_ROW0)
+    ns_p = _df(d, _D_NS)
+    nr_p = _df(d, _D_NR)
+    idx_p = _df(d, _D_IDX)
+    qsl_p = _df(d, _D_QSL)
+    pos_p = _df(d, _D_POS)
+    last_p = _df(d, _D_LAST)
+    nxt_p = _df(d, _D_NXT)
+    last_stride = _df(d, _D_LAST_STRIDE)
+    nxt_stride = _df(d, _D_NXT_STRIDE)
+    wide = _df(d, _D_WIDE)
     for b in range(0, n, BLOCK):
         rows = b + tl.arange(0, BLOCK)
         m = rows < n
@@ -113,18 +163,9 @@ def _ring_stage_kernel(
         anchor = tl.where(ns > 0, last, nxt)
         q = _ld(qsl_p, wide, 3, rows + 1, m) - 1 - nr
         pos = _ld(pos_p, wide, 4, tl.maximum(q, 0), m) + 1
-        base = out_p + (row0 + rows).to(tl.int64) * out_stride
-        tl.store(base + 0, ns.to(tl.int32), mask=m)
-        tl.store(base + 1, nr.to(tl.int32), mask=m)
-        tl.store(base + 2, anchor.to(tl.int32), mask=m)
-        tl.store(base + 3, pos.to(tl.int32), mask=m)
-        cm = m[:, None] & (cols[None, :] < K)
-        dr = tl.load(
-            drafts_ptr + rows[:, None].to(tl.int64) * drafts_stride + cols[None, :],
-            mask=cm,
-            other=-1,
+        _put_rows(
+            out_p, out_stride, row0, rows, m, ns, nr, anchor, pos, drafts_ptr, drafts_stride, K, KP
         )
-        tl.store(base[:, None] + 4 + cols[None, :], dr.to(tl.int32), mask=cm)  # META_COLS
     lost = tl.where(ok, lost, lost + 1)
     tl.store(counter_ptr, c + 1)
     tl.store(counter_ptr + 1, lost)

@@ -24,6 +24,8 @@ from .stage import META_COLS, stage_torch, stage_triton, triton_ok
 from .stream import StepRec
 from .tap_join import TapJoin
 
+_time_ns = time.time_ns  # bound once: the hot path reads the clock once per step
+
 
 class ProposeTap(TapJoin):
     """Wraps ``speculator.propose`` on one instance and feeds ``session``.
@@ -137,9 +139,7 @@ class ProposeTap(TapJoin):
     def _propose_graph(self, g: GraphStage, args: tuple, kwargs: dict):
         """``propose`` once the drafter stages in its graph (:mod:`.graph_stage`): the step's
         descriptor is written first (rows, or none), then the original call runs the kernel."""
-        import torch
-
-        if torch.cuda.is_current_stream_capturing():  # no replay runs in this call
+        if g.capturing():  # no replay runs in this call
             return self._orig(*args, **kwargs)
         if self._join_error is not None or (g.lost_seen and self.session.active):
             exc = self._join_error or RuntimeError(
@@ -160,6 +160,8 @@ class ProposeTap(TapJoin):
         finally:
             g.end_call()
         if self._post is not None:  # a layout the kernel does not take: torch ops now
+            import torch
+
             seg_dev, n, inputs = self._post
             self._post = None
             drafts = out if isinstance(out, torch.Tensor) else getattr(out, "draft_tokens", out)
@@ -238,7 +240,7 @@ class ProposeTap(TapJoin):
             return False
         g = self.graph if out is None else None  # None: staged from the drafter's graph
         if g is not None:
-            cuda, k_all, device = True, int(g.k or 0), g.device
+            cuda, k_all, device = True, g.k or 0, g.device
         else:
             import torch
 
@@ -249,16 +251,15 @@ class ProposeTap(TapJoin):
         if cuda and self.drainer is None and self._stream:
             self._poll()  # no background joiner: join what is ready here
         k_eff = min(int(k_arg), k_all) if k_arg else k_all
-        t_ns = time.time_ns()
+        t_ns = _time_ns()
         seg = self._cur
-        if seg is None or seg.used + n > seg.cap or seg.cols != META_COLS + k_all:
-            seg = self._segment(
-                n, META_COLS + k_all, max(n, int(last.shape[0])), device, cuda, t_ns
-            )
+        cols = META_COLS + k_all
+        if seg is None or seg.used + n > seg.cap or seg.cols != cols:
+            seg = self._segment(n, cols, max(n, int(last.shape[0])), device, cuda, t_ns)
         row0 = seg.used
         inputs = (ns, nr, batch.idx_mapping, batch.query_start_loc, batch.positions, last, nxt)
         if g is not None:
-            if not g.write(seg.dev, row0, n, *inputs):
+            if not g.write(seg.dev, row0, n, inputs):
                 g.write_skip()
                 self._post = (seg.dev[row0 : row0 + n], n, inputs)
         elif not (cuda and triton_ok(drafts) and stage_triton(seg.dev, row0, n, *inputs, drafts)):
@@ -267,11 +268,10 @@ class ProposeTap(TapJoin):
         seg.steps += 1
         seg.pending += 1
         session = self.session
+        step = session.step
+        session.step = step + 1
         assert self._prev_req_ids is not None  # set by _new_batch on the first call
-        self._stream.append(
-            StepRec(seg, row0, n, ids, keep, self._prev_req_ids, session.step, k_eff, t_ns)
-        )
-        session.step += 1
+        self._stream.append(StepRec(seg, row0, n, ids, keep, self._prev_req_ids, step, k_eff, t_ns))
         if not cuda:
             if seg.steps >= self.cpu_flush_steps:
                 self.drain(wait=True)
