@@ -216,14 +216,17 @@ def _phases_here(a: Path, b: Path) -> dict:
     prefer_small_pages()  # as the child does
     mem = TreeRSS()
     mem.stage = "start"
+    starts: dict[str, float] = {}
 
     def phase(name: str) -> None:
+        starts[name] = mem.proc.memory_info().rss / 2**20
         mem.stage = name
 
     arg = json.dumps({"a": [str(a)], "b": [str(b)], "tokenizer": None})
     with open(os.devnull, "w") as out:
         worker.child_main(arg, phase, out)
-    steps = {s: v for s, (v, _, _) in mem.stop().items()}
+    peaks = mem.stop()
+    steps = {s: [starts[s], max(starts[s], peaks.get(s, [0.0])[0])] for s in starts}
     return {"steps": steps, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -390,11 +393,14 @@ def main() -> None:
         )
     if args.phases:
         ph = phases(a, b)
-        rows = [(f"peak during {k}", f"{v:.0f} MB") for k, v in ph["steps"].items()]
-        rest = [v for k, v in ph["steps"].items() if k not in ("align", "diff")]
+        rows = [
+            (f"{k}: RSS at start, peak (growth)", f"{s0:.0f} MB, {p:.0f} MB (+{p - s0:.0f} MB)")
+            for k, (s0, p) in ph["steps"].items()
+        ]
+        rest = [p - s0 for k, (s0, p) in ph["steps"].items() if k not in ("align", "diff")]
         rows += [
             ("peak of the run (exact)", f"{ph['peak']:.0f} MB"),
-            ("peak of the steps other than align and diff", f"{max(rest, default=0):.0f} MB"),
+            ("largest growth of a step other than align and diff", f"{max(rest):.0f} MB"),
         ]
         _print("analysis child's work step by step (a fresh process, as the viewer's child)", rows)
     if args.tmux and shutil.which("tmux"):
