@@ -19,7 +19,7 @@ from .align import Alignment
 from .store import Trace
 
 #: Block rows per pass of a streamed analysis.
-CHUNK = 1 << 20
+CHUNK = 1 << 18
 
 
 def _chunks(t: Trace, names: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
