@@ -14,13 +14,15 @@ Measures, headless (Textual ``run_test``, in a fresh process so RSS is the viewe
 
 ``--analysis`` picks the viewer's analysis mode (``auto``: a child process at this size);
 ``--compare-off`` runs the same pair again with ``--analysis off`` (the viewer alone) and
-prints the ratios of the two runs (tree peak, first paint, page down).
+prints the ratios of the two runs (tree peak, first paint, page down). ``--phases`` runs the
+analysis child's own work once more in a fresh process and prints its peak RSS step by step
+(open, align, diff, per pair, acceptance, json): what the diff costs and what the rest does.
 
 With ``--tmux`` it also runs the real CLI in a tmux terminal: launch to first rows on screen,
 PageDown to repaint (screen polling), and the process RSS.
 
 Usage: ``python benchmarks/bench_tui.py [--dir /tmp/spectrace-bench] [--requests 10000
---blocks 1000] [--analysis auto|thread|process|off] [--compare-off] [--tmux]``.
+--blocks 1000] [--analysis auto|thread|process|off] [--compare-off] [--phases] [--tmux]``.
 Traces are generated once (``synth.py``, a few minutes at 10M blocks a side).
 """
 
@@ -205,6 +207,41 @@ def headless(a: Path, b: Path, analysis_timeout: float, analysis: str) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def _phases_here(a: Path, b: Path) -> dict:
+    """The analysis child's own work (``worker.child_main``) in this fresh process, step by
+    step: the peak RSS (MB) of each step (sampled) and of the whole run (exact)."""
+    from spectrace.tracer.pages import prefer_small_pages
+    from spectrace.tui.model import worker
+
+    prefer_small_pages()  # as the child does
+    mem = TreeRSS()
+    mem.stage = "start"
+    starts: dict[str, float] = {}
+
+    def phase(name: str) -> None:
+        starts[name] = mem.proc.memory_info().rss / 2**20
+        mem.stage = name
+
+    arg = json.dumps({"a": [str(a)], "b": [str(b)], "tokenizer": None})
+    with open(os.devnull, "w") as out:
+        worker.child_main(arg, phase, out)
+    peaks = mem.stop()
+    steps = {s: [starts[s], max(starts[s], peaks.get(s, [0.0])[0])] for s in starts}
+    return {"steps": steps, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def phases(a: Path, b: Path) -> dict:
+    """:func:`_phases_here` in a child process; returns its figures."""
+    r = subprocess.run(
+        [sys.executable, __file__, "--child-phases", str(a), str(b)],
+        capture_output=True,
+        text=True,
+    )
+    if r.returncode:
+        raise SystemExit(f"phases run failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def tmux_run(a: Path, b: Path) -> dict:
     """The real CLI in tmux: launch to rows on screen, PageDown latency, RSS."""
     import psutil
@@ -324,8 +361,15 @@ def main() -> None:
         "--compare-off", action="store_true", help="also run with --analysis off (ratios)"
     )
     ap.add_argument("--analysis-timeout", type=float, default=600)
+    ap.add_argument(
+        "--phases", action="store_true", help="also the analysis child's peak RSS step by step"
+    )
     ap.add_argument("--child", nargs=2, type=Path)
+    ap.add_argument("--child-phases", nargs=2, type=Path)
     args = ap.parse_args()
+    if args.child_phases:
+        print(json.dumps(_phases_here(*args.child_phases)))
+        return
     if args.child:
         res = asyncio.run(_headless(*args.child, args.analysis_timeout, args.analysis))
         print(json.dumps(res))
@@ -347,6 +391,18 @@ def main() -> None:
             f" first paint {h['first_paint_s'] / off['first_paint_s']:.2f}x, page down"
             f" {statistics.median(h['page_key']) / statistics.median(off['page_key']):.2f}x"
         )
+    if args.phases:
+        ph = phases(a, b)
+        rows = [
+            (f"{k}: RSS at start, peak (growth)", f"{s0:.0f} MB, {p:.0f} MB (+{p - s0:.0f} MB)")
+            for k, (s0, p) in ph["steps"].items()
+        ]
+        rest = [p - s0 for k, (s0, p) in ph["steps"].items() if k not in ("align", "diff")]
+        rows += [
+            ("peak of the run (exact)", f"{ph['peak']:.0f} MB"),
+            ("largest growth of a step other than align and diff", f"{max(rest):.0f} MB"),
+        ]
+        _print("analysis child's work step by step (a fresh process, as the viewer's child)", rows)
     if args.tmux and shutil.which("tmux"):
         t = tmux_run(a, b)
         _print(

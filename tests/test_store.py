@@ -468,3 +468,36 @@ def test_amend_meta_merges_into_a_closed_trace(tmp_path):
     (tmp_path / "bad.h5").write_bytes(b"not hdf5")
     with pytest.raises(InputError, match=r"bad\.h5: cannot update the trace metadata"):
         amend_meta(tmp_path / "bad.h5", capture={})
+
+
+def _indexed_trace(path, cells):
+    """A closed trace of 3 requests whose blocks/request cells are then set to ``cells``."""
+    with TraceWriter(path, {"k": 2, "engine": "e"}, flush_interval=0) as w:
+        for r in ("a", "b", "c"):
+            w.request(r, prompt_ids=[1])
+        for step in range(len(cells)):
+            w.add_block("abc"[step % 3], step, 1, 2, [3, 4])
+    with h5py.File(path, "r+", locking=False) as f:
+        f["blocks"]["request"][:] = cells
+    return path
+
+
+def test_request_index_is_scanned_in_chunks(tmp_path):
+    from spectrace.tracer.store.structure import scanned_request_index_problems
+
+    cells = [0, 1, 2, 0, 1, 3, 2, 3, 0]  # rows 5 and 7 index a 4th request of 3
+    with h5py.File(_indexed_trace(tmp_path / "t.h5", cells), "r", locking=False) as f:
+        ds = f["blocks"]["request"]
+        # Chunks of 2 rows: the problem is found in the third chunk and described whole.
+        [p] = scanned_request_index_problems("t.h5", ds, 9, 3, chunk=2)
+        assert (p.field, p.value, p.row, p.count) == ("blocks/request", 3, 5, 2)
+        assert p.what == "request index out of range (the file has 3 requests)"
+        # The first 5 rows index only known requests.
+        assert scanned_request_index_problems("t.h5", ds, 5, 3, chunk=2) == []
+    with pytest.raises(TraceFormatError, match="at row 5"):
+        open_trace(tmp_path / "t.h5")
+
+
+def test_twin_a_clean_request_index_opens(tmp_path):
+    t = open_trace(_indexed_trace(tmp_path / "t.h5", [0, 1, 2, 0, 1, 2, 2, 1, 0]))
+    assert t.blocks.request.tolist() == [0, 1, 2, 0, 1, 2, 2, 1, 0]

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from spectrace.tracer import analysis
 from spectrace.tracer.align import align
 from spectrace.tracer.compare import NO_DIVERGENCE
 from spectrace.tracer.diff import diff_traces
@@ -80,6 +81,19 @@ def test_bad_rows_match_the_diff(vm, pair):
     f = vm.rows(0, divergent_only=True)
     assert f.base.tolist() == np.flatnonzero(vm.bad_mask(vm.rows(0))).tolist()
     assert vm.next_divergent(1, -1) is None
+
+
+def test_per_pair_counts_streamed_in_chunks_of_two_blocks(vm, pair, monkeypatch):
+    al = align(open_trace(pair[0]), open_trace(pair[1]))
+    bad = diff_traces(al).bad
+    whole = analysis.differing_per_pair(al, bad)
+    monkeypatch.setattr(analysis, "CHUNK", 2)  # a pair's blocks cross many chunk edges
+    assert analysis.differing_per_pair(al, bad) == whole
+    # The viewer's own rows (the kernel per window) count the same divergent blocks.
+    masks = [vm.bad_mask(vm.rows(p)) for p in range(3)]
+    assert [d["bad"] for d in whole] == [int(m.sum()) for m in masks]
+    assert whole[0]["first_bad"] == int(vm.rows(0).pos[masks[0]][0])
+    assert [(d["bad"], d["first_bad"]) for d in whole[1:]] == [(0, None), (0, None)]
 
 
 def test_search_and_block_detail(vm, sim):

@@ -33,6 +33,7 @@ from .structure import (
     length_problems,
     read_meta,
     request_index_problems,
+    scanned_request_index_problems,
     value_problems,
 )
 
@@ -143,8 +144,7 @@ class Trace:
         n = self._flushed_rows(f)
         if complete and not problems:  # one int column: a bad index fails here, not mid-view
             nreq = f["requests"]["req_id"].shape[0]
-            request = f["blocks"]["request"][:n]
-            problems = request_index_problems(str(path), request, nreq, complete)
+            problems = scanned_request_index_problems(str(path), f["blocks"]["request"], n, nreq)
         if problems:
             raise problems[0].error()
         if not complete:

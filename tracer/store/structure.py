@@ -184,6 +184,19 @@ def request_index_problems(
     return problems
 
 
+def scanned_request_index_problems(
+    path: str, ds: h5py.Dataset, n: int, nreq: int, chunk: int = 1 << 20
+) -> list[Problem]:
+    """:func:`request_index_problems` of the first ``n`` cells of a complete file's
+    ``blocks/request`` dataset, scanned ``chunk`` rows at a time (a few MB, not the whole
+    column); the column is read whole only to describe a problem found."""
+    for lo in range(0, n, chunk):
+        c = ds[lo : min(lo + chunk, n)]
+        if len(c) and (int(c.min()) < 0 or int(c.max()) >= nreq):
+            return request_index_problems(path, ds[:n], nreq, True)
+    return []
+
+
 #: Count columns whose impossible values (below -1, accepted > num_verified) are findings
 #: of a readable trace (``impossible_values``, exit 1), not unreadable input (exit 2).
 COUNT_COLUMNS = frozenset({"num_verified", "accepted", "num_emitted"})

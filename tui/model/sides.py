@@ -16,7 +16,7 @@ import numpy as np
 from spectrace.tracer.store import Trace
 
 #: Request-column rows read per chunk while indexing.
-INDEX_CHUNK = 1 << 20
+INDEX_CHUNK = 1 << 18
 #: A gap between needed block rows above which two reads are cheaper than one span.
 READ_GAP = 1 << 16
 

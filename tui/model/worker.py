@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from spectrace.tracer.align import align
@@ -97,26 +97,49 @@ class Analysis:
         )
 
 
-def analyse(a: Trace, b: Trace | None = None, decoder: Decoder | None = None) -> Analysis:
+def analyse(
+    a: Trace,
+    b: Trace | None = None,
+    decoder: Decoder | None = None,
+    phase: Callable[[str], object] = lambda name: None,
+) -> Analysis:
     """Run the whole-trace analysis: the diff and its findings (or, for one trace,
     ``explained_summary`` and ``check_trace``), per-pair divergence counts, per-request
-    acceptance and acceptance along the sequence. Vectorised; memory grows with the traces."""
+    acceptance and acceptance along the sequence.
+
+    The diff's memory grows with the traces; the figures of :mod:`spectrace.tracer.analysis`
+    are streamed (a few MB) and run after it, once the alignment is dropped.
+    ``phase(name)`` is called as each step starts (``align``, ``diff``, ``per pair``,
+    ``acceptance``; ``summary``, ``findings``, ``acceptance`` for one trace): for progress
+    or per-step memory figures.
+    """
     t0 = time.perf_counter()
     if b is None:
+        phase("summary")
+        summary = explained_summary(a)  # rates with impossible values left out, explained
+        phase("findings")
+        findings = check_trace(a, decoder)
+        phase("acceptance")
         return Analysis(
-            summary=explained_summary(a),  # rates with impossible values left out, explained
-            findings=check_trace(a, decoder),
+            summary=summary,
+            findings=findings,
             per_request={"ours": per_request_acceptance(a)},
             along={"ours": acceptance_along(a)},
             seconds=time.perf_counter() - t0,
         )
+    phase("align")
     al = align(a, b)
+    phase("diff")
     res = diff_traces(al, decoder=decoder)
     assert res.bad is not None  # diff_traces always sets it
+    phase("per pair")
+    per_pair = differing_per_pair(al, res.bad)
+    del al  # the paired-block arrays: not needed past here
+    phase("acceptance")
     return Analysis(
         diff=res,
         findings=list(res.findings),
-        per_pair=differing_per_pair(al, res.bad),
+        per_pair=per_pair,
         per_request={"ours": per_request_acceptance(a), "theirs": per_request_acceptance(b)},
         along={"ours": acceptance_along(a), "theirs": acceptance_along(b)},
         seconds=time.perf_counter() - t0,
@@ -147,8 +170,13 @@ def analyse_in_child(
     return Analysis.from_json(json.loads(r.stdout))
 
 
-def _child_main(arg: str) -> None:
+def child_main(arg: str, phase: Callable[[str], object] = lambda name: None, out=None) -> None:
+    """The child process's work: open the traces named by ``arg`` (the JSON spec of
+    :func:`analyse_in_child`), run :func:`analyse` and write its JSON to ``out`` (stdout).
+    ``phase`` as :func:`analyse`'s, plus ``open`` and ``json`` (the benchmark's per-step
+    memory figures)."""
     spec = json.loads(arg)
+    phase("open")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         a = open_trace(spec["a"])
@@ -157,9 +185,11 @@ def _child_main(arg: str) -> None:
         dec = decoder_for(spec.get("tokenizer"), a.meta, *(b.meta,) if b else ())
     except Exception:  # a bad tokenizer only costs the decoded examples
         dec = None
-    json.dump(analyse(a, b, dec).to_json(), sys.stdout)
+    an = analyse(a, b, dec, phase)
+    phase("json")
+    json.dump(an.to_json(), out or sys.stdout)
 
 
 if __name__ == "__main__":
     prefer_small_pages()
-    _child_main(sys.argv[1])
+    child_main(sys.argv[1])
