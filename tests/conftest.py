@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import json
+import os
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
-
-#: Modules that capture the same reference-engine runs (:func:`capture_reference`'s session
-#: cache): one xdist group, so the runs are made once.
-REFERENCE_RUN_MODULES = {"test_faults.py", "test_faults_general.py", "test_agreement.py"}
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist's ``--dist loadgroup`` every module is one group (one worker runs
-    it, so a module fixture that loads vLLM loads it once); the reference-run modules share
-    one group and their session cache."""
-    for item in items:
-        name = item.path.name
-        group = "reference_runs" if name in REFERENCE_RUN_MODULES else str(item.path)
-        item.add_marker(pytest.mark.xdist_group(group))
-
 
 #: num_speculative_tokens of the tiny DSpark drafter (its block_size).
 TINY_DSPARK_K = 4
@@ -84,27 +72,28 @@ def capture_reference(tmp_path_factory):
     The engine is deterministic, so a configuration (``args``, k, max_tokens) runs once per
     session: test_faults, test_faults_general and the TUI's agreement tests capture the same
     clean and faulty runs, and later callers get copies of the first run's three files (a
-    failed run is not kept). Safe to call from several threads."""
-    cache = tmp_path_factory.mktemp("reference_runs")
-    done: dict[tuple, tuple[Path, subprocess.CompletedProcess]] = {}
-    locks: dict[tuple, threading.Lock] = {}
-    guard = threading.Lock()
+    failed run is not kept). The cache is shared by the pytest-xdist workers (a file lock per
+    configuration) and by threads."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above each worker's own
+    cache = root / "reference_runs"
+    cache.mkdir(exist_ok=True)
 
     def capture(tmp, name, args, k=4, max_tokens=64):
-        key = (tuple(args), k, max_tokens)
-        with guard:
-            lock = locks.setdefault(key, threading.Lock())
-        with lock:
-            if key not in done:
-                where = cache / f"config{list(locks).index(key)}"
+        key = json.dumps([list(args), k, max_tokens])
+        where = cache / hashlib.sha1(key.encode()).hexdigest()[:16]
+        with open(f"{where}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one process or thread runs it, the others wait
+            if not (where / "done").exists():
                 where.mkdir(exist_ok=True)
                 proc = _capture_reference(where, "run", args, k, max_tokens)
                 if proc.returncode != 0:
                     return proc
-                done[key] = (where, proc)
-            where, proc = done[key]
+                (where / "done").write_text(json.dumps([proc.stdout, proc.stderr]))
+            out, err = json.loads((where / "done").read_text())
         for ext in ("h5", "requests.jsonl", "log"):
             shutil.copyfile(where / f"run.{ext}", Path(tmp) / f"{name}.{ext}")
-        return proc
+        return subprocess.CompletedProcess(list(args), 0, out, err)
 
     return capture

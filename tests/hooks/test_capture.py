@@ -3,6 +3,7 @@ crash safety (kill -9 of spectrace itself), and the vLLM-plugin variant."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -19,7 +20,7 @@ from spectrace.hooks.vllm.paths import written_traces
 from spectrace.hooks.vt.importer import import_log
 from spectrace.hooks.vt.level import trace_level
 from spectrace.tracer.errors import InputError, ParseError
-from spectrace.tracer.store import TraceWarning, open_trace
+from spectrace.tracer.store import TraceWarning, TraceWriter, open_trace
 
 SPECTRACE = os.path.join(os.path.dirname(sys.executable), "spectrace")
 PY = sys.executable
@@ -322,6 +323,20 @@ def test_kill_9_of_spectrace_keeps_every_flushed_block(tmp_path):
     assert t.meta["capture"] == {"ended": None, "exit_status": None, "signal": None}
     r = _spectrace("info", str(out))  # the killed capture, said in the text table
     assert "capture killed or still running (the file was never finished)" in r.stdout
+    # Missing work, not silence: check and diff (against itself, closed) exit 1.
+    closed = tmp_path / "closed.h5"
+    with TraceWriter(closed, dict(t.meta, capture={"ended": "clean"}), flush_interval=0) as w:
+        for i in range(n):
+            w.add_block("a", 0, 10 + 2 * i, i, [i, 99], verified=[i, 99], accepted=1)
+    for args, side in ((["check", str(out)], "trace"), (["diff", str(out), str(closed)], "ours")):
+        r = _spectrace(*args, "--format", "json")
+        assert r.returncode == 1, (args, r.stdout[-1500:], r.stderr[-1500:])
+        (f,) = [f for f in json.loads(r.stdout)["findings"] if f["kind"] == "capture_incomplete"]
+        assert f["evidence"]["ended"] == "capture-killed" and f["side"] == side
+        assert "the trace file was never closed" in f["message"]
+    twin = _spectrace("check", str(closed), "--format", "json")  # the same blocks, closed
+    assert twin.returncode == 0, twin.stdout[-1500:]
+    assert [f["kind"] for f in json.loads(twin.stdout)["findings"]] == []
 
 
 # -- vLLM ---------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .options import force_option, meta_option, out_option, strict_option
+from .options import SECONDS, force_option, meta_option, out_option, strict_option
 
 
 class _CaptureGroup(click.Group):
@@ -82,7 +82,7 @@ def capture_vt(
 @out_option
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=SECONDS,
     metavar="SECONDS",
     help="Stop CMD (SIGTERM, SIGKILL 10 s later) when it runs longer; exit status 124.",
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 from collections.abc import Iterator
 from typing import NoReturn
@@ -32,6 +33,23 @@ strict_option = click.option(
 force_option = click.option(
     "--force", is_flag=True, help="Overwrite existing output files (never an input file)."
 )
+
+
+class Seconds(click.ParamType):
+    """A positive, finite duration in seconds (float). NaN and infinity are bad usage: no
+    clock reaches them, so a timeout of either would silently never fire."""
+
+    name = "seconds"
+
+    def convert(self, value, param, ctx) -> float:
+        x = click.FloatRange(min=0, min_open=True).convert(value, param, ctx)
+        if not math.isfinite(x):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return x
+
+
+#: The type of every ``--timeout`` option.
+SECONDS = Seconds()
 
 
 def exit_verdict(failed: bool) -> NoReturn:

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from . import output
-from .options import exit_verdict, force_option, format_option, tokenizer_option
+from .options import SECONDS, exit_verdict, force_option, format_option, tokenizer_option
 from .progress import progress
 
 ENGINE_CHOICE = click.Choice(["reference", "vllm", "cmd"])
@@ -81,7 +81,7 @@ def vs_path(out: str, engine: str) -> Path:
     help="vLLM: record drafter margins (default: on for CPU).",
 )
 @click.option(
-    "--timeout", "timeout_s", type=float, help="vllm/cmd: stop the engine after S seconds."
+    "--timeout", "timeout_s", type=SECONDS, help="vllm/cmd: stop the engine after S seconds."
 )
 @format_option
 @tokenizer_option

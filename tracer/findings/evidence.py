@@ -268,6 +268,12 @@ class CaptureEvidence(TypedDict):
     dropped_lines: int
     #: The first dropped line, ``FILE:LINE: what``; null when none.
     first_dropped: str | None
+    #: Blocks an import found at a position their request had already passed (/meta
+    #: ``import`` chain breaks: a repeated or reordered trace line, or a reused request id):
+    #: the trace is not one run's record; 0 when none or no import.
+    chain_breaks: int
+    #: The first chain break, ``FILE:LINE: what``; null when none.
+    first_chain_break: str | None
 
 
 class IncompleteRef(TypedDict):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import schema
 from ..align import Alignment, is_replay
 from ..parallel import chunks
 from .data import SideInput, TraceData
@@ -34,17 +35,25 @@ def _int_or_none(v) -> int | None:
     return int(v) if isinstance(v, int | np.integer) and not isinstance(v, bool) else None
 
 
-def capture_end(meta: dict) -> CaptureEvidence:
-    """How a capture ended, from /meta: the ``capture`` object (``ended``, ``exit_status``,
-    ``signal``) when present, else the older items ``exit_status``, ``killed_by_signal``,
-    ``interrupted`` and ``aborted`` (hooks/capture.py). Missing items are null."""
+def capture_end(meta: dict, status: str = schema.STATUS_COMPLETE) -> CaptureEvidence:
+    """How a capture ended, from /meta and the file status: the ``capture`` object
+    (``ended``, ``exit_status``, ``signal``) when present, else the older items
+    ``exit_status``, ``killed_by_signal``, ``interrupted`` and ``aborted`` (hooks/capture.py);
+    ``ended`` as :func:`spectrace.tracer.schema.capture_end` reads it. A file that was never
+    closed (status ``recording``) ended ``capture-killed`` whoever wrote it (capture, import,
+    the vLLM plugin): its writer was killed, or is still recording. Missing items are null."""
     cap = meta["capture"] if isinstance(meta.get("capture"), dict) else {}
+    end = schema.capture_end(meta, status) or {}
+    ended = end.get("ended") if isinstance(end.get("ended"), str) else None
+    if ended is None and status == schema.STATUS_RECORDING:
+        ended = "capture-killed"
     aborted = meta.get("aborted")
     checks = meta["checks"] if isinstance(meta.get("checks"), dict) else {}
     bad = checks.get("mismatch") if checks.get("status") == "mismatch" else None
     dropped, first = import_dropped(meta)
+    breaks, first_break = import_chain_breaks(meta)
     return CaptureEvidence(
-        ended=cap.get("ended") if isinstance(cap.get("ended"), str) else None,
+        ended=ended,
         exit_status=_int_or_none(cap.get("exit_status", meta.get("exit_status"))),
         signal=_int_or_none(cap.get("signal", meta.get("killed_by_signal"))),
         interrupted=bool(meta.get("interrupted")) or cap.get("ended") == "interrupted",
@@ -53,6 +62,8 @@ def capture_end(meta: dict) -> CaptureEvidence:
         empty=False,
         dropped_lines=dropped,
         first_dropped=first,
+        chain_breaks=breaks,
+        first_chain_break=first_break,
     )
 
 
@@ -81,6 +92,21 @@ def import_dropped(meta: dict) -> tuple[int, str | None]:
     kinds = {"malformed": _int_or_none(imp.get("malformed")) or 0}
     if _gaps_are_lost(imp, meta.get("method")):
         kinds["chain gap"] = _int_or_none(imp.get("chain_gaps")) or 0
+    return sum(kinds.values()), _first_example(imp, kinds)
+
+
+def import_chain_breaks(meta: dict) -> tuple[int, str | None]:
+    """``(chain breaks, the first as FILE:LINE: what or None)`` of a VT import (/meta
+    ``import`` violations, hooks/vt/blocks.py chain_break): blocks at a position their
+    request had passed, which no run prints (``--strict`` refuses them). ``(0, None)``
+    without an import."""
+    imp = _dict(meta, "import")
+    kinds = {"chain break": _int_or_none(_dict(imp, "violations").get("chain break")) or 0}
+    return kinds["chain break"], _first_example(imp, kinds)
+
+
+def _first_example(imp: dict, kinds: dict[str, int]) -> str | None:
+    """The earliest example line of the import's ``kinds`` that occurred, as FILE:LINE: what."""
     examples = _dict(imp, "examples")
     firsts = [
         ex[0]
@@ -88,14 +114,15 @@ def import_dropped(meta: dict) -> tuple[int, str | None]:
         if n and isinstance(ex := examples.get(k), list) and ex and isinstance(ex[0], list)
     ]
     first = min(firsts, key=lambda e: e[0], default=None)
-    where = f"{imp.get('source', '?')}:{first[0]}: {first[1]}" if first else None
-    return sum(kinds.values()), where
+    return f"{imp.get('source', '?')}:{first[0]}: {first[1]}" if first else None
 
 
 def _how(ev: CaptureEvidence) -> list[str]:
     """What went wrong with a capture, in words (empty: it ended cleanly or nothing says)."""
     out = []
-    if ev["ended"] not in (None, "clean"):
+    if ev["ended"] == "capture-killed":
+        out.append("the trace file was never closed: its writer was killed or is still recording")
+    elif ev["ended"] not in (None, "clean"):
         out.append(f"ended {ev['ended']}")
     if ev["signal"]:
         out.append(f"the engine was killed by signal {ev['signal']}")
@@ -108,32 +135,46 @@ def _how(ev: CaptureEvidence) -> list[str]:
     if ev["counters_mismatch"]:
         names = ", ".join(ev["counters_mismatch"])
         out.append(f"the trace's totals differ from the engine's own counters ({names})")
+    return out
+
+
+def _log_how(ev: CaptureEvidence) -> list[str]:
+    """What is wrong with an imported log's trace lines, in words (empty: nothing)."""
+    out = []
     if ev["dropped_lines"]:
         first = f"; first: {ev['first_dropped']}" if ev["first_dropped"] else ""
         lost = _n(ev["dropped_lines"], "trace line")
         out.append(f"the log lost {lost} (dropped as malformed, or a chain gap){first}")
+    if ev["chain_breaks"]:
+        first = f"; first: {ev['first_chain_break']}" if ev["first_chain_break"] else ""
+        out.append(
+            f"the log has {_n(ev['chain_breaks'], 'block')} at a position its request had "
+            f"passed (a repeated or reordered trace line, or a reused request id){first}"
+        )
     return out
 
 
 def capture(s: SideInput) -> Finding | None:
     """capture_incomplete: the engine did not exit cleanly (non-zero exit status, a signal),
     the capture was interrupted or aborted, the trace disagrees with the engine's own
-    counters (/meta ``checks`` status ``mismatch``), or a capture or import recorded nothing
-    at all (no block, no request): work is missing from the trace."""
+    counters (/meta ``checks`` status ``mismatch``), an import dropped trace lines or found
+    blocks at positions their request had passed (chain breaks), or a capture or import
+    recorded nothing at all (no block, no request): work is missing from the trace."""
     td = s.td
-    ev = capture_end(td.t.meta)
+    ev = capture_end(td.t.meta, td.t.status)
     recorded = "capture" in td.t.meta or "import" in td.t.meta
     ev["empty"] = recorded and len(td.t.blocks) == 0 and len(td.t.requests) == 0
-    how = _how(ev)
-    if how and ev["dropped_lines"] and len(how) == 1:
+    how, log = _how(ev), _log_how(ev)
+    if how:
         message = (
-            f"{td.side}: {how[0]}: the blocks on those lines are missing from the trace, "
-            f"agreement of the rest proves nothing"
+            f"{td.side}: the capture did not end cleanly ({'; '.join(how + log)}): requests "
+            f"and blocks after that point are missing, agreement of the rest proves nothing"
         )
-    elif how:
+    elif log:
+        what = "missing from the trace" if ev["dropped_lines"] else "not one run's record"
         message = (
-            f"{td.side}: the capture did not end cleanly ({'; '.join(how)}): requests and "
-            f"blocks after that point are missing, agreement of the rest proves nothing"
+            f"{td.side}: {'; '.join(log)}: the blocks on those lines are {what}, agreement "
+            f"of the rest proves nothing"
         )
     elif ev["empty"]:
         message = (

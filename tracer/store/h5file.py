@@ -14,11 +14,13 @@ def open_h5(path: Path) -> h5py.File:
     """Open one trace file for reading (no HDF5 file lock: a writer may hold it open).
 
     Raises:
-        InputError: ``path`` is a directory or does not exist.
+        InputError: ``path`` is a directory, not a regular file, or does not exist.
         TraceFormatError: not a readable HDF5 file (truncated, or a VT log: says which).
     """
     if path.is_dir():
         raise InputError(f"{path}: is a directory, not a trace file")
+    if path.exists() and not path.is_file():  # a FIFO or device: h5py would block on it
+        raise InputError(f"{path}: not a regular file (a pipe or a device), not a trace file")
     try:
         return h5py.File(path, "r", locking=False)
     except FileNotFoundError:

@@ -131,7 +131,8 @@ def check_outputs(
             ``NAME.h5.partial`` (so an input or an output equal to it collides as well).
     Raises:
         InputError: ``FILE: what`` when an output is an input, two outputs are one file, or
-            an output (or a trace's ``.partial``) exists and ``force`` is False.
+            an output (or a trace's ``.partial``) exists and ``force`` is False;
+            ``LABEL: an empty path`` for an output given as ``""``.
     """
     traces = tuple(traces)
     ins = [(k, Path(v)) for k, v in inputs.items() if v is not None and str(v) != "-"]
@@ -139,6 +140,8 @@ def check_outputs(
     for label, value in outputs.items():
         if value is None:
             continue
+        if not str(value).strip():  # Path("") is ".": the current folder, never meant
+            raise InputError(f"{label}: an empty path; name the file to write")
         for _, path in _claimed(label, Path(value), traces):
             for other, q in ins:
                 if _same_file(path, q):
