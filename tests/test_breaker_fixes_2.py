@@ -6,7 +6,10 @@
    another draft, or the whole log twice) is not one run's record: ``capture_incomplete``
    naming the first chain break, exit 1, in ``check`` and both ``diff`` orders;
 3. ``--timeout`` NaN, infinity, 0 or below, ``-o ''`` and a named pipe given as a trace are
-   bad usage or input: exit 2, one line, before anything runs.
+   bad usage or input: exit 2, one line, before anything runs;
+4. a log cut short and imported without its requests file: the requests whose
+   ``[spec-update]`` lines never said ``finished=1`` are ``unfinished`` (requests_incomplete),
+   on the bulk and the line path alike.
 
 The bundled log's line 20 (1-based) is ``req=0 pos=11 ... draft=[ 318 351 372 63 ]``, accepted
 2 (ns=3), so the next block of request 0 is expected at position 14.
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from spectrace.tracer.store import TraceWriter
+from spectrace.tracer.store import TraceWriter, open_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG = ROOT / "traces" / "reference.vt.log"
@@ -171,3 +174,33 @@ def test_named_pipe_is_not_a_trace(tmp_path):
         r.stderr.strip()
         == f"spectrace: error: {fifo}: not a regular file (a pipe or a device), not a trace file"
     )
+
+
+# -- 4. a log cut short, imported without its requests file ------------------------------------
+
+
+def _finish_reasons(path: Path) -> dict[str, str]:
+    with open_trace(path) as t:
+        return dict(zip(t.requests.req_id, t.requests.finish_reason))
+
+
+@pytest.mark.parametrize("cut", [620, None], ids=["cut_at_620", "whole"])
+def test_log_cut_short_without_requests_file_is_missing_work(tmp_path, cut):
+    """The bundled log prints ``finished=1`` for requests 3, 1, 0, 2, 4 at lines 539, 616,
+    663, 664, 697: cut after line 620, requests 0, 2 and 4 never finish."""
+    text = "".join(LOG.read_text().splitlines(keepends=True)[:cut])
+    log = tmp_path / "cut.vt.log"
+    log.write_text(text)
+    unfinished = {"0", "2", "4"} if cut else set()
+    expected = {r: "unfinished" if r in unfinished else "" for r in "01234"}
+    saved, piped = tmp_path / "saved.h5", tmp_path / "piped.h5"
+    assert _run("import", "vt", log, "-o", saved).returncode == 0  # the bulk path
+    r = subprocess.run([*SPECTRACE, "import", "vt", "-", "-o", str(piped)], input=text, text=True)
+    assert r.returncode == 0  # the line path
+    assert _finish_reasons(saved) == _finish_reasons(piped) == expected
+    d = _run("diff", saved, REF, "--format", "json")
+    kinds = [f["kind"] for f in json.loads(d.stdout)["findings"] if f["severity"] == "error"]
+    if cut:
+        assert d.returncode == 1 and kinds[0] == "requests_incomplete"
+    else:
+        assert (d.returncode, kinds) == (0, [])

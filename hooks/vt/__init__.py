@@ -54,6 +54,10 @@ Rules the parser (:mod:`.parser`) decides where the format leaves them open:
   ``nan`` per id of ``first``) is stored in ``draft_margin`` of the block the proposal joins
   (NaN-padded to its ``proposed`` width); a count that differs from ``first``'s, a non-number
   or a value beyond float32 makes the line malformed.
+* **Finish.** A request whose ``[spec-update] req=`` lines never say ``finished=1`` (the log
+  ends first: a killed or cut-short run) gets finish reason ``unfinished`` unless the
+  requests file gives one; a log without update lines (its trace level prints none) says
+  nothing about finishing.
 * **Batch rows.** ``batch_row``/``batch_size`` of a block come from the ``[spec-update]
   req=…`` payload of its proposing step (one row per batch row, sync only); else ``-1``.
 * **Invariants.** Chain breaks (``pos < pos_prev + ns_prev``), ``acc !=

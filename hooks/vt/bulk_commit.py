@@ -17,6 +17,7 @@ from .blocks import Chain
 from .bulk_lex import CODE, KEYS, SEEN_BITS
 from .lines import Record, phase_rows
 
+_UPDATE = CODE["spec-update", "req"]
 _PHASE_CODES = tuple(CODE[k] for k in KEYS if k[0] in ("spec-phase", "spec-phase-dev", "fwd-ops"))
 _LEVEL = {"SPECTRACE": 1, "spec-propose": 1, "spec-phase": 1, "spec-phase-dev": 2, "fwd-ops": 3}
 _PROBE = {
@@ -209,3 +210,13 @@ def _state(plan: Any) -> None:
     p._levels_seen |= levels
     p._runner_seen = any(KEYS[c - 1][0] != "spec-sched" for c in plan.fam)
     p._proposal = None
+    p._done = _finished_requests(plan)
+
+
+def _finished_requests(plan: Any) -> dict[str, bool]:
+    """Request id -> whether one of its ``[spec-update] req=`` lines said ``finished=1``
+    (the requests with such lines; the parser's ``_done``)."""
+    upd = plan.ridx[_UPDATE]
+    fin = plan.f(_UPDATE).ints("finished") == 1
+    said = np.bincount(upd, weights=fin, minlength=len(plan.names)) > 0
+    return {plan.names[r]: bool(said[r]) for r in np.unique(upd).tolist()}

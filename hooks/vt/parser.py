@@ -7,9 +7,8 @@ tag and read **by field name**. Lenient mode (the default) also reads lines edit
 in documents (tag dropped, double spaces, ``...`` ellipses, other ``[ ]`` spacing) and counts
 them; strict mode requires the engine's exact format and raises :class:`ParseError`
 (``FILE:LINE: what``) on the first deviation, malformed line or broken invariant. Lines that
-are not trace lines pass through untouched (``feed_line`` returns False).
-
-The rules it decides where the format leaves them open: the package docstring.
+are not trace lines pass through untouched (``feed_line`` returns False). The rules it decides
+where the format leaves them open: the package docstring.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from .blocks import (
 )
 from .level import FAMILY_LEVEL, phase_level
 from .lines import Ids, MalformedLine, Record, parse_line, phase_rows
-from .requests import RequestRecord
+from .requests import RequestRecord, mark_unfinished
 from .stats import ImportStats, check_requests
 
 SOURCE = "vt_spec_trace"
@@ -89,6 +88,7 @@ class VtTraceParser:
         self._levels_seen: set[int] = set()
         self._finished = False
         self._payload: dict[str, int] = {}  # [spec-update] rows of this step: req -> row
+        self._done: dict[str, bool] = {}  # [spec-update] req -> it printed finished=1
         self._prev_payload: dict[str, int] = {}  # ... of the previous (proposing) step
         self._runner_seen = False  # a runner/engine-core line was seen (not just sched)
         self._held = NotInstalled()  # proposals never installed ([spec-install] installed=0)
@@ -187,6 +187,7 @@ class VtTraceParser:
         self._finished = True
         self._close_section()
         self._write_not_installed(final=True)
+        mark_unfinished(self.writer, self._done, self._reqs, self._requests)
         if self._proposal is not None:
             self.stats.joins["not_verified"] += 1  # the log ended before the next step
             self._proposal = None
@@ -329,6 +330,7 @@ class VtTraceParser:
         if key != "update_rows":
             return
         self._payload.setdefault(v["req"], len(self._payload))
+        self._done[v["req"]] = self._done.get(v["req"], False) or v.get("finished", 0) == 1
         p = self._proposal
         # The payload lists batch rows in order: its first drafting row is propose_rows[0].
         if (

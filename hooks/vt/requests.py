@@ -29,6 +29,34 @@ class RequestRecord:
         return self.prompt_ids + self.output_ids
 
 
+#: ``finish_reason`` of a request the log shows running but never finishing.
+UNFINISHED = "unfinished"
+
+
+def mark_unfinished(
+    writer, done: dict[str, bool], drafted: set[str], requests: dict[str, RequestRecord] | None
+) -> list[str]:
+    """Give finish reason :data:`UNFINISHED` to the requests whose ``[spec-update] req=``
+    lines never said ``finished=1`` (the log ends before they did: a killed or cut-short
+    run), unless the requests file gives one; only requests the trace holds (with blocks,
+    ``drafted``, or in the requests file).
+
+    Args:
+        writer: the import's :class:`~spectrace.tracer.store.TraceWriter`.
+        done: request id -> whether one of its update lines said ``finished=1`` (requests
+            without update lines are absent: the log's trace level does not print them).
+    Returns:
+        The request ids marked, in ``done``'s order.
+    """
+    requests = requests or {}
+    given = {r for r, rec in requests.items() if rec.finish_reason}
+    held = drafted | requests.keys()
+    out = [r for r, fin in done.items() if not fin and r in held and r not in given]
+    for r in out:
+        writer.request(r, finish_reason=UNFINISHED)
+    return out
+
+
 def read_requests(path: str | os.PathLike) -> dict[str, RequestRecord]:
     """Read a requests JSONL file: one ``{"req_id", "prompt_ids", "output_ids",
     "finish_reason"}`` object per line (blank lines skipped; ``finish_reason`` optional).
