@@ -14,6 +14,7 @@ from ..align import Alignment
 from ..compare import BlockComparison, PairedComparison, SlotCounts, slots_present
 from ..index import block_order, checked_counts, memo, sequence_index
 from ..metrics import recompute_accepted
+from ..rows import row
 from ..schema import pad_to
 from ..store import Trace
 from ..tokens import Decoder
@@ -243,10 +244,9 @@ class PairData:
     def example(self, x: int) -> ProposalPair:
         """Both proposals of paired block ``x`` (ids, decoded when a decoder is given)."""
         # Each side's own width: a k wider than the stored matrix shows the stored ids only.
-        pa, pb = paired_proposals(self.oa, self.al.ia), paired_proposals(self.ob, self.al.ib)
+        pa, pb = paired_row(self.oa, self.al.ia, x), paired_row(self.ob, self.al.ib, x)
         return ProposalPair(
-            ours=tok(self.decoder, pa[x, : self.ka[x]]),
-            theirs=tok(self.decoder, pb[x, : self.kb[x]]),
+            ours=tok(self.decoder, pa[: self.ka[x]]), theirs=tok(self.decoder, pb[: self.kb[x]])
         )
 
     def at(self, x: int) -> dict:
@@ -258,3 +258,13 @@ def paired_proposals(td: TraceData, rows: np.ndarray) -> np.ndarray:
     """int32 [P, w] the proposals of block rows ``rows`` (a diff's ``ia`` or ``ib``), as the
     side's sweep kept them (a pass of their own when it kept other rows)."""
     return sweep(td.t, rows).paired  # type: ignore[return-value]
+
+
+def paired_row(td: TraceData, rows: np.ndarray, x: int) -> np.ndarray:
+    """int32 [w] the proposal of block row ``rows[x]``: from the rows the side's sweep keeps
+    when it keeps ``rows``, else one row read from the store (the same values; the paired
+    rows are dropped after the comparison, see :func:`~.sweep.release_paired`)."""
+    sw = td.t.cache.get("sweep")
+    if sw is not None and sw.paired is not None and sw.rows is rows:
+        return sw.paired[x]
+    return row(td.t, "proposed", int(rows[x])).astype(np.int32, copy=False)

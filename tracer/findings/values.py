@@ -85,27 +85,29 @@ RULES: tuple[Rule, ...] = (
 
 
 def _lengths(td: TraceData) -> np.ndarray:
-    """int64 [n] the full sequence length of each block's request (0 unknown; memoised)."""
+    """[n] the full sequence length of each block's request (0 unknown; memoised): int32
+    where every length plus the room of :func:`_position_room` fits (4 bytes a block, not
+    8), else int64; the values are the same either way."""
     return memo(td.t, "block_lengths", lambda: _block_lengths(td))
 
 
 def _block_lengths(td: TraceData) -> np.ndarray:
     req = td.t.blocks.request
-    ok = (req >= 0) & (req < len(td.length))
-    return np.where(ok, td.length[np.where(ok, req, 0)], 0)
+    kmax = max(int(td.t.blocks.k.max(initial=0)), 0)
+    small = int(td.length.max(initial=0)) + kmax + 1 < np.iinfo(np.int32).max
+    length = td.length.astype(np.int32) if small else td.length
+    ok = (req >= 0) & (req < len(length))
+    return np.where(ok, length[np.where(ok, req, 0)], length.dtype.type(0))
 
 
 def _position_room(td: TraceData) -> np.ndarray:
-    """int64 [n] one past the largest possible anchor position per block (0 unknown): the
-    sequence length, plus k + 1 for a request's last block (the output is trimmed at
-    max_tokens or a stop after the engine emitted and drafted past it; memoised)."""
-    return memo(td.t, "position_room", lambda: _room(td))
-
-
-def _room(td: TraceData) -> np.ndarray:
+    """[n] (the dtype of :func:`_lengths`) one past the largest possible anchor position per
+    block (0 unknown): the sequence length, plus k + 1 for a request's last block (the output
+    is trimmed at max_tokens or a stop after the engine emitted and drafted past it). Not
+    memoised: only :func:`_rule_hits` (memoised) reads it."""
     n = _lengths(td)
     kmax = int(td.t.blocks.k.max(initial=0))
-    return np.where((n > 0) & td.last, n + kmax + 1, n)
+    return np.where((n > 0) & td.last, n + (kmax + 1), n)
 
 
 @dataclass
