@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..index import memo
+from ..parallel import chunks
 from ..rows import row as read_row
 from ..store import Blocks
 from .data import SideInput, TraceData
@@ -198,6 +199,19 @@ def impossible(s: SideInput) -> Finding | None:
     )
 
 
+def _trimmed_rows(td: TraceData) -> np.ndarray:
+    """bool [n]: ``0 <= num_verified < k`` in a block whose k drafts fit inside the output
+    (int64 arithmetic, in row chunks: no whole-column int64 copies)."""
+    b = td.t.blocks
+    n = _lengths(td)
+    trim = np.empty(len(b), bool)
+    for c in chunks(len(b)):
+        nv, k = b.num_verified[c].astype(np.int64), b.k[c].astype(np.int64)
+        at_end = (n[c] > 0) & (b.position[c].astype(np.int64) + 1 + k >= n[c])
+        trim[c] = (nv >= 0) & (nv < k) & ~at_end
+    return trim
+
+
 def trimmed(s: SideInput) -> Finding | None:
     """trimmed_drafts: the target verified fewer drafts than the drafter proposed
     (``0 <= num_verified < k``) in at least :data:`~.thresholds.MIN_BLOCKS` blocks whose k
@@ -206,10 +220,8 @@ def trimmed(s: SideInput) -> Finding | None:
     looks better than it is."""
     td = s.td
     b = td.t.blocks
-    nv, k = b.num_verified.astype(np.int64), b.k.astype(np.int64)
-    n = _lengths(td)
-    at_end = (n > 0) & (b.position.astype(np.int64) + 1 + k >= n)
-    trim = (nv >= 0) & (nv < k) & ~at_end
+    nv, k = b.num_verified, b.k
+    trim = _trimmed_rows(td)
     if trim.sum() < MIN_BLOCKS:
         return None
     first = int(np.flatnonzero(trim)[0])
