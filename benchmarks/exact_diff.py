@@ -65,8 +65,11 @@ def main() -> None:
             checked += 1
             if rc_o != rc_n or out_o != out_n:
                 differ += 1
-                print(f"DIFFERS {spec} {' '.join(fmt)}: rc {rc_o} vs {rc_n}, "
-                      f"{len(out_o)} vs {len(out_n)} bytes", flush=True)
+                print(
+                    f"DIFFERS {spec} {' '.join(fmt)}: rc {rc_o} vs {rc_n}, "
+                    f"{len(out_o)} vs {len(out_n)} bytes",
+                    flush=True,
+                )
         print(f"ok-so-far {checked - differ}/{checked} ({spec})", file=sys.stderr, flush=True)
     print(f"{checked} outputs compared, {differ} differ")
     sys.exit(1 if differ else 0)
