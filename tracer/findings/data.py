@@ -36,7 +36,8 @@ class TraceData:
             matrices themselves are never loaded whole).
         order: int32 [n] block indices sorted by (request, position) (int64 past 2**31 - 1).
         last: bool [n] block is its request's last; prev: int [n] (the dtype of ``order``)
-            previous block of the same request (-1 for the first).
+            previous block of the same request (-1 for the first). Both built on first use
+            (after a diff's comparison, not beside its paired rows).
         flat, start, length: concatenated full sequences (see index.sequence_index).
     """
 
@@ -45,8 +46,6 @@ class TraceData:
     nchecked: np.ndarray
     recomputed: np.ndarray
     order: np.ndarray
-    last: np.ndarray
-    prev: np.ndarray
     flat: np.ndarray
     start: np.ndarray
     length: np.ndarray
@@ -82,16 +81,7 @@ class TraceData:
 
     @classmethod
     def _build(cls, t: Trace, side: Side, paired_rows: np.ndarray | None = None) -> TraceData:
-        b = t.blocks
         order = block_order(t)
-        n = len(order)
-        last, prev = np.zeros(n, bool), np.full(n, -1, order.dtype)
-        if n:
-            rs = b.request[order]
-            same = rs[1:] == rs[:-1]  # order[i + 1] continues order[i]'s request
-            last[order[:-1][~same]] = True
-            last[order[-1]] = True
-            prev[order[1:][same]] = order[:-1][same]
         flat, start, length = sequence_index(t)
         sw = sweep(t, paired_rows)  # before recompute_accepted: the sweep computes it
         return cls(
@@ -100,13 +90,34 @@ class TraceData:
             nchecked=checked_counts(t),
             recomputed=recompute_accepted(t),
             order=order,
-            last=last,
-            prev=prev,
             flat=flat,
             start=start,
             length=length,
             sweep=sw,
         )
+
+    @functools.cached_property
+    def last(self) -> np.ndarray:
+        """bool [n]: the block is its request's last (see the class docstring)."""
+        return self._neighbours[0]
+
+    @functools.cached_property
+    def prev(self) -> np.ndarray:
+        """int [n] (the dtype of ``order``): the previous block of the same request, -1 for
+        a request's first."""
+        return self._neighbours[1]
+
+    @functools.cached_property
+    def _neighbours(self) -> tuple[np.ndarray, np.ndarray]:
+        order, n = self.order, len(self.order)
+        last, prev = np.zeros(n, bool), np.full(n, -1, order.dtype)
+        if n:
+            rs = self.t.blocks.request[order]
+            same = rs[1:] == rs[:-1]  # order[i + 1] continues order[i]'s request
+            last[order[:-1][~same]] = True
+            last[order[-1]] = True
+            prev[order[1:][same]] = order[:-1][same]
+        return last, prev
 
     def req_id(self, block: int) -> str:
         """Request id of block row ``block``."""
