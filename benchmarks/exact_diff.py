@@ -45,8 +45,10 @@ def run(cmd: list[str]) -> tuple[int, bytes]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True, help="the baseline checkout (its root)")
+    ap.add_argument("--json-only", action="store_true", help="compare --format json only")
     ap.add_argument("pairs", nargs="+")
     args = ap.parse_args()
+    formats = FORMATS[:1] if args.json_only else FORMATS
     new = [str(Path(sys.executable).parent / "spectrace")]
     old = [sys.executable, str(HERE / "exact" / "run_tree.py"), args.base]
     checked = differ = 0
@@ -59,7 +61,7 @@ def main() -> None:
         if len(a) != 1 or len(b) != 1:
             print(f"skip {spec}: multi-file sides", file=sys.stderr)
             continue
-        for fmt in FORMATS:
+        for fmt in formats:
             argv = ["diff", a[0], b[0], *fmt]
             (rc_o, out_o), (rc_n, out_n) = run(old + argv), run(new + argv)
             checked += 1
