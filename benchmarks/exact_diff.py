@@ -46,6 +46,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True, help="the baseline checkout (its root)")
     ap.add_argument("--json-only", action="store_true", help="compare --format json only")
+    ap.add_argument("--extra", default="", help="more diff arguments, e.g. '--positions 0:400'")
     ap.add_argument("pairs", nargs="+")
     args = ap.parse_args()
     formats = FORMATS[:1] if args.json_only else FORMATS
@@ -62,7 +63,7 @@ def main() -> None:
             print(f"skip {spec}: multi-file sides", file=sys.stderr)
             continue
         for fmt in formats:
-            argv = ["diff", a[0], b[0], *fmt]
+            argv = ["diff", a[0], b[0], *fmt, *args.extra.split()]
             (rc_o, out_o), (rc_n, out_n) = run(old + argv), run(new + argv)
             checked += 1
             if rc_o != rc_n or out_o != out_n:
