@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -127,7 +128,9 @@ def child(part: str, a: Path, b: Path) -> None:
     fn = {"floor": read_floor, "diff": full_diff, "pandas": pandas_diff}[part]
     t0 = time.perf_counter()
     out = fn(a, b)
-    print(json.dumps({"s": time.perf_counter() - t0, "peak_mb": _peak_mb(), **out}))
+    use = resource.getrusage(resource.RUSAGE_SELF)  # CPU seconds: steadier than wall on a busy host
+    s = time.perf_counter() - t0
+    print(json.dumps({"s": s, "cpu_s": use.ru_utime + use.ru_stime, "peak_mb": _peak_mb(), **out}))
 
 
 def measure(part: str, a: Path, b: Path, base: Path | None = None) -> dict:
@@ -164,7 +167,8 @@ def _row(n: int, r: dict) -> str:
     bs = r.get("base")
     base = (
         f" {bs['s']:>8.2f} {bs['peak_mb']:>8.0f} {bs['s'] / fl['s']:>7.2f} "
-        f"{df['s'] / bs['s']:>7.2f} {df['peak_mb'] / bs['peak_mb']:>7.2f}"
+        f"{df['s'] / bs['s']:>7.2f} {df['peak_mb'] / bs['peak_mb']:>7.2f} "
+        f"{df['cpu_s'] / bs['cpu_s']:>7.2f}"
         if bs and "error" not in bs
         else ""
     )
@@ -227,7 +231,8 @@ def main() -> None:
         f"{'x floor':>7} {'x MB':>7} {'pandas s':>9} {'pandas MB':>9} {'/pandas':>9} "
         f"{'paired':>10}"
         + (
-            f" {'base s':>8} {'base MB':>8} {'b/floor':>7} {'s/base':>7} {'MB/base':>7}"
+            f" {'base s':>8} {'base MB':>8} {'b/floor':>7} {'s/base':>7} {'MB/base':>7} "
+            f"{'cpu/base':>7}"
             if args.base
             else ""
         )
@@ -243,7 +248,9 @@ def main() -> None:
         f"floor. pandas: its own read, a merge on (prompt, position) and the per-slot "
         f"comparison; /pandas: diff time over pandas time (< 1: the diff is faster). paired: "
         f"blocks paired on matched content. base: the full diff by the --base checkout "
-        f"(before); s/base, MB/base: diff over base (< 1: better)."
+        f"(before); s/base, MB/base, cpu/base: diff's wall time, peak and "
+        f"CPU seconds (user + system) over base's (< 1: better; CPU is the steadier on a busy "
+        f"host)."
     )
 
 
