@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -29,6 +30,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+if os.environ.get(TREE_ENV := "SPECTRACE_BENCH_TREE"):  # a --base child: that checkout's code
+    import __editable___spectrace_0_1_0_finder as _finder  # the editable install's mapping
+
+    for _name, _path in list(_finder.MAPPING.items()):
+        _finder.MAPPING[_name] = os.environ[TREE_ENV] + "/" + Path(_path).name
 from synth import make_pair  # noqa: E402
 
 from spectrace.tracer.findings import TraceData  # noqa: E402
@@ -122,13 +128,19 @@ def child(part: str, a: Path, b: Path) -> None:
     fn = {"floor": read_floor, "diff": full_diff, "pandas": pandas_diff}[part]
     t0 = time.perf_counter()
     out = fn(a, b)
-    print(json.dumps({"s": time.perf_counter() - t0, "peak_mb": _peak_mb(), **out}))
+    use = resource.getrusage(resource.RUSAGE_SELF)  # CPU seconds: steadier than wall on a busy host
+    s = time.perf_counter() - t0
+    print(json.dumps({"s": s, "cpu_s": use.ru_utime + use.ru_stime, "peak_mb": _peak_mb(), **out}))
 
 
-def measure(part: str, a: Path, b: Path) -> dict:
-    """One part in a child process: its figures (``s``, ``peak_mb``, ...)."""
+def measure(part: str, a: Path, b: Path, base: Path | None = None) -> dict:
+    """One part in a child process: its figures (``s``, ``peak_mb``, ...). Part ``base``
+    is the full diff run by the checkout at ``base`` (the code before a change)."""
+    env = dict(os.environ)
+    if part == "base":
+        env[TREE_ENV], part = str(base), "diff"
     cmd = [sys.executable, __file__, "--child", part, str(a), str(b)]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if res.returncode != 0:
         tail = (res.stderr.strip().splitlines() or ["?"])[-1]
         return {"s": float("nan"), "peak_mb": float("nan"), "error": tail}
@@ -152,10 +164,18 @@ def _row(n: int, r: dict) -> str:
     fl, df, pd_ = r["floor"], r["diff"], r.get("pandas")
     pd_s = f"{pd_['s']:>9.2f} {pd_['peak_mb']:>9.0f}" if pd_ else f"{'-':>9} {'-':>9}"
     ratio = f"{df['s'] / pd_['s']:>9.2f}" if pd_ else f"{'-':>9}"
+    bs = r.get("base")
+    base = (
+        f" {bs['s']:>8.2f} {bs['peak_mb']:>8.0f} {bs['s'] / fl['s']:>7.2f} "
+        f"{df['s'] / bs['s']:>7.2f} {df['peak_mb'] / bs['peak_mb']:>7.2f} "
+        f"{df['cpu_s'] / bs['cpu_s']:>7.2f}"
+        if bs and "error" not in bs
+        else ""
+    )
     return (
         f"{n:>12,} {fl['s']:>8.2f} {fl['peak_mb']:>8.0f} {df['s']:>8.2f} {df['peak_mb']:>8.0f} "
         f"{df['s'] / fl['s']:>7.2f} {df['peak_mb'] / fl['peak_mb']:>7.2f} {pd_s} {ratio} "
-        f"{df.get('paired', 0):>10,}"
+        f"{df.get('paired', 0):>10,}{base}"
     )
 
 
@@ -180,11 +200,22 @@ def main() -> None:
     )
     ap.add_argument("--k", type=int, default=8, help="drafts per block")
     ap.add_argument("--no-pandas", action="store_true", help="skip the pandas baseline")
+    ap.add_argument(
+        "--base",
+        type=Path,
+        help="also run the full diff with the checkout at this path (e.g. a git worktree "
+        "of main): the before of a before/after table, measured in the same run",
+    )
     args = ap.parse_args()
     rows = []
+    parts = ("floor", "base", *PARTS[1:]) if args.base else PARTS
     for n in args.sizes:
         a, b = pair_for(n, args.k, args.dir)
-        r = {p: measure(p, a, b) for p in PARTS if not (p == "pandas" and args.no_pandas)}
+        r = {
+            p: measure(p, a, b, args.base) for p in parts if not (p == "pandas" and args.no_pandas)
+        }
+        if "base" in r and r["base"].get("json_bytes") != r["diff"].get("json_bytes"):
+            print(f"{n}: base and diff JSON differ in length", file=sys.stderr)
         if "error" in r["diff"]:
             print(f"{n}: diff failed: {r['diff']['error']}", file=sys.stderr)
             continue
@@ -199,6 +230,12 @@ def main() -> None:
         f"{'blocks/side':>12} {'floor s':>8} {'floor MB':>8} {'diff s':>8} {'diff MB':>8} "
         f"{'x floor':>7} {'x MB':>7} {'pandas s':>9} {'pandas MB':>9} {'/pandas':>9} "
         f"{'paired':>10}"
+        + (
+            f" {'base s':>8} {'base MB':>8} {'b/floor':>7} {'s/base':>7} {'MB/base':>7} "
+            f"{'cpu/base':>7}"
+            if args.base
+            else ""
+        )
     )
     for n, r in rows:
         print(_row(n, r))
@@ -210,7 +247,10 @@ def main() -> None:
         f"`spectrace diff --format json` runs, without printing. x floor / x MB: diff over "
         f"floor. pandas: its own read, a merge on (prompt, position) and the per-slot "
         f"comparison; /pandas: diff time over pandas time (< 1: the diff is faster). paired: "
-        f"blocks paired on matched content."
+        f"blocks paired on matched content. base: the full diff by the --base checkout "
+        f"(before); s/base, MB/base, cpu/base: diff's wall time, peak and "
+        f"CPU seconds (user + system) over base's (< 1: better; CPU is the steadier on a busy "
+        f"host)."
     )
 
 

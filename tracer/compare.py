@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .parallel import each_chunk
+from .parallel import chunks, each_chunk
 from .schema import pad_to
 
 #: Divergence position meaning "the sequences agree on their common length".
@@ -130,8 +130,11 @@ def present_counts(ka: np.ndarray, kb: np.ndarray, w: int) -> np.ndarray:
     Returns:
         int64 [w].
     """
-    kmin = np.maximum(np.minimum(ka, kb), 0)
-    return len(kmin) - np.cumsum(np.bincount(kmin, minlength=w + 1))[:w]
+    by_kmin = np.zeros(w + 1, np.int64)
+    for c in chunks(len(ka)):  # in chunks: no whole-column temporaries
+        kmin = np.maximum(np.minimum(ka[c], kb[c]), 0)
+        by_kmin += np.bincount(kmin, minlength=w + 1)[: w + 1]
+    return len(ka) - np.cumsum(by_kmin)[:w]
 
 
 def slot_equal(
@@ -389,7 +392,9 @@ def compare_paired(
 
     counts = sum(each_chunk(n, part), np.zeros((3, w), np.int64))
     exact = exact_match(prefix, ka, kb)
-    first = first_slot_from_prefix(prefix, ka, kb)
+    first = np.empty(n, np.int64)
+    for c in chunks(n):  # in chunks: the int64 temporaries stay small
+        first[c] = first_slot_from_prefix(prefix[c], ka[c], kb[c])
     anchor_eq = anchors_equal(_take(anchor_a, ia), _take(anchor_b, ib))
     blocks = BlockComparison(
         eq=eq,

@@ -30,7 +30,7 @@ from .diff_result import (
 )
 from .findings import Finding, TraceData, detect_pair, prepare
 from .findings.pair import content_only
-from .findings.sweep import sweep
+from .findings.sweep import release_paired, sweep
 from .findings.values import impossible_rows
 from .index import checked_counts
 from .metrics import Acceptance, acceptance_counts, recompute_accepted
@@ -126,6 +126,9 @@ def diff_traces(
     # Reads, the sweeps of the id matrices and derived columns, both sides at once.
     td_a, td_b = prepare([(a, "ours"), (b, "theirs")], [al.ia, al.ib])
     pc = compare_alignment(al)
+    ex = _examples(al, pc, examples)  # the paired rows are at hand: before they are dropped
+    release_paired(a)
+    release_paired(b)
     bad = pc.blocks.divergent
     kmax = int(max(a.blocks.k.max(initial=0), b.blocks.k.max(initial=0)))
     acc_a, acc_b = in_parallel(
@@ -147,7 +150,7 @@ def diff_traces(
         agreement=_agreement(al, pc),
         acceptance=AcceptanceBySide(ours=acc_a, theirs=acc_b),
         content_divergence=_content(al),
-        examples=_examples(al, pc, examples),
+        examples=ex,
         bad=bad,
     )
 

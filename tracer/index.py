@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .pages import trim_heap
 from .store import Trace
 
 
@@ -31,34 +32,54 @@ def sequence_index(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _sequence_index(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r = trace.requests
-    # One concatenate over [prompt0, output0, prompt1, ...]; unknown outputs contribute nothing.
-    parts: list[np.ndarray] = []
+    # One flat array over [prompt0, output0, prompt1, ...]; unknown outputs contribute nothing.
     length = np.zeros(len(r), np.int64)
     for i, (p, o) in enumerate(zip(r.prompt_ids, r.output_ids)):
         if len(o):
-            parts += (p, o)
             length[i] = len(p) + len(o)
     start = np.zeros(len(r), np.int64)
     np.cumsum(length[:-1], out=start[1:])
-    flat = np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros(0, np.int32)
-    flat.flags.writeable = False  # shared with the request table (below): never written
-    _share_ids(r, flat, start, length)
+    if not (isinstance(r.prompt_ids, list) and isinstance(r.output_ids, list)):
+        return _concatenated(r, length), start, length
+    flat = np.empty(int(length.sum()), np.int32)
+    copied = 0
+    for i in np.flatnonzero(length).tolist():
+        p, o = r.prompt_ids[i], r.output_ids[i]
+        s, m = int(start[i]), len(p)
+        flat[s : s + m] = p
+        flat[s + m : s + m + len(o)] = o
+        if p.dtype == np.int32 and o.dtype == np.int32:
+            # The request table's arrays become read-only views into flat (same values),
+            # so that a trace holds its token ids once, not twice, even while it is built.
+            r.prompt_ids[i], r.output_ids[i] = _view(flat, s, m), _view(flat, s + m, len(o))
+            copied += m + len(o)
+            if copied >= TRIM_EVERY:  # the freed rows are small heap blocks: hand them back
+                trim_heap()
+                copied = 0
+    trim_heap()
+    flat.flags.writeable = False  # shared with the request table: never written
     return flat, start, length
 
 
-def _share_ids(r, flat: np.ndarray, start: np.ndarray, length: np.ndarray) -> None:
-    """Make the request table's int32 prompt and output arrays views into ``flat`` (same
-    values), so that a trace holds its token ids once, not twice. Lazily read output ids
-    (a :class:`~spectrace.tracer.store.columns.RaggedColumn`) are left alone."""
-    if not (isinstance(r.prompt_ids, list) and isinstance(r.output_ids, list)):
-        return
+#: Token ids copied into the flat sequence index between two heap trims.
+TRIM_EVERY = 1 << 22
+
+
+def _view(flat: np.ndarray, s: int, n: int) -> np.ndarray:
+    v = flat[s : s + n]
+    v.flags.writeable = False
+    return v
+
+
+def _concatenated(r, length: np.ndarray) -> np.ndarray:
+    """The flat ids of a request table whose columns are not lists (lazily read output ids:
+    a :class:`~spectrace.tracer.store.columns.RaggedColumn`), which are left alone."""
+    parts: list[np.ndarray] = []
     for i in np.flatnonzero(length).tolist():
-        p, o = r.prompt_ids[i], r.output_ids[i]
-        if p.dtype != np.int32 or o.dtype != np.int32:
-            continue
-        s = int(start[i])
-        r.prompt_ids[i] = flat[s : s + len(p)]
-        r.output_ids[i] = flat[s + len(p) : s + len(p) + len(o)]
+        parts += (r.prompt_ids[i], r.output_ids[i])
+    flat = np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros(0, np.int32)
+    flat.flags.writeable = False
+    return flat
 
 
 def block_order(trace: Trace) -> np.ndarray:

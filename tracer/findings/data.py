@@ -14,6 +14,7 @@ from ..align import Alignment
 from ..compare import BlockComparison, PairedComparison, SlotCounts, slots_present
 from ..index import block_order, checked_counts, memo, sequence_index
 from ..metrics import recompute_accepted
+from ..rows import row
 from ..schema import pad_to
 from ..store import Trace
 from ..tokens import Decoder
@@ -35,7 +36,8 @@ class TraceData:
             matrices themselves are never loaded whole).
         order: int32 [n] block indices sorted by (request, position) (int64 past 2**31 - 1).
         last: bool [n] block is its request's last; prev: int [n] (the dtype of ``order``)
-            previous block of the same request (-1 for the first).
+            previous block of the same request (-1 for the first). Both built on first use
+            (after a diff's comparison, not beside its paired rows).
         flat, start, length: concatenated full sequences (see index.sequence_index).
     """
 
@@ -44,8 +46,6 @@ class TraceData:
     nchecked: np.ndarray
     recomputed: np.ndarray
     order: np.ndarray
-    last: np.ndarray
-    prev: np.ndarray
     flat: np.ndarray
     start: np.ndarray
     length: np.ndarray
@@ -81,16 +81,7 @@ class TraceData:
 
     @classmethod
     def _build(cls, t: Trace, side: Side, paired_rows: np.ndarray | None = None) -> TraceData:
-        b = t.blocks
         order = block_order(t)
-        n = len(order)
-        last, prev = np.zeros(n, bool), np.full(n, -1, order.dtype)
-        if n:
-            rs = b.request[order]
-            same = rs[1:] == rs[:-1]  # order[i + 1] continues order[i]'s request
-            last[order[:-1][~same]] = True
-            last[order[-1]] = True
-            prev[order[1:][same]] = order[:-1][same]
         flat, start, length = sequence_index(t)
         sw = sweep(t, paired_rows)  # before recompute_accepted: the sweep computes it
         return cls(
@@ -99,13 +90,34 @@ class TraceData:
             nchecked=checked_counts(t),
             recomputed=recompute_accepted(t),
             order=order,
-            last=last,
-            prev=prev,
             flat=flat,
             start=start,
             length=length,
             sweep=sw,
         )
+
+    @functools.cached_property
+    def last(self) -> np.ndarray:
+        """bool [n]: the block is its request's last (see the class docstring)."""
+        return self._neighbours[0]
+
+    @functools.cached_property
+    def prev(self) -> np.ndarray:
+        """int [n] (the dtype of ``order``): the previous block of the same request, -1 for
+        a request's first."""
+        return self._neighbours[1]
+
+    @functools.cached_property
+    def _neighbours(self) -> tuple[np.ndarray, np.ndarray]:
+        order, n = self.order, len(self.order)
+        last, prev = np.zeros(n, bool), np.full(n, -1, order.dtype)
+        if n:
+            rs = self.t.blocks.request[order]
+            same = rs[1:] == rs[:-1]  # order[i + 1] continues order[i]'s request
+            last[order[:-1][~same]] = True
+            last[order[-1]] = True
+            prev[order[1:][same]] = order[:-1][same]
+        return last, prev
 
     def req_id(self, block: int) -> str:
         """Request id of block row ``block``."""
@@ -243,10 +255,9 @@ class PairData:
     def example(self, x: int) -> ProposalPair:
         """Both proposals of paired block ``x`` (ids, decoded when a decoder is given)."""
         # Each side's own width: a k wider than the stored matrix shows the stored ids only.
-        pa, pb = paired_proposals(self.oa, self.al.ia), paired_proposals(self.ob, self.al.ib)
+        pa, pb = paired_row(self.oa, self.al.ia, x), paired_row(self.ob, self.al.ib, x)
         return ProposalPair(
-            ours=tok(self.decoder, pa[x, : self.ka[x]]),
-            theirs=tok(self.decoder, pb[x, : self.kb[x]]),
+            ours=tok(self.decoder, pa[: self.ka[x]]), theirs=tok(self.decoder, pb[: self.kb[x]])
         )
 
     def at(self, x: int) -> dict:
@@ -258,3 +269,13 @@ def paired_proposals(td: TraceData, rows: np.ndarray) -> np.ndarray:
     """int32 [P, w] the proposals of block rows ``rows`` (a diff's ``ia`` or ``ib``), as the
     side's sweep kept them (a pass of their own when it kept other rows)."""
     return sweep(td.t, rows).paired  # type: ignore[return-value]
+
+
+def paired_row(td: TraceData, rows: np.ndarray, x: int) -> np.ndarray:
+    """int32 [w] the proposal of block row ``rows[x]``: from the rows the side's sweep keeps
+    when it keeps ``rows``, else one row read from the store (the same values; the paired
+    rows are dropped after the comparison, see :func:`~.sweep.release_paired`)."""
+    sw = td.t.cache.get("sweep")
+    if sw is not None and sw.paired is not None and sw.rows is rows:
+        return sw.paired[x]
+    return row(td.t, "proposed", int(rows[x])).astype(np.int32, copy=False)

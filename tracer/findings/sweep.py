@@ -83,6 +83,16 @@ def sweep(t: Trace, paired_rows: np.ndarray | None = None) -> Sweep:
     return sw
 
 
+def release_paired(t: Trace) -> None:
+    """Drop the paired rows the sweep of ``t`` kept (a diff's ``ia`` / ``ib``: [P, w] int32,
+    the largest arrays of a diff) once the comparison kernel has consumed them; a later
+    :func:`sweep` with rows gathers them again in a pass of its own (only the detectors that
+    look at the ids of many paired blocks do, and only when their gates pass)."""
+    sw = t.cache.get("sweep")
+    if sw is not None:
+        sw.paired = sw.rows = None
+
+
 def _sweep(t: Trace, paired_rows: np.ndarray | None) -> Sweep:
     b = t.blocks
     n = len(b)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..index import memo
+from ..parallel import chunks
 from ..rows import row as read_row
 from ..store import Blocks
 from .data import SideInput, TraceData
@@ -85,27 +86,29 @@ RULES: tuple[Rule, ...] = (
 
 
 def _lengths(td: TraceData) -> np.ndarray:
-    """int64 [n] the full sequence length of each block's request (0 unknown; memoised)."""
+    """[n] the full sequence length of each block's request (0 unknown; memoised): int32
+    where every length plus the room of :func:`_position_room` fits (4 bytes a block, not
+    8), else int64; the values are the same either way."""
     return memo(td.t, "block_lengths", lambda: _block_lengths(td))
 
 
 def _block_lengths(td: TraceData) -> np.ndarray:
     req = td.t.blocks.request
-    ok = (req >= 0) & (req < len(td.length))
-    return np.where(ok, td.length[np.where(ok, req, 0)], 0)
+    kmax = max(int(td.t.blocks.k.max(initial=0)), 0)
+    small = int(td.length.max(initial=0)) + kmax + 1 < np.iinfo(np.int32).max
+    length = td.length.astype(np.int32) if small else td.length
+    ok = (req >= 0) & (req < len(length))
+    return np.where(ok, length[np.where(ok, req, 0)], length.dtype.type(0))
 
 
 def _position_room(td: TraceData) -> np.ndarray:
-    """int64 [n] one past the largest possible anchor position per block (0 unknown): the
-    sequence length, plus k + 1 for a request's last block (the output is trimmed at
-    max_tokens or a stop after the engine emitted and drafted past it; memoised)."""
-    return memo(td.t, "position_room", lambda: _room(td))
-
-
-def _room(td: TraceData) -> np.ndarray:
+    """[n] (the dtype of :func:`_lengths`) one past the largest possible anchor position per
+    block (0 unknown): the sequence length, plus k + 1 for a request's last block (the output
+    is trimmed at max_tokens or a stop after the engine emitted and drafted past it). Not
+    memoised: only :func:`_rule_hits` (memoised) reads it."""
     n = _lengths(td)
     kmax = int(td.t.blocks.k.max(initial=0))
-    return np.where((n > 0) & td.last, n + kmax + 1, n)
+    return np.where((n > 0) & td.last, n + (kmax + 1), n)
 
 
 @dataclass
@@ -196,6 +199,19 @@ def impossible(s: SideInput) -> Finding | None:
     )
 
 
+def _trimmed_rows(td: TraceData) -> np.ndarray:
+    """bool [n]: ``0 <= num_verified < k`` in a block whose k drafts fit inside the output
+    (int64 arithmetic, in row chunks: no whole-column int64 copies)."""
+    b = td.t.blocks
+    n = _lengths(td)
+    trim = np.empty(len(b), bool)
+    for c in chunks(len(b)):
+        nv, k = b.num_verified[c].astype(np.int64), b.k[c].astype(np.int64)
+        at_end = (n[c] > 0) & (b.position[c].astype(np.int64) + 1 + k >= n[c])
+        trim[c] = (nv >= 0) & (nv < k) & ~at_end
+    return trim
+
+
 def trimmed(s: SideInput) -> Finding | None:
     """trimmed_drafts: the target verified fewer drafts than the drafter proposed
     (``0 <= num_verified < k``) in at least :data:`~.thresholds.MIN_BLOCKS` blocks whose k
@@ -204,10 +220,8 @@ def trimmed(s: SideInput) -> Finding | None:
     looks better than it is."""
     td = s.td
     b = td.t.blocks
-    nv, k = b.num_verified.astype(np.int64), b.k.astype(np.int64)
-    n = _lengths(td)
-    at_end = (n > 0) & (b.position.astype(np.int64) + 1 + k >= n)
-    trim = (nv >= 0) & (nv < k) & ~at_end
+    nv, k = b.num_verified, b.k
+    trim = _trimmed_rows(td)
     if trim.sum() < MIN_BLOCKS:
         return None
     first = int(np.flatnonzero(trim)[0])

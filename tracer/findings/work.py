@@ -352,8 +352,7 @@ def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
     rpob = al.pair_of_block_b if s.side_a else al.pair_of_block_a
     rcomp = al.comparable_b if s.side_a else al.comparable_a
     here, _ = s.pairs()
-    rows = np.flatnonzero(rcomp & (rpob >= 0))
-    rref_rows = rows[np.argsort(rpob[rows], kind="stable")]
+    rref_rows = _rows_by_pair(rcomp & (rpob >= 0), rpob)
     bounds = np.searchsorted(rpob[rref_rows], np.arange(len(here) + 1))
     stops, never = [], []
     for p in range(len(here)):
@@ -371,6 +370,15 @@ def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
         if (rb.position[o] > b.position[x] + max(int(b.accepted[x]), 0) + 1).any():
             stops.append(x)
     return sorted(stops), never
+
+
+def _rows_by_pair(sel: np.ndarray, pob: np.ndarray) -> np.ndarray:
+    """The rows of ``sel`` (bool [n]) stably sorted by their pair ``pob`` (int [n]): int32
+    below 2**31 rows (int64 past), so that the transient index arrays stay small."""
+    rows = np.flatnonzero(sel)
+    if len(sel) < np.iinfo(np.int32).max:
+        rows = rows.astype(np.int32)
+    return rows[np.argsort(pob[rows], kind="stable")]
 
 
 def _unverified_message(
