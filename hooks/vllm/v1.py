@@ -76,6 +76,8 @@ class V1Recorder:
         @functools.wraps(orig_sample)
         def sample_tokens(*args, **kwargs):
             pre = None
+            if self.margins is not None:  # this step's draft depths only (also when idle)
+                self.margins.reset()
             if self.session.active and r.execute_model_state is not None:
                 try:
                     pre = self._before()
@@ -116,8 +118,6 @@ class V1Recorder:
             self._batch_checked = True
         md = getattr(r.execute_model_state, "spec_decode_metadata", None)
         req_ids = list(batch.req_ids)
-        if self.margins is not None:
-            self.margins.reset()
         if md is None:  # nothing verified in this step
             b = len(req_ids)
             return req_ids, np.full((b, 0), -1, np.int64), np.zeros(b, np.int64)

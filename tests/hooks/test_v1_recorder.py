@@ -128,6 +128,33 @@ def test_top2_margin_equals_topk_and_restores_the_logits():
     assert torch.equal(idx, x.argmax(dim=-1)) and torch.equal(margin, top[:, 0] - top[:, 1])
 
 
+def test_margin_of_cpu_logits_equals_topk_as_numpy_and_restores_them():
+    import torch
+
+    from spectrace.hooks.vllm.margins import margin_of
+
+    inf = float("inf")
+    logits = torch.tensor(
+        [
+            [1.0, 5.0, 3.0, 4.5],  # argmax 1, margin 0.5
+            [4.0, 4.0, 0.0, 1.0],  # tie: margin 0
+            [-inf, -inf, -inf, -inf],  # NaN, as topk
+            [inf, 1.0, 2.0, 0.0],  # inf
+        ]
+    )
+    before = logits.clone()
+    m = margin_of(logits, logits.argmax(dim=-1))
+    assert isinstance(m, np.ndarray) and m.dtype == np.float32
+    assert m[[0, 1, 3]].tolist() == [0.5, 0.0, inf] and np.isnan(m[2])
+    assert torch.equal(logits, before)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):  # bfloat16: the torch path
+        x = torch.randn(64, 2048, generator=torch.Generator().manual_seed(1)).to(dtype)
+        top = torch.topk(x, 2, dim=-1).values
+        m = margin_of(x, x.argmax(dim=-1))
+        want = (top[:, 0] - top[:, 1]).float().numpy()
+        assert np.array_equal(np.asarray(torch.as_tensor(m).float()), want)
+
+
 def test_margin_matrix_equals_take_row_by_row():
     import torch
 
