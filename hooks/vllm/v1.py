@@ -166,7 +166,7 @@ class V1Recorder:
         cols = self.joiner.close_step(live, rows, verdicts, s.request_row)
         if cols is not None:
             s.add_block_columns(cols)
-        self._open_proposals(req_ids, rows, verdicts)
+        self._open_proposals(req_ids, live, rows, verdicts)
         s.step += 1
         s.end_step()
 
@@ -184,10 +184,13 @@ class V1Recorder:
             self._all_seen = False
         return self._rows
 
-    def _open_proposals(self, req_ids: list[str], live: np.ndarray, v: StepVerdicts) -> None:
+    def _open_proposals(
+        self, req_ids: list[str], live_ids: list[str], live: np.ndarray, v: StepVerdicts
+    ) -> None:
         """Open a block for each row that emitted a token this step and has a non-empty
         proposal in ``_draft_token_ids`` (anchor: the last token of ``token_ids_cpu``), as
-        one :class:`~.v1_join.StepProposals` chunk; ``live``: the recorded rows."""
+        one :class:`~.v1_join.StepProposals` chunk; ``live``: the recorded rows, ``live_ids``
+        their request ids."""
         r, s = self.runner, self.session
         proposals = r._draft_token_ids
         if proposals is None:
@@ -224,7 +227,9 @@ class V1Recorder:
         m = self.margins
         gaps = None if m is None else m.matrix(rows, plen[rows], int(plen[rows].max()))
         chunk = new_chunk(s.step, pos, anchor, chosen, rows, len(req_ids), gaps)
-        self.joiner.open_step([req_ids[i] for i in rows], chunk)
+        # every recorded row: the batch's list itself (the joiner's same-batch fast path)
+        opened = live_ids if len(rows) == len(live_ids) else [req_ids[i] for i in rows]
+        self.joiner.open_step(opened, chunk)
 
     # -- requests --------------------------------------------------------------------------
 
