@@ -197,7 +197,7 @@ class StepJoiner(BlockJoiner):
         self._req_rows: tuple[list[str] | None, np.ndarray] = (None, np.zeros(0, np.int64))
 
     @property
-    def verified_mismatch(self) -> int:  # type: ignore[override]
+    def verified_mismatch(self) -> int:
         """BlockJoiner's count, with the :class:`ClosedStep` blocks' (read it after the
         writer thread wrote them)."""
         return self._rows_mismatch + self._deferred_mismatch
