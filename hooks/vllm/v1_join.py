@@ -3,9 +3,12 @@
 
 A step's proposals are kept as one :class:`StepProposals` chunk; ``open`` maps a request id
 to ``(chunk, row)``. The next verification of those requests closes their blocks as columns
-(:meth:`~.session.Session.add_block_columns`, written on the writer thread). Anything that
-ends a block outside a step (a request finishing, shutdown, a newer proposal replacing an
-unverified one) goes through :meth:`~.joiner.BlockJoiner.drop` as before.
+(:meth:`~.session.Session.add_block_columns`, written on the writer thread). When the
+recorded batch did not change (most steps), no request is looked up one by one: the chunk
+waits beside ``open`` and closes whole as a :class:`ClosedStep` (a few array copies), whose
+columns the writer thread makes for all steps handed over together (:meth:`ClosedStep.batch`).
+Anything that ends a block outside a step (a request finishing, shutdown, a newer proposal
+replacing an unverified one) goes through :meth:`~.joiner.BlockJoiner.drop` as before.
 """
 
 from __future__ import annotations
