@@ -15,8 +15,8 @@ Two modes, both printing the ratio with its spread; asserts nothing.
   generate (the least disturbed by other processes: on a loaded machine single generates
   stall for seconds). ``--breakdown`` adds the thread CPU time per generate of each part:
   the recorder and the scheduler's counting (engine thread), the drafter's
-  ``_greedy_sample`` (vLLM's own logits + argmax, plus the margins when on), the writer's
-  column thread and its 1 s flush thread.
+  ``_greedy_sample`` (vLLM's own logits + argmax, plus the margins when on) and the
+  margins alone, the writer's column thread and its 1 s flush thread.
 * ``recorder``: the V1 recorder alone (:class:`~spectrace.hooks.vllm.v1.V1Recorder`) on a
   fake runner with the real attribute layout (B rows, k drafts, one step per call), so its
   per-step CPU time (``time.process_time``: all threads, robust to a loaded machine) can be
@@ -157,13 +157,16 @@ class Timers:
 def _install_timers(t: Timers) -> None:
     """Wrap the capture's parts (before vLLM builds the runner, so the margins wrapper
     installed on its drafter is timed too)."""
-    from spectrace.hooks.vllm import v1
+    from spectrace.hooks.vllm import margins, v1
     from spectrace.tracer.store import TraceWriter
 
     for name in ("_before", "_after", "_finish"):
         t.wrap(v1.V1Recorder, name, "recorder (engine thread)")
     t.wrap(TraceWriter, "add_blocks", "writer: blocks (column thread)")
     t.wrap(TraceWriter, "flush", "writer: 1 s flush (flush thread)")
+    # the margins' own part of _greedy_sample (the rest is vLLM's logits and argmax, whose
+    # thread time swings with the machine's load from generate to generate)
+    t.wrap(margins, "margin_of", "drafter margins alone (margin_of)")
     install = v1.install_margins
 
     def install_timed(drafter):

@@ -40,6 +40,23 @@ def concat_columns(parts: list[dict]) -> dict:
     return out
 
 
+def materialised(parts: list) -> list[dict]:
+    """``parts`` as column dicts: each run of deferred parts (objects whose type has a static
+    ``batch(parts) -> dict``, e.g. :class:`~.v1_join.ClosedStep`) made into one dict."""
+    out: list[dict] = []
+    run: list = []
+    for p in [*parts, None]:
+        if p is not None and not isinstance(p, dict):
+            run.append(p)
+            continue
+        if run:
+            out.append(type(run[0]).batch(run))
+            run = []
+        if p is not None:
+            out.append(p)
+    return out
+
+
 def _rows(columns: dict) -> int:
     return len(next(iter(columns.values())))
 
@@ -74,8 +91,9 @@ class ColumnWriter:
         """True once anything was buffered: row-wise writes must then wait for it (order)."""
         return bool(self._cols) or self._writes is not None
 
-    def add(self, columns: dict, n: int) -> None:
-        """Buffer ``n`` rows of block columns (``TraceWriter.add_blocks``' argument)."""
+    def add(self, columns, n: int) -> None:
+        """Buffer ``n`` rows of block columns (``TraceWriter.add_blocks``' argument, or a
+        deferred part, see :func:`materialised`)."""
         if not self._cols:
             self._t0 = time.monotonic()
         self._cols.append(columns)
@@ -118,7 +136,7 @@ class ColumnWriter:
             try:
                 if cols is None:
                     return
-                writer.add_blocks(concat_columns(cols))
+                writer.add_blocks(concat_columns(materialised(cols)))
             except Exception as exc:  # raised on the recording thread at the next wait
                 self._error = exc
             finally:

@@ -6,14 +6,19 @@ the wrapper computes the same logits once, takes the same argmax and keeps
 ``top1 - top2`` per row (a ``[B]`` tensor). One call per draft depth, rows in the input
 batch's order; the recorder takes them after ``sample_tokens`` (:meth:`MarginTap.matrix`).
 
-Cost: the top-2 is fused with the argmax vLLM takes anyway: top-1 is gathered at the argmax,
-the argmax cell is set to ``-inf`` in place, top-2 is the row maximum (a vectorised float
-reduction, several times cheaper than ``torch.topk(2)`` on a CPU), and the cell is restored.
-The values equal ``topk(2)``'s bit for bit (ties: a second maximal cell stays, margin 0).
-The per-step tensors are moved to the host once per engine step (:meth:`MarginTap.matrix`),
-not once per depth; on a GPU that is still a device-to-host copy and a sync, so margins are
-off there unless ``SPECTRACE_MARGINS=1`` (``0`` turns them off everywhere). The local-argmax
-and heterogeneous-vocabulary paths are left alone (no margins: NaN).
+Cost: the top-2 reuses the argmax vLLM takes anyway. On a CPU the margin is computed with
+numpy on the logits' memory (zero-copy): top-1 is gathered at the argmax, the argmax cell is
+set to ``-inf`` in place, top-2 is the row maximum, and the cell is restored. numpy runs on
+the calling thread alone; torch's reductions there go through its OpenMP pool, whose barrier
+waits for a core that a loaded machine has given to another process (measured beside vLLM on
+2 busy cores: about 3 ms per call in torch, 40 us in numpy, for [64, 2048] float32). Off the
+CPU (or for dtypes numpy lacks) the same steps run in torch (several times cheaper than
+``torch.topk(2)``). Both equal ``topk(2)``'s values bit for bit (ties: a second maximal cell
+stays, margin 0). The per-step values are gathered once per engine step
+(:meth:`MarginTap.matrix`), not once per depth; on a GPU that is still a device-to-host copy
+and a sync, so margins are off there unless ``SPECTRACE_MARGINS=1`` (``0`` turns them off
+everywhere). The local-argmax and heterogeneous-vocabulary paths are left alone (no margins:
+NaN).
 """
 
 from __future__ import annotations
@@ -48,7 +53,11 @@ class MarginTap:
             import torch
 
             s = self.steps
-            if s and all(isinstance(t, torch.Tensor) for t in s) and len({len(t) for t in s}) == 1:
+            uniform = bool(s) and len({len(t) for t in s}) == 1
+            if uniform and all(isinstance(t, np.ndarray) for t in s):  # the CPU path
+                self._grid = np.stack(s).astype(np.float32, copy=False)
+                self._depth_rows = list(self._grid)
+            elif uniform and all(isinstance(t, torch.Tensor) for t in s):
                 self._grid = torch.stack(s).to(torch.float32).cpu().numpy()
                 self._depth_rows = list(self._grid)
             else:
@@ -119,12 +128,42 @@ def top2_margin(logits):
     if logits.dim() != 2 or logits.requires_grad:  # not vLLM's [B, V] inference logits
         top = logits.topk(2, dim=-1).values
         return idx, top[..., 0] - top[..., 1]
+    return idx, _torch_margin(logits, idx)
+
+
+def _torch_margin(logits, idx):
+    """top1 - top2 of 2-D ``logits`` given their argmax ``idx`` [B] (a tensor on their
+    device); writes one cell per row in place and restores it."""
     at = idx[:, None]
     top1 = logits.gather(1, at)
     logits.scatter_(1, at, float("-inf"))
     top2 = logits.amax(dim=-1)
     logits.scatter_(1, at, top1)
-    return idx, top1[:, 0] - top2
+    return top1[:, 0] - top2
+
+
+_HOST_DTYPES = ("torch.float32", "torch.float64")
+
+
+def margin_of(logits, idx):
+    """top1 - top2 per row of vLLM's draft ``logits`` [B, V] given their argmax ``idx``
+    (``logits.argmax(dim=-1)``): float32/float64 numpy [B] for CPU logits (computed with numpy
+    on the tensor's memory, see the module docstring), else a tensor on their device (the
+    same steps in torch; other shapes: ``topk(2)``). Equal to ``topk(2)``'s difference bit
+    for bit; ``logits`` is written in place (one cell per row) and restored."""
+    if logits.dim() != 2 or logits.requires_grad:
+        top = logits.topk(2, dim=-1).values
+        return top[..., 0] - top[..., 1]
+    if logits.device.type != "cpu" or str(logits.dtype) not in _HOST_DTYPES:
+        return _torch_margin(logits, idx)
+    a, i = logits.numpy(), idx.numpy()
+    r = np.arange(len(i))
+    top1 = a[r, i]
+    a[r, i] = -np.inf
+    top2 = a.max(axis=1)
+    a[r, i] = top1
+    with np.errstate(invalid="ignore"):  # -inf - -inf (no finite logit) is NaN, as in topk
+        return top1 - top2
 
 
 def install_margins(drafter) -> MarginTap | None:
@@ -142,8 +181,9 @@ def install_margins(drafter) -> MarginTap | None:
         )
         if not plain or not _wanted(hidden_states.device.type):
             return orig(hidden_states)
-        idx, margin = top2_margin(drafter.model.compute_logits(hidden_states))
-        tap.steps.append(margin)
+        logits = drafter.model.compute_logits(hidden_states)
+        idx = logits.argmax(dim=-1)  # vLLM's own draft (the plain path of _greedy_sample)
+        tap.steps.append(margin_of(logits, idx))
         return idx
 
     drafter._greedy_sample = _greedy_sample

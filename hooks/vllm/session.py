@@ -151,9 +151,10 @@ class Session:
         if n:
             self._columns.add(self._pending.take(), n)
 
-    def add_block_columns(self, columns: dict) -> None:
+    def add_block_columns(self, columns) -> None:
         """Many blocks at once (the V2 vectorised join), written on a background thread
-        (:class:`~.columns.ColumnWriter`).
+        (:class:`~.columns.ColumnWriter`); or a deferred part (a
+        :class:`~.v1_join.ClosedStep`: ``len()`` rows, made into columns there).
 
         Args:
             columns: block column name -> array of b rows, as ``TraceWriter.add_blocks``
@@ -163,7 +164,7 @@ class Session:
         """
         if self.closed:
             return
-        n = len(columns["request"])
+        n = len(columns["request"]) if isinstance(columns, dict) else len(columns)
         if n:
             self._take_pending()  # the joiner's earlier rows first: one write order
             self.blocks += n

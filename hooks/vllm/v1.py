@@ -76,6 +76,8 @@ class V1Recorder:
         @functools.wraps(orig_sample)
         def sample_tokens(*args, **kwargs):
             pre = None
+            if self.margins is not None:  # this step's draft depths only (also when idle)
+                self.margins.reset()
             if self.session.active and r.execute_model_state is not None:
                 try:
                     pre = self._before()
@@ -116,8 +118,6 @@ class V1Recorder:
             self._batch_checked = True
         md = getattr(r.execute_model_state, "spec_decode_metadata", None)
         req_ids = list(batch.req_ids)
-        if self.margins is not None:
-            self.margins.reset()
         if md is None:  # nothing verified in this step
             b = len(req_ids)
             return req_ids, np.full((b, 0), -1, np.int64), np.zeros(b, np.int64)
@@ -166,7 +166,7 @@ class V1Recorder:
         cols = self.joiner.close_step(live, rows, verdicts, s.request_row)
         if cols is not None:
             s.add_block_columns(cols)
-        self._open_proposals(req_ids, rows, verdicts)
+        self._open_proposals(req_ids, live, rows, verdicts)
         s.step += 1
         s.end_step()
 
@@ -184,10 +184,13 @@ class V1Recorder:
             self._all_seen = False
         return self._rows
 
-    def _open_proposals(self, req_ids: list[str], live: np.ndarray, v: StepVerdicts) -> None:
+    def _open_proposals(
+        self, req_ids: list[str], live_ids: list[str], live: np.ndarray, v: StepVerdicts
+    ) -> None:
         """Open a block for each row that emitted a token this step and has a non-empty
         proposal in ``_draft_token_ids`` (anchor: the last token of ``token_ids_cpu``), as
-        one :class:`~.v1_join.StepProposals` chunk; ``live``: the recorded rows."""
+        one :class:`~.v1_join.StepProposals` chunk; ``live``: the recorded rows, ``live_ids``
+        their request ids."""
         r, s = self.runner, self.session
         proposals = r._draft_token_ids
         if proposals is None:
@@ -195,8 +198,9 @@ class V1Recorder:
         batch = r.input_batch
         if list(batch.req_ids) != req_ids:
             raise RuntimeError("the batch order changed inside sample_tokens")
-        if hasattr(proposals, "tolist") and getattr(proposals, "ndim", 0) == 2:
-            props = _host_ids(proposals).reshape(proposals.shape)  # [B, k]: the model drafter
+        uniform = hasattr(proposals, "tolist") and getattr(proposals, "ndim", 0) == 2
+        if uniform:  # [B, k]: the model drafter
+            props = _host_ids(proposals).reshape(proposals.shape)
             plen = np.full(len(props), props.shape[1], np.int64)
         else:  # lists (n-gram): possibly shorter than k, or empty
             props = proposals.tolist() if hasattr(proposals, "tolist") else proposals
@@ -204,27 +208,33 @@ class V1Recorder:
         # no token this step (prefill chunk): vLLM ignores the drafts; an empty proposal
         # (n-gram, no match) is not a draft for vLLM
         live = live[live < len(plen)]
-        rows = live[(v.elen[live] > 0) & (plen[live] > 0)]
+        keep = v.elen[live] > 0
+        if not uniform or not props.shape[1]:
+            keep &= plen[live] > 0
+        rows = live[keep]
         if not len(rows):
             return
         pos = np.asarray(batch.num_tokens_no_spec)[rows].astype(np.int64) - 1
         anchor = np.asarray(batch.token_ids_cpu)[rows, pos].astype(np.int64)
         last = v.emitted[rows, v.elen[rows] - 1]
-        bad = np.flatnonzero(anchor != last)
-        if len(bad):
-            i, j = rows[bad[0]], bad[0]
+        if not np.array_equal(anchor, last):
+            j = int(np.flatnonzero(anchor != last)[0])
             raise RuntimeError(
-                f"request {req_ids[i]}: anchor {anchor[j]} at position {pos[j]} is not the "
-                f"last emitted token {last[j]}"
+                f"request {req_ids[rows[j]]}: anchor {anchor[j]} at position {pos[j]} is not "
+                f"the last emitted token {last[j]}"
             )
+        lens = plen[rows]
         if isinstance(props, np.ndarray):
             chosen = props[rows]
         else:
             chosen = [props[i] for i in rows]
         m = self.margins
-        gaps = None if m is None else m.matrix(rows, plen[rows], int(plen[rows].max()))
+        width = props.shape[1] if uniform else int(lens.max())
+        gaps = None if m is None else m.matrix(rows, lens, width)
         chunk = new_chunk(s.step, pos, anchor, chosen, rows, len(req_ids), gaps)
-        self.joiner.open_step([req_ids[i] for i in rows], chunk)
+        # every recorded row: the batch's list itself (the joiner's same-batch fast path)
+        opened = live_ids if len(rows) == len(live_ids) else [req_ids[i] for i in rows]
+        self.joiner.open_step(opened, chunk)
 
     # -- requests --------------------------------------------------------------------------
 

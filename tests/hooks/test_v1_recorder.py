@@ -86,6 +86,72 @@ def test_step_join_mixed_with_row_drops(tmp_path, monkeypatch):
     assert b.batch_size.tolist() == [2] * 8
 
 
+class VaryingRunner(Runner):
+    """Row i of call c accepts ``ACC[c][i]`` of the drafts it verifies (emitted widths 1..3
+    differ between steps); after call 1 row 1 is handed back ``[99, 98]`` to verify instead
+    of its proposal. Step s proposes ``[10s+1, 10s+2]`` and ``[10s+3, 10s+4]``."""
+
+    ACC = {1: [2, 0], 2: [0, 1], 3: [1, 2]}
+
+    def sample_tokens(self):
+        b, md = self.input_batch, self.execute_model_state.spec_decode_metadata
+        ver = None if md is None else np.asarray(md.draft_token_ids).reshape(2, 2)
+        sampled = []
+        for i in range(2):
+            acc = self.ACC[self.step][i] if ver is not None else 0
+            emit = (ver[i, :acc].tolist() if ver is not None else []) + [100 + self.step]
+            n = int(b.num_tokens_no_spec[i])
+            b.token_ids_cpu[i, n : n + len(emit)] = emit
+            b.num_tokens_no_spec[i] = n + len(emit)
+            sampled.append(emit)
+        self.step += 1
+        s = self.step
+        self._draft_token_ids = np.array([[10 * s + 1, 10 * s + 2], [10 * s + 3, 10 * s + 4]])
+        flat = self._draft_token_ids.copy()
+        if s == 2:
+            flat[1] = [99, 98]
+        md = SimpleNamespace(num_draft_tokens=[2, 2], draft_token_ids=flat.ravel())
+        self.execute_model_state = SimpleNamespace(spec_decode_metadata=md)
+        return SimpleNamespace(req_ids=list(b.req_ids), sampled_token_ids=sampled)
+
+
+def test_steps_handed_over_together_equal_the_hand_derived_blocks(tmp_path, monkeypatch):
+    """Three same-batch steps closed on the fast path are made into columns in one batch
+    (at close: FLUSH_S is an hour) with emitted widths that differ per step; the values are
+    the per-block ones derived by hand, the not-a-prefix verification is counted."""
+    from spectrace.hooks.vllm.v1_join import ClosedStep
+
+    monkeypatch.setattr(ColumnWriter, "FLUSH_S", 3600.0)
+    sizes = []
+    batch = ClosedStep.batch
+    monkeypatch.setattr(ClosedStep, "batch", lambda steps: sizes.append(len(steps)) or batch(steps))
+    r = VaryingRunner()
+    rec = V1Recorder(r, tmp_path / "t.h5", {"k": 2})
+    for _ in range(4):
+        r.sample_tokens()
+    rec.session.close()
+    assert sizes == [3]
+    t = open_trace(tmp_path / "t.h5")
+    b = t.blocks
+    assert [t.requests.req_id[i] for i in b.request] == ["a", "b"] * 4
+    assert b.step.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert b.proposed.tolist() == [[11, 12], [13, 14], [21, 22], [23, 24], [31, 32], [33, 34],
+                                   [41, 42], [43, 44]]  # fmt: skip
+    assert b.verified.tolist() == [[11, 12], [13, 14], [21, 22], [99, 98], [31, 32], [33, 34],
+                                   [-1, -1], [-1, -1]]  # fmt: skip
+    assert b.num_verified.tolist() == [2, 2, 2, 2, 2, 2, -1, -1]
+    assert b.accepted.tolist() == [2, 0, 0, 1, 1, 2, -1, -1]
+    assert b.num_emitted.tolist() == [3, 1, 1, 2, 2, 3, -1, -1]
+    assert b.emitted.tolist() == [
+        [11, 12, 101], [101, -1, -1], [102, -1, -1], [99, 102, -1], [31, 103, -1],
+        [33, 34, 103], [-1, -1, -1], [-1, -1, -1],
+    ]  # fmt: skip
+    assert b.position.tolist() == [3, 3, 6, 4, 7, 6, 9, 9]
+    assert b.anchor.tolist() == [100, 100, 101, 101, 102, 102, 103, 103]
+    assert b.batch_row.tolist() == [0, 1] * 4
+    assert t.meta["verified_not_prefix_of_proposed"] == 1
+
+
 def test_concat_columns_fills_a_column_only_some_parts_carry():
     a = {
         "request": np.array([0]),
@@ -126,6 +192,33 @@ def test_top2_margin_equals_topk_and_restores_the_logits():
     top = torch.topk(x, 2, dim=-1).values
     idx, margin = top2_margin(x)
     assert torch.equal(idx, x.argmax(dim=-1)) and torch.equal(margin, top[:, 0] - top[:, 1])
+
+
+def test_margin_of_cpu_logits_equals_topk_as_numpy_and_restores_them():
+    import torch
+
+    from spectrace.hooks.vllm.margins import margin_of
+
+    inf = float("inf")
+    logits = torch.tensor(
+        [
+            [1.0, 5.0, 3.0, 4.5],  # argmax 1, margin 0.5
+            [4.0, 4.0, 0.0, 1.0],  # tie: margin 0
+            [-inf, -inf, -inf, -inf],  # NaN, as topk
+            [inf, 1.0, 2.0, 0.0],  # inf
+        ]
+    )
+    before = logits.clone()
+    m = margin_of(logits, logits.argmax(dim=-1))
+    assert isinstance(m, np.ndarray) and m.dtype == np.float32
+    assert m[[0, 1, 3]].tolist() == [0.5, 0.0, inf] and np.isnan(m[2])
+    assert torch.equal(logits, before)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):  # bfloat16: the torch path
+        x = torch.randn(64, 2048, generator=torch.Generator().manual_seed(1)).to(dtype)
+        top = torch.topk(x, 2, dim=-1).values
+        m = margin_of(x, x.argmax(dim=-1))
+        want = (top[:, 0] - top[:, 1]).float().numpy()
+        assert np.array_equal(np.asarray(torch.as_tensor(m).float()), want)
 
 
 def test_margin_matrix_equals_take_row_by_row():
