@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from .align import Alignment
+from .index import checked_of
 from .store import Trace
 
 #: Block rows per pass of a streamed analysis.
@@ -24,12 +25,12 @@ CHUNK = 1 << 18
 
 def _chunks(t: Trace, names: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
     """Block columns ``names`` of ``t``, :data:`CHUNK` rows at a time, with ``checked``
-    (``index.checked_counts``'s rule on the chunk: ``num_verified`` where recorded, else k)."""
+    (:func:`~spectrace.tracer.index.checked_of` of the chunk)."""
     n = len(t.blocks)
     for lo in range(0, n, CHUNK):
         hi = min(lo + CHUNK, n)
         c = {name: t.read_rows(name, lo, hi) for name in (*names, "num_verified", "k")}
-        c["checked"] = np.where(c["num_verified"] >= 0, c["num_verified"], c["k"])
+        c["checked"] = checked_of(c["num_verified"], c["k"])
         yield c
 
 

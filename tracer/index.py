@@ -128,12 +128,17 @@ def checked_counts(trace: Trace) -> np.ndarray:
 
 
 def _checked_counts(trace: Trace) -> np.ndarray:
-    b = trace.blocks
-    nv = b.num_verified
+    return checked_of(trace.blocks.num_verified, trace.blocks.k)
+
+
+def checked_of(nv: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """The drafts the target checked per block of some rows: ``nv`` (int16 [n]
+    num_verified) where recorded (``>= 0``), else ``k`` (int16 [n]); one of the inputs
+    itself where every row or none has a record (no copy)."""
     has_v = nv >= 0
     if has_v.all():
         return nv
-    return b.k if not has_v.any() else np.where(has_v, nv, b.k)
+    return k if not has_v.any() else np.where(has_v, nv, k)
 
 
 def checked_ids(prop: np.ndarray, ver: np.ndarray, nv: np.ndarray) -> np.ndarray:
