@@ -471,7 +471,7 @@ def test_cli_in_tmux(pair):
         ).stdout
 
     def wait(*needles: str, timeout: float = 30) -> str:
-        """The screen once every needle is on it (a loaded machine paints in several frames)."""
+        """The screen once every needle is on it (a screen may paint in several frames)."""
         t0 = time.time()
         while time.time() - t0 < timeout:
             screen = capture()
@@ -480,7 +480,10 @@ def test_cli_in_tmux(pair):
             time.sleep(0.1)
         raise AssertionError(f"{needles!r} not on screen:\n{capture()}")
 
-    env = {**os.environ, "TERM": "xterm-256color"}
+    # pytest-xdist workers run with COLUMNS=80 LINES=24, which Textual takes over the pane's
+    # 140x40 size: the viewer must see the terminal it runs in.
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env["TERM"] = "xterm-256color"
     subprocess.run(
         [
             *tmux,
