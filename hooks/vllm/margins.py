@@ -119,18 +119,6 @@ def _wanted(device_type: str) -> bool:
     return device_type == "cpu"
 
 
-def top2_margin(logits):
-    """``(argmax, top1 - top2)`` of ``logits`` [B, V] along the last axis: ``argmax`` is
-    ``logits.argmax(dim=-1)`` (int64 [B], what vLLM samples), the margin equals
-    ``topk(logits, 2).values[:, 0] - [:, 1]`` bit for bit ([B], logits' dtype). ``logits``
-    is written in place (one cell per row) and restored before returning."""
-    idx = logits.argmax(dim=-1)
-    if logits.dim() != 2 or logits.requires_grad:  # not vLLM's [B, V] inference logits
-        top = logits.topk(2, dim=-1).values
-        return idx, top[..., 0] - top[..., 1]
-    return idx, _torch_margin(logits, idx)
-
-
 def _torch_margin(logits, idx):
     """top1 - top2 of 2-D ``logits`` given their argmax ``idx`` [B] (a tensor on their
     device); writes one cell per row in place and restores it."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spectrace.tracer.schema import PAD, PROPOSAL_FROM_DRAFTER
+from spectrace.tracer.schema import PAD, PROPOSAL_FROM_DRAFTER, pad_to
 
 from .joiner import BlockJoiner, OpenBlock
 
@@ -174,13 +174,7 @@ class ClosedStep:
 def _stack(mats: list[np.ndarray], fill) -> np.ndarray:
     """Matrices stacked row-wise, each padded with ``fill`` to the widest."""
     w = max(m.shape[1] for m in mats)
-    return np.concatenate([m if m.shape[1] == w else _fill_to(m, w, fill) for m in mats])
-
-
-def _fill_to(m: np.ndarray, w: int, fill) -> np.ndarray:
-    out = np.full((m.shape[0], w), fill, dtype=m.dtype)
-    out[:, : m.shape[1]] = m
-    return out
+    return np.concatenate([pad_to(m, w, fill) for m in mats])
 
 
 class StepJoiner(BlockJoiner):
@@ -194,8 +188,8 @@ class StepJoiner(BlockJoiner):
     """
 
     def __init__(self, sink) -> None:
-        super().__init__(sink)
         self._deferred_mismatch = 0  # counted by ClosedStep.batch (the writer thread)
+        super().__init__(sink)
         self._last: tuple[list[str], StepProposals] | None = None  # not in open
         self._req_rows: tuple[list[str] | None, np.ndarray] = (None, np.zeros(0, np.int64))
 
@@ -207,7 +201,7 @@ class StepJoiner(BlockJoiner):
 
     @verified_mismatch.setter
     def verified_mismatch(self, n: int) -> None:
-        self._rows_mismatch = n - getattr(self, "_deferred_mismatch", 0)
+        self._rows_mismatch = n - self._deferred_mismatch
 
     def _count_mismatch(self, n: int) -> None:
         self._deferred_mismatch += n
@@ -355,7 +349,7 @@ def block_columns(request, gathered, vlen, elen, verified, emitted) -> tuple[dic
             "emitted": emat,
             "proposal_source": np.full(n, PROPOSAL_FROM_DRAFTER, np.int64),
         }
-        | ({} if margin is None else {"draft_margin": _pad_nan(margin, w)})
+        | ({} if margin is None else {"draft_margin": pad_to(margin, w, np.nan)})
     )
     return cols, mismatch
 
@@ -384,14 +378,6 @@ def _gather_chunks(hits) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray | Non
         plen[at] = c.lens[js]
         proposed[at, : c.proposed.shape[1]] = c.proposed[js]
     return gather, plen, proposed, margin
-
-
-def _pad_nan(m: np.ndarray, w: int) -> np.ndarray:
-    if m.shape[1] >= w:
-        return m
-    out = np.full((m.shape[0], w), np.nan, dtype=m.dtype)
-    out[:, : m.shape[1]] = m
-    return out
 
 
 def _pad(m: np.ndarray, w: int) -> np.ndarray:

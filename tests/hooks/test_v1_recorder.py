@@ -12,6 +12,14 @@ from spectrace.hooks.vllm.v1 import V1Recorder
 from spectrace.tracer.store import open_trace
 
 
+def _emit(batch, i: int, emit: list[int]) -> list[int]:
+    """Append ``emit`` to row ``i``'s tokens (what vLLM's runner does after sampling)."""
+    n = int(batch.num_tokens_no_spec[i])
+    batch.token_ids_cpu[i, n : n + len(emit)] = emit
+    batch.num_tokens_no_spec[i] = n + len(emit)
+    return emit
+
+
 class Runner:
     """Two requests, k=2; every step each row accepts its first draft and emits a bonus
     ``100 + step``; the drafter then proposes ``[10 * step + 1, 10 * step + 2]``."""
@@ -38,10 +46,7 @@ class Runner:
         sampled = []
         for i in range(2):
             emit = ([int(d[i, 0])] if d is not None else []) + [100 + self.step]
-            n = int(b.num_tokens_no_spec[i])
-            b.token_ids_cpu[i, n : n + len(emit)] = emit
-            b.num_tokens_no_spec[i] = n + len(emit)
-            sampled.append(emit)
+            sampled.append(_emit(b, i, emit))
         self.step += 1
         s = self.step
         self._draft_token_ids = np.array([[10 * s + 1, 10 * s + 2]] * 2, dtype=np.int64)
@@ -100,10 +105,7 @@ class VaryingRunner(Runner):
         for i in range(2):
             acc = self.ACC[self.step][i] if ver is not None else 0
             emit = (ver[i, :acc].tolist() if ver is not None else []) + [100 + self.step]
-            n = int(b.num_tokens_no_spec[i])
-            b.token_ids_cpu[i, n : n + len(emit)] = emit
-            b.num_tokens_no_spec[i] = n + len(emit)
-            sampled.append(emit)
+            sampled.append(_emit(b, i, emit))
         self.step += 1
         s = self.step
         self._draft_token_ids = np.array([[10 * s + 1, 10 * s + 2], [10 * s + 3, 10 * s + 4]])
@@ -169,10 +171,15 @@ def test_concat_columns_fills_a_column_only_some_parts_carry():
 # -- margins: the fused top-2, the per-step matrix, and the recorder's path through them ----
 
 
-def test_top2_margin_equals_topk_and_restores_the_logits():
+def test_torch_margin_equals_topk_and_restores_the_logits():
+    """The torch path of ``margin_of`` (GPU logits, dtypes numpy lacks)."""
     import torch
 
-    from spectrace.hooks.vllm.margins import top2_margin
+    from spectrace.hooks.vllm.margins import _torch_margin
+
+    def top2_margin(x):
+        idx = x.argmax(dim=-1)
+        return idx, _torch_margin(x, idx)
 
     inf = float("inf")
     logits = torch.tensor(
@@ -306,10 +313,7 @@ class ListRunner(Runner):
         sampled = []
         for i in range(2):
             emit = (list(d[i]) if d is not None else []) + [100 + self.step]
-            n = int(b.num_tokens_no_spec[i])
-            b.token_ids_cpu[i, n : n + len(emit)] = emit
-            b.num_tokens_no_spec[i] = n + len(emit)
-            sampled.append(emit)
+            sampled.append(_emit(b, i, emit))
         self.step += 1
         self._draft_token_ids = [[10 * self.step + 1], []]
         md = SimpleNamespace(
