@@ -223,3 +223,71 @@ def choose_join(p: Proposal, blocks: list[Block]) -> tuple[int | None, str]:
             if score > best_score and score >= max(1, (len(d) + 1) // 2):
                 best, best_score = i, score
     return (best, "partial") if best is not None else (None, "unjoined")
+
+
+@dataclass
+class PlainSteps:
+    """What the log says of each request between its blocks, for strict mode's checks that a
+    block belongs to the request it names (a wrong request id passes the chain otherwise):
+
+    * a chain gap needs a step without drafts to explain it (``[SPECTRACE]`` prints only
+      rows with drafts): ``[spec-update] req=X drafts=0``, ``[spec-install] installed=0``,
+      ``[spec-sched] sched=0``, or a step whose ``[spec-update] req=`` payload has no row
+      for X; checked when the log prints that payload;
+    * a block needs an earlier ``[spec-sched]`` line for its request (printed for every
+      request that carries drafts), when the log prints them and the payload (sync
+      scheduling: the drafts are installed before the next schedule);
+    * no block after the request's ``[spec-update] finished=1``;
+    * no second block of a request in one step, when the log prints ``[spec-post_step]``
+      (once per step under sync scheduling) and none came between.
+
+    A log without those lines (async scheduling, a filtered log) contradicts nothing.
+    """
+
+    strict: bool = False  # only strict mode checks (verify returns [] otherwise)
+    payload_ever: bool = False  # the log prints [spec-update] req= rows
+    plain: set[str] = field(default_factory=set)  # evidence since the request's last block
+    active: set[str] = field(default_factory=set)  # requests with a block
+    drafting: set[str] = field(default_factory=set)  # drafts > 0 in this step's payload
+    payload: bool = False  # this step printed payload rows
+    scheduled: set[str] = field(default_factory=set)  # requests a [spec-sched] line named
+    finished: dict[str, int] = field(default_factory=dict)  # request -> line of finished=1
+
+    def probe(self, req: str, drafts: int) -> None:
+        """``[spec-install]`` (``installed=``) or ``[spec-sched]`` (``sched=``) gives ``req``
+        ``drafts`` drafts."""
+        if drafts == 0:
+            self.plain.add(req)
+
+    def row(self, req: str, drafts: int, finished: bool, lineno: int) -> None:
+        """A ``[spec-update] req=`` payload row at line ``lineno``."""
+        self.payload = self.payload_ever = True
+        (self.drafting if drafts > 0 else self.plain).add(req)
+        if finished:
+            self.finished.setdefault(req, lineno)
+
+    def end_step(self) -> None:
+        """A step ends: a request with a block but no drafts in its payload decodes plain."""
+        if self.payload:
+            self.plain |= self.active - self.drafting
+        self.payload, self.drafting = False, set()
+
+    def verify(self, req: str, pos: int, prev: Chain | None, again: bool) -> list[tuple[str, str]]:
+        """A block of ``req`` at ``pos`` after ``prev`` (``again``: a second block of ``req``
+        in one step): the strict problems, as ``(kind, message)`` pairs (a wrong request id
+        shows as one of them); the request's evidence starts again."""
+        out, r = [], f"req={req} pos={pos}"
+        if self.payload_ever and self.scheduled and req not in self.scheduled:
+            out.append(("unscheduled", f"{r}: no [spec-sched] line named req={req} before"))
+        if req in self.finished:
+            out.append(("after finish", f"{r}: req={req} finished at line {self.finished[req]}"))
+        if again:
+            out.append(("block twice", f"{r}: a second block of req={req} in one step"))
+        expected = prev.pos + prev.ns if prev is not None else pos
+        if pos > expected and self.payload_ever and req not in self.plain:
+            assert prev is not None
+            msg = f"{r}, expected {expected} (block at line {prev.lineno}), but every step "
+            out.append(("chain gap", msg + f"since gave req={req} drafts"))
+        self.plain.discard(req)
+        self.active.add(req)
+        return out if self.strict else []

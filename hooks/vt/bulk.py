@@ -123,6 +123,32 @@ class _Plan:
         self._joins()
         if parser.strict and (lexed.malformed or any(e[2][0] == "!" for e in self.problems)):
             raise NotBulk("strict mode: the line-by-line parser names the first problem")
+        if parser.strict and self._strict_refusals():  # the line parser's PlainSteps decides
+            raise NotBulk("strict mode: a block that may not belong to its request")
+
+    def _strict_refusals(self) -> bool:
+        """Whether a block may break a :class:`~.blocks.PlainSteps` rule (a superset: the
+        line-by-line parser decides): a chain gap, a block after the first ``[spec-sched]``
+        whose request no earlier one named, a block after its request's ``finished=1``, or
+        two blocks of a request without a ``[spec-post_step]`` between them."""
+        vl, fs, fu = self.f(V).lines, self.f(_SCHED), self.f(_UPD)
+        if self.gap.any() or not self.n:
+            return bool(self.gap.any())
+        named = self._first_line(fs.lines, self.ridx[_SCHED])[self.vreq]
+        if len(fs.lines) and ((vl > fs.lines[0]) & (named > vl)).any():
+            return True
+        fin = fu.ints("finished") == 1 if len(fu.lines) else np.zeros(0, bool)
+        if (self._first_line(fu.lines[fin], self.ridx[_UPD][fin])[self.vreq] < vl).any():
+            return True
+        posts, hp = self.f(_POST_STEP).lines, np.flatnonzero(self.prev >= 0)
+        between = np.searchsorted(posts, vl[hp]) - np.searchsorted(posts, vl[self.prev[hp]])
+        return bool(len(posts) and (between == 0).any())
+
+    def _first_line(self, lines: np.ndarray, reqs: np.ndarray) -> np.ndarray:
+        """Per request index: the first of ``lines`` (``reqs``: their requests), else int64 max."""
+        first = np.full(len(self.names), np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(first, reqs, lines)
+        return first
 
     def f(self, code: int) -> Family:
         return self.fam.get(code, self.empty)

@@ -23,6 +23,7 @@ from .blocks import (
     Block,
     Chain,
     NotInstalled,
+    PlainSteps,
     Proposal,
     anchor_mismatch,
     block_problems,
@@ -92,6 +93,7 @@ class VtTraceParser:
         self._prev_payload: dict[str, int] = {}  # ... of the previous (proposing) step
         self._runner_seen = False  # a runner/engine-core line was seen (not just sched)
         self._held = NotInstalled()  # proposals never installed ([spec-install] installed=0)
+        self._plain = PlainSteps(strict)  # strict: what explains a chain gap, who was scheduled
         self._error: ParseError | None = None  # strict mode: raised after the line is recorded
 
     # -- input -------------------------------------------------------------------------------
@@ -142,10 +144,7 @@ class VtTraceParser:
         requests file at exit; :meth:`finish` checks it against the log, naming it
         ``source``). Anchors of rows already written are patched through the
         writer (:meth:`~spectrace.tracer.store.TraceWriter.patch_blocks`) and listed in
-        :attr:`late_patches`.
-
-        Returns:
-            The number of anchors resolved by this call.
+        :attr:`late_patches`. Returns the number of anchors resolved by this call.
         """
         self._requests = requests
         self._requests_source = source
@@ -203,11 +202,8 @@ class VtTraceParser:
         return self.stats
 
     def abort(self) -> ImportStats:
-        """The exception path: write pending blocks without a join, store stats in /meta.
-
-        Returns:
-            The :class:`ImportStats` so far.
-        """
+        """The exception path: write pending blocks without a join, store stats in /meta;
+        returns the :class:`ImportStats` so far."""
         for b in self._section:
             self._write(b)
         self._section = []
@@ -232,6 +228,7 @@ class VtTraceParser:
     def _new_step_if(self, cond: bool) -> None:
         if cond:
             self._close_section()
+            self._plain.end_step()
             self._step += 1
             self._seen.clear()
             self._verified.clear()
@@ -246,11 +243,14 @@ class VtTraceParser:
             self._runner_seen = True
             self._step = 1
         req = rec.values["req"]
+        again = req in self._verified and not self._seen - {"sched"}  # no step line between
+        again = again and self.stats.probes["post_step"] > 0
         self._new_step_if(bool(self._seen - {"sched"}) or req in self._verified)
         self._verified.add(req)
         self._levels_seen.add(FAMILY_LEVEL[rec.family])
+        checks = self._plain.verify(req, rec.values["pos"], self._chains.get(req), again)
         b = self._make_block(rec)
-        for kind, msg in block_problems(b):
+        for kind, msg in checks + block_problems(b):
             self._violation(kind, msg)
         p = self._proposal
         if p is not None and p.step == self._step - 1:
@@ -307,6 +307,7 @@ class VtTraceParser:
         if v["sched"] < v["have"]:
             self.stats.probes["sched_truncated"] += 1
         self._sched[v["req"]] = (v["have"], v["sched"])
+        self._plain.scheduled.add(v["req"])
         if v["sched"] == 0:  # every draft cut: last step's proposal is never verified
             self._not_installed(v["req"], 0, self._step - 1, self._prev_payload)
 
@@ -330,6 +331,7 @@ class VtTraceParser:
         if key != "update_rows":
             return
         self._payload.setdefault(v["req"], len(self._payload))
+        self._plain.row(v["req"], v["drafts"], v.get("finished", 0) == 1, self._lineno)
         self._done[v["req"]] = self._done.get(v["req"], False) or v.get("finished", 0) == 1
         p = self._proposal
         # The payload lists batch rows in order: its first drafting row is propose_rows[0].
@@ -398,11 +400,8 @@ class VtTraceParser:
         return from_req
 
     def _anchor_from_requests(self, req: str, pos: int) -> int:
-        r = self._requests.get(req) if self._requests is not None else None
-        if r is None:
-            return schema.PAD
-        full = r.full
-        return full[pos - 1] if 0 < pos <= len(full) else schema.PAD
+        r = (self._requests or {}).get(req)
+        return r.full[pos - 1] if r is not None and 0 < pos <= len(r.full) else schema.PAD
 
     def _close_section(self) -> None:
         """Resolve the pending proposal against this step's blocks, then write them."""
@@ -435,6 +434,7 @@ class VtTraceParser:
     def _not_installed(self, req: str, installed: int, step: int, payload: dict) -> None:
         """Nothing of ``req``'s drafts proposed at ``step`` reaches verification
         (``installed=0``, or ``[spec-sched] sched=0``): see :class:`~.blocks.NotInstalled`."""
+        self._plain.probe(req, installed)
         if self._held.install(self._proposal, req, installed, step, payload):
             self.stats.joins["not_installed"] += 1  # this step's proposal is never verified
             self._proposal = None
