@@ -129,7 +129,8 @@ class Trace:
         except (KeyError, OSError, RuntimeError, ValueError, TypeError) as exc:
             # HDF5 reports damaged object headers as KeyError/OSError deep inside h5py.
             f.close()
-            raise TraceFormatError(f"{path}: damaged trace file ({short_reason(exc)})") from None
+            what = "column blocks/request" if isinstance(exc, PartError) else "trace file"
+            raise TraceFormatError(f"{path}: damaged {what} ({short_reason(exc)})") from None
 
     def _check_and_add(self, path: Path, f: h5py.File, step_back: bool = True) -> None:
         version, problems = format_version(str(path), f)
@@ -144,7 +145,8 @@ class Trace:
         n = self._flushed_rows(f)
         if complete and not problems:  # one int column: a bad index fails here, not mid-view
             nreq = f["requests"]["req_id"].shape[0]
-            problems = scanned_request_index_problems(str(path), f["blocks"]["request"], n, nreq)
+            req = f["blocks"]["request"]  # a damaged chunk: PartError (_open_checked says so)
+            problems = _part(path, scanned_request_index_problems, str(path), req, n, nreq)
         if problems:
             raise problems[0].error()
         if not complete:
@@ -262,9 +264,13 @@ class Trace:
         try:
             return self._retrying(lambda: self._read_block_column_unchecked(c))
         except (KeyError, OSError, RuntimeError) as exc:
-            raise TraceFormatError(
-                f"{self.name}: damaged column blocks/{c.name} ({short_reason(exc)})"
-            ) from None
+            raise self._damaged(f"column blocks/{c.name}", exc) from None
+
+    def _damaged(self, what: str, exc: BaseException) -> TraceFormatError:
+        """The one-line error of a read that failed: the file it failed in (:class:`PartError`;
+        else the trace's name), what was read, why."""
+        where = exc.path if isinstance(exc, PartError) else self.name
+        return TraceFormatError(f"{where}: damaged {what} ({short_reason(exc)})")
 
     def _read_block_column_unchecked(self, c: schema.Column) -> np.ndarray:
         self.requests  # noqa: B018 - request offsets are known once requests are read
@@ -274,7 +280,7 @@ class Trace:
             if ds is None:
                 arr = _filled(c, n, None if c.width is None else 1)
             else:
-                arr = ds[()] if ds.shape[0] == n else ds[:n]  # [()] skips hyperslab work
+                arr = _part(self.paths[i], ds.__getitem__, () if ds.shape[0] == n else slice(n))
             parts.append(self._checked(i, c.name, arr))
         if not parts:
             return _filled(c, 0, None if c.width is None else 1)
@@ -352,9 +358,7 @@ class Trace:
         try:
             return self._retrying(lambda: self._read_rows_unchecked(c, start, stop))
         except (OSError, RuntimeError) as exc:
-            raise TraceFormatError(
-                f"{self.name}: damaged column blocks/{name} ({short_reason(exc)})"
-            ) from None
+            raise self._damaged(f"column blocks/{name}", exc) from None
 
     def _read_rows_unchecked(self, c: schema.Column, start: int, stop: int) -> np.ndarray:
         name = c.name
@@ -364,16 +368,8 @@ class Trace:
         self.requests  # noqa: B018 - request offsets
         total = sum(self._nblocks)
         start, stop = max(0, min(start, total)), max(0, min(stop, total))
-        width = None
-        if c.width is not None:
-            width = max(
-                [
-                    ds.shape[1]
-                    for ds in (self._dataset(i, name) for i in range(len(self._files)))
-                    if ds is not None
-                ]
-                or [1]
-            )
+        dss = [self._dataset(i, name) for i in range(len(self._files))]
+        width = None if c.width is None else max([d.shape[1] for d in dss if d is not None] or [1])
         parts, base = [], 0
         for i, n in enumerate(self._nblocks):
             lo, hi = max(start, base) - base, min(stop, base + n) - base
@@ -381,7 +377,11 @@ class Trace:
             if lo >= hi:
                 continue
             ds = self._dataset(i, name)
-            arr = _filled(c, hi - lo, width) if ds is None else ds[lo:hi]
+            arr = (
+                _filled(c, hi - lo, width)
+                if ds is None
+                else _part(self.paths[i], ds.__getitem__, slice(lo, hi))
+            )
             if width is not None and arr.shape[1] < width:
                 arr = schema.pad_to(arr, width, c.fill)
             parts.append(self._checked(i, name, arr))
@@ -462,6 +462,23 @@ def open_trace(spec: TraceSpec, *, lazy_requests: bool = False) -> Trace:
         major version. Each message is one line naming the file.
     """
     return Trace(resolve_paths(spec), lazy_requests=lazy_requests)
+
+
+class PartError(OSError):
+    """A failed read of one file of a trace (a damaged or torn chunk), naming the file
+    (``path``); an OSError, so a live file's read is still retried."""
+
+    def __init__(self, path: Path, exc: BaseException) -> None:
+        super().__init__(short_reason(exc))
+        self.path = path
+
+
+def _part(path: Path, read: Callable[..., _T], *args) -> _T:
+    """``read(*args)`` of file ``path``; its failure as a :class:`PartError` naming it."""
+    try:
+        return read(*args)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise PartError(path, exc) from exc
 
 
 def _filled(c: schema.Column, n: int, width: int | None) -> np.ndarray:
