@@ -91,7 +91,7 @@ def _pump(proc: subprocess.Popen, parser: VtTraceParser, fwd: _Forwarder, log) -
         if log is not None:
             log.write(raw)
             log.flush()  # the raw log survives a kill like the trace does
-        is_trace = parser.feed_line(raw.decode("utf-8", "replace"))
+        is_trace = parser.feed_line(raw.decode("utf-8", "surrogateescape"))
         if not fwd.trace_lines:
             fwd.write(raw, is_trace)
 

@@ -297,7 +297,7 @@ def _slow_line(line: bytes) -> str | None:
     """The exact parser's verdict on one line: None (no trace line) or the malformed-line
     message. Raises NotBulk when it reads the line as a record."""
     try:
-        rec = parse_line(line.decode("utf-8", "replace"))
+        rec = parse_line(line.decode("utf-8", "surrogateescape"))  # as the line path
     except MalformedLine as exc:
         return f"malformed trace line: {exc}"
     if rec is not None:

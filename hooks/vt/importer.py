@@ -24,14 +24,14 @@ UNKNOWN_META: dict = {"source": SOURCE, "engine": None, "method": None}
 
 def _open_log(log: str | os.PathLike) -> tuple[Iterable[str], str, Callable[[], None]]:
     if str(log) == "-":
-        stream = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
+        stream = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="surrogateescape")
 
         def detach() -> None:  # never close the process's stdin
             stream.detach()
 
         return stream, "<stdin>", detach
     try:
-        fh = open(log, encoding="utf-8", errors="replace", newline="")
+        fh = open(log, encoding="utf-8", errors="surrogateescape", newline="")
     except FileNotFoundError:
         raise InputError(f"{log}: no such log file") from None
     except OSError as exc:

@@ -25,6 +25,7 @@ _INT_RE = re.compile(r"[+-]?\d+")
 _FLOAT_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)")
 _NO_ROWS_RE = re.compile(r"NO proposing rows this step\s*\(\s*num_reqs\s*=\s*([+-]?\d+)\s*\)")
 _ELLIPSES = ("...", "\u2026")
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")  # bytes not UTF-8 as "surrogateescape" reads them
 # Tag-dropped payloads quoted in documents, recognised at the start of a line only.
 _TAGLESS = (
     ("SPECTRACE", re.compile(r"\s*req=\S+\s+pos=\s*[+-]?\d+\s.*\bemit\s*=")),
@@ -109,13 +110,12 @@ RANGES: dict[str, tuple[int, int]] = {
 ID_RANGE = (-(2**31), 2**31 - 1)  # int32 cells (-1 pads a list the engine cut short)
 _ANY_INT = (-(2**63), 2**63 - 1)
 _MAX_DIGITS = 19  # longer digit strings exceed int64 (and int() has a digit limit)
-FLOAT32_MAX = 3.4028234663852886e38  # largest finite float32
-#: A margin exactly as the engine prints it (``%.3f``, or ``nan``) where reading and printing it
-#: again gives the same text (<= 12 integer digits). Unambiguous, so a long number cannot make
-#: the canonical regex backtrack (``MARGIN_RE`` there took 26 s on one 17-digit margin); any
-#: other spelling goes to :func:`_render`, which calls the line edited.
+FLOAT32_MAX = 3.4028235677973362e38  # the largest float that rounds to a finite float32
+#: A margin as the engine prints it (``%.3f``, ``nan``; <= 12 integer digits, so a long number
+#: cannot make the fast regex backtrack: ``MARGIN_RE`` there took 26 s on a 17-digit margin).
+#: Any other spelling of a float (``MARGIN_RE``) is read by name and kept by :func:`_render`.
 CANONICAL_MARGIN = r"(?:-?(?:0|[1-9]\d{0,11})\.\d{3}|nan)"
-MARGIN_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|nan")
+MARGIN_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|[+-]?nan")
 
 
 class MalformedLine(Exception):
@@ -124,12 +124,8 @@ class MalformedLine(Exception):
 
 @dataclass
 class Ids:
-    """An id list read from ``[ … ]``.
-
-    Attributes:
-        ids: the ids read (int), up to the first ``...`` when ``complete`` is False.
-        complete: False when the list was shortened with an ellipsis (doc excerpts).
-    """
+    """An id list read from ``[ … ]``: ``ids`` (int), up to the first ``...`` when
+    ``complete`` is False (a list shortened with an ellipsis: doc excerpts)."""
 
     ids: list[int]
     complete: bool = True
@@ -149,12 +145,14 @@ class Record:
         variant: ``called``/``req`` for ``spec-update``, ``no_rows`` for the NO-rows propose
             line, ``pre``/``old``/``dspark`` for ``spec-phase``, else ``""``.
         edits: why the line differs from the engine's exact format (empty when canonical).
+        spelled: field name -> its text in the line (a line read by name).
     """
 
     family: str
     values: dict
     variant: str = ""
     edits: list[str] = field(default_factory=list)
+    spelled: dict[str, str] = field(default_factory=dict)
 
 
 def parse_line(line: str) -> Record | None:
@@ -213,7 +211,9 @@ def _check_ranges(rec: Record) -> None:
         elif isinstance(v, list):
             _check_margins(name, v, rec.values.get("first"))
         elif name == "req" and isinstance(v, str) and not v.isprintable():
-            raise MalformedLine(f"req holds a control character (field=req, value={v!r})")
+            what = "bytes not UTF-8" if _NOT_UTF8.search(v) else "a control character"
+            shown = v.encode(errors="surrogateescape") if _NOT_UTF8.search(v) else v
+            raise MalformedLine(f"req holds {what} (field=req, value={shown!r})")
     if rec.family == "SPECTRACE":
         _check_accepted(rec.values)
 
@@ -352,6 +352,7 @@ def _parse_payload(family: str, rest: str) -> Record:
     kinds = dict(_fields_of(rec))
     for name, value in raw.items():
         rec.values[name] = _convert(name, value, kinds.get(name))
+        rec.spelled[name] = value
     if dup:
         rec.edits.append("repeated " + ", ".join(f"{n}=" for n in dup))
     _check_required(rec)
@@ -460,8 +461,9 @@ def _render(rec: Record) -> str | None:
         return None
     for name, kind in fields:
         v = rec.values[name]
-        if kind == "floats_opt":
-            parts.append(f"{name}=[ {''.join(f'{x:.3f} ' for x in v)}]")
+        if kind == "floats_opt":  # each float as the line spells it (any float text)
+            text = rec.spelled.get(name, "").strip("[]").split() or [f"{x:.3f}" for x in v]
+            parts.append(f"{name}=[ {''.join(f'{x} ' for x in text)}]")
             continue
         if kind == "arrow":
             parts.append("->")
