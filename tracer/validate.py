@@ -154,20 +154,28 @@ def _position_problems(
 ) -> list[Problem]:
     """Anchors of verified blocks past the end of their request's prompt + output (output
     known). An unverified block may lie past it: vLLM drafts for a request in the step
-    that finishes it, and the returned output is trimmed at stop/max_tokens."""
+    that finishes it, and the returned output is trimmed at stop/max_tokens. Anchors inside
+    the prompt (prompt known), before its last token: a block drafts from the last verified
+    token, at the earliest the last prompt token (every engine and importer anchors the
+    first block on the first output token, at ``len(prompt)``)."""
     r = b["request"]
     ok = (r >= 0) & (r < nreq)
-    lengths = np.array(
-        [len(p) + len(o) if len(o) else -1 for p, o in zip(req["prompt_ids"], req["output_ids"])],
-        dtype=np.int64,
-    )
-    seq = np.full(len(r), -1, np.int64)
-    seq[ok] = lengths[r[ok]]
-    bad = (seq >= 0) & (b["num_verified"] >= 0) & (b["position"] >= seq)
-    if not bad.any():
-        return []
-    what = "verified block's position past the end of the request's prompt + output"
-    return [_rows(path, "blocks/position", what, b["position"], bad)]
+    pairs = list(zip(req["prompt_ids"], req["output_ids"]))
+    lengths = np.array([len(p) + len(o) if len(o) else -1 for p, o in pairs], np.int64)
+    prompts = np.array([len(p) for p, _ in pairs], np.int64)
+    seq, prompt = np.full(len(r), -1, np.int64), np.zeros(len(r), np.int64)
+    seq[ok], prompt[ok] = lengths[r[ok]], prompts[r[ok]]
+    pos = b["position"]
+    past = (seq >= 0) & (b["num_verified"] >= 0) & (pos >= seq)
+    before = pos < prompt - 1
+    out = []
+    if past.any():
+        what = "verified block's position past the end of the request's prompt + output"
+        out.append(_rows(path, "blocks/position", what, pos, past))
+    if before.any():
+        what = "position inside the prompt (before its last token, len(prompt) - 1)"
+        out.append(_rows(path, "blocks/position", what, pos, before))
+    return out
 
 
 def _request_problems(path: str, req: dict[str, np.ndarray]) -> list[Problem]:

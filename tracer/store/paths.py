@@ -48,11 +48,11 @@ def resolve_paths(spec: TraceSpec) -> list[Path]:
     """Expand a trace spec to file paths.
 
     A spec is a path, a glob (``run-*.h5``) or a list of either. ``NAME.h5`` that does not
-    exist but has a ``NAME.h5.partial`` resolves to the partial file. A file given twice is
-    read once (with a :class:`TraceWarning`): it would count every block twice.
+    exist but has a ``NAME.h5.partial`` resolves to the partial file.
 
     Raises:
-        InputError: a path or glob that matches nothing.
+        InputError: a path or glob that matches nothing; a file given twice (it would count
+            every block twice, as a copy would: the reader refuses those).
     """
     specs = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
     out: list[Path] = []
@@ -60,15 +60,12 @@ def resolve_paths(spec: TraceSpec) -> list[Path]:
         out += _expand(str(s))
     if not out:
         raise InputError("no trace file given")
-    unique = list(dict.fromkeys(p.resolve() for p in out))
-    if len(unique) < len(out):  # the same file twice would count every block twice
-        warnings.warn(
-            f"{len(out) - len(unique)} trace file(s) given more than once; each is read once",
-            TraceWarning,
-            stacklevel=2,
-        )
-        out = [p for p in dict.fromkeys(out) if p.resolve() in unique]
-        out = list({p.resolve(): p for p in out}.values())
+    first: dict[Path, Path] = {}
+    for p in out:
+        if p.resolve() in first:
+            also = "" if first[p.resolve()] == p else f" (as {first[p.resolve()]} and {p})"
+            raise InputError(f"{p}: one file given twice as one trace{also}")
+        first[p.resolve()] = p
     return out
 
 

@@ -34,6 +34,7 @@ from .structure import (
     read_meta,
     request_index_problems,
     scanned_request_index_problems,
+    shared_request,
     value_problems,
 )
 
@@ -218,6 +219,8 @@ class Trace:
             why = f"engine, method, k: {sorted(engines, key=str)}"
         elif len(ranks) != len(set(ranks)):
             why = f"data-parallel ranks {sorted(ranks)}: a rank appears twice"
+        elif len(ranks) < len(self.metas) > 1:  # a file without a rank: its requests tell
+            why = shared_request(self.paths, self._files)
         if why is not None:
             self.close()
             msg = f"{self.name}: files of different runs given as one trace ({why})"

@@ -156,6 +156,23 @@ def length_problems(path: str, f: h5py.File) -> list[Problem]:
     return problems
 
 
+def shared_request(paths: list, files: list[h5py.File]) -> str | None:
+    """Why files given as one trace cannot be ranks of one run when some carry no rank: a
+    request id held by two of them (a run's ranks serve distinct requests; a copy of one file
+    holds every request twice), or None. Reads each file's ``requests/req_id``."""
+    seen: dict[bytes, str] = {}
+    for path, f in zip(paths, files):
+        ids = set(f["requests"]["req_id"][:].tolist())
+        both = ids & seen.keys()
+        if both:
+            r = min(both)
+            return (
+                f"request {_decode(r)!r} in {seen[r]} and {path}: a copy of one file, or two runs"
+            )
+        seen.update(dict.fromkeys(ids, str(path)))
+    return None
+
+
 def request_index_problems(
     path: str, arr: np.ndarray, nreq: int, complete: bool, base: int = 0
 ) -> list[Problem]:
