@@ -45,9 +45,9 @@ from .child import (
     stop,
 )
 from .vllm.paths import ENV_OUT, written_traces
-from .vt.importer import discard_failed
+from .vt.importer import UNKNOWN_META, discard_failed
 from .vt.level import ENV_VAR, trace_level
-from .vt.parser import DEFAULT_ENGINE, SOURCE, VtTraceParser
+from .vt.parser import VtTraceParser
 from .vt.requests import read_requests
 from .watchdog import ENV_WATCH, EngineCoreWatch
 
@@ -135,8 +135,7 @@ def capture_command(
     writer = TraceWriter(
         out,
         {
-            "source": SOURCE,
-            "engine": DEFAULT_ENGINE,
+            **UNKNOWN_META,  # as `import vt` of its log: the lines name no engine or method
             "command": shlex.join(cmd),
             "trace_level": level,
             "capture": capture_end(None),  # ended: None until CMD ends (a killed capture)

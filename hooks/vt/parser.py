@@ -38,7 +38,6 @@ from .requests import RequestRecord, mark_unfinished
 from .stats import ImportStats, check_requests
 
 SOURCE = "vt_spec_trace"
-DEFAULT_ENGINE = "vllm.cpp"
 
 # Families that belong to the post section of a step, and the phase order.
 _POST = ("spec-post_step", "spec-update", "spec-install")
