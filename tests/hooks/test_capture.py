@@ -350,8 +350,8 @@ def test_capture_vllm_sets_out_and_reports_files(tmp_path, capfd, monkeypatch):
         from spectrace.tracer.store import TraceWriter
         out = os.environ["SPECTRACE_OUT"]
         assert os.path.isabs(out)
-        for path, n in ((out, 2), (out[:-3] + ".dp1.h5", 1)):
-            with TraceWriter(path, {"k": 2}, flush_interval=0) as w:
+        for rank, path, n in ((0, out, 2), (1, out[:-3] + ".dp1.h5", 1)):
+            with TraceWriter(path, {"k": 2, "dp_rank": rank}, flush_interval=0) as w:
                 for i in range(n):
                     w.add_block("r" + str(i), 0, 5, 1, [2, 3])
         print("generated", flush=True)
