@@ -52,8 +52,10 @@ Rules the parser (:mod:`.parser`) decides where the format leaves them open:
   are patched through the writer before it closes.
 * **Margins.** ``[spec-propose] … first=[…] margin=[ 0.523 0.010 ]`` (optional, one float or
   ``nan`` per id of ``first``) is stored in ``draft_margin`` of the block the proposal joins
-  (NaN-padded to its ``proposed`` width); a count that differs from ``first``'s, a non-number
-  or a value beyond float32 makes the line malformed.
+  (NaN-padded to its ``proposed`` width), any float text (``%.3f`` or not); a count that
+  differs from ``first``'s, a non-number or a value beyond float32 makes the line malformed.
+* **Request ids** are text: one holding bytes that are not UTF-8 makes its line malformed
+  (decoding them to U+FFFD would merge distinct ids into one request).
 * **Finish.** A request whose ``[spec-update] req=`` lines never say ``finished=1`` (the log
   ends first: a killed or cut-short run) gets finish reason ``unfinished`` unless the
   requests file gives one; a log without update lines (its trace level prints none) says
@@ -63,7 +65,9 @@ Rules the parser (:mod:`.parser`) decides where the format leaves them open:
 * **Invariants.** Chain breaks (``pos < pos_prev + ns_prev``), ``acc !=
   max(ns-1, 0)``, ``len(emit) != ns``, ``len(draft) != k``, ``acc > k`` and
   ``emit[:acc] != draft[:acc]`` are counted with line numbers (lenient) or raise (strict)
-  after the block is recorded: no block is ever dropped for them.
+  after the block is recorded: no block is ever dropped for them. Strict mode also refuses a
+  block that cannot be its request's, on a log that prints the ``[spec-update]`` payload (a
+  wrong request id passes the chain otherwise): :class:`~.blocks.PlainSteps`.
 * **Ranges.** A value that its trace column cannot hold is a malformed line (counted with
   its line number and dropped; strict: ``FILE:LINE: ... (field=, value=)``), never clamped:
   ``pos`` in [1, 2^31-1], ``k``/``ns``/``acc``/``drafts/row`` in int16, ids in int32, other
