@@ -350,3 +350,15 @@ def test_capture_and_import_record_the_same_engine(tmp_path, meta):
     for p in ("c.h5", "i.h5"):
         t = open_trace(tmp_path / p)
         assert (t.meta["engine"], t.meta["method"], len(t.blocks)) == (want, None, 139), p
+
+
+# -- found while breaking main: misleading messages ---------------------------------------------
+
+
+def test_a_text_that_names_the_format_is_not_called_a_log(tmp_path):
+    # traces/README.md names VT_SPEC_TRACE and quotes [SPECTRACE] inside a line: not a log
+    for path, log in ((ROOT / "traces" / "README.md", False), (LOG, True)):
+        r = run_inproc("info", path)
+        assert r.returncode == 2
+        said = "a VT_SPEC_TRACE log, not a trace file" in _error(r.stderr)
+        assert said == log, r.stderr

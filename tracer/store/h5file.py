@@ -9,6 +9,10 @@ import h5py
 
 from ..errors import InputError, TraceFormatError
 
+#: A ``VT_SPEC_TRACE`` line at the start of a line of a file's head (a README that names the
+#: format is not a log).
+_VT_LINE = re.compile(rb"(?m)^[ \t]*\[\s*(?:SPECTRACE|spec-[a-z_-]+)\s*\]")
+
 
 def open_h5(path: Path) -> h5py.File:
     """Open one trace file for reading (no HDF5 file lock: a writer may hold it open).
@@ -39,7 +43,7 @@ def _unreadable(path: Path, exc: OSError) -> str:
             head = fh.read(4096)
     except OSError:
         head = b""
-    if b"VT_SPEC_TRACE" in head or b"[SPECTRACE]" in head or b"[spec-" in head:
+    if _VT_LINE.search(head):  # a line that starts with a tag, not a text naming the format
         return (
             "a VT_SPEC_TRACE log, not a trace file: convert it with "
             "`spectrace import vt LOG -o TRACE.h5`"
