@@ -244,7 +244,7 @@ class PlainSteps:
     A log without those lines (async scheduling, a filtered log) contradicts nothing.
     """
 
-    strict: bool = False  # only strict mode checks (verify returns [] otherwise)
+    strict: bool = False  # only strict mode checks (lenient: every method does nothing)
     payload_ever: bool = False  # the log prints [spec-update] req= rows
     plain: set[str] = field(default_factory=set)  # evidence since the request's last block
     active: set[str] = field(default_factory=set)  # requests with a block
@@ -256,11 +256,13 @@ class PlainSteps:
     def probe(self, req: str, drafts: int) -> None:
         """``[spec-install]`` (``installed=``) or ``[spec-sched]`` (``sched=``) gives ``req``
         ``drafts`` drafts."""
-        if drafts == 0:
+        if self.strict and drafts == 0:
             self.plain.add(req)
 
     def row(self, req: str, drafts: int, finished: bool, lineno: int) -> None:
         """A ``[spec-update] req=`` payload row at line ``lineno``."""
+        if not self.strict:
+            return
         self.payload = self.payload_ever = True
         (self.drafting if drafts > 0 else self.plain).add(req)
         if finished:
@@ -268,7 +270,7 @@ class PlainSteps:
 
     def end_step(self) -> None:
         """A step ends: a request with a block but no drafts in its payload decodes plain."""
-        if self.payload:
+        if self.strict and self.payload:
             self.plain |= self.active - self.drafting
         self.payload, self.drafting = False, set()
 
@@ -276,6 +278,8 @@ class PlainSteps:
         """A block of ``req`` at ``pos`` after ``prev`` (``again``: a second block of ``req``
         in one step): the strict problems, as ``(kind, message)`` pairs (a wrong request id
         shows as one of them); the request's evidence starts again."""
+        if not self.strict:
+            return []
         out, r = [], f"req={req} pos={pos}"
         if self.payload_ever and self.scheduled and req not in self.scheduled:
             out.append(("unscheduled", f"{r}: no [spec-sched] line named req={req} before"))
@@ -290,4 +294,4 @@ class PlainSteps:
             out.append(("chain gap", msg + f"since gave req={req} drafts"))
         self.plain.discard(req)
         self.active.add(req)
-        return out if self.strict else []
+        return out
