@@ -362,3 +362,9 @@ def test_a_text_that_names_the_format_is_not_called_a_log(tmp_path):
         assert r.returncode == 2
         said = "a VT_SPEC_TRACE log, not a trace file" in _error(r.stderr)
         assert said == log, r.stderr
+
+
+def test_validate_checks_a_file_given_twice_once():
+    # validate checks files one at a time (not as one trace): a repeat is no error
+    r = run_inproc("validate", REF, REF, VLLM)
+    assert (r.returncode, r.stdout) == (0, f"{REF}: valid\n{VLLM}: valid\n")

@@ -56,12 +56,20 @@ def validate_file(path: Path) -> list[Problem]:
 
 
 def validate(spec: str | list[str]) -> list[tuple[Path, list[Problem]]]:
-    """Validate every file of ``spec`` (files, globs; see ``resolve_paths``).
+    """Validate every file of ``spec`` (files, globs; see ``resolve_paths``), each once (the
+    files are checked one at a time, not read as one trace: a file given twice is no error).
 
     Returns:
         ``(path, problems)`` per file, in order.
+    Raises:
+        InputError: a path or glob that matches nothing.
     """
-    return [(p, validate_file(p)) for p in resolve_paths(spec)]
+    specs = [spec] if isinstance(spec, str) else spec
+    paths: dict[Path, Path] = {}
+    for item in specs:
+        for p in resolve_paths(item):
+            paths.setdefault(p.resolve(), p)
+    return [(p, validate_file(p)) for p in paths.values()]
 
 
 def _validate_open(path: str, f: h5py.File) -> list[Problem]:
