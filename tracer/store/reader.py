@@ -270,8 +270,7 @@ class Trace:
             raise self._damaged(f"column blocks/{c.name}", exc) from None
 
     def _damaged(self, what: str, exc: BaseException) -> TraceFormatError:
-        """The one-line error of a read that failed: the file it failed in (:class:`PartError`;
-        else the trace's name), what was read, why."""
+        """A failed read's one line: the file it failed in (else the trace), what, why."""
         where = exc.path if isinstance(exc, PartError) else self.name
         return TraceFormatError(f"{where}: damaged {what} ({short_reason(exc)})")
 
@@ -283,7 +282,8 @@ class Trace:
             if ds is None:
                 arr = _filled(c, n, None if c.width is None else 1)
             else:
-                arr = _part(self.paths[i], ds.__getitem__, () if ds.shape[0] == n else slice(n))
+                whole = () if ds.shape[0] == n else slice(n)  # [()] skips hyperslab work
+                arr = _part(self.paths[i], ds.__getitem__, whole)
             parts.append(self._checked(i, c.name, arr))
         if not parts:
             return _filled(c, 0, None if c.width is None else 1)
@@ -379,7 +379,7 @@ class Trace:
             base += n
             if lo >= hi:
                 continue
-            ds = self._dataset(i, name)
+            ds = dss[i]
             arr = (
                 _filled(c, hi - lo, width)
                 if ds is None
