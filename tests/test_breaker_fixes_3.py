@@ -368,3 +368,15 @@ def test_validate_checks_a_file_given_twice_once():
     # validate checks files one at a time (not as one trace): a repeat is no error
     r = run_inproc("validate", REF, REF, VLLM)
     assert (r.returncode, r.stdout) == (0, f"{REF}: valid\n{VLLM}: valid\n")
+
+
+def test_an_existing_file_is_no_pattern(tmp_path):
+    # run[1].h5 exists: it is read itself, not the file its name matches as a glob (run1.h5)
+    literal, other = tmp_path / "run[1].h5", tmp_path / "run1.h5"
+    shutil.copy(REF, literal)
+    shutil.copy(VLLM, other)
+    r = run_inproc("info", literal, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["files"] == [str(literal)]
+    glob = run_inproc("info", tmp_path / "run[12].h5", "--format", "json")  # the twin: a glob
+    assert json.loads(glob.stdout)["files"] == [str(other)]

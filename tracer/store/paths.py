@@ -70,8 +70,9 @@ def resolve_paths(spec: TraceSpec) -> list[Path]:
 
 
 def _expand(s: str) -> list[Path]:
-    """The files of one spec item: a glob's sorted matches, or one path (or its partial)."""
-    if any(ch in s for ch in "*?["):
+    """The files of one spec item: a glob's sorted matches, or one path (or its partial); a
+    file that exists is itself, whatever its name holds (``run[1].h5`` is no pattern then)."""
+    if any(ch in s for ch in "*?[") and not os.path.lexists(s):
         matches = sorted(_glob.glob(s))
         if not matches:
             raise InputError(f"{s}: no file matches this pattern")
