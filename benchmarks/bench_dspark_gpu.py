@@ -506,12 +506,12 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
         )
 
     modes = args.modes.split(",")
-    taps = {m: _timed_tap(runner, make_session(), m, args.flush_steps) for m in modes}
+    taps = {m: _timed_tap(runner, make_session(), m, args) for m in modes}
     for tap, host, propose in taps.values():  # compile the kernels, start the join thread
         for _ in range(args.warmup):
             runner.run_step(propose)
         tap.drain(wait=True)
-        host[:] = [0.0, 0, 0.0, []]  # host time of the interleaved runs only (warmup included)
+        host[:] = _fresh_host()  # host time of the interleaved runs only (warmup included)
         if tap.drainer is not None:
             tap.drainer.busy_ns = 0
     runs: dict[str, list[dict]] = {"off": [], **{m: [] for m in modes}}
@@ -546,6 +546,11 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
         on["capture_host_us"] = (host[0] - host[2]) / steps * 1e6
         on["capture_host_p50_us"] = statistics.median(host[3] or [0.0]) * 1e6
         on["capture_host_p90_us"] = sorted(host[3] or [0.0])[int(len(host[3]) * 0.9)] * 1e6
+        if args.profile:  # thread CPU of the tap and its parts, median us per call
+            on["profile_p50_us"] = {
+                "tap_cpu": statistics.median(host[4] or [0.0]) * 1e6,
+                **{n: statistics.median(v) * 1e6 for n, v in host[5].items()},
+            }
         g = tap.graph
         on["graph_stage"] = None if g is None else {"captures": g.captures, "lost": g.lost}
         if g is not None and g.lost:
@@ -571,31 +576,40 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
 MODES = ("capture", "launch")
 
 
-def _timed_tap(runner: Runner, session, mode: str, flush_steps: int | None):
+def _timed_tap(runner: Runner, session, mode: str, args):
     """``(tap, host, propose)``: a ProposeTap on its own speculator object wrapping
     ``runner.propose`` (which stays bare), or the hooked propose in mode ``capture``;
-    ``host`` is ``[seconds in the tap's propose, calls, seconds in the original propose]``
+    ``host`` is ``[seconds in the tap's propose, calls, seconds in the original propose,
+    per-step tap seconds, per-step tap thread-CPU seconds (``--profile``), parts]``
     (tap host time = the difference: everything the tap adds on the runner's thread)."""
-    kw = {} if flush_steps is None else {"flush_steps": flush_steps}
-    host = [0.0, 0, 0.0, []]  # + per-step tap host seconds (for the median)
+    kw = {} if args.flush_steps is None else {"flush_steps": args.flush_steps}
+    host = _fresh_host()
     inner = [runner.propose]  # the hooked propose in mode capture, once the tap exists
+    cpu_ns = time.thread_time_ns if args.profile else None
 
     @functools.wraps(runner.propose)  # the signature the tap resolves
     def timed_inner(*a, **kw):  # the original propose, timed (subtracted)
+        c0 = cpu_ns() if cpu_ns else 0
         t0 = time.perf_counter()
         try:
             return inner[0](*a, **kw)
         finally:
             host[2] += time.perf_counter() - t0
+            if cpu_ns:
+                host[6] += cpu_ns() - c0
 
     spec = SimpleNamespace(propose=timed_inner)
-    tap = vllm_v2.ProposeTap(spec, session, background_join=True, **kw)
+    tap = vllm_v2.ProposeTap(spec, session, background_join=args.join == "thread", **kw)
     if mode == "capture":  # captures the step's graph with the tap's staging launch
         inner[0] = runner.hooked(tap.stage_in_graph)
+    if args.profile:
+        _time_parts(tap)
 
     def timed_propose(*a, **kw):
+        _PROFILED[0] = host
+        c0 = cpu_ns() if cpu_ns else 0
         t0 = time.perf_counter()
-        inner0 = host[2]
+        inner0, cin0 = host[2], host[6]
         try:
             return tap.propose(*a, **kw)
         finally:
@@ -603,8 +617,43 @@ def _timed_tap(runner: Runner, session, mode: str, flush_steps: int | None):
             host[0] += dt
             host[1] += 1
             host[3].append(dt - (host[2] - inner0))
+            if cpu_ns:
+                host[4].append((cpu_ns() - c0 - (host[6] - cin0)) / 1e9)
 
     return tap, host, timed_propose
+
+
+_PROFILED: list = [None]  # the host list of the tap whose propose runs now (``--profile``)
+
+
+def _fresh_host() -> list:
+    return [0.0, 0, 0.0, [], [], {}, 0]
+
+
+def _time_parts(tap) -> None:
+    """``--profile``: per-call seconds of the tap's parts (``record``; the in-graph
+    descriptor write; the launched staging) into the running tap's ``host[5]`` (name -> list,
+    :data:`_PROFILED`); each wrapper
+    adds ~0.2 us to the tap's time."""
+    from spectrace.hooks.vllm.v2 import graph_stage
+
+    def timed(name, fn):
+        def wrapped(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                _PROFILED[0][5].setdefault(name, []).append(time.perf_counter() - t0)
+
+        return wrapped
+
+    tap.record = timed("record", tap.record)
+    if not getattr(graph_stage.GraphStage.write, "_timed", False):
+        graph_stage.GraphStage.write = timed("write", graph_stage.GraphStage.write)
+        graph_stage.GraphStage.write._timed = True
+    if not getattr(vllm_v2.stage_triton, "_timed", False):
+        vllm_v2.stage_triton = timed("launch", vllm_v2.stage_triton)
+        vllm_v2.stage_triton._timed = True
 
 
 def stage_micro(batch: int = 64, k: int = 7, n_iter: int = 2000) -> dict:
@@ -770,6 +819,14 @@ def main(argv=None) -> int:
         help="skip the staging-launch micro "
         "benchmark (Triton vs torch ops vs a CUDA graph of them)",
     )
+    ap.add_argument(
+        "--join", choices=["thread", "inline"], default="thread", help="the tap's join thread"
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="also time the tap's parts and its thread CPU (adds ~1 us per step)",
+    )
     ap.add_argument("--poll-ms", type=float, default=None, help="override Drainer.POLL_S")
     ap.add_argument("--switch-us", type=float, default=None, help="override Drainer.SWITCH_S")
     args = ap.parse_args(argv)
@@ -837,6 +894,10 @@ def main(argv=None) -> int:
             for r in rs
         )
         print(f"  tap host us/step mean (median, p90), {name}: {host}")
+        for r in rs:
+            if "profile_p50_us" in r:
+                parts = ", ".join(f"{n} {v:.1f}" for n, v in r["profile_p50_us"].items())
+                print(f"    profile p50 us, {name} {r['config']} b{r['batch']}: {parts}")
     for c in by_cfg:
         pairs = [
             (a["overhead_pct"], b["overhead_pct"])
