@@ -233,6 +233,7 @@ class StaticDraftStep:
         self.koff = torch.arange(1, k + 1, device=device)
         self.draft_tokens = torch.zeros(batch, k, dtype=torch.int64, device=device)
         self.sample_pos = torch.zeros(batch * k, dtype=torch.int64, device=device)
+        self.pre_sample = None  # called before the Markov loop (the tap's fetch_in_graph)
 
     @torch.no_grad()
     def __call__(self) -> None:
@@ -249,6 +250,8 @@ class StaticDraftStep:
         )
         hidden = m.query_forward(self.kv, q_ids, q_pos, mask)
         base = m.compute_draft_logits(hidden[:, self.off : self.off + self.k])
+        if self.pre_sample is not None:  # where DSpark's _sample_sequential starts
+            self.pre_sample()
         self.draft_tokens.copy_(dspark.sample_sequential(base, self.anchor, m))
         self.sample_pos.copy_((self.anchor_pos[:, None] + self.koff).reshape(-1))
 
@@ -307,7 +310,8 @@ class Runner:
         self.next_prefill = torch.zeros((1, b), dtype=torch.int32, device=device)
         self.idx_mapping = torch.arange(b, dtype=torch.int64, device=device)
         self.positions = (100 + torch.arange(b * (k + 1))).to(device)
-        self.qsl = (torch.arange(b + 1) * (k + 1)).to(torch.int32).to(device)
+        self.qsl_np = (torch.arange(b + 1) * (k + 1)).tolist()
+        self.qsl = torch.tensor(self.qsl_np, dtype=torch.int32, device=device)
         self.graph = None
         if use_graph:
             s = torch.cuda.Stream()
@@ -322,7 +326,7 @@ class Runner:
         self.t = 0
         self.events: list = []
         self._graphs: dict = {}  # hook -> the graph of the step with the hook
-        self._hook = None
+        self._hook = self._pre = None
 
     def propose(
         self,
@@ -351,16 +355,21 @@ class Runner:
         if graph is not None:
             graph.replay()
         else:
+            st.pre_sample = self._pre
             st()
+            st.pre_sample = None
             if self._hook is not None:  # the drafter's eager path: the hook runs in Python
                 self._hook(st.draft_tokens)
         return st.draft_tokens[: input_batch.num_reqs]
 
-    def hooked(self, hook):
+    def hooked(self, hook, pre=None):
         """A ``propose`` whose draft step ends with ``hook(draft_tokens)`` (spectrace's
-        in-graph staging launch, as DSpark's ``_sample_sequential`` would call it), captured in
-        a second graph of the same step (eager without graphs)."""
+        in-graph staging launch, as DSpark's ``_sample_sequential`` would call it) and calls
+        ``pre()`` before its Markov loop (the tap's ``fetch_in_graph``, as the start of
+        ``_sample_sequential`` would), captured in a second graph of the same step (eager
+        without graphs)."""
         step = self.step_fn
+        step.pre_sample = pre
         if self.graph is not None and hook not in self._graphs:
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
@@ -374,24 +383,26 @@ class Runner:
                 step()
                 hook(step.draft_tokens)
             self._graphs[hook] = g
+        step.pre_sample = None
 
         def propose(*a, **kw):
-            self._hook = hook
+            self._hook, self._pre = hook, pre
             try:
                 return self.propose(*a, **kw)
             finally:
-                self._hook = None
+                self._hook = self._pre = None
 
         return propose
 
     def run_step(self, propose) -> None:
         i = self.t % self.ns_pool.shape[0]
-        batch = SimpleNamespace(
+        b = len(self.req_ids)
+        batch = SimpleNamespace(  # new views of persistent buffers per step, like vLLM's V2
             req_ids=list(self.req_ids),
-            num_reqs=len(self.req_ids),
-            idx_mapping=self.idx_mapping,
-            positions=self.positions,
-            query_start_loc=self.qsl,
+            num_reqs=b,
+            idx_mapping=self.idx_mapping[:b],
+            positions=self.positions[: self.qsl_np[b]],
+            query_start_loc=self.qsl[: b + 1],
         )
         out = propose(
             batch,
@@ -552,7 +563,11 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
                 **{n: statistics.median(v) * 1e6 for n, v in host[5].items()},
             }
         g = tap.graph
-        on["graph_stage"] = None if g is None else {"captures": g.captures, "lost": g.lost}
+        on["graph_stage"] = (
+            None
+            if g is None
+            else {"captures": g.captures, "lost": g.lost, "fetches": getattr(g, "fetches", 0)}
+        )
         if g is not None and g.lost:
             raise SystemExit(f"bench: in-graph staging lost {g.lost} descriptors")
         on["join_thread_us"] = joined
@@ -571,8 +586,10 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
 
 
 #: Capture modes: ``capture``, the drafter's graph stages the rows (the tap writes one
-#: descriptor per step: :mod:`spectrace.hooks.vllm.v2.graph_stage`); ``launch``, the landed
-#: path measured in the same run (one staging launch from Python after each ``propose``).
+#: descriptor per step: :mod:`spectrace.hooks.vllm.v2.graph_stage`; the graph copies the
+#: descriptor ring to device memory beside the Markov loop, ``fetch_in_graph``); ``pinned``,
+#: the same without that copy (the kernel reads its descriptor over PCIe; opt-in here);
+#: ``launch``, the default path (one staging launch from Python after each ``propose``).
 MODES = ("capture", "launch")
 
 
@@ -600,8 +617,9 @@ def _timed_tap(runner: Runner, session, mode: str, args):
 
     spec = SimpleNamespace(propose=timed_inner)
     tap = vllm_v2.ProposeTap(spec, session, background_join=args.join == "thread", **kw)
-    if mode == "capture":  # captures the step's graph with the tap's staging launch
-        inner[0] = runner.hooked(tap.stage_in_graph)
+    if mode in ("capture", "pinned"):  # the step's graph with the tap's staging launch
+        pre = tap.fetch_in_graph if mode == "capture" else None
+        inner[0] = runner.hooked(tap.stage_in_graph, pre)
     if args.profile:
         _time_parts(tap)
 
@@ -887,7 +905,8 @@ def main(argv=None) -> int:
         by_cfg.setdefault(r["config"], []).append(r["overhead_pct"])
     for c, v in by_cfg.items():
         print(f"  {c}: overhead per batch size {', '.join(f'{x:+.2f}%' for x in v)}")
-    for name, rs in (("capture", caps), ("launch (pre-change path)", inline)):
+    pinned = [r for r in rows if r["mode"] == "pinned"]
+    for name, rs in (("capture", caps), ("pinned", pinned), ("launch", inline)):
         host = ", ".join(
             f"{r['config']} b{r['batch']} {r['capture_host_us']:.1f} "
             f"(p50 {r['capture_host_p50_us']:.1f}, p90 {r['capture_host_p90_us']:.1f})"

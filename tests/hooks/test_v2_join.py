@@ -77,6 +77,7 @@ class HookSpec(Spec):
     like vLLM's prepare step writes the graph's inputs)."""
 
     graph_mode = False
+    fetch = False  # also call tap.fetch_in_graph at the step's start (DSpark does)
 
     def __init__(self, make_propose, v2_batch) -> None:
         super().__init__(make_propose, v2_batch)
@@ -86,6 +87,8 @@ class HookSpec(Spec):
         self.tap = self.graph = None
 
     def _body(self) -> None:
+        if self.fetch:
+            self.tap.fetch_in_graph()
         self.buf.copy_(self.src)
         self.tap.stage_in_graph(self.buf)
 
@@ -118,6 +121,12 @@ class GraphSpec(HookSpec):
     graph_mode = True
 
 
+class FetchSpec(GraphSpec):
+    """The replayed step also copies the descriptor ring to device memory first."""
+
+    fetch = True
+
+
 class MixedSpec(GraphSpec):
     """A captured drafter whose calls 2, 4 and 6 run eagerly (a batch size without a graph):
     the hook launches from Python then, taking the call's descriptor."""
@@ -131,6 +140,12 @@ class MixedSpec(GraphSpec):
         self.src[:n].copy_(self.drafts)
         self._body()
         return self.buf[:n]
+
+
+class FetchMixedSpec(MixedSpec):
+    """MixedSpec whose every step copies the descriptor ring first (eager steps too)."""
+
+    fetch = True
 
 
 def run_scenario(
@@ -333,7 +348,7 @@ class StridedSpec(GraphSpec):
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec_cls", [GraphSpec, MixedSpec, StridedSpec])
+@pytest.mark.parametrize("spec_cls", [GraphSpec, MixedSpec, StridedSpec, FetchSpec, FetchMixedSpec])
 @pytest.mark.parametrize("flush_steps", [1, 3, 32])
 def test_chunked_join_staged_in_graph_cuda(tmp_path, fakes, flush_steps, spec_cls):
     """The drafter stages its rows itself (``stage_in_graph``): from a replayed CUDA graph
@@ -347,6 +362,9 @@ def test_chunked_join_staged_in_graph_cuda(tmp_path, fakes, flush_steps, spec_cl
     g = tap.graph
     assert g is not None and g.armed and g.lost == 0 and g.waits == 0 and g.captures == 1
     assert g.seq == 6 and int(g.ctl_np[0]) == 6  # warmups before the capture: no descriptor
+    # fetch: one captured copy, plus one per eager step after the capture (MixedSpec: 3)
+    fetches = (4 if issubclass(spec_cls, MixedSpec) else 1) if spec_cls.fetch else 0
+    assert g.fetches == fetches
     assert sum(v2_stage.launch_counts.values()) == sum(before.values())  # none by the tap
 
 
@@ -535,10 +553,10 @@ def test_input_layout_reads_pointers_and_row_strides():
     last_sampled's column 0 steps by its row stride (2), next_prefill_tokens' row 0 by 1."""
     inputs = _staging_inputs()
     lay = v2_stage.input_layout(tuple(inputs))
-    assert lay == (tuple(t.data_ptr() for t in inputs), 2, 1)
+    assert lay == (*[t.data_ptr() for t in inputs], 2, 1)
     inputs[6] = torch.zeros(5, dtype=torch.int32)  # 1-D next_prefill_tokens
     inputs[5] = torch.zeros(5, dtype=torch.int64)  # 1-D last_sampled
-    assert v2_stage.input_layout(tuple(inputs))[1:] == (1, 1)
+    assert v2_stage.input_layout(tuple(inputs))[7:] == (1, 1)
 
 
 @pytest.mark.parametrize(
@@ -553,3 +571,60 @@ def test_input_layout_rejects_what_the_kernels_do_not_take(i, bad):
     inputs = _staging_inputs()
     inputs[i] = bad()
     assert v2_stage.input_layout(tuple(inputs)) is None
+
+
+def _propose_sig(
+    input_batch,
+    attn_metadata,
+    slot_mappings,
+    last_hidden_states,
+    aux_hidden_states,
+    num_sampled,
+    num_rejected,
+    last_sampled,
+    next_prefill_tokens,
+    temperature,
+    seeds,
+    dp_sync_state=None,
+    dummy_run=False,
+    skip_attn_for_dummy_run=False,
+    mm_inputs=None,
+    is_profile=False,
+    num_speculative_tokens=None,
+):
+    """vLLM 0.32's ``BaseSpeculator.propose`` signature (the layout test's subject)."""
+
+
+@pytest.mark.parametrize(
+    "args,kwargs,want",
+    [
+        # all 11 required positionally, k by keyword: defaults for dummy_run/is_profile
+        (
+            tuple("abcdefghijk"),
+            {"num_speculative_tokens": 3},
+            ("a", "f", "g", "h", "i", 3, False, False),
+        ),
+        # clean twin with every parameter positional (17): each read from its position
+        (tuple("abcdefghijklmnopq"), {}, ("a", "f", "g", "h", "i", "q", "m", "p")),
+        # keywords for everything past input_batch; unknown keywords ignored
+        (
+            ("a",),
+            {
+                "num_sampled": 5,
+                "num_rejected": 6,
+                "last_sampled": 7,
+                "next_prefill_tokens": 8,
+                "dummy_run": True,
+                "seeds": 0,
+                "temperature": 1,
+            },
+            ("a", 5, 6, 7, 8, None, True, False),
+        ),
+    ],
+)
+def test_record_args_reads_positions_keywords_and_defaults(args, kwargs, want):
+    from spectrace.hooks.vllm.v2.layout import RecordArgs, propose_layout
+
+    read = RecordArgs(propose_layout(_propose_sig))
+    assert tuple(read(args, kwargs)) == want
+    assert tuple(read(args, kwargs)) == want  # the cached getter gives the same
