@@ -110,6 +110,22 @@ def import_spectrace():
 
 
 dspark, dspark_ckpt, hook, vllm_v2 = import_spectrace()
+
+
+def import_before(root: Path):
+    """The V2 tap module of another checkout at ``root`` (``--before``), as the package
+    ``spectrace_before``: its ``hooks`` relative imports stay inside it (absolute
+    ``spectrace.tracer`` imports use this checkout's tracer), so both taps run in one
+    process, interleaved."""
+    import importlib
+
+    for pkg, folder in (("spectrace_before", None), ("spectrace_before.hooks", "hooks")):
+        m = types.ModuleType(pkg)
+        m.__path__ = [str(root / folder)] if folder else []
+        sys.modules[pkg] = m
+    return importlib.import_module("spectrace_before.hooks.vllm.v2.tap")
+
+
 from spectrace.hooks.vllm.joiner import BlockJoiner  # noqa: E402 - after import_spectrace
 
 # The bench's trace has no vLLM engine core behind it: skip the close-time counter report.
@@ -616,11 +632,14 @@ def _timed_tap(runner: Runner, session, mode: str, args):
                 host[6] += cpu_ns() - c0
 
     spec = SimpleNamespace(propose=timed_inner)
-    tap = vllm_v2.ProposeTap(spec, session, background_join=args.join == "thread", **kw)
+    mod = vllm_v2
+    if mode.startswith("before-"):  # the other checkout's tap (--before), same run
+        mod, mode = _BEFORE[0], mode[len("before-") :]
+    tap = mod.ProposeTap(spec, session, background_join=args.join == "thread", **kw)
     if mode in ("capture", "pinned"):  # the step's graph with the tap's staging launch
         pre = tap.fetch_in_graph if mode == "capture" else None
         inner[0] = runner.hooked(tap.stage_in_graph, pre)
-    if args.profile:
+    if args.profile and mod is vllm_v2:
         _time_parts(tap)
 
     def timed_propose(*a, **kw):
@@ -641,6 +660,7 @@ def _timed_tap(runner: Runner, session, mode: str, args):
     return tap, host, timed_propose
 
 
+_BEFORE: list = [None]  # the --before checkout's tap module
 _PROFILED: list = [None]  # the host list of the tap whose propose runs now (``--profile``)
 
 
@@ -754,40 +774,54 @@ def stage_micro(batch: int = 64, k: int = 7, n_iter: int = 2000) -> dict:
 
 def _in_graph_micro(ring, batch: int, args: tuple, drafts) -> dict:
     """Host us per descriptor write and device us per launch of the in-graph staging kernel
-    (:mod:`spectrace.hooks.vllm.v2.graph_stage`): a graph of 50 launches, replayed after the
-    host wrote their 50 descriptors."""
+    (:mod:`spectrace.hooks.vllm.v2.graph_stage`): a graph of ``SLOTS // 2`` launches (the
+    host may write at most ``SLOTS`` descriptors ahead), replayed after the host wrote their
+    descriptors; ``fetch``: each launch after a :meth:`GraphStage.fetch` (the copy and the
+    launch back to back here: in the drafter's graph the copy runs beside the Markov loop)."""
     from spectrace.hooks.vllm.v2.graph_stage import GraphStage
 
     st = GraphStage(drafts.device)
     for _ in range(3):  # compiles; eager launches write their own descriptors
         st.launch(drafts)
     torch.cuda.synchronize()
-    g50 = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g50):
-        for _ in range(50):
-            st.launch(drafts)
+    n = GraphStage.SLOTS // 2
+    graphs = {}
+    for fetch in (False, True):
+        graphs[fetch] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[fetch]):
+            for _ in range(n):
+                if fetch:
+                    st.fetch()
+                st.launch(drafts)
 
     def fill() -> float:
         t0 = time.perf_counter()
-        for i in range(50):
+        for i in range(n):
             st.write(ring, (i % 32) * batch, batch, args[:7])
         st.end_call()
         return time.perf_counter() - t0
 
-    fill()
-    g50.replay()
-    torch.cuda.synchronize()
+    out = {}
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    dev, host = [], []
-    for _ in range(20):
-        host.append(fill() / 50 * 1e6)
-        e0.record()
-        g50.replay()
-        e1.record()
+    for fetch, graph in graphs.items():
+        fill()
+        graph.replay()
         torch.cuda.synchronize()
-        dev.append(e0.elapsed_time(e1) * 1e3 / 50)
+        dev, host = [], []
+        for _ in range(20):
+            host.append(fill() / n * 1e6)
+            e0.record()
+            graph.replay()
+            e1.record()
+            torch.cuda.synchronize()
+            dev.append(e0.elapsed_time(e1) * 1e3 / n)
+        out["fetch" if fetch else "pinned"] = (sorted(host)[10], sorted(dev)[10])
     assert st.lost == 0, st.lost
-    return {"host_us": sorted(host)[10], "dev_us": sorted(dev)[10]}
+    return {
+        "host_us": out["pinned"][0],
+        "dev_us": out["pinned"][1],
+        "fetch_dev_us": out["fetch"][1],
+    }
 
 
 def print_table(rows: list[dict]) -> None:
@@ -809,6 +843,44 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
+def summarize(rows: list[dict], micro: dict | None) -> None:
+    """Per mode: overhead per batch, added syncs, ring waits, the tap's host us per step
+    (mean, median, p90) and, with ``--profile``, its parts; the in-graph kernel's device
+    share of each step."""
+    modes = list(dict.fromkeys(r["mode"] for r in rows if r["mode"] != "off"))
+    for mode in modes:
+        rs = [r for r in rows if r["mode"] == mode]
+        added = max(r["added_syncs_per_step"] for r in rs)
+        waits = max(r["sync_waits"] for r in rs)
+        print(f"\nmode {mode}: added host syncs per step {added:+.2f}, ring waits {waits}")
+        for c in dict.fromkeys(r["config"] for r in rs):
+            cr = [r for r in rs if r["config"] == c]
+            print(
+                f"  {c}: overhead per batch "
+                + ", ".join(f"b{r['batch']} {r['overhead_pct']:+.2f}%" for r in cr)
+                + "; tap host us/step median (mean, p90) "
+                + ", ".join(
+                    f"b{r['batch']} {r['capture_host_p50_us']:.1f} "
+                    f"({r['capture_host_us']:.1f}, {r['capture_host_p90_us']:.1f})"
+                    for r in cr
+                )
+            )
+            for r in cr:
+                if "profile_p50_us" in r:
+                    parts = ", ".join(f"{n} {v:.1f}" for n, v in r["profile_p50_us"].items())
+                    print(f"    profile p50 us, b{r['batch']}: {parts}")
+    if micro:  # device work the in-graph capture adds per step: one staging kernel
+        offs = {(r["config"], r["batch"]): r["gpu_ms"] for r in rows if r["mode"] == "off"}
+        for key, name in (("dev_us", "pinned"), ("fetch_dev_us", "fetch + kernel")):
+            dev_us = micro["in-graph"][key]
+            print(
+                f"  in-graph kernel ({name}) device time {dev_us:.2f} us per step (batch 64): "
+                + ", ".join(
+                    f"{c} b{b} {dev_us / (ms * 1e3) * 100:.2f}%" for (c, b), ms in offs.items()
+                )
+            )
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", choices=["tiny", "qwen3-8b", "all"], default="all")
@@ -828,7 +900,14 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--flush-steps", type=int, default=None, help="steps per ring segment (default: the tap's)"
     )
-    ap.add_argument("--modes", default=",".join(MODES), help="capture modes, comma-separated")
+    ap.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help="capture modes, comma-separated (before-MODE: the --before checkout's tap)",
+    )
+    ap.add_argument(
+        "--before", type=Path, default=None, help="another checkout, for modes before-MODE"
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--no-cpu-fallback", action="store_true")
     ap.add_argument(
@@ -848,6 +927,8 @@ def main(argv=None) -> int:
     ap.add_argument("--poll-ms", type=float, default=None, help="override Drainer.POLL_S")
     ap.add_argument("--switch-us", type=float, default=None, help="override Drainer.SWITCH_S")
     args = ap.parse_args(argv)
+    if args.before is not None:
+        _BEFORE[0] = import_before(args.before.resolve())
     from spectrace.hooks.vllm.v2.drainer import Drainer
 
     if args.poll_ms is not None:
@@ -890,52 +971,12 @@ def main(argv=None) -> int:
             rows += bench_one(config, b, args, device)
             print(f"bench: {config} batch {b} done", file=sys.stderr, flush=True)
     print_table(rows)
-    caps = [r for r in rows if r["mode"] == "capture"] or [r for r in rows if r["mode"] != "off"]
-    inline = [r for r in rows if r["mode"] == "launch"]
-    worst = max(caps, key=lambda r: r["overhead_pct"])
-    added = max(r["added_syncs_per_step"] for r in caps)
-    waits = max(r["sync_waits"] for r in caps)
-    print(
-        f"\ncapture overhead: worst {worst['overhead_pct']:+.2f}% of the step "
-        f"({worst['config']} batch {worst['batch']}); added host syncs per step: {added:+.2f}; "
-        f"ring waits: {waits}"
-    )
-    by_cfg = {}
-    for r in caps:
-        by_cfg.setdefault(r["config"], []).append(r["overhead_pct"])
-    for c, v in by_cfg.items():
-        print(f"  {c}: overhead per batch size {', '.join(f'{x:+.2f}%' for x in v)}")
-    pinned = [r for r in rows if r["mode"] == "pinned"]
-    for name, rs in (("capture", caps), ("pinned", pinned), ("launch", inline)):
-        host = ", ".join(
-            f"{r['config']} b{r['batch']} {r['capture_host_us']:.1f} "
-            f"(p50 {r['capture_host_p50_us']:.1f}, p90 {r['capture_host_p90_us']:.1f})"
-            for r in rs
-        )
-        print(f"  tap host us/step mean (median, p90), {name}: {host}")
-        for r in rs:
-            if "profile_p50_us" in r:
-                parts = ", ".join(f"{n} {v:.1f}" for n, v in r["profile_p50_us"].items())
-                print(f"    profile p50 us, {name} {r['config']} b{r['batch']}: {parts}")
-    for c in by_cfg:
-        pairs = [
-            (a["overhead_pct"], b["overhead_pct"])
-            for a, b in zip(caps, inline)
-            if a["config"] == c and b["config"] == c
-        ]
-        print(
-            f"  {c}: capture vs launch overhead "
-            + ", ".join(f"{a:+.2f}% vs {b:+.2f}%" for a, b in pairs)
-        )
-    if micro:  # device work the capture adds per step: one staging kernel (+ a copy per flush)
-        dev_us = micro["in-graph"]["dev_us"]
-        offs = {(r["config"], r["batch"]): r["gpu_ms"] for r in rows if r["mode"] == "off"}
-        print(
-            f"  in-graph staging kernel device time {dev_us:.2f} us per step (batch 64): "
-            + ", ".join(f"{c} b{b} {dev_us / (ms * 1e3) * 100:.2f}%" for (c, b), ms in offs.items())
-        )
+    summarize(rows, micro)
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "staging_micro": micro}, indent=2))
+    on = [r for r in rows if r["mode"] != "off"]
+    added = max(r["added_syncs_per_step"] for r in on)
+    waits = max(r["sync_waits"] for r in on)
     ok = device.type != "cuda" or (added <= 0 and waits == 0)
     return 0 if ok else 1
 

@@ -535,7 +535,7 @@ def test_launch_hook_sends_launches_through_triton(monkeypatch):
     assert torch.equal(ring.cpu().long(), ref)
 
 
-def _staging_inputs(n: int = 3, slots: int = 5):
+def _layout_inputs(n: int = 3, slots: int = 5):
     """CPU staging inputs of the kernels' layout: ns/nr/idx/qsl/positions 1-D unit stride,
     last_sampled ``[slots, 2]`` (column 0 read), next_prefill_tokens ``[1, slots]``."""
     ns = torch.arange(n, dtype=torch.int32)
@@ -551,7 +551,7 @@ def _staging_inputs(n: int = 3, slots: int = 5):
 def test_input_layout_reads_pointers_and_row_strides():
     """Clean twin of the layouts rejected below: the seven pointers in the kernels' order,
     last_sampled's column 0 steps by its row stride (2), next_prefill_tokens' row 0 by 1."""
-    inputs = _staging_inputs()
+    inputs = _layout_inputs()
     lay = v2_stage.input_layout(tuple(inputs))
     assert lay == (*[t.data_ptr() for t in inputs], 2, 1)
     inputs[6] = torch.zeros(5, dtype=torch.int32)  # 1-D next_prefill_tokens
@@ -568,7 +568,7 @@ def test_input_layout_reads_pointers_and_row_strides():
     ],
 )
 def test_input_layout_rejects_what_the_kernels_do_not_take(i, bad):
-    inputs = _staging_inputs()
+    inputs = _layout_inputs()
     inputs[i] = bad()
     assert v2_stage.input_layout(tuple(inputs)) is None
 
