@@ -249,7 +249,6 @@ class StaticDraftStep:
         self.koff = torch.arange(1, k + 1, device=device)
         self.draft_tokens = torch.zeros(batch, k, dtype=torch.int64, device=device)
         self.sample_pos = torch.zeros(batch * k, dtype=torch.int64, device=device)
-        self.pre_sample = None  # called before the Markov loop (the tap's fetch_in_graph)
 
     @torch.no_grad()
     def __call__(self) -> None:
@@ -266,8 +265,6 @@ class StaticDraftStep:
         )
         hidden = m.query_forward(self.kv, q_ids, q_pos, mask)
         base = m.compute_draft_logits(hidden[:, self.off : self.off + self.k])
-        if self.pre_sample is not None:  # where DSpark's _sample_sequential starts
-            self.pre_sample()
         self.draft_tokens.copy_(dspark.sample_sequential(base, self.anchor, m))
         self.sample_pos.copy_((self.anchor_pos[:, None] + self.koff).reshape(-1))
 
@@ -342,7 +339,7 @@ class Runner:
         self.t = 0
         self.events: list = []
         self._graphs: dict = {}  # hook -> the graph of the step with the hook
-        self._hook = self._pre = None
+        self._hook = None
 
     def propose(
         self,
@@ -371,21 +368,16 @@ class Runner:
         if graph is not None:
             graph.replay()
         else:
-            st.pre_sample = self._pre
             st()
-            st.pre_sample = None
             if self._hook is not None:  # the drafter's eager path: the hook runs in Python
                 self._hook(st.draft_tokens)
         return st.draft_tokens[: input_batch.num_reqs]
 
-    def hooked(self, hook, pre=None):
+    def hooked(self, hook):
         """A ``propose`` whose draft step ends with ``hook(draft_tokens)`` (spectrace's
-        in-graph staging launch, as DSpark's ``_sample_sequential`` would call it) and calls
-        ``pre()`` before its Markov loop (the tap's ``fetch_in_graph``, as the start of
-        ``_sample_sequential`` would), captured in a second graph of the same step (eager
-        without graphs)."""
+        in-graph staging launch, as DSpark's ``_sample_sequential`` would call it), captured in
+        a second graph of the same step (eager without graphs)."""
         step = self.step_fn
-        step.pre_sample = pre
         if self.graph is not None and hook not in self._graphs:
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
@@ -399,14 +391,13 @@ class Runner:
                 step()
                 hook(step.draft_tokens)
             self._graphs[hook] = g
-        step.pre_sample = None
 
         def propose(*a, **kw):
-            self._hook, self._pre = hook, pre
+            self._hook = hook
             try:
                 return self.propose(*a, **kw)
             finally:
-                self._hook = self._pre = None
+                self._hook = None
 
         return propose
 
@@ -511,6 +502,21 @@ def measure(runner: Runner, propose, steps: int, warmup: int, cuda: bool) -> dic
     }
 
 
+def torch_call_ns(t, samples: int = 21, calls: int = 200) -> float:
+    """Median ns of one ``t.data_ptr()`` call (loops of ``calls``; the hot path's unit of
+    cost: the in-graph tap makes ~22 such torch calls per step), measured beside each run:
+    the host's speed varies 2-2.5x between runs, and host times divided by this compare
+    across runs."""
+    ns, xs = time.perf_counter_ns, []
+    rng = range(calls)
+    for _ in range(samples):
+        t0 = ns()
+        for _ in rng:
+            t.data_ptr()
+        xs.append((ns() - t0) / calls)
+    return sorted(xs)[samples // 2]
+
+
 def bench_one(config: str, batch: int, args, device) -> list[dict]:
     """Both modes on one model and batch size, interleaved ``args.repeats`` times (off,
     capture, off, capture, ...); each figure is the median over the repeats."""
@@ -546,6 +552,7 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
         for mode in runs:
             propose = runner.propose if mode == "off" else taps[mode][2]
             runs[mode].append(measure(runner, propose, args.steps, args.warmup, cuda))
+            runs[mode][-1]["torch_call_ns"] = torch_call_ns(step.draft_tokens)
     from spectrace.hooks.vllm.v2 import stage as v2_stage
 
     launches = dict(v2_stage.launch_counts)
@@ -579,11 +586,7 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
                 **{n: statistics.median(v) * 1e6 for n, v in host[5].items()},
             }
         g = tap.graph
-        on["graph_stage"] = (
-            None
-            if g is None
-            else {"captures": g.captures, "lost": g.lost, "fetches": getattr(g, "fetches", 0)}
-        )
+        on["graph_stage"] = None if g is None else {"captures": g.captures, "lost": g.lost}
         if g is not None and g.lost:
             raise SystemExit(f"bench: in-graph staging lost {g.lost} descriptors")
         on["join_thread_us"] = joined
@@ -602,10 +605,9 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
 
 
 #: Capture modes: ``capture``, the drafter's graph stages the rows (the tap writes one
-#: descriptor per step: :mod:`spectrace.hooks.vllm.v2.graph_stage`; the graph copies the
-#: descriptor ring to device memory beside the Markov loop, ``fetch_in_graph``); ``pinned``,
-#: the same without that copy (the kernel reads its descriptor over PCIe; opt-in here);
-#: ``launch``, the default path (one staging launch from Python after each ``propose``).
+#: descriptor per step: :mod:`spectrace.hooks.vllm.v2.graph_stage`); ``launch``, the default
+#: path (one staging launch from Python after each ``propose``). ``before-MODE``: the same
+#: mode with the tap of the ``--before`` checkout, in the same run.
 MODES = ("capture", "launch")
 
 
@@ -636,9 +638,8 @@ def _timed_tap(runner: Runner, session, mode: str, args):
     if mode.startswith("before-"):  # the other checkout's tap (--before), same run
         mod, mode = _BEFORE[0], mode[len("before-") :]
     tap = mod.ProposeTap(spec, session, background_join=args.join == "thread", **kw)
-    if mode in ("capture", "pinned"):  # the step's graph with the tap's staging launch
-        pre = tap.fetch_in_graph if mode == "capture" else None
-        inner[0] = runner.hooked(tap.stage_in_graph, pre)
+    if mode == "capture":  # captures the step's graph with the tap's staging launch
+        inner[0] = runner.hooked(tap.stage_in_graph)
     if args.profile and mod is vllm_v2:
         _time_parts(tap)
 
@@ -774,25 +775,19 @@ def stage_micro(batch: int = 64, k: int = 7, n_iter: int = 2000) -> dict:
 
 def _in_graph_micro(ring, batch: int, args: tuple, drafts) -> dict:
     """Host us per descriptor write and device us per launch of the in-graph staging kernel
-    (:mod:`spectrace.hooks.vllm.v2.graph_stage`): a graph of ``SLOTS // 2`` launches (the
-    host may write at most ``SLOTS`` descriptors ahead), replayed after the host wrote their
-    descriptors; ``fetch``: each launch after a :meth:`GraphStage.fetch` (the copy and the
-    launch back to back here: in the drafter's graph the copy runs beside the Markov loop)."""
+    (:mod:`spectrace.hooks.vllm.v2.graph_stage`): a graph of 50 launches, replayed after the
+    host wrote their 50 descriptors (``SLOTS`` bounds how many it may write ahead)."""
     from spectrace.hooks.vllm.v2.graph_stage import GraphStage
 
     st = GraphStage(drafts.device)
+    n = min(50, GraphStage.SLOTS)
     for _ in range(3):  # compiles; eager launches write their own descriptors
         st.launch(drafts)
     torch.cuda.synchronize()
-    n = GraphStage.SLOTS // 2
-    graphs = {}
-    for fetch in (False, True):
-        graphs[fetch] = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graphs[fetch]):
-            for _ in range(n):
-                if fetch:
-                    st.fetch()
-                st.launch(drafts)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(n):
+            st.launch(drafts)
 
     def fill() -> float:
         t0 = time.perf_counter()
@@ -801,27 +796,20 @@ def _in_graph_micro(ring, batch: int, args: tuple, drafts) -> dict:
         st.end_call()
         return time.perf_counter() - t0
 
-    out = {}
+    fill()
+    graph.replay()
+    torch.cuda.synchronize()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for fetch, graph in graphs.items():
-        fill()
+    dev, host = [], []
+    for _ in range(20):
+        host.append(fill() / n * 1e6)
+        e0.record()
         graph.replay()
+        e1.record()
         torch.cuda.synchronize()
-        dev, host = [], []
-        for _ in range(20):
-            host.append(fill() / n * 1e6)
-            e0.record()
-            graph.replay()
-            e1.record()
-            torch.cuda.synchronize()
-            dev.append(e0.elapsed_time(e1) * 1e3 / n)
-        out["fetch" if fetch else "pinned"] = (sorted(host)[10], sorted(dev)[10])
+        dev.append(e0.elapsed_time(e1) * 1e3 / n)
     assert st.lost == 0, st.lost
-    return {
-        "host_us": out["pinned"][0],
-        "dev_us": out["pinned"][1],
-        "fetch_dev_us": out["fetch"][1],
-    }
+    return {"host_us": sorted(host)[10], "dev_us": sorted(dev)[10]}
 
 
 def print_table(rows: list[dict]) -> None:
@@ -858,10 +846,11 @@ def summarize(rows: list[dict], micro: dict | None) -> None:
             print(
                 f"  {c}: overhead per batch "
                 + ", ".join(f"b{r['batch']} {r['overhead_pct']:+.2f}%" for r in cr)
-                + "; tap host us/step median (mean, p90) "
+                + "; tap host us/step median (mean, p90) [median in data_ptr() calls] "
                 + ", ".join(
                     f"b{r['batch']} {r['capture_host_p50_us']:.1f} "
-                    f"({r['capture_host_us']:.1f}, {r['capture_host_p90_us']:.1f})"
+                    f"({r['capture_host_us']:.1f}, {r['capture_host_p90_us']:.1f}) "
+                    f"[{r['capture_host_p50_us'] * 1e3 / r['torch_call_ns']:.0f}]"
                     for r in cr
                 )
             )
@@ -871,14 +860,11 @@ def summarize(rows: list[dict], micro: dict | None) -> None:
                     print(f"    profile p50 us, b{r['batch']}: {parts}")
     if micro:  # device work the in-graph capture adds per step: one staging kernel
         offs = {(r["config"], r["batch"]): r["gpu_ms"] for r in rows if r["mode"] == "off"}
-        for key, name in (("dev_us", "pinned"), ("fetch_dev_us", "fetch + kernel")):
-            dev_us = micro["in-graph"][key]
-            print(
-                f"  in-graph kernel ({name}) device time {dev_us:.2f} us per step (batch 64): "
-                + ", ".join(
-                    f"{c} b{b} {dev_us / (ms * 1e3) * 100:.2f}%" for (c, b), ms in offs.items()
-                )
-            )
+        dev_us = micro["in-graph"]["dev_us"]
+        print(
+            f"  in-graph kernel device time {dev_us:.2f} us per step (batch 64): "
+            + ", ".join(f"{c} b{b} {dev_us / (ms * 1e3) * 100:.2f}%" for (c, b), ms in offs.items())
+        )
 
 
 def main(argv=None) -> int:

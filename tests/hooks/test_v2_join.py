@@ -77,7 +77,6 @@ class HookSpec(Spec):
     like vLLM's prepare step writes the graph's inputs)."""
 
     graph_mode = False
-    fetch = False  # also call tap.fetch_in_graph at the step's start (DSpark does)
 
     def __init__(self, make_propose, v2_batch) -> None:
         super().__init__(make_propose, v2_batch)
@@ -87,8 +86,6 @@ class HookSpec(Spec):
         self.tap = self.graph = None
 
     def _body(self) -> None:
-        if self.fetch:
-            self.tap.fetch_in_graph()
         self.buf.copy_(self.src)
         self.tap.stage_in_graph(self.buf)
 
@@ -121,12 +118,6 @@ class GraphSpec(HookSpec):
     graph_mode = True
 
 
-class FetchSpec(GraphSpec):
-    """The replayed step also copies the descriptor ring to device memory first."""
-
-    fetch = True
-
-
 class MixedSpec(GraphSpec):
     """A captured drafter whose calls 2, 4 and 6 run eagerly (a batch size without a graph):
     the hook launches from Python then, taking the call's descriptor."""
@@ -140,12 +131,6 @@ class MixedSpec(GraphSpec):
         self.src[:n].copy_(self.drafts)
         self._body()
         return self.buf[:n]
-
-
-class FetchMixedSpec(MixedSpec):
-    """MixedSpec whose every step copies the descriptor ring first (eager steps too)."""
-
-    fetch = True
 
 
 def run_scenario(
@@ -348,7 +333,7 @@ class StridedSpec(GraphSpec):
 
 
 @needs_cuda
-@pytest.mark.parametrize("spec_cls", [GraphSpec, MixedSpec, StridedSpec, FetchSpec, FetchMixedSpec])
+@pytest.mark.parametrize("spec_cls", [GraphSpec, MixedSpec, StridedSpec])
 @pytest.mark.parametrize("flush_steps", [1, 3, 32])
 def test_chunked_join_staged_in_graph_cuda(tmp_path, fakes, flush_steps, spec_cls):
     """The drafter stages its rows itself (``stage_in_graph``): from a replayed CUDA graph
@@ -362,9 +347,6 @@ def test_chunked_join_staged_in_graph_cuda(tmp_path, fakes, flush_steps, spec_cl
     g = tap.graph
     assert g is not None and g.armed and g.lost == 0 and g.waits == 0 and g.captures == 1
     assert g.seq == 6 and int(g.ctl_np[0]) == 6  # warmups before the capture: no descriptor
-    # fetch: one captured copy, plus one per eager step after the capture (MixedSpec: 3)
-    fetches = (4 if issubclass(spec_cls, MixedSpec) else 1) if spec_cls.fetch else 0
-    assert g.fetches == fetches
     assert sum(v2_stage.launch_counts.values()) == sum(before.values())  # none by the tap
 
 

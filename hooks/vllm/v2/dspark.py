@@ -226,12 +226,6 @@ class DSparkTap:
     # -- inner recording -------------------------------------------------------------------
 
     def _sample_sequential(self, *args, **kwargs):
-        if self.graph_stage:  # the descriptor's copy runs beside the Markov loop
-            try:
-                self.tap.fetch_in_graph()
-            except Exception as exc:
-                self.graph_stage = False
-                self.session.fail(exc, "DSpark in-graph staging")
         out = self._orig_sample(*args, **kwargs)
         if self.graph_stage:  # every run, also while the session is closed (see graph_stage)
             try:

@@ -58,9 +58,7 @@ class GraphStage:
         lost_seen: :attr:`lost` as last read by the tap (it reads it once per ring segment).
     """
 
-    #: Descriptors in the ring: how far the host may run ahead of the device (vLLM's async
-    #: scheduling runs 2 steps ahead), and what :meth:`fetch` copies (SLOTS x 128 bytes).
-    SLOTS = 32
+    SLOTS = 4096  # descriptors in the ring: how far the host may run ahead of the device
     BLOCK = 64  # rows per loop iteration of the kernel (one warp)
 
     def __init__(self, device) -> None:
@@ -77,10 +75,6 @@ class GraphStage:
         self.ctl = torch.zeros(2, dtype=torch.int64).pin_memory()  # runs done, lost
         self.ctl_np = self.ctl.numpy()
         self.counter = torch.zeros(2, dtype=torch.int64, device=device)  # runs, lost
-        self.desc_dev = torch.empty_like(self.desc, device=device)  # what fetch() copies to
-        self._side = torch.cuda.Stream(device)  # fetch()'s copy, beside the drafter's work
-        self._fetched = False  # a fetch() waits for the next launch
-        self.fetches = 0
         self.k: int | None = None
         self.armed = False
         self.seq = 0
@@ -186,29 +180,6 @@ class GraphStage:
 
     # -- the launch --------------------------------------------------------------------------
 
-    def fetch(self) -> None:
-        """The drafter's step begins (DSpark: ``_sample_sequential``, before its Markov
-        loop): copy the descriptor ring (:attr:`SLOTS` x 128 bytes of pinned memory) to
-        device memory with one small kernel on a side stream, so the next :meth:`launch`
-        reads its descriptor there instead of over PCIe (~1.9 us of the kernel's ~5 us on
-        the H200), the copy running beside the drafter's kernels. Captured like the launch
-        (a forked branch of the graph, joined by the launch); a no-op before the first
-        capture, outside one. The step's descriptor is written before ``propose`` calls the
-        drafter, so the copy holds it; later slots may be copied half-written, and are not
-        read from this copy (each run reads only its own slot)."""
-        import torch
-
-        from .stage_triton import _fetch_kernel
-
-        if self._fetched or not (self.armed or self.capturing()):
-            return
-        side = self._side
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # a kernel, not copy_: no host-allocator event
-            _fetch_kernel[(1,)](self.desc, self.desc_dev, N=self.desc.numel(), num_warps=4)
-        self._fetched = True
-        self.fetches += 1
-
     def launch(self, drafts) -> None:
         """The staging launch, from the drafter, after ``drafts`` (int ``[rows, k]``, unit
         column stride, the buffer ``propose`` returns the first ``n`` rows of) are written.
@@ -217,8 +188,7 @@ class GraphStage:
         the stage is armed; outside one, once armed, it runs now, taking the current
         ``propose`` call's descriptor (or writing one of no rows: a warmup launch outside
         ``propose``); before the first capture it runs once on scratch buffers (compiling the
-        kernel before a capture needs it, and :meth:`fetch`'s) and stages nothing. After a
-        :meth:`fetch` it waits for the copy and reads the descriptor from device memory.
+        kernel before a capture needs it) and stages nothing.
 
         Raises:
             ValueError: ``drafts`` has a column stride other than 1, or another ``k`` than an
@@ -226,13 +196,8 @@ class GraphStage:
         """
         import torch
 
-        from .stage_triton import _fetch_kernel, _ring_stage_kernel
+        from .stage_triton import _ring_stage_kernel
 
-        desc, ctl, counter = self.desc, self.ctl, self.counter
-        if self._fetched:  # join the copy first: a capture must not end with a fork open
-            self._fetched = False
-            torch.cuda.current_stream(self.device).wait_stream(self._side)
-            desc = self.desc_dev
         k = int(drafts.shape[1])
         if drafts.stride(1) != 1 or (self.k is not None and k != self.k):
             raise ValueError(
@@ -240,6 +205,7 @@ class GraphStage:
                 f"(k {self.k} before); needs unit column stride and one k"
             )
         capturing = torch.cuda.is_current_stream_capturing()
+        desc, ctl, counter = self.desc, self.ctl, self.counter
         if capturing:
             self.captures += 1
             self.armed = True
@@ -247,11 +213,9 @@ class GraphStage:
             if self.k == k:
                 return
             desc, ctl, counter = self._scratch
-            _fetch_kernel[(1,)](self.desc, self.desc_dev, N=self.desc.numel(), num_warps=4)
         else:
             if not self._call_desc:
                 self.write_skip()
-                desc = self.desc  # written after any fetch: read it where it is
             self._call_desc = False
         _ring_stage_kernel[(1,)](
             desc,

@@ -171,11 +171,3 @@ def _ring_stage_kernel(
     tl.store(counter_ptr + 1, lost)
     tl.store(ctl_ptr, c + 1)
     tl.store(ctl_ptr + 1, lost)
-
-
-@triton.jit
-def _fetch_kernel(src_ptr, dst_ptr, N: tl.constexpr):
-    """Copy ``N`` int64 words (the in-graph descriptor ring) from pinned host memory to device
-    memory, with uncached loads (:meth:`.graph_stage.GraphStage.fetch`)."""
-    offs = tl.arange(0, N)
-    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, cache_modifier=".cv"))

@@ -175,14 +175,6 @@ class ProposeTap(TapJoin):
             g.lost_seen = g.lost
         return out
 
-    def fetch_in_graph(self) -> None:
-        """Optional, before :meth:`stage_in_graph` in the same step (DSpark: at the start of
-        ``_sample_sequential``): the descriptor ring is copied to device memory beside the
-        drafter's work (:meth:`.graph_stage.GraphStage.fetch`). A no-op until the first
-        :meth:`stage_in_graph`."""
-        if self.graph is not None:
-            self.graph.fetch()
-
     def stage_in_graph(self, drafts) -> None:
         """The drafter's staging launch (:meth:`.graph_stage.GraphStage.launch`): call it
         after ``drafts`` (the buffer ``propose`` returns rows of) is written, inside the
