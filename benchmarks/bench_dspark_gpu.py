@@ -33,23 +33,34 @@ time), host time spent inside the capture path per step on the runner's thread (
 us``) and on the join thread (``join us``), host synchronisations per step (explicit ``synchronize()``
 calls counted by wrappers plus implicit ones reported by ``torch.cuda.set_sync_debug_mode``;
 the runner's own wait is 1 per step in both modes) and the ring's ``sync_waits``. The capture
-must cost under 1% of the step and add no synchronisation.
+must cost under 1% of the step and add no synchronisation. The tap's host time is also given
+in units of one ``data_ptr()`` call measured beside each run (``torch_call_ns``), since the
+host's speed changes between runs. ``--profile`` adds the tap's thread CPU time and the median
+of its parts (``record``, the descriptor ``write``, the staging ``launch``); ``--before DIR``
+with modes ``before-capture``/``before-launch`` runs another checkout's tap in the same
+process, interleaved with this one's (before/after figures from one run).
 
-Where the runner thread's time goes (H200 host, 2026-12-02; torch tensor methods cost
-~0.13-0.18 us each there): in mode ``launch`` the staging launch is ~14 us (Triton's compiled
-launcher and the Python around it) and the rest of ``record`` ~5-10 us; in mode ``capture``
-the descriptor write (``GraphStage.write``: one ``stride()``/``dtype``/``data_ptr()`` per
-input, one ``struct`` pack) is 6-7 us and the whole tap 13-18 us at the median with no other
-thread running (``--sink null``, no join thread, 8B batch 1). The same code runs 2-2.5x slower
-in some 500-step runs than in the next ones of the same process (``write`` alone 6-7 us or
-15-18 us), with or without the join thread and with the runner's thread pinned to one core:
-a state of the machine, which moves the medians here by up to ~20 us between runs. With
-``--sink h5`` the trace writer's thread and the join thread hold the GIL at times (h5py holds
-it while it writes), which adds a few us on average. The in-graph kernel reads its descriptor
-from pinned host memory: 4.85 us of device time per launch at batch 64 against 2.92 us with
-the same descriptor in device memory (2.16 vs 1.34 us with no rows), i.e. ~1.9 us is the PCIe
-round trip; its posted writes of the counters to pinned memory cost nothing measurable. The
-launched kernel takes 1.37 us (the staging micro benchmark, ``in-graph``).
+Where the runner thread's time goes (H200 host, 2026-12-02; a torch tensor method costs
+~0.12-0.2 us there, and one ``data_ptr()`` ~125 ns in the last run): in mode ``launch`` the
+staging launch alone is 20-34 us (Triton's compiled launcher; a torch op's launch costs about
+as much there, ``torch`` in the staging micro benchmark: ~10 launches, 200-310 us), so that
+mode cannot reach 20 us a step on this host. In mode ``capture`` (no launch) the whole tap is
+~220-270 ``data_ptr()`` calls' time at the median (qwen3-8b, h5 sink): 27-33 us in the last
+run, 19-24 us in faster runs, 35-48 us in slower ones; ``--profile`` splits it into the
+descriptor write (21 torch calls: 7.5 us fast, 12-20 us slow), the rest of ``record`` (7-19
+us) and the wrapper around it (6-15 us); the tap's thread CPU time equals its wall time, so
+it does not wait for the GIL (the join and writer threads add nothing measurable at the
+median). The same code runs 2-2.5x slower in some runs than in others (``write`` alone
+6-7 us or 12-20 us), with or without the other threads: a state of the machine. On this
+machine's CPU the whole in-graph tap takes ~6.5 us (4.9 us ``record``, 2.6 us ``write``): the
+H200 host runs the same Python ~2.5-4x slower. The in-graph kernel reads its descriptor from
+pinned host memory: 4.85-5.7 us of device time per launch at batch 64 against 2.92 us with
+the same descriptor in device memory, i.e. ~1.9 us is the PCIe round trip. Copying the ring to
+device memory inside the graph on a forked stream beside the Markov loop (a small copy kernel,
+joined before the staging kernel) did not pay: +1.02 / +0.75 / +0.50 / +0.38% against
++1.12 / +0.60 / +0.42 / +0.25% without it at batch 1/8/32/64, one process interleaved; the
+fork and join cost what the read saved. The launched kernel takes 1.37 us (the staging
+micro benchmark, ``in-graph`` is the in-graph kernel).
 
 Configurations (``--config``): ``tiny`` is the bundled drafter (``engine/models/dspark``,
 hidden 128, fp32; random weights if it is missing), a launch-bound worst case; ``qwen3-8b`` is
