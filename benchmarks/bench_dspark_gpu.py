@@ -33,23 +33,34 @@ time), host time spent inside the capture path per step on the runner's thread (
 us``) and on the join thread (``join us``), host synchronisations per step (explicit ``synchronize()``
 calls counted by wrappers plus implicit ones reported by ``torch.cuda.set_sync_debug_mode``;
 the runner's own wait is 1 per step in both modes) and the ring's ``sync_waits``. The capture
-must cost under 1% of the step and add no synchronisation.
+must cost under 1% of the step and add no synchronisation. The tap's host time is also given
+in units of one ``data_ptr()`` call measured beside each run (``torch_call_ns``), since the
+host's speed changes between runs. ``--profile`` adds the tap's thread CPU time and the median
+of its parts (``record``, the descriptor ``write``, the staging ``launch``); ``--before DIR``
+with modes ``before-capture``/``before-launch`` runs another checkout's tap in the same
+process, interleaved with this one's (before/after figures from one run).
 
-Where the runner thread's time goes (H200 host, 2026-12-02; torch tensor methods cost
-~0.13-0.18 us each there): in mode ``launch`` the staging launch is ~14 us (Triton's compiled
-launcher and the Python around it) and the rest of ``record`` ~5-10 us; in mode ``capture``
-the descriptor write (``GraphStage.write``: one ``stride()``/``dtype``/``data_ptr()`` per
-input, one ``struct`` pack) is 6-7 us and the whole tap 13-18 us at the median with no other
-thread running (``--sink null``, no join thread, 8B batch 1). The same code runs 2-2.5x slower
-in some 500-step runs than in the next ones of the same process (``write`` alone 6-7 us or
-15-18 us), with or without the join thread and with the runner's thread pinned to one core:
-a state of the machine, which moves the medians here by up to ~20 us between runs. With
-``--sink h5`` the trace writer's thread and the join thread hold the GIL at times (h5py holds
-it while it writes), which adds a few us on average. The in-graph kernel reads its descriptor
-from pinned host memory: 4.85 us of device time per launch at batch 64 against 2.92 us with
-the same descriptor in device memory (2.16 vs 1.34 us with no rows), i.e. ~1.9 us is the PCIe
-round trip; its posted writes of the counters to pinned memory cost nothing measurable. The
-launched kernel takes 1.37 us (the staging micro benchmark, ``in-graph``).
+Where the runner thread's time goes (H200 host, 2026-12-02; a torch tensor method costs
+~0.12-0.2 us there, and one ``data_ptr()`` ~125 ns in the last run): in mode ``launch`` the
+staging launch alone is 20-34 us (Triton's compiled launcher; a torch op's launch costs about
+as much there, ``torch`` in the staging micro benchmark: ~10 launches, 200-310 us), so that
+mode cannot reach 20 us a step on this host. In mode ``capture`` (no launch) the whole tap is
+~220-270 ``data_ptr()`` calls' time at the median (qwen3-8b, h5 sink): 27-33 us in the last
+run, 19-24 us in faster runs, 35-48 us in slower ones; ``--profile`` splits it into the
+descriptor write (21 torch calls: 7.5 us fast, 12-20 us slow), the rest of ``record`` (7-19
+us) and the wrapper around it (6-15 us); the tap's thread CPU time equals its wall time, so
+it does not wait for the GIL (the join and writer threads add nothing measurable at the
+median). The same code runs 2-2.5x slower in some runs than in others (``write`` alone
+6-7 us or 12-20 us), with or without the other threads: a state of the machine. On this
+machine's CPU the whole in-graph tap takes ~6.5 us (4.9 us ``record``, 2.6 us ``write``): the
+H200 host runs the same Python ~2.5-4x slower. The in-graph kernel reads its descriptor from
+pinned host memory: 4.85-5.7 us of device time per launch at batch 64 against 2.92 us with
+the same descriptor in device memory, i.e. ~1.9 us is the PCIe round trip. Copying the ring to
+device memory inside the graph on a forked stream beside the Markov loop (a small copy kernel,
+joined before the staging kernel) did not pay: +1.02 / +0.75 / +0.50 / +0.38% against
++1.12 / +0.60 / +0.42 / +0.25% without it at batch 1/8/32/64, one process interleaved; the
+fork and join cost what the read saved. The launched kernel takes 1.37 us (the staging
+micro benchmark, ``in-graph`` is the in-graph kernel).
 
 Configurations (``--config``): ``tiny`` is the bundled drafter (``engine/models/dspark``,
 hidden 128, fp32; random weights if it is missing), a launch-bound worst case; ``qwen3-8b`` is
@@ -110,6 +121,22 @@ def import_spectrace():
 
 
 dspark, dspark_ckpt, hook, vllm_v2 = import_spectrace()
+
+
+def import_before(root: Path):
+    """The V2 tap module of another checkout at ``root`` (``--before``), as the package
+    ``spectrace_before``: its ``hooks`` relative imports stay inside it (absolute
+    ``spectrace.tracer`` imports use this checkout's tracer), so both taps run in one
+    process, interleaved."""
+    import importlib
+
+    for pkg, folder in (("spectrace_before", None), ("spectrace_before.hooks", "hooks")):
+        m = types.ModuleType(pkg)
+        m.__path__ = [str(root / folder)] if folder else []
+        sys.modules[pkg] = m
+    return importlib.import_module("spectrace_before.hooks.vllm.v2.tap")
+
+
 from spectrace.hooks.vllm.joiner import BlockJoiner  # noqa: E402 - after import_spectrace
 
 # The bench's trace has no vLLM engine core behind it: skip the close-time counter report.
@@ -307,7 +334,8 @@ class Runner:
         self.next_prefill = torch.zeros((1, b), dtype=torch.int32, device=device)
         self.idx_mapping = torch.arange(b, dtype=torch.int64, device=device)
         self.positions = (100 + torch.arange(b * (k + 1))).to(device)
-        self.qsl = (torch.arange(b + 1) * (k + 1)).to(torch.int32).to(device)
+        self.qsl_np = (torch.arange(b + 1) * (k + 1)).tolist()
+        self.qsl = torch.tensor(self.qsl_np, dtype=torch.int32, device=device)
         self.graph = None
         if use_graph:
             s = torch.cuda.Stream()
@@ -386,12 +414,13 @@ class Runner:
 
     def run_step(self, propose) -> None:
         i = self.t % self.ns_pool.shape[0]
-        batch = SimpleNamespace(
+        b = len(self.req_ids)
+        batch = SimpleNamespace(  # new views of persistent buffers per step, like vLLM's V2
             req_ids=list(self.req_ids),
-            num_reqs=len(self.req_ids),
-            idx_mapping=self.idx_mapping,
-            positions=self.positions,
-            query_start_loc=self.qsl,
+            num_reqs=b,
+            idx_mapping=self.idx_mapping[:b],
+            positions=self.positions[: self.qsl_np[b]],
+            query_start_loc=self.qsl[: b + 1],
         )
         out = propose(
             batch,
@@ -484,6 +513,21 @@ def measure(runner: Runner, propose, steps: int, warmup: int, cuda: bool) -> dic
     }
 
 
+def torch_call_ns(t, samples: int = 21, calls: int = 200) -> float:
+    """Median ns of one ``t.data_ptr()`` call (loops of ``calls``; the hot path's unit of
+    cost: the in-graph tap makes ~22 such torch calls per step), measured beside each run:
+    the host's speed varies 2-2.5x between runs, and host times divided by this compare
+    across runs."""
+    ns, xs = time.perf_counter_ns, []
+    rng = range(calls)
+    for _ in range(samples):
+        t0 = ns()
+        for _ in rng:
+            t.data_ptr()
+        xs.append((ns() - t0) / calls)
+    return sorted(xs)[samples // 2]
+
+
 def bench_one(config: str, batch: int, args, device) -> list[dict]:
     """Both modes on one model and batch size, interleaved ``args.repeats`` times (off,
     capture, off, capture, ...); each figure is the median over the repeats."""
@@ -506,12 +550,12 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
         )
 
     modes = args.modes.split(",")
-    taps = {m: _timed_tap(runner, make_session(), m, args.flush_steps) for m in modes}
+    taps = {m: _timed_tap(runner, make_session(), m, args) for m in modes}
     for tap, host, propose in taps.values():  # compile the kernels, start the join thread
         for _ in range(args.warmup):
             runner.run_step(propose)
         tap.drain(wait=True)
-        host[:] = [0.0, 0, 0.0, []]  # host time of the interleaved runs only (warmup included)
+        host[:] = _fresh_host()  # host time of the interleaved runs only (warmup included)
         if tap.drainer is not None:
             tap.drainer.busy_ns = 0
     runs: dict[str, list[dict]] = {"off": [], **{m: [] for m in modes}}
@@ -519,6 +563,7 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
         for mode in runs:
             propose = runner.propose if mode == "off" else taps[mode][2]
             runs[mode].append(measure(runner, propose, args.steps, args.warmup, cuda))
+            runs[mode][-1]["torch_call_ns"] = torch_call_ns(step.draft_tokens)
     from spectrace.hooks.vllm.v2 import stage as v2_stage
 
     launches = dict(v2_stage.launch_counts)
@@ -546,6 +591,11 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
         on["capture_host_us"] = (host[0] - host[2]) / steps * 1e6
         on["capture_host_p50_us"] = statistics.median(host[3] or [0.0]) * 1e6
         on["capture_host_p90_us"] = sorted(host[3] or [0.0])[int(len(host[3]) * 0.9)] * 1e6
+        if args.profile:  # thread CPU of the tap and its parts, median us per call
+            on["profile_p50_us"] = {
+                "tap_cpu": statistics.median(host[4] or [0.0]) * 1e6,
+                **{n: statistics.median(v) * 1e6 for n, v in host[5].items()},
+            }
         g = tap.graph
         on["graph_stage"] = None if g is None else {"captures": g.captures, "lost": g.lost}
         if g is not None and g.lost:
@@ -566,36 +616,49 @@ def bench_one(config: str, batch: int, args, device) -> list[dict]:
 
 
 #: Capture modes: ``capture``, the drafter's graph stages the rows (the tap writes one
-#: descriptor per step: :mod:`spectrace.hooks.vllm.v2.graph_stage`); ``launch``, the landed
-#: path measured in the same run (one staging launch from Python after each ``propose``).
+#: descriptor per step: :mod:`spectrace.hooks.vllm.v2.graph_stage`); ``launch``, the default
+#: path (one staging launch from Python after each ``propose``). ``before-MODE``: the same
+#: mode with the tap of the ``--before`` checkout, in the same run.
 MODES = ("capture", "launch")
 
 
-def _timed_tap(runner: Runner, session, mode: str, flush_steps: int | None):
+def _timed_tap(runner: Runner, session, mode: str, args):
     """``(tap, host, propose)``: a ProposeTap on its own speculator object wrapping
     ``runner.propose`` (which stays bare), or the hooked propose in mode ``capture``;
-    ``host`` is ``[seconds in the tap's propose, calls, seconds in the original propose]``
+    ``host`` is ``[seconds in the tap's propose, calls, seconds in the original propose,
+    per-step tap seconds, per-step tap thread-CPU seconds (``--profile``), parts]``
     (tap host time = the difference: everything the tap adds on the runner's thread)."""
-    kw = {} if flush_steps is None else {"flush_steps": flush_steps}
-    host = [0.0, 0, 0.0, []]  # + per-step tap host seconds (for the median)
+    kw = {} if args.flush_steps is None else {"flush_steps": args.flush_steps}
+    host = _fresh_host()
     inner = [runner.propose]  # the hooked propose in mode capture, once the tap exists
+    cpu_ns = time.thread_time_ns if args.profile else None
 
     @functools.wraps(runner.propose)  # the signature the tap resolves
     def timed_inner(*a, **kw):  # the original propose, timed (subtracted)
+        c0 = cpu_ns() if cpu_ns else 0
         t0 = time.perf_counter()
         try:
             return inner[0](*a, **kw)
         finally:
             host[2] += time.perf_counter() - t0
+            if cpu_ns:
+                host[6] += cpu_ns() - c0
 
     spec = SimpleNamespace(propose=timed_inner)
-    tap = vllm_v2.ProposeTap(spec, session, background_join=True, **kw)
+    mod = vllm_v2
+    if mode.startswith("before-"):  # the other checkout's tap (--before), same run
+        mod, mode = _BEFORE[0], mode[len("before-") :]
+    tap = mod.ProposeTap(spec, session, background_join=args.join == "thread", **kw)
     if mode == "capture":  # captures the step's graph with the tap's staging launch
         inner[0] = runner.hooked(tap.stage_in_graph)
+    if args.profile and mod is vllm_v2:
+        _time_parts(tap)
 
     def timed_propose(*a, **kw):
+        _PROFILED[0] = host
+        c0 = cpu_ns() if cpu_ns else 0
         t0 = time.perf_counter()
-        inner0 = host[2]
+        inner0, cin0 = host[2], host[6]
         try:
             return tap.propose(*a, **kw)
         finally:
@@ -603,8 +666,44 @@ def _timed_tap(runner: Runner, session, mode: str, flush_steps: int | None):
             host[0] += dt
             host[1] += 1
             host[3].append(dt - (host[2] - inner0))
+            if cpu_ns:
+                host[4].append((cpu_ns() - c0 - (host[6] - cin0)) / 1e9)
 
     return tap, host, timed_propose
+
+
+_BEFORE: list = [None]  # the --before checkout's tap module
+_PROFILED: list = [None]  # the host list of the tap whose propose runs now (``--profile``)
+
+
+def _fresh_host() -> list:
+    return [0.0, 0, 0.0, [], [], {}, 0]
+
+
+def _time_parts(tap) -> None:
+    """``--profile``: per-call seconds of the tap's parts (``record``; the in-graph
+    descriptor write; the launched staging) into the running tap's ``host[5]`` (name -> list,
+    :data:`_PROFILED`); each wrapper
+    adds ~0.2 us to the tap's time."""
+    from spectrace.hooks.vllm.v2 import graph_stage
+
+    def timed(name, fn):
+        def wrapped(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                _PROFILED[0][5].setdefault(name, []).append(time.perf_counter() - t0)
+
+        return wrapped
+
+    tap.record = timed("record", tap.record)
+    if not getattr(graph_stage.GraphStage.write, "_timed", False):
+        graph_stage.GraphStage.write = timed("write", graph_stage.GraphStage.write)
+        graph_stage.GraphStage.write._timed = True
+    if not getattr(vllm_v2.stage_triton, "_timed", False):
+        vllm_v2.stage_triton = timed("launch", vllm_v2.stage_triton)
+        vllm_v2.stage_triton._timed = True
 
 
 def stage_micro(batch: int = 64, k: int = 7, n_iter: int = 2000) -> dict:
@@ -688,37 +787,38 @@ def stage_micro(batch: int = 64, k: int = 7, n_iter: int = 2000) -> dict:
 def _in_graph_micro(ring, batch: int, args: tuple, drafts) -> dict:
     """Host us per descriptor write and device us per launch of the in-graph staging kernel
     (:mod:`spectrace.hooks.vllm.v2.graph_stage`): a graph of 50 launches, replayed after the
-    host wrote their 50 descriptors."""
+    host wrote their 50 descriptors (``SLOTS`` bounds how many it may write ahead)."""
     from spectrace.hooks.vllm.v2.graph_stage import GraphStage
 
     st = GraphStage(drafts.device)
+    n = min(50, GraphStage.SLOTS)
     for _ in range(3):  # compiles; eager launches write their own descriptors
         st.launch(drafts)
     torch.cuda.synchronize()
-    g50 = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g50):
-        for _ in range(50):
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(n):
             st.launch(drafts)
 
     def fill() -> float:
         t0 = time.perf_counter()
-        for i in range(50):
+        for i in range(n):
             st.write(ring, (i % 32) * batch, batch, args[:7])
         st.end_call()
         return time.perf_counter() - t0
 
     fill()
-    g50.replay()
+    graph.replay()
     torch.cuda.synchronize()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     dev, host = [], []
     for _ in range(20):
-        host.append(fill() / 50 * 1e6)
+        host.append(fill() / n * 1e6)
         e0.record()
-        g50.replay()
+        graph.replay()
         e1.record()
         torch.cuda.synchronize()
-        dev.append(e0.elapsed_time(e1) * 1e3 / 50)
+        dev.append(e0.elapsed_time(e1) * 1e3 / n)
     assert st.lost == 0, st.lost
     return {"host_us": sorted(host)[10], "dev_us": sorted(dev)[10]}
 
@@ -742,6 +842,42 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
+def summarize(rows: list[dict], micro: dict | None) -> None:
+    """Per mode: overhead per batch, added syncs, ring waits, the tap's host us per step
+    (mean, median, p90) and, with ``--profile``, its parts; the in-graph kernel's device
+    share of each step."""
+    modes = list(dict.fromkeys(r["mode"] for r in rows if r["mode"] != "off"))
+    for mode in modes:
+        rs = [r for r in rows if r["mode"] == mode]
+        added = max(r["added_syncs_per_step"] for r in rs)
+        waits = max(r["sync_waits"] for r in rs)
+        print(f"\nmode {mode}: added host syncs per step {added:+.2f}, ring waits {waits}")
+        for c in dict.fromkeys(r["config"] for r in rs):
+            cr = [r for r in rs if r["config"] == c]
+            print(
+                f"  {c}: overhead per batch "
+                + ", ".join(f"b{r['batch']} {r['overhead_pct']:+.2f}%" for r in cr)
+                + "; tap host us/step median (mean, p90) [median in data_ptr() calls] "
+                + ", ".join(
+                    f"b{r['batch']} {r['capture_host_p50_us']:.1f} "
+                    f"({r['capture_host_us']:.1f}, {r['capture_host_p90_us']:.1f}) "
+                    f"[{r['capture_host_p50_us'] * 1e3 / r['torch_call_ns']:.0f}]"
+                    for r in cr
+                )
+            )
+            for r in cr:
+                if "profile_p50_us" in r:
+                    parts = ", ".join(f"{n} {v:.1f}" for n, v in r["profile_p50_us"].items())
+                    print(f"    profile p50 us, b{r['batch']}: {parts}")
+    if micro:  # device work the in-graph capture adds per step: one staging kernel
+        offs = {(r["config"], r["batch"]): r["gpu_ms"] for r in rows if r["mode"] == "off"}
+        dev_us = micro["in-graph"]["dev_us"]
+        print(
+            f"  in-graph kernel device time {dev_us:.2f} us per step (batch 64): "
+            + ", ".join(f"{c} b{b} {dev_us / (ms * 1e3) * 100:.2f}%" for (c, b), ms in offs.items())
+        )
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", choices=["tiny", "qwen3-8b", "all"], default="all")
@@ -761,7 +897,14 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--flush-steps", type=int, default=None, help="steps per ring segment (default: the tap's)"
     )
-    ap.add_argument("--modes", default=",".join(MODES), help="capture modes, comma-separated")
+    ap.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help="capture modes, comma-separated (before-MODE: the --before checkout's tap)",
+    )
+    ap.add_argument(
+        "--before", type=Path, default=None, help="another checkout, for modes before-MODE"
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--no-cpu-fallback", action="store_true")
     ap.add_argument(
@@ -770,9 +913,19 @@ def main(argv=None) -> int:
         help="skip the staging-launch micro "
         "benchmark (Triton vs torch ops vs a CUDA graph of them)",
     )
+    ap.add_argument(
+        "--join", choices=["thread", "inline"], default="thread", help="the tap's join thread"
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="also time the tap's parts and its thread CPU (adds ~1 us per step)",
+    )
     ap.add_argument("--poll-ms", type=float, default=None, help="override Drainer.POLL_S")
     ap.add_argument("--switch-us", type=float, default=None, help="override Drainer.SWITCH_S")
     args = ap.parse_args(argv)
+    if args.before is not None:
+        _BEFORE[0] = import_before(args.before.resolve())
     from spectrace.hooks.vllm.v2.drainer import Drainer
 
     if args.poll_ms is not None:
@@ -815,47 +968,12 @@ def main(argv=None) -> int:
             rows += bench_one(config, b, args, device)
             print(f"bench: {config} batch {b} done", file=sys.stderr, flush=True)
     print_table(rows)
-    caps = [r for r in rows if r["mode"] == "capture"] or [r for r in rows if r["mode"] != "off"]
-    inline = [r for r in rows if r["mode"] == "launch"]
-    worst = max(caps, key=lambda r: r["overhead_pct"])
-    added = max(r["added_syncs_per_step"] for r in caps)
-    waits = max(r["sync_waits"] for r in caps)
-    print(
-        f"\ncapture overhead: worst {worst['overhead_pct']:+.2f}% of the step "
-        f"({worst['config']} batch {worst['batch']}); added host syncs per step: {added:+.2f}; "
-        f"ring waits: {waits}"
-    )
-    by_cfg = {}
-    for r in caps:
-        by_cfg.setdefault(r["config"], []).append(r["overhead_pct"])
-    for c, v in by_cfg.items():
-        print(f"  {c}: overhead per batch size {', '.join(f'{x:+.2f}%' for x in v)}")
-    for name, rs in (("capture", caps), ("launch (pre-change path)", inline)):
-        host = ", ".join(
-            f"{r['config']} b{r['batch']} {r['capture_host_us']:.1f} "
-            f"(p50 {r['capture_host_p50_us']:.1f}, p90 {r['capture_host_p90_us']:.1f})"
-            for r in rs
-        )
-        print(f"  tap host us/step mean (median, p90), {name}: {host}")
-    for c in by_cfg:
-        pairs = [
-            (a["overhead_pct"], b["overhead_pct"])
-            for a, b in zip(caps, inline)
-            if a["config"] == c and b["config"] == c
-        ]
-        print(
-            f"  {c}: capture vs launch overhead "
-            + ", ".join(f"{a:+.2f}% vs {b:+.2f}%" for a, b in pairs)
-        )
-    if micro:  # device work the capture adds per step: one staging kernel (+ a copy per flush)
-        dev_us = micro["in-graph"]["dev_us"]
-        offs = {(r["config"], r["batch"]): r["gpu_ms"] for r in rows if r["mode"] == "off"}
-        print(
-            f"  in-graph staging kernel device time {dev_us:.2f} us per step (batch 64): "
-            + ", ".join(f"{c} b{b} {dev_us / (ms * 1e3) * 100:.2f}%" for (c, b), ms in offs.items())
-        )
+    summarize(rows, micro)
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "staging_micro": micro}, indent=2))
+    on = [r for r in rows if r["mode"] != "off"]
+    added = max(r["added_syncs_per_step"] for r in on)
+    waits = max(r["sync_waits"] for r in on)
     ok = device.type != "cuda" or (added <= 0 and waits == 0)
     return 0 if ok else 1
 

@@ -517,7 +517,7 @@ def test_launch_hook_sends_launches_through_triton(monkeypatch):
     assert torch.equal(ring.cpu().long(), ref)
 
 
-def _staging_inputs(n: int = 3, slots: int = 5):
+def _layout_inputs(n: int = 3, slots: int = 5):
     """CPU staging inputs of the kernels' layout: ns/nr/idx/qsl/positions 1-D unit stride,
     last_sampled ``[slots, 2]`` (column 0 read), next_prefill_tokens ``[1, slots]``."""
     ns = torch.arange(n, dtype=torch.int32)
@@ -533,12 +533,12 @@ def _staging_inputs(n: int = 3, slots: int = 5):
 def test_input_layout_reads_pointers_and_row_strides():
     """Clean twin of the layouts rejected below: the seven pointers in the kernels' order,
     last_sampled's column 0 steps by its row stride (2), next_prefill_tokens' row 0 by 1."""
-    inputs = _staging_inputs()
+    inputs = _layout_inputs()
     lay = v2_stage.input_layout(tuple(inputs))
-    assert lay == (tuple(t.data_ptr() for t in inputs), 2, 1)
+    assert lay == (*[t.data_ptr() for t in inputs], 2, 1)
     inputs[6] = torch.zeros(5, dtype=torch.int32)  # 1-D next_prefill_tokens
     inputs[5] = torch.zeros(5, dtype=torch.int64)  # 1-D last_sampled
-    assert v2_stage.input_layout(tuple(inputs))[1:] == (1, 1)
+    assert v2_stage.input_layout(tuple(inputs))[7:] == (1, 1)
 
 
 @pytest.mark.parametrize(
@@ -550,6 +550,63 @@ def test_input_layout_reads_pointers_and_row_strides():
     ],
 )
 def test_input_layout_rejects_what_the_kernels_do_not_take(i, bad):
-    inputs = _staging_inputs()
+    inputs = _layout_inputs()
     inputs[i] = bad()
     assert v2_stage.input_layout(tuple(inputs)) is None
+
+
+def _propose_sig(
+    input_batch,
+    attn_metadata,
+    slot_mappings,
+    last_hidden_states,
+    aux_hidden_states,
+    num_sampled,
+    num_rejected,
+    last_sampled,
+    next_prefill_tokens,
+    temperature,
+    seeds,
+    dp_sync_state=None,
+    dummy_run=False,
+    skip_attn_for_dummy_run=False,
+    mm_inputs=None,
+    is_profile=False,
+    num_speculative_tokens=None,
+):
+    """vLLM 0.32's ``BaseSpeculator.propose`` signature (the layout test's subject)."""
+
+
+@pytest.mark.parametrize(
+    "args,kwargs,want",
+    [
+        # all 11 required positionally, k by keyword: defaults for dummy_run/is_profile
+        (
+            tuple("abcdefghijk"),
+            {"num_speculative_tokens": 3},
+            ("a", "f", "g", "h", "i", 3, False, False),
+        ),
+        # clean twin with every parameter positional (17): each read from its position
+        (tuple("abcdefghijklmnopq"), {}, ("a", "f", "g", "h", "i", "q", "m", "p")),
+        # keywords for everything past input_batch; unknown keywords ignored
+        (
+            ("a",),
+            {
+                "num_sampled": 5,
+                "num_rejected": 6,
+                "last_sampled": 7,
+                "next_prefill_tokens": 8,
+                "dummy_run": True,
+                "seeds": 0,
+                "temperature": 1,
+            },
+            ("a", 5, 6, 7, 8, None, True, False),
+        ),
+    ],
+)
+def test_record_args_reads_positions_keywords_and_defaults(args, kwargs, want):
+    from spectrace.hooks.vllm.v2.layout import RecordArgs, propose_layout
+
+    read = RecordArgs(propose_layout(_propose_sig))
+    assert tuple(read(args, kwargs)) == want
+    assert tuple(read(args, kwargs)) == want  # the cached getter gives the same

@@ -5,6 +5,7 @@ per speculator) and the ``input_batch`` attributes, checked at attach time again
 from __future__ import annotations
 
 import inspect
+from operator import itemgetter
 
 from ..common import SpecTraceLayoutError, vllm_version
 
@@ -72,3 +73,40 @@ def propose_layout(propose, owner: str = "speculator") -> dict[str, tuple[int | 
                 None if p.default is inspect.Parameter.empty else p.default,
             )
     return layout
+
+
+class RecordArgs:
+    """Reads the values of :data:`RECORD_ARGS` out of one ``propose`` call (keyword, else
+    position, else the default), in that order: one ``itemgetter`` per count of positional
+    arguments over ``args + defaults``, then the keywords. Called once per step (the hot
+    path: ~0.5 us where a loop over the names took ~1.5 us on the H200 host).
+
+    Args:
+        layout: :func:`propose_layout`'s result (a name it lacks is always its default,
+            None).
+    """
+
+    def __init__(self, layout: dict[str, tuple[int | None, object]]) -> None:
+        spec = [layout.get(name, (None, None)) for name in RECORD_ARGS]
+        self._pos = [pos for pos, _ in spec]
+        self._defaults = tuple(default for _, default in spec)
+        self._slot = {name: j for j, name in enumerate(RECORD_ARGS)}
+        self._getters: dict[int, itemgetter] = {}  # positional count -> getter
+
+    def __call__(self, args: tuple, kwargs: dict):
+        """The values (a tuple, or a list when a keyword was given)."""
+        get = self._getters.get(len(args))
+        if get is None:
+            n = len(args)
+            get = self._getters[n] = itemgetter(
+                *[p if p is not None and p < n else n + j for j, p in enumerate(self._pos)]
+            )
+        vals = get(args + self._defaults)
+        if kwargs:
+            vals = list(vals)
+            slot = self._slot
+            for name, value in kwargs.items():
+                i = slot.get(name)
+                if i is not None:
+                    vals[i] = value
+        return vals

@@ -17,7 +17,7 @@ from ..session import Session
 from .drainer import Drainer
 from .graph_stage import GraphStage
 from .join import Proposals
-from .layout import BATCH_ATTRS, KNOWN_LAYOUT, RECORD_ARGS, propose_layout
+from .layout import BATCH_ATTRS, KNOWN_LAYOUT, RecordArgs, propose_layout
 from .outputs import EmittedIds
 from .ring import Segment, make_ring
 from .stage import META_COLS, stage_torch, stage_triton, triton_ok
@@ -81,8 +81,7 @@ class ProposeTap(TapJoin):
         background_join: bool = True,
     ) -> None:
         self.layout = propose_layout(speculator.propose, type(speculator).__name__)
-        # (name, position or None, default) in the order record() unpacks them.
-        self._argspec = tuple((name, *self.layout.get(name, (None, None))) for name in RECORD_ARGS)
+        self._args = RecordArgs(self.layout)  # (args, kwargs) -> RECORD_ARGS' values
         self.session = session
         self.max_model_len = max_model_len
         self._out = EmittedIds()  # tap-local id -> emitted ids, in order
@@ -141,18 +140,21 @@ class ProposeTap(TapJoin):
         descriptor is written first (rows, or none), then the original call runs the kernel."""
         if g.capturing():  # no replay runs in this call
             return self._orig(*args, **kwargs)
-        if self._join_error is not None or (g.lost_seen and self.session.active):
+        session = self.session
+        active = session.active
+        if self._join_error is not None or (g.lost_seen and active):
             exc = self._join_error or RuntimeError(
                 f"in-graph staging lost count: {g.lost} kernel runs without their descriptor"
             )
             self._join_error = None
-            self.session.fail(exc, "V2 join")
+            session.fail(exc, "V2 join")
+            active = session.active
         staged = False
-        if self.session.active:
+        if active:
             try:
                 staged = self.record(args, kwargs, None)
             except Exception as exc:
-                self.session.fail(exc, "V2 propose")
+                session.fail(exc, "V2 propose")
         if not staged:
             g.write_skip()
         try:
@@ -195,19 +197,6 @@ class ProposeTap(TapJoin):
                 return
             g = self.graph = GraphStage(drafts.device)
         g.launch(drafts)
-
-    def _args(self, args: tuple, kwargs: dict) -> list:
-        """The values of ``_RECORD_ARGS`` in this call (keyword, else position, else the
-        default), positions resolved once at construction."""
-        nargs = len(args)
-        return [
-            kwargs[name]
-            if name in kwargs
-            else args[pos]
-            if pos is not None and pos < nargs
-            else default
-            for name, pos, default in self._argspec
-        ]
 
     def record(self, args: tuple, kwargs: dict, out) -> bool:
         """Stage (num_sampled, num_rejected, anchor, anchor position, drafts) of this call;
