@@ -11,6 +11,7 @@ Values, dtypes and padding are those of the loaded column (:meth:`Trace.read_row
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -22,17 +23,37 @@ ROWS = 1 << 18
 
 
 def row_chunks(
-    t: Trace, names: Sequence[str], rows: int | None = None
+    t: Trace, names: Sequence[str], rows: int | None = None, ahead: bool = False
 ) -> Iterator[tuple[slice, dict[str, np.ndarray]]]:
     """The rows of block columns ``names``, ``rows`` (default :data:`ROWS`) at a time, in
     row order.
 
+    Args:
+        ahead: read each chunk on a worker thread while the caller works on the one before
+            (one chunk more in memory; the read and the caller's numpy work overlap).
     Yields:
         ``(c, cols)``: the slice ``c`` of block rows and ``{name: column[c]}`` (a loaded
         column is sliced, not read again).
     Raises:
         KeyError: an unknown column; TraceFormatError: a damaged chunk.
     """
+    it = _row_chunks(t, names, rows)
+    return _read_ahead(it) if ahead else it
+
+
+def _read_ahead(it: Iterator) -> Iterator:
+    """The items of ``it``, each produced on a worker thread while the caller holds the
+    one before."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        nxt = pool.submit(next, it, None)
+        while (item := nxt.result()) is not None:
+            nxt = pool.submit(next, it, None)
+            yield item
+
+
+def _row_chunks(
+    t: Trace, names: Sequence[str], rows: int | None
+) -> Iterator[tuple[slice, dict[str, np.ndarray]]]:
     n, rows = len(t.blocks), rows or ROWS
     alias = "verified" in names and "proposed" in names and verified_is_proposed(t)
     for lo in range(0, n, rows):

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..align import Alignment
 from ..compare import BlockComparison, PairedComparison, SlotCounts, slots_present
-from ..index import block_order, checked_counts, memo, sequence_index
+from ..index import block_order, checked_counts, sequence_index
 from ..metrics import recompute_accepted
 from ..rows import row
 from ..schema import pad_to
@@ -20,7 +20,7 @@ from ..store import Trace
 from ..tokens import Decoder
 from .evidence import ProposalPair
 from .model import Side, tok
-from .sweep import Sweep, sweep
+from .sweep import Consumer, Sweep, sweep
 
 
 @dataclass
@@ -67,23 +67,34 @@ class TraceData:
     WIDE = ("proposed", "verified")
 
     @classmethod
-    def build(cls, t: Trace, side: Side, paired_rows: np.ndarray | None = None) -> TraceData:
+    def build(
+        cls,
+        t: Trace,
+        side: Side,
+        paired_rows: np.ndarray | None = None,
+        consumer: Consumer | None = None,
+    ) -> TraceData:
         """Build (once per trace and side; memoised in ``t.cache``).
 
         Args:
             paired_rows: int [P] the rows whose proposals a diff compares (kept by the
                 sweep: ``td.sweep.paired``), or None.
+            consumer: takes the chunks of ``proposed`` (see :func:`~.sweep.sweep`), or None.
         """
-        td = memo(t, f"TraceData.{side}", lambda: cls._build(t, side, paired_rows))
-        if paired_rows is not None:
-            td.sweep = sweep(t, paired_rows)
-        return td
+        key = f"TraceData.{side}"
+        if key not in t.cache:
+            t.cache[key] = cls._build(t, side, paired_rows, consumer)
+        elif paired_rows is not None or consumer is not None:
+            t.cache[key].sweep = sweep(t, paired_rows, consumer)
+        return t.cache[key]
 
     @classmethod
-    def _build(cls, t: Trace, side: Side, paired_rows: np.ndarray | None = None) -> TraceData:
+    def _build(
+        cls, t: Trace, side: Side, paired_rows: np.ndarray | None, consumer: Consumer | None
+    ) -> TraceData:
         order = block_order(t)
         flat, start, length = sequence_index(t)
-        sw = sweep(t, paired_rows)  # before recompute_accepted: the sweep computes it
+        sw = sweep(t, paired_rows, consumer)  # before recompute_accepted: the sweep computes it
         return cls(
             t=t,
             side=side,
@@ -224,12 +235,12 @@ class PairData:
 
     @property
     def ka(self) -> np.ndarray:
-        """int64 [P] our proposal lengths (tokens)."""
+        """int16 [P] our proposal lengths (tokens)."""
         return self.paired.ka
 
     @property
     def kb(self) -> np.ndarray:
-        """int64 [P] their proposal lengths (tokens)."""
+        """int16 [P] their proposal lengths (tokens)."""
         return self.paired.kb
 
     @property

@@ -103,7 +103,7 @@ def previous_verdict(pd: PairData) -> np.ndarray:
     oa = pd.oa
     prev = oa.prev[pd.al.ia]
     pv = np.where(prev >= 0, prev, 0)
-    acc, n = oa.t.blocks.accepted[pv].astype(np.int64), oa.nchecked[pv]
+    acc, n = oa.t.blocks.accepted[pv], oa.nchecked[pv]  # int16 both: compared only
     out = np.full(len(prev), FIRST, np.int8)
     known = (prev >= 0) & (acc >= 0)
     out[known & (acc >= n)] = ACCEPTED
@@ -209,6 +209,10 @@ def batch_groups(pd: PairData) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     prev = pd.oa.prev[ia]
     out = {"batch_row": (row > 0, row >= 0), "batch_size": (size > 1, size >= 1)}
     for col, v in (("batch_row", row), ("batch_size", size)):
+        if not (v >= 0).any():  # no paired block's value known: no change is eligible
+            none = np.zeros(len(ia), bool)
+            out[f"{col}_change"] = out[f"{col}_moved"] = (none, none)
+            continue
         changed, moved = _changes(pd, col)
         pv = getattr(b, col)[np.where(prev >= 0, prev, 0)]
         known = (v >= 0) & (prev >= 0) & (pv >= 0)

@@ -312,7 +312,7 @@ def _last_verified(td: TraceData) -> np.ndarray:
     b = td.t.blocks
     ver = (b.num_verified >= 0) | (b.accepted >= 0)
     rows = td.order[ver[td.order]]  # by (request, position)
-    req = b.request[rows].astype(np.int64)
+    req = b.request[rows]
     is_last = np.r_[req[1:] != req[:-1], True] if len(req) else np.zeros(0, bool)
     last = np.full(len(td.t.requests) + 1, -1, np.int64)
     last[req[is_last]] = rows[is_last]
@@ -343,7 +343,7 @@ def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
         return [], []
     if is_replay(td.t) or is_replay(ref.t):
         return [], []  # a replay drafts only from the positions it was given
-    b, rb = td.t.blocks, ref.t.blocks
+    b = td.t.blocks
     last = _last_verified(td)
     any_last = np.full(len(last), -1, np.int64)  # the last block, verified or not
     rows = np.flatnonzero(td.last)
@@ -352,33 +352,53 @@ def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
     rpob = al.pair_of_block_b if s.side_a else al.pair_of_block_a
     rcomp = al.comparable_b if s.side_a else al.comparable_a
     here, _ = s.pairs()
-    rref_rows = _rows_by_pair(rcomp & (rpob >= 0), rpob)
-    bounds = np.searchsorted(rpob[rref_rows], np.arange(len(here) + 1))
-    stops, never = [], []
-    for p in range(len(here)):
-        o = rref_rows[bounds[p] : bounds[p + 1]]
-        r = int(here[p])
-        # Only anchors this side's (known) sequence holds: past its end the request was cut
-        # short (requests_incomplete), and without output ids nothing says how far it got.
-        o = o[rb.position[o] < td.length[r] - 1]
-        if not len(o):
-            continue
-        if not has_block[r]:
-            never.append((r, int(o[np.argmin(rb.position[o])])))
-            continue
-        x = int(last[r]) if last[r] >= 0 else int(any_last[r])
-        if (rb.position[o] > b.position[x] + max(int(b.accepted[x]), 0) + 1).any():
-            stops.append(x)
-    return sorted(stops), never
+    rows, pos = _other_rows(s, rpob, rcomp, (td.length - 1)[here])
+    pair, m = rpob[rows], len(here)
+    seen = np.zeros(m, bool)
+    seen[pair] = True
+    top = np.full(m, np.iinfo(np.int64).min, np.int64)  # per pair, the highest position
+    np.maximum.at(top, pair, pos)
+    never_p = np.flatnonzero(seen & ~has_block[here])
+    ps = np.flatnonzero(seen & has_block[here])
+    r = here[ps]
+    x = np.where(last[r] >= 0, last[r], any_last[r])
+    reach = b.position[x].astype(np.int64) + np.maximum(b.accepted[x], 0) + 1
+    stops = sorted(x[top[ps] > reach].tolist())
+    if not len(never_p):
+        return stops, []
+    first = _first_lowest(pair, pos, rows, ~has_block[here], m)
+    return stops, list(zip(here[never_p].tolist(), first[never_p].tolist()))
 
 
-def _rows_by_pair(sel: np.ndarray, pob: np.ndarray) -> np.ndarray:
-    """The rows of ``sel`` (bool [n]) stably sorted by their pair ``pob`` (int [n]): int32
-    below 2**31 rows (int64 past), so that the transient index arrays stay small."""
-    rows = np.flatnonzero(sel)
-    if len(sel) < np.iinfo(np.int32).max:
-        rows = rows.astype(np.int32)
-    return rows[np.argsort(pob[rows], kind="stable")]
+def _first_lowest(pair, pos, rows, want, m: int) -> np.ndarray:
+    """int64 [m]: per pair ``want``-ed (bool [m]) that has rows, the first of ``rows`` at
+    the lowest of their positions ``pos`` (``pair``: int [n], each row's pair)."""
+    sel = want[pair]
+    pair, pos, rows = pair[sel], pos[sel], rows[sel]
+    low = np.full(m, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(low, pair, pos)
+    at = pos == low[pair]
+    first = np.full(m, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first, pair[at], rows[at])
+    return first
+
+
+def _other_rows(
+    s: SideInput, rpob: np.ndarray, rcomp: np.ndarray, limit: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The other side's rows on matched content anchored before ``limit`` (int64 [m], per
+    request pair: this side's sequence length - 1; past it the request was cut short, and
+    without output ids nothing says how far it got), and their positions, in row order."""
+    assert s.ref is not None
+    rpos = s.ref.t.blocks.position
+    keep = [np.zeros(0, np.int64)]
+    for c in chunks(len(rpob)):
+        p = rpob[c]
+        ok = rcomp[c] & (p >= 0)
+        ok[ok] = rpos[c][ok] < limit[p[ok]]
+        keep.append(np.flatnonzero(ok) + c.start)
+    rows = np.concatenate(keep)
+    return rows, rpos[rows]
 
 
 def _unverified_message(
