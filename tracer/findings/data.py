@@ -14,6 +14,7 @@ from ..align import Alignment
 from ..compare import BlockComparison, PairedComparison, SlotCounts, slots_present
 from ..index import block_order, checked_counts, sequence_index
 from ..metrics import recompute_accepted
+from ..parallel import chunks
 from ..rows import row
 from ..schema import pad_to
 from ..store import Trace
@@ -120,14 +121,15 @@ class TraceData:
 
     @functools.cached_property
     def _neighbours(self) -> tuple[np.ndarray, np.ndarray]:
-        order, n = self.order, len(self.order)
+        order, n, req = self.order, len(self.order), self.t.blocks.request
         last, prev = np.zeros(n, bool), np.full(n, -1, order.dtype)
+        for c in chunks(n - 1):  # in chunks: the index temporaries stay small
+            o0, o1 = order[c], order[c.start + 1 : c.stop + 1]
+            same = req[o1] == req[o0]  # order[i + 1] continues order[i]'s request
+            last[o0[~same]] = True
+            prev[o1[same]] = o0[same]
         if n:
-            rs = self.t.blocks.request[order]
-            same = rs[1:] == rs[:-1]  # order[i + 1] continues order[i]'s request
-            last[order[:-1][~same]] = True
             last[order[-1]] = True
-            prev[order[1:][same]] = order[:-1][same]
         return last, prev
 
     def req_id(self, block: int) -> str:

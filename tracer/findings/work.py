@@ -308,14 +308,23 @@ def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) 
 
 
 def _last_verified(td: TraceData) -> np.ndarray:
-    """int64 [requests + 1]: each request's last block with a verify record (-1 none)."""
+    """int [requests + 1] (intp): each request's last block with a verify record in (request,
+    position) order, ties in row order (-1 none); in row chunks: per request the highest
+    such position, then the latest row at it."""
     b = td.t.blocks
-    ver = (b.num_verified >= 0) | (b.accepted >= 0)
-    rows = td.order[ver[td.order]]  # by (request, position)
-    req = b.request[rows]
-    is_last = np.r_[req[1:] != req[:-1], True] if len(req) else np.zeros(0, bool)
-    last = np.full(len(td.t.requests) + 1, -1, np.int64)
-    last[req[is_last]] = rows[is_last]
+    m = len(td.t.requests) + 1
+    # ufunc.at in matching dtypes (intp indices): its fast path, not a cast per element.
+    top = np.full(m, np.iinfo(b.position.dtype).min, b.position.dtype)
+    last = np.full(m, -1, np.intp)
+    for final in (False, True):  # two passes: the highest positions, then the rows at them
+        for c in chunks(len(b)):
+            rows = np.flatnonzero((b.num_verified[c] >= 0) | (b.accepted[c] >= 0))
+            req, pos = b.request[c][rows].astype(np.intp), b.position[c][rows]
+            if not final:
+                np.maximum.at(top, req, pos)
+                continue
+            at = pos == top[req]
+            np.maximum.at(last, req[at], rows[at] + c.start)
     return last
 
 
@@ -353,11 +362,11 @@ def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
     rcomp = al.comparable_b if s.side_a else al.comparable_a
     here, _ = s.pairs()
     rows, pos = _other_rows(s, rpob, rcomp, (td.length - 1)[here])
-    pair, m = rpob[rows], len(here)
+    pair, m = rpob[rows].astype(np.intp), len(here)
     seen = np.zeros(m, bool)
     seen[pair] = True
-    top = np.full(m, np.iinfo(np.int64).min, np.int64)  # per pair, the highest position
-    np.maximum.at(top, pair, pos)
+    top = np.full(m, np.iinfo(pos.dtype).min, pos.dtype)  # per pair, the highest position
+    np.maximum.at(top, pair, pos)  # matching dtypes: ufunc.at's fast path
     never_p = np.flatnonzero(seen & ~has_block[here])
     ps = np.flatnonzero(seen & has_block[here])
     r = here[ps]
@@ -375,11 +384,11 @@ def _first_lowest(pair, pos, rows, want, m: int) -> np.ndarray:
     the lowest of their positions ``pos`` (``pair``: int [n], each row's pair)."""
     sel = want[pair]
     pair, pos, rows = pair[sel], pos[sel], rows[sel]
-    low = np.full(m, np.iinfo(np.int64).max, np.int64)
+    low = np.full(m, np.iinfo(pos.dtype).max, pos.dtype)
     np.minimum.at(low, pair, pos)
     at = pos == low[pair]
     first = np.full(m, np.iinfo(np.int64).max, np.int64)
-    np.minimum.at(first, pair[at], rows[at])
+    np.minimum.at(first, pair[at], rows[at].astype(np.int64))
     return first
 
 
@@ -391,12 +400,13 @@ def _other_rows(
     without output ids nothing says how far it got), and their positions, in row order."""
     assert s.ref is not None
     rpos = s.ref.t.blocks.position
-    keep = [np.zeros(0, np.int64)]
+    small = np.int32 if len(rpob) < np.iinfo(np.int32).max else np.int64
+    keep = [np.zeros(0, small)]
     for c in chunks(len(rpob)):
         p = rpob[c]
         ok = rcomp[c] & (p >= 0)
         ok[ok] = rpos[c][ok] < limit[p[ok]]
-        keep.append(np.flatnonzero(ok) + c.start)
+        keep.append(np.flatnonzero(ok).astype(small) + c.start)
     rows = np.concatenate(keep)
     return rows, rpos[rows]
 
