@@ -380,7 +380,7 @@ def compare_paired(
         return counts
 
     acc.counts = sum(each_chunk(n, part), acc.counts)
-    return acc.result(_take(anchor_a, ia), _take(anchor_b, ib))
+    return acc.result(anchor_a, anchor_b, ia, ib)
 
 
 class StreamedComparison:
@@ -394,13 +394,16 @@ class StreamedComparison:
         pa: int32 [P, wa] ours' paired proposals in pair order (-1 padded).
         rows_b: int [P] theirs' block row of each paired block (``al.ib``).
         ka, kb: int [P] the paired proposal lengths (tokens).
-        anchor_a, anchor_b: int [P] the paired anchors (-1 unknown).
+        anchors: ``(anchor_a, anchor_b, rows_a)``: both sides' anchor columns (int [blocks]
+            each, -1 unknown) and ours' paired rows (``al.ia``), read at :meth:`result`.
         wb: slots of theirs' matrix.
     """
 
-    def __init__(self, pa, rows_b, ka, kb, anchor_a, anchor_b, wb: int) -> None:
-        self._pa, self._anchors = pa, (anchor_a, anchor_b)
-        self._order = np.argsort(rows_b, kind="stable")
+    def __init__(self, pa, rows_b, ka, kb, anchors: tuple, wb: int) -> None:
+        self._pa, self._anchors, self._rows_b = pa, anchors, rows_b
+        order = np.argsort(rows_b, kind="stable")
+        self._order = order.astype(np.int32) if len(order) < np.iinfo(np.int32).max else order
+        del order
         self._sorted = np.asarray(rows_b)[self._order]
         self._acc = _Accumulator(len(rows_b), max(pa.shape[1], wb), _lengths(ka), _lengths(kb))
 
@@ -415,7 +418,8 @@ class StreamedComparison:
     def result(self) -> PairedComparison:
         """The comparison, once every row of theirs was taken (ours' rows are let go)."""
         self._pa = self._order = self._sorted = None
-        return self._acc.result(*self._anchors)
+        anchor_a, anchor_b, rows_a = self._anchors
+        return self._acc.result(anchor_a, anchor_b, rows_a, self._rows_b)
 
 
 def _lengths(k: np.ndarray) -> np.ndarray:
@@ -452,14 +456,16 @@ class _Accumulator:
                 counts[row, j] += np.count_nonzero(se[:, j])
         return counts
 
-    def result(self, anchor_a: np.ndarray, anchor_b: np.ndarray) -> PairedComparison:
-        """The :class:`PairedComparison` of the filled rows (with the paired anchors)."""
+    def result(self, anchor_a, anchor_b, ia, ib) -> PairedComparison:
+        """The :class:`PairedComparison` of the filled rows; anchors as
+        :func:`compare_paired` takes them (rows ``ia`` / ``ib`` of each, or None)."""
         ka, kb, prefix, w, n = self.ka, self.kb, self.prefix, self.w, len(self.ka)
         exact = exact_match(prefix, ka, kb)
         first = np.empty(n, np.int16)
+        anchor_eq = np.empty(n, bool)
         for c in chunks(n):  # in chunks: the temporaries stay small
             first[c] = first_slot_from_prefix(prefix[c], ka[c], kb[c])
-        anchor_eq = anchors_equal(anchor_a, anchor_b)
+            anchor_eq[c] = anchors_equal(anchor_a[_rows(ia, c)], anchor_b[_rows(ib, c)])
         blocks = BlockComparison(
             eq=self.eq,
             prefix=prefix,
@@ -475,6 +481,12 @@ class _Accumulator:
             shift_minus=self.counts[2, :-1],
         )
         return PairedComparison(ka=ka, kb=kb, blocks=blocks, counts=counts)
+
+
+def _rows(idx: np.ndarray | None, c: slice):
+    """Rows ``c`` of the paired blocks as indices into a column (``idx[c]``; ``c`` itself
+    when the column is in pair order already)."""
+    return c if idx is None else idx[c]
 
 
 def _take(x: np.ndarray, idx: np.ndarray | None) -> np.ndarray:

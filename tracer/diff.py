@@ -34,6 +34,7 @@ from .findings.sweep import release_paired, sweep
 from .findings.values import impossible_rows
 from .index import checked_counts, sequence_index
 from .metrics import Acceptance, acceptance_counts, recompute_accepted
+from .pages import trim_heap
 from .parallel import in_parallel
 from .rows import gather, width
 from .store import Trace, open_trace, prefetch
@@ -45,9 +46,10 @@ __all__ = ["SCHEMA", "DiffResult", "diff_traces", "nothing_compared", "open_pair
 def open_pair(ours, theirs) -> tuple[Trace, Trace]:
     """Open two traces for :func:`diff_traces` (``spectrace diff``'s first step).
 
-    The block columns the diff reads (``TraceData.COLUMNS``; ``position`` first, ours then
-    theirs) start reading on a background thread: alignment overlaps the reads of the large
-    draft matrices, and our side's preparation starts while theirs still reads.
+    The block columns alignment and the sweeps read (``TraceData.SWEPT``; ``position``
+    first, ours then theirs) start reading on a background thread, so that alignment
+    overlaps the reads; the diff's other narrow columns load on first use, after the
+    comparison (not in memory beside its paired rows).
 
     Args:
         ours, theirs: trace specs as :func:`~spectrace.tracer.store.open_trace` takes them,
@@ -58,7 +60,7 @@ def open_pair(ours, theirs) -> tuple[Trace, Trace]:
     a = ours if isinstance(ours, Trace) else open_trace(ours)
     b = theirs if isinstance(theirs, Trace) else open_trace(theirs)
     first = ("position", "k", "anchor")
-    cols = first + tuple(c for c in TraceData.COLUMNS if c not in first)
+    cols = first + tuple(c for c in TraceData.SWEPT if c not in first)
     prefetch([a.blocks, b.blocks], cols)
     return a, b
 
@@ -114,7 +116,7 @@ def _streamed(al: Alignment) -> StreamedComparison:
     pa = sweep(al.a, ia).paired
     assert pa is not None
     wb = width(al.b, "proposed")
-    return StreamedComparison(pa, ib, a.k[ia], b.k[ib], a.anchor[ia], b.anchor[ib], wb)
+    return StreamedComparison(pa, ib, a.k[ia], b.k[ib], (a.anchor, b.anchor, ia), wb)
 
 
 def _prepare(al: Alignment) -> tuple[TraceData, TraceData, PairedComparison]:
@@ -148,6 +150,9 @@ def diff_traces(
     a, b = al.a, al.b
     # The sweeps of the id matrices and derived columns, with the comparison.
     td_a, td_b, pc = _prepare(al)
+    trim_heap()  # our paired rows and the sweeps' temporaries are gone: hand their pages back
+    later = [c for c in TraceData.COLUMNS if c not in TraceData.SWEPT]
+    prefetch([a.blocks, b.blocks], later)  # read while the acceptance figures compute
     ex = _examples(al, pc, examples)
     bad = pc.blocks.divergent
     kmax = int(max(a.blocks.k.max(initial=0), b.blocks.k.max(initial=0)))

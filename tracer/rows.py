@@ -94,36 +94,47 @@ def row(t: Trace, name: str, i: int) -> np.ndarray:
 
 
 class Gather:
-    """Collects rows ``idx`` (any order, repeats allowed) of one matrix column during a
+    """Collects rows ``idx`` (any order, repeats allowed) of one block column during a
     :func:`row_chunks` pass: call :meth:`take` with each chunk, then read :attr:`out`.
 
+    Args:
+        w: slots of a matrix column, or None for a 1-D column.
     Attributes:
-        out: [len(idx), w] array of the column's dtype (``fill`` until taken).
+        out: [len(idx), w] (or [len(idx)]) array of the column's dtype (``fill`` until
+            taken).
     """
 
-    def __init__(self, idx: np.ndarray, w: int, dtype, fill) -> None:
-        self._order = np.argsort(idx, kind="stable")
+    def __init__(self, idx: np.ndarray, w: int | None, dtype, fill) -> None:
+        order = np.argsort(idx, kind="stable")
+        self._order = order.astype(np.int32) if len(order) < np.iinfo(np.int32).max else order
+        del order
         self._sorted = np.asarray(idx)[self._order]
-        self.out = np.full((len(idx), w), fill, dtype)
+        self.out = np.full((len(idx),) if w is None else (len(idx), w), fill, dtype)
 
     def take(self, c: slice, chunk: np.ndarray) -> None:
         """Copy the wanted rows that lie in ``c`` (``chunk`` = column[c])."""
         lo, hi = np.searchsorted(self._sorted, [c.start, c.stop])
-        if lo < hi:
-            w = min(chunk.shape[1], self.out.shape[1])
-            self.out[self._order[lo:hi], :w] = chunk[self._sorted[lo:hi] - c.start, :w]
+        if lo >= hi:
+            return
+        at, src = self._order[lo:hi], self._sorted[lo:hi] - c.start
+        if self.out.ndim == 1:
+            self.out[at] = chunk[src]
+            return
+        w = min(chunk.shape[1], self.out.shape[1])
+        self.out[at, :w] = chunk[src, :w]
 
 
 def gather(t: Trace, name: str, idx: np.ndarray, fill=-1) -> np.ndarray:
-    """Rows ``idx`` of matrix column ``name``: [len(idx), w] (w as loaded), in one pass
-    (or by indexing the column when it is loaded already)."""
+    """Rows ``idx`` of block column ``name``: [len(idx), w] (w as loaded) for a matrix,
+    [len(idx)] for a 1-D column, in one pass (or by indexing the column when it is loaded
+    already)."""
     whole = t.blocks.loaded(name)
     if whole is not None:
         return whole[idx]
     probe = t.read_rows(name, 0, 0)
     if len(idx) <= FEW:  # a few rows: a chunk read each, not a pass over the range
         return np.stack([row(t, name, i) for i in idx]) if len(idx) else probe
-    g = Gather(idx, probe.shape[1], probe.dtype, fill)
+    g = Gather(idx, probe.shape[1] if probe.ndim == 2 else None, probe.dtype, fill)
     if len(idx):
         lo, hi = int(np.min(idx)), int(np.max(idx)) + 1
         for c in range(lo, hi, ROWS):  # ROWS read here: tests shrink it

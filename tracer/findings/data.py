@@ -64,6 +64,9 @@ class TraceData:
         "batch_row",
         "batch_size",
     )
+    #: Those of :data:`COLUMNS` that alignment and the sweeps read (a diff prefetches
+    #: these; the others load on first use, after the comparison, not beside its rows).
+    SWEPT = ("request", "position", "anchor", "k", "num_verified", "accepted")
     #: The id matrices, streamed by :func:`~.sweep.sweep` (never loaded whole).
     WIDE = ("proposed", "verified")
 

@@ -362,7 +362,7 @@ def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
     rcomp = al.comparable_b if s.side_a else al.comparable_a
     here, _ = s.pairs()
     rows, pos = _other_rows(s, rpob, rcomp, (td.length - 1)[here])
-    pair, m = rpob[rows].astype(np.intp), len(here)
+    pair, m = rpob[rows], len(here)
     seen = np.zeros(m, bool)
     seen[pair] = True
     top = np.full(m, np.iinfo(pos.dtype).min, pos.dtype)  # per pair, the highest position
