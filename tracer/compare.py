@@ -91,6 +91,17 @@ def anchors_known(anchor_a: np.ndarray, anchor_b: np.ndarray) -> np.ndarray:
     return (anchor_a >= 0) & (anchor_b >= 0)
 
 
+def count_anchors_known(
+    anchor_a: np.ndarray, anchor_b: np.ndarray, ia: np.ndarray, ib: np.ndarray
+) -> int:
+    """How many paired blocks have both anchors known (:func:`anchors_known` of rows ``ia``
+    of ``anchor_a`` and ``ib`` of ``anchor_b``, int [P] each), counted in chunks."""
+    return sum(
+        int(np.count_nonzero(anchors_known(anchor_a[ia[c]], anchor_b[ib[c]])))
+        for c in chunks(len(ia))
+    )
+
+
 def anchors_equal(anchor_a: np.ndarray, anchor_b: np.ndarray) -> np.ndarray:
     """Anchor equality of paired blocks: equal ids, or unknown (-1) on either side.
 

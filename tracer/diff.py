@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .align import Alignment
-from .compare import NO_DIVERGENCE, PairedComparison, StreamedComparison, anchors_known
+from .compare import NO_DIVERGENCE, PairedComparison, StreamedComparison, count_anchors_known
 from .diff_result import (
     SCHEMA,
     AcceptanceBySide,
@@ -205,11 +205,11 @@ def _share(num: np.ndarray, den: np.ndarray) -> list[float | None]:
 def _agreement(al: Alignment, pc: PairedComparison) -> Agreement:
     c, n = pc.blocks, pc.counts
     P = len(c.exact)
-    known = anchors_known(al.a.blocks.anchor[al.ia], al.b.blocks.anchor[al.ib])
+    known = count_anchors_known(al.a.blocks.anchor, al.b.blocks.anchor, al.ia, al.ib)
     return Agreement(
         paired_blocks=P,
         anchor_mismatches=int((~c.anchor_eq).sum()),
-        anchors_unknown=int((~known).sum()),
+        anchors_unknown=P - known,
         exact_matches=int(c.exact.sum()),
         exact_match_rate=float(c.exact.mean()) if P else None,
         k_mismatches=int((pc.ka != pc.kb).sum()),

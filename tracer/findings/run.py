@@ -198,5 +198,6 @@ def detect_pair(
             d.run(r.input) if d.reads_other_side else res for d, res in zip(SINGLE_TRACE, r.results)
         ]
     found += _pair_findings(pd)
+    trim_heap()  # near_ties reads two margin matrices next: no freed pages beside them
     found.append(margins.near_ties(pd))  # beside the others: it changes none of them
     return sort_findings([f for f in found if f is not None])
