@@ -361,54 +361,60 @@ def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
     rpob = al.pair_of_block_b if s.side_a else al.pair_of_block_a
     rcomp = al.comparable_b if s.side_a else al.comparable_a
     here, _ = s.pairs()
-    rows, pos = _other_rows(s, rpob, rcomp, (td.length - 1)[here])
-    pair, m = rpob[rows], len(here)
-    seen = np.zeros(m, bool)
-    seen[pair] = True
-    top = np.full(m, np.iinfo(pos.dtype).min, pos.dtype)  # per pair, the highest position
-    np.maximum.at(top, pair, pos)  # matching dtypes: ufunc.at's fast path
-    never_p = np.flatnonzero(seen & ~has_block[here])
-    ps = np.flatnonzero(seen & has_block[here])
+    # Per pair: the other side's rows on matched content anchored inside this side's
+    # sequence (past its end the request was cut short, and without output ids nothing
+    # says how far it got), by their highest position.
+    span = _OtherRows(s, rpob, rcomp, (td.length - 1)[here])
+    never_p = np.flatnonzero(span.seen & ~has_block[here])
+    ps = np.flatnonzero(span.seen & has_block[here])
     r = here[ps]
     x = np.where(last[r] >= 0, last[r], any_last[r])
     reach = b.position[x].astype(np.int64) + np.maximum(b.accepted[x], 0) + 1
-    stops = sorted(x[top[ps] > reach].tolist())
+    stops = sorted(x[span.top[ps] > reach].tolist())
     if not len(never_p):
         return stops, []
-    first = _first_lowest(pair, pos, rows, ~has_block[here], m)
+    first = span.first_lowest(~has_block[here])
     return stops, list(zip(here[never_p].tolist(), first[never_p].tolist()))
 
 
-def _first_lowest(pair, pos, rows, want, m: int) -> np.ndarray:
-    """int64 [m]: per pair ``want``-ed (bool [m]) that has rows, the first of ``rows`` at
-    the lowest of their positions ``pos`` (``pair``: int [n], each row's pair)."""
-    sel = want[pair]
-    pair, pos, rows = pair[sel], pos[sel], rows[sel]
-    low = np.full(m, np.iinfo(pos.dtype).max, pos.dtype)
-    np.minimum.at(low, pair, pos)
-    at = pos == low[pair]
-    first = np.full(m, np.iinfo(np.int64).max, np.int64)
-    np.minimum.at(first, pair[at], rows[at].astype(np.int64))
-    return first
+class _OtherRows:
+    """Per request pair, the other side's block rows on matched content anchored before
+    ``limit`` (int64 [m]: this side's sequence length - 1), reduced chunk by chunk (ufunc.at
+    in matching dtypes: its fast path): whether any (``seen``, bool [m]) and their highest
+    position (``top``, [m])."""
 
+    def __init__(self, s: SideInput, rpob: np.ndarray, rcomp: np.ndarray, limit: np.ndarray):
+        assert s.ref is not None
+        self._pob, self._comp, self._limit = rpob, rcomp, limit
+        self._pos = pos = s.ref.t.blocks.position
+        m = len(limit)
+        self.seen = np.zeros(m, bool)
+        self.top = np.full(m, np.iinfo(pos.dtype).min, pos.dtype)
+        for _, p, ps in self._rows():
+            self.seen[p] = True
+            np.maximum.at(self.top, p, ps)
 
-def _other_rows(
-    s: SideInput, rpob: np.ndarray, rcomp: np.ndarray, limit: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """The other side's rows on matched content anchored before ``limit`` (int64 [m], per
-    request pair: this side's sequence length - 1; past it the request was cut short, and
-    without output ids nothing says how far it got), and their positions, in row order."""
-    assert s.ref is not None
-    rpos = s.ref.t.blocks.position
-    small = np.int32 if len(rpob) < np.iinfo(np.int32).max else np.int64
-    keep = [np.zeros(0, small)]
-    for c in chunks(len(rpob)):
-        p = rpob[c]
-        ok = rcomp[c] & (p >= 0)
-        ok[ok] = rpos[c][ok] < limit[p[ok]]
-        keep.append(np.flatnonzero(ok).astype(small) + c.start)
-    rows = np.concatenate(keep)
-    return rows, rpos[rows]
+    def _rows(self):
+        """``(rows, pair, position)`` of the wanted rows, one chunk at a time."""
+        for c in chunks(len(self._pob)):
+            p = self._pob[c]
+            ok = self._comp[c] & (p >= 0)
+            ok[ok] = self._pos[c][ok] < self._limit[p[ok]]
+            rows = np.flatnonzero(ok)
+            yield rows + c.start, p[rows], self._pos[c][rows]
+
+    def first_lowest(self, want: np.ndarray) -> np.ndarray:
+        """int64 [m]: per pair ``want``-ed (bool [m]) with rows, its first row at the lowest
+        of their positions (two more passes: the lowest positions, then the rows at them)."""
+        low = np.full(len(self.top), np.iinfo(self._pos.dtype).max, self._pos.dtype)
+        for _, p, ps in self._rows():
+            sel = want[p]
+            np.minimum.at(low, p[sel], ps[sel])
+        first = np.full(len(self.top), np.iinfo(np.int64).max, np.int64)
+        for rows, p, ps in self._rows():
+            at = want[p] & (ps == low[p])
+            np.minimum.at(first, p[at], rows[at])
+        return first
 
 
 def _unverified_message(
@@ -461,7 +467,9 @@ def unverified(s: SideInput) -> Finding | None:
     td = s.td
     b = td.t.blocks
     # The last proposal of a request is legitimately never verified (the request finished).
-    bad = (b.num_verified < 0) & (b.accepted < 0) & ~td.last
+    bad = np.empty(len(b), bool)
+    for c in chunks(len(b)):  # in chunks: no whole-column temporaries
+        bad[c] = (b.num_verified[c] < 0) & (b.accepted[c] < 0) & ~td.last[c]
     stops, never = drafting_ends(s)
     skipped = np.zeros(0, np.int64) if s.skipped is None else s.skipped
     if not bad.any() and not stops and not never and len(skipped) < MIN_BLOCKS:
