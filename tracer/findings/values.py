@@ -101,8 +101,12 @@ def _lengths(td: TraceData, c: slice) -> np.ndarray:
 
 def _small(td: TraceData) -> bool:
     """Every sequence length plus a block's position room fits int32."""
-    kmax = max(int(td.t.blocks.k.max(initial=0)), 0)
-    return int(td.length.max(initial=0)) + kmax + 1 < np.iinfo(np.int32).max
+    return int(td.length.max(initial=0)) + max(_kmax(td), 0) + 1 < np.iinfo(np.int32).max
+
+
+def _kmax(td: TraceData) -> int:
+    """The largest k of the trace (memoised: the chunked rules read it per chunk)."""
+    return memo(td.t, "kmax", lambda: int(td.t.blocks.k.max(initial=0)))
 
 
 def _position_room(td: TraceData, c: slice) -> np.ndarray:
@@ -111,8 +115,7 @@ def _position_room(td: TraceData, c: slice) -> np.ndarray:
     block (the output is trimmed at max_tokens or a stop after the engine emitted and
     drafted past it)."""
     n = _lengths(td, c)
-    kmax = int(td.t.blocks.k.max(initial=0))
-    return np.where((n > 0) & td.last[c], n + (kmax + 1), n)
+    return np.where((n > 0) & td.last[c], n + (_kmax(td) + 1), n)
 
 
 @dataclass
