@@ -379,15 +379,14 @@ def compare_paired(
     """
     w = max(prop_a.shape[1], prop_b.shape[1])  # 0 only for two empty traces (P = 0)
     n = len(k_a) if ia is None else len(ia)
-    acc = _Accumulator(n, w, _lengths(_take(k_a, ia)), _lengths(_take(k_b, ib)))
+    every = slice(None)
+    acc = _Accumulator(n, w, _lengths(k_a[_rows(ia, every)]), _lengths(k_b[_rows(ib, every)]))
 
     def part(cs: list[slice]) -> np.ndarray:
         """Fill rows ``cs``; returns int64 [3, w] counts (equal, shift +1, shift -1)."""
         counts = np.zeros((3, w), np.int64)
         for c in cs:
-            pa = prop_a[c] if ia is None else prop_a[ia[c]]
-            pb = prop_b[c] if ib is None else prop_b[ib[c]]
-            counts += acc.fill(c, pa, pb)
+            counts += acc.fill(c, prop_a[_rows(ia, c)], prop_b[_rows(ib, c)])
         return counts
 
     acc.counts = sum(each_chunk(n, part), acc.counts)
@@ -428,7 +427,7 @@ class StreamedComparison:
 
     def result(self) -> PairedComparison:
         """The comparison, once every row of theirs was taken (ours' rows are let go)."""
-        self._pa = self._order = self._sorted = None
+        self._pa = self._order = self._sorted = np.zeros((0, 0), np.int32)
         anchor_a, anchor_b, rows_a = self._anchors
         return self._acc.result(anchor_a, anchor_b, rows_a, self._rows_b)
 
@@ -498,7 +497,3 @@ def _rows(idx: np.ndarray | None, c: slice):
     """Rows ``c`` of the paired blocks as indices into a column (``idx[c]``; ``c`` itself
     when the column is in pair order already)."""
     return c if idx is None else idx[c]
-
-
-def _take(x: np.ndarray, idx: np.ndarray | None) -> np.ndarray:
-    return x if idx is None else x[idx]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,10 +31,10 @@ from .thresholds import MIN_BLOCKS
 #: unknown), the trace's :class:`~.sweep.Sweep`) -> bool [n] broken, of some rows (a chunk:
 #: ``_rule_hits`` gives their columns' rows). Comparisons stay in the columns' own dtypes:
 #: no int64 copy per rule.
-Test = Callable[[Blocks, np.ndarray, Sweep], np.ndarray]
+Test = Callable[[Any, np.ndarray, Any], np.ndarray]  # Blocks and Sweep, or rows of them
 #: The limit a broken block exceeds: (blocks, position room (``room[row]``), sweep, block
 #: row) -> int.
-Limit = Callable[[Blocks, np.ndarray, Sweep, int], int]
+Limit = Callable[[Blocks, Any, Sweep, int], int]
 Rule = tuple[str, str, Test, Limit | None]
 
 #: The rules, in report order: ``(name, column, test, limit or None)``.
@@ -162,8 +163,8 @@ def _rule_hits(td: TraceData) -> _Hits:
     for name, col, _, limit in RULES:  # the first broken block; ties: the earlier rule
         row = firsts.get(name)
         if row is not None and (first is None or row < first[0]):
-            room = {row: _position_room(td, slice(row, row + 1))[0]}  # limit reads n[row]
-            first = (row, name, col, None if limit is None else limit(b, room, sw, row))
+            at = {row: _position_room(td, slice(row, row + 1))[0]}  # limit reads n[row]
+            first = (row, name, col, None if limit is None else limit(b, at, sw, row))
     return _Hits(bad=bad, counts={r[0]: counts[r[0]] for r in RULES if r[0] in counts}, first=first)
 
 
