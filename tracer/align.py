@@ -143,16 +143,15 @@ def _pair_blocks(
     (request, position) is used on both sides.
     """
     order_a, order_b = block_order(a), block_order(b)
-    keys_a, _, _ = block_keys(a)
-    sel = comp_a[order_a]
-    ia, ka = order_a[sel], keys_a[sel]
-    del keys_a
-    if len(ka):
-        first = np.empty(len(ka), bool)
+    ia = order_a[comp_a[order_a]]
+    if len(ia):  # the first block of each (request, position): in order, where either changes
+        r, p = a.blocks.request[ia], a.blocks.position[ia]
+        first = np.empty(len(ia), bool)
         first[0] = True
-        np.not_equal(ka[1:], ka[:-1], out=first[1:])
+        np.not_equal(r[1:], r[:-1], out=first[1:])
+        first[1:] |= p[1:] != p[:-1]
+        del r, p
         ia = ia[first]
-    del ka
     keys_b, stride_b, pmin_b = block_keys(b)
     pos = a.blocks.position[ia].astype(np.int64) - pmin_b
     q = req_b[pob_a[ia]] * stride_b + pos

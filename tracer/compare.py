@@ -91,6 +91,17 @@ def anchors_known(anchor_a: np.ndarray, anchor_b: np.ndarray) -> np.ndarray:
     return (anchor_a >= 0) & (anchor_b >= 0)
 
 
+def count_anchors_known(
+    anchor_a: np.ndarray, anchor_b: np.ndarray, ia: np.ndarray, ib: np.ndarray
+) -> int:
+    """How many paired blocks have both anchors known (:func:`anchors_known` of rows ``ia``
+    of ``anchor_a`` and ``ib`` of ``anchor_b``, int [P] each), counted in chunks."""
+    return sum(
+        int(np.count_nonzero(anchors_known(anchor_a[ia[c]], anchor_b[ib[c]])))
+        for c in chunks(len(ia))
+    )
+
+
 def anchors_equal(anchor_a: np.ndarray, anchor_b: np.ndarray) -> np.ndarray:
     """Anchor equality of paired blocks: equal ids, or unknown (-1) on either side.
 
@@ -265,7 +276,8 @@ class BlockComparison:
         exact: bool [n] exact match.
         anchor_eq: bool [n] anchor equality.
         divergent: bool [n] not exact, or the anchors differ.
-        first_slot: int64 [n] first differing slot, -1 none.
+        first_slot: int [n] first differing slot, -1 none (int16 from
+            :func:`compare_paired`).
     """
 
     eq: np.ndarray
@@ -331,7 +343,7 @@ class PairedComparison:
     """The kernel's view of an alignment's paired blocks.
 
     Attributes:
-        ka, kb: int64 [P] proposal lengths of the paired blocks (tokens).
+        ka, kb: int16 [P] proposal lengths of the paired blocks (tokens).
         blocks: the per-block comparison (:class:`BlockComparison`).
         counts: the per-slot counts (:class:`SlotCounts`).
     """
@@ -363,56 +375,125 @@ def compare_paired(
             [blocks_a] / [blocks_b] anchor ids (-1 unknown).
     Returns:
         A :class:`PairedComparison` (its ``eq`` is [P, w] in Fortran order, w = max(wa, wb)).
+        For theirs' matrix streamed rather than held, see :class:`StreamedComparison`.
     """
     w = max(prop_a.shape[1], prop_b.shape[1])  # 0 only for two empty traces (P = 0)
     n = len(k_a) if ia is None else len(ia)
-    ka, kb = (_take(k_a, ia).astype(np.int64), _take(k_b, ib).astype(np.int64))
-    eq = np.empty((n, w), bool, order="F")
-    prefix = np.empty(n, np.int16)
-    present = present_counts(ka, kb, w)
+    every = slice(None)
+    acc = _Accumulator(n, w, _lengths(k_a[_rows(ia, every)]), _lengths(k_b[_rows(ib, every)]))
 
     def part(cs: list[slice]) -> np.ndarray:
         """Fill rows ``cs``; returns int64 [3, w] counts (equal, shift +1, shift -1)."""
         counts = np.zeros((3, w), np.int64)
         for c in cs:
-            pa = prop_a[c] if ia is None else prop_a[ia[c]]
-            pb = prop_b[c] if ib is None else prop_b[ib[c]]
-            kac, kbc = ka[c], kb[c]
-            e = slot_equal(pa, pb, kac, kbc, out=eq[c])
-            prefix[c] = common_prefix(e)
-            for j in range(w):  # 1-D counts: fast where axis reductions crawl
-                counts[0, j] += np.count_nonzero(e[:, j])
-            both = slots_present(kac, kbc, w)
-            for row, s in ((1, 1), (2, -1)):
-                se = shift_equal(pa, pb, kac, kbc, s)
-                for j in range(w - 1):
-                    se[:, j] &= both[:, j + 1]
-                    counts[row, j] += np.count_nonzero(se[:, j])
+            counts += acc.fill(c, prop_a[_rows(ia, c)], prop_b[_rows(ib, c)])
         return counts
 
-    counts = sum(each_chunk(n, part), np.zeros((3, w), np.int64))
-    exact = exact_match(prefix, ka, kb)
-    first = np.empty(n, np.int64)
-    for c in chunks(n):  # in chunks: the int64 temporaries stay small
-        first[c] = first_slot_from_prefix(prefix[c], ka[c], kb[c])
-    anchor_eq = anchors_equal(_take(anchor_a, ia), _take(anchor_b, ib))
-    blocks = BlockComparison(
-        eq=eq,
-        prefix=prefix,
-        exact=exact,
-        anchor_eq=anchor_eq,
-        divergent=~exact | ~anchor_eq,
-        first_slot=first,
-    )
-    return PairedComparison(
-        ka=ka,
-        kb=kb,
-        blocks=blocks,
-        counts=SlotCounts(
-            equal=counts[0], present=present, shift_plus=counts[1, :-1], shift_minus=counts[2, :-1]
-        ),
-    )
+    acc.counts = sum(each_chunk(n, part), acc.counts)
+    return acc.result(anchor_a, anchor_b, ia, ib)
 
 
-def _take(x: np.ndarray, idx: np.ndarray | None) -> np.ndarray:
-    return x if idx is None else x[idx]
+class StreamedComparison:
+    """:func:`compare_paired` with theirs' proposal matrix streamed, not held: ours' paired
+    rows are given, and theirs' rows arrive chunk by chunk (:meth:`take`, e.g. from the
+    sweep of theirs' id matrices, :func:`~spectrace.tracer.findings.sweep.sweep`); each
+    chunk compares the paired blocks whose rows it holds. The result is
+    :func:`compare_paired`'s, value for value (counts are sums, the rest per block).
+
+    Args:
+        pa: int32 [P, wa] ours' paired proposals in pair order (-1 padded).
+        rows_b: int [P] theirs' block row of each paired block (``al.ib``).
+        ka, kb: int [P] the paired proposal lengths (tokens).
+        anchors: ``(anchor_a, anchor_b, rows_a)``: both sides' anchor columns (int [blocks]
+            each, -1 unknown) and ours' paired rows (``al.ia``), read at :meth:`result`.
+        wb: slots of theirs' matrix.
+    """
+
+    def __init__(self, pa, rows_b, ka, kb, anchors: tuple, wb: int) -> None:
+        self._pa, self._anchors, self._rows_b = pa, anchors, rows_b
+        order = np.argsort(rows_b, kind="stable")
+        self._order = order.astype(np.int32) if len(order) < np.iinfo(np.int32).max else order
+        del order
+        self._sorted = np.asarray(rows_b)[self._order]
+        self._acc = _Accumulator(len(rows_b), max(pa.shape[1], wb), _lengths(ka), _lengths(kb))
+
+    def take(self, c: slice, chunk: np.ndarray) -> None:
+        """Compare the paired blocks whose theirs' row lies in ``c`` (``chunk``: theirs'
+        ``proposed[c]``)."""
+        lo, hi = np.searchsorted(self._sorted, [c.start, c.stop])
+        if lo < hi:
+            x = self._order[lo:hi]
+            self._acc.counts += self._acc.fill(x, self._pa[x], chunk[self._sorted[lo:hi] - c.start])
+
+    def result(self) -> PairedComparison:
+        """The comparison, once every row of theirs was taken (ours' rows are let go)."""
+        self._pa = self._order = self._sorted = np.zeros((0, 0), np.int32)
+        anchor_a, anchor_b, rows_a = self._anchors
+        return self._acc.result(anchor_a, anchor_b, rows_a, self._rows_b)
+
+
+def _lengths(k: np.ndarray) -> np.ndarray:
+    """int16 [n] proposal lengths (the store's dtype of ``k``)."""
+    return np.asarray(k).astype(np.int16, copy=False)
+
+
+class _Accumulator:
+    """The per-block outputs and per-slot counts of :func:`compare_paired`, filled row set
+    by row set (in any order) by :meth:`fill`, finished by :meth:`result`."""
+
+    def __init__(self, n: int, w: int, ka: np.ndarray, kb: np.ndarray) -> None:
+        self.w, self.ka, self.kb = w, ka, kb
+        self.eq = np.empty((n, w), bool, order="F")
+        self.prefix = np.empty(n, np.int16)
+        self.counts = np.zeros((3, w), np.int64)
+
+    def fill(self, rows, pa: np.ndarray, pb: np.ndarray) -> np.ndarray:
+        """Compare paired blocks ``rows`` (a slice or int indices) holding proposals ``pa``
+        and ``pb``; returns their int64 [3, w] counts (equal, shift +1, shift -1)."""
+        w, counts = self.w, np.zeros((3, self.w), np.int64)
+        kac, kbc = self.ka[rows], self.kb[rows]
+        e = slot_equal(pa, pb, kac, kbc, out=self.eq[rows] if isinstance(rows, slice) else None)
+        if not isinstance(rows, slice):
+            self.eq[rows] = e
+        self.prefix[rows] = common_prefix(e)
+        for j in range(w):  # 1-D counts: fast where axis reductions crawl
+            counts[0, j] += np.count_nonzero(e[:, j])
+        both = slots_present(kac, kbc, w)
+        for row, s in ((1, 1), (2, -1)):
+            se = shift_equal(pa, pb, kac, kbc, s)
+            for j in range(w - 1):
+                se[:, j] &= both[:, j + 1]
+                counts[row, j] += np.count_nonzero(se[:, j])
+        return counts
+
+    def result(self, anchor_a, anchor_b, ia, ib) -> PairedComparison:
+        """The :class:`PairedComparison` of the filled rows; anchors as
+        :func:`compare_paired` takes them (rows ``ia`` / ``ib`` of each, or None)."""
+        ka, kb, prefix, w, n = self.ka, self.kb, self.prefix, self.w, len(self.ka)
+        exact = exact_match(prefix, ka, kb)
+        first = np.empty(n, np.int16)
+        anchor_eq = np.empty(n, bool)
+        for c in chunks(n):  # in chunks: the temporaries stay small
+            first[c] = first_slot_from_prefix(prefix[c], ka[c], kb[c])
+            anchor_eq[c] = anchors_equal(anchor_a[_rows(ia, c)], anchor_b[_rows(ib, c)])
+        blocks = BlockComparison(
+            eq=self.eq,
+            prefix=prefix,
+            exact=exact,
+            anchor_eq=anchor_eq,
+            divergent=~exact | ~anchor_eq,
+            first_slot=first,
+        )
+        counts = SlotCounts(
+            equal=self.counts[0],
+            present=present_counts(ka, kb, w),
+            shift_plus=self.counts[1, :-1],
+            shift_minus=self.counts[2, :-1],
+        )
+        return PairedComparison(ka=ka, kb=kb, blocks=blocks, counts=counts)
+
+
+def _rows(idx: np.ndarray | None, c: slice):
+    """Rows ``c`` of the paired blocks as indices into a column (``idx[c]``; ``c`` itself
+    when the column is in pair order already)."""
+    return c if idx is None else idx[c]

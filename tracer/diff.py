@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .align import Alignment
-from .compare import NO_DIVERGENCE, PairedComparison, anchors_known, compare_paired
+from .compare import NO_DIVERGENCE, PairedComparison, StreamedComparison, count_anchors_known
 from .diff_result import (
     SCHEMA,
     AcceptanceBySide,
@@ -28,13 +28,15 @@ from .diff_result import (
     RequestMatch,
     SideSummary,
 )
-from .findings import Finding, TraceData, detect_pair, prepare
+from .findings import Finding, TraceData, detect_pair
 from .findings.pair import content_only
 from .findings.sweep import release_paired, sweep
 from .findings.values import impossible_rows
-from .index import checked_counts
+from .index import checked_counts, sequence_index
 from .metrics import Acceptance, acceptance_counts, recompute_accepted
+from .pages import trim_heap
 from .parallel import in_parallel
+from .rows import gather, width
 from .store import Trace, open_trace, prefetch
 from .tokens import Decoder
 
@@ -44,9 +46,10 @@ __all__ = ["SCHEMA", "DiffResult", "diff_traces", "nothing_compared", "open_pair
 def open_pair(ours, theirs) -> tuple[Trace, Trace]:
     """Open two traces for :func:`diff_traces` (``spectrace diff``'s first step).
 
-    The block columns the diff reads (``TraceData.COLUMNS``; ``position`` first, ours then
-    theirs) start reading on a background thread: alignment overlaps the reads of the large
-    draft matrices, and our side's preparation starts while theirs still reads.
+    The block columns alignment and the sweeps read (``TraceData.SWEPT``; ``position``
+    first, ours then theirs) start reading on a background thread, so that alignment
+    overlaps the reads; the diff's other narrow columns load on first use, after the
+    comparison (not in memory beside its paired rows).
 
     Args:
         ours, theirs: trace specs as :func:`~spectrace.tracer.store.open_trace` takes them,
@@ -57,7 +60,7 @@ def open_pair(ours, theirs) -> tuple[Trace, Trace]:
     a = ours if isinstance(ours, Trace) else open_trace(ours)
     b = theirs if isinstance(theirs, Trace) else open_trace(theirs)
     first = ("position", "k", "anchor")
-    cols = first + tuple(c for c in TraceData.COLUMNS if c not in first)
+    cols = first + tuple(c for c in TraceData.SWEPT if c not in first)
     prefetch([a.blocks, b.blocks], cols)
     return a, b
 
@@ -98,13 +101,35 @@ def nothing_compared(al: Alignment) -> str:
 
 def compare_alignment(al: Alignment) -> PairedComparison:
     """The kernel's comparison of ``al``'s paired blocks (see
-    :func:`~spectrace.tracer.compare.compare_paired`), on the paired rows each side's sweep
-    keeps (:func:`~spectrace.tracer.findings.sweep.sweep`: the id matrices are streamed)."""
-    a, b = al.a.blocks, al.b.blocks
-    pa, pb = sweep(al.a, al.ia).paired, sweep(al.b, al.ib).paired
-    assert pa is not None and pb is not None
-    ia, ib = al.ia, al.ib
-    return compare_paired(pa, pb, None, None, a.k[ia], b.k[ib], a.anchor[ia], b.anchor[ib])
+    :func:`~spectrace.tracer.compare.compare_paired`): our paired rows, kept by our sweep
+    (:func:`~spectrace.tracer.findings.sweep.sweep`: the id matrices are streamed), against
+    theirs as their sweep streams them (a pass of its own when theirs was swept before)."""
+    streamed = _streamed(al)
+    sweep(al.b, consumer=streamed)
+    return streamed.result()
+
+
+def _streamed(al: Alignment) -> StreamedComparison:
+    """The comparison of ``al``'s paired blocks, fed with theirs' chunks (see
+    :class:`~spectrace.tracer.compare.StreamedComparison`)."""
+    a, b, ia, ib = al.a.blocks, al.b.blocks, al.ia, al.ib
+    pa = sweep(al.a, ia).paired
+    assert pa is not None
+    wb = width(al.b, "proposed")
+    return StreamedComparison(pa, ib, a.k[ia], b.k[ib], (a.anchor, b.anchor, ia), wb)
+
+
+def _prepare(al: Alignment) -> tuple[TraceData, TraceData, PairedComparison]:
+    """Both sides' :class:`~spectrace.tracer.findings.TraceData` and the comparison, in one
+    sweep of each side's id matrices: ours' keeps our paired rows ([P, w] int32), theirs'
+    compares each chunk's paired blocks against them, so that theirs' rows are never held;
+    ours' are let go after it. Theirs' sequence index is built while ours sweeps."""
+    a, b = al.a, al.b
+    td_a, _ = in_parallel([lambda: TraceData.build(a, "ours", al.ia), lambda: sequence_index(b)])
+    streamed = _streamed(al)
+    td_b = TraceData.build(b, "theirs", consumer=streamed)
+    release_paired(a)
+    return td_a, td_b, streamed.result()
 
 
 def diff_traces(
@@ -123,12 +148,12 @@ def diff_traces(
         although both traces have blocks.
     """
     a, b = al.a, al.b
-    # Reads, the sweeps of the id matrices and derived columns, both sides at once.
-    td_a, td_b = prepare([(a, "ours"), (b, "theirs")], [al.ia, al.ib])
-    pc = compare_alignment(al)
-    ex = _examples(al, pc, examples)  # the paired rows are at hand: before they are dropped
-    release_paired(a)
-    release_paired(b)
+    # The sweeps of the id matrices and derived columns, with the comparison.
+    td_a, td_b, pc = _prepare(al)
+    trim_heap()  # our paired rows and the sweeps' temporaries are gone: hand their pages back
+    later = [c for c in TraceData.COLUMNS if c not in TraceData.SWEPT]
+    prefetch([a.blocks, b.blocks], later)  # read while the acceptance figures compute
+    ex = _examples(al, pc, examples)
     bad = pc.blocks.divergent
     kmax = int(max(a.blocks.k.max(initial=0), b.blocks.k.max(initial=0)))
     acc_a, acc_b = in_parallel(
@@ -180,11 +205,11 @@ def _share(num: np.ndarray, den: np.ndarray) -> list[float | None]:
 def _agreement(al: Alignment, pc: PairedComparison) -> Agreement:
     c, n = pc.blocks, pc.counts
     P = len(c.exact)
-    known = anchors_known(al.a.blocks.anchor[al.ia], al.b.blocks.anchor[al.ib])
+    known = count_anchors_known(al.a.blocks.anchor, al.b.blocks.anchor, al.ia, al.ib)
     return Agreement(
         paired_blocks=P,
         anchor_mismatches=int((~c.anchor_eq).sum()),
-        anchors_unknown=int((~known).sum()),
+        anchors_unknown=P - known,
         exact_matches=int(c.exact.sum()),
         exact_match_rate=float(c.exact.mean()) if P else None,
         k_mismatches=int((pc.ka != pc.kb).sum()),
@@ -276,12 +301,12 @@ def _content(al: Alignment) -> list[ContentDivergence]:
 
 def _examples(al: Alignment, pc: PairedComparison, n: int | None) -> list[Example]:
     """The first ``n`` divergent paired blocks, all with None (kernel: divergent, anchor_eq,
-    first_slot)."""
+    first_slot); their proposals read from the store (a few rows: a chunk each)."""
     a, b = al.a.blocks, al.b.blocks
-    pa, pb = sweep(al.a, al.ia).paired, sweep(al.b, al.ib).paired
-    assert pa is not None and pb is not None
+    xs = np.flatnonzero(pc.blocks.divergent)[:n]
+    pa, pb = gather(al.a, "proposed", al.ia[xs]), gather(al.b, "proposed", al.ib[xs])
     out = []
-    for x in np.flatnonzero(pc.blocks.divergent)[:n]:
+    for e, x in enumerate(xs.tolist()):
         i, j = int(al.ia[x]), int(al.ib[x])
         first = int(pc.blocks.first_slot[x])
         out.append(
@@ -292,8 +317,8 @@ def _examples(al: Alignment, pc: PairedComparison, n: int | None) -> list[Exampl
                 anchor_ours=int(a.anchor[i]),
                 anchor_theirs=int(b.anchor[j]),
                 anchor_equal=bool(pc.blocks.anchor_eq[x]),
-                ours=pa[x, : pc.ka[x]].tolist(),
-                theirs=pb[x, : pc.kb[x]].tolist(),
+                ours=pa[e, : pc.ka[x]].tolist(),
+                theirs=pb[e, : pc.kb[x]].tolist(),
                 first_differing_slot=first if first >= 0 else None,
             )
         )

@@ -67,24 +67,26 @@ def recompute_rows(trace: Trace, c: slice, ids: np.ndarray, n: np.ndarray, out: 
     b = trace.blocks
     flat, start, length = sequence_index(trace)
     req_all, pos_all = b.request[c], b.position[c]
+    last = len(flat) - 1
 
     def part(cs: list[slice]) -> None:
         """Fill ``out`` for the slices ``cs`` of these rows."""
         for s in cs:
             req, first = req_all[s], pos_all[s].astype(np.int64) + 1  # first target position
             room = np.minimum(n[s], length[req] - first)  # checkable slots
-            base = start[req] + first
-            o = out[s]
-            # Slot by slot over the blocks still matching: the work shrinks with the
-            # acceptance survival curve instead of touching all [n, w] cells.
-            alive = np.flatnonzero((room > 0) & (first >= 0))
-            idc = ids[s]
+            alive = (room > 0) & (first >= 0)
+            base = np.where(alive, start[req] + first, 0)
+            o, idc, at = out[s], ids[s], np.empty(len(base), np.int64)
+            o[:] = 0
+            # Slot by slot over every row (1-D passes; faster than compacting the rows still
+            # matching): o counts the leading slots the output took.
             for j in range(ids.shape[1]):
-                if not len(alive):
+                alive &= room > j
+                if not alive.any():
                     break
-                alive = alive[flat[base[alive] + j] == idc[alive, j]]
-                o[alive] = j + 1
-                alive = alive[room[alive] > j + 1]
+                np.minimum(np.add(base, j, out=at), last, out=at)  # in bounds where dead
+                alive &= flat[at] == idc[:, j]
+                o += alive
             o[length[req] == 0] = -1
 
     each_chunk(len(out), part)

@@ -11,6 +11,7 @@ Values, dtypes and padding are those of the loaded column (:meth:`Trace.read_row
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -22,17 +23,37 @@ ROWS = 1 << 18
 
 
 def row_chunks(
-    t: Trace, names: Sequence[str], rows: int | None = None
+    t: Trace, names: Sequence[str], rows: int | None = None, ahead: bool = False
 ) -> Iterator[tuple[slice, dict[str, np.ndarray]]]:
     """The rows of block columns ``names``, ``rows`` (default :data:`ROWS`) at a time, in
     row order.
 
+    Args:
+        ahead: read each chunk on a worker thread while the caller works on the one before
+            (one chunk more in memory; the read and the caller's numpy work overlap).
     Yields:
         ``(c, cols)``: the slice ``c`` of block rows and ``{name: column[c]}`` (a loaded
         column is sliced, not read again).
     Raises:
         KeyError: an unknown column; TraceFormatError: a damaged chunk.
     """
+    it = _row_chunks(t, names, rows)
+    return _read_ahead(it) if ahead else it
+
+
+def _read_ahead(it: Iterator) -> Iterator:
+    """The items of ``it``, each produced on a worker thread while the caller holds the
+    one before."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        nxt = pool.submit(next, it, None)
+        while (item := nxt.result()) is not None:
+            nxt = pool.submit(next, it, None)
+            yield item
+
+
+def _row_chunks(
+    t: Trace, names: Sequence[str], rows: int | None
+) -> Iterator[tuple[slice, dict[str, np.ndarray]]]:
     n, rows = len(t.blocks), rows or ROWS
     alias = "verified" in names and "proposed" in names and verified_is_proposed(t)
     for lo in range(0, n, rows):
@@ -73,36 +94,47 @@ def row(t: Trace, name: str, i: int) -> np.ndarray:
 
 
 class Gather:
-    """Collects rows ``idx`` (any order, repeats allowed) of one matrix column during a
+    """Collects rows ``idx`` (any order, repeats allowed) of one block column during a
     :func:`row_chunks` pass: call :meth:`take` with each chunk, then read :attr:`out`.
 
+    Args:
+        w: slots of a matrix column, or None for a 1-D column.
     Attributes:
-        out: [len(idx), w] array of the column's dtype (``fill`` until taken).
+        out: [len(idx), w] (or [len(idx)]) array of the column's dtype (``fill`` until
+            taken).
     """
 
-    def __init__(self, idx: np.ndarray, w: int, dtype, fill) -> None:
-        self._order = np.argsort(idx, kind="stable")
+    def __init__(self, idx: np.ndarray, w: int | None, dtype, fill) -> None:
+        order = np.argsort(idx, kind="stable")
+        self._order = order.astype(np.int32) if len(order) < np.iinfo(np.int32).max else order
+        del order
         self._sorted = np.asarray(idx)[self._order]
-        self.out = np.full((len(idx), w), fill, dtype)
+        self.out = np.full((len(idx),) if w is None else (len(idx), w), fill, dtype)
 
     def take(self, c: slice, chunk: np.ndarray) -> None:
         """Copy the wanted rows that lie in ``c`` (``chunk`` = column[c])."""
         lo, hi = np.searchsorted(self._sorted, [c.start, c.stop])
-        if lo < hi:
-            w = min(chunk.shape[1], self.out.shape[1])
-            self.out[self._order[lo:hi], :w] = chunk[self._sorted[lo:hi] - c.start, :w]
+        if lo >= hi:
+            return
+        at, src = self._order[lo:hi], self._sorted[lo:hi] - c.start
+        if self.out.ndim == 1:
+            self.out[at] = chunk[src]
+            return
+        w = min(chunk.shape[1], self.out.shape[1])
+        self.out[at, :w] = chunk[src, :w]
 
 
 def gather(t: Trace, name: str, idx: np.ndarray, fill=-1) -> np.ndarray:
-    """Rows ``idx`` of matrix column ``name``: [len(idx), w] (w as loaded), in one pass
-    (or by indexing the column when it is loaded already)."""
+    """Rows ``idx`` of block column ``name``: [len(idx), w] (w as loaded) for a matrix,
+    [len(idx)] for a 1-D column, in one pass (or by indexing the column when it is loaded
+    already)."""
     whole = t.blocks.loaded(name)
     if whole is not None:
         return whole[idx]
     probe = t.read_rows(name, 0, 0)
     if len(idx) <= FEW:  # a few rows: a chunk read each, not a pass over the range
         return np.stack([row(t, name, i) for i in idx]) if len(idx) else probe
-    g = Gather(idx, probe.shape[1], probe.dtype, fill)
+    g = Gather(idx, probe.shape[1] if probe.ndim == 2 else None, probe.dtype, fill)
     if len(idx):
         lo, hi = int(np.min(idx)), int(np.max(idx)) + 1
         for c in range(lo, hi, ROWS):  # ROWS read here: tests shrink it

@@ -34,3 +34,27 @@ def test_gather_takes_any_rows_in_the_order_asked(monkeypatch):
         assert t.blocks.loaded("proposed") is None
     assert rows.width(open_trace(TRACE), "proposed") == 4
     assert np.array_equal(rows.row(open_trace(TRACE), "proposed", 64), whole[64])
+
+
+def test_row_chunks_read_ahead_give_the_same_chunks():
+    whole = open_trace(TRACE).blocks.proposed
+    t = open_trace(TRACE)
+    got = [
+        (c.start, c.stop, cols["proposed"])
+        for c, cols in rows.row_chunks(t, ["proposed"], 50, ahead=True)
+    ]
+    assert [(a, b) for a, b, _ in got] == [(0, 50), (50, 100), (100, 139)]
+    assert np.array_equal(np.concatenate([x for _, _, x in got]), whole)
+    assert t.blocks.loaded("proposed") is None
+
+
+def test_gather_takes_rows_of_a_one_d_column(monkeypatch):
+    whole = open_trace(TRACE).blocks.position  # 139 blocks (traces/README.md)
+    many = np.arange(139)[::-1].repeat(2)  # more rows than rows.FEW: the pass path
+    monkeypatch.setattr(rows, "ROWS", 16)
+    for want in (np.array([138, 0, 7, 7]), many):
+        t = open_trace(TRACE)
+        got = rows.gather(t, "position", want)
+        assert got.shape == (len(want),) and got.dtype == whole.dtype
+        assert np.array_equal(got, whole[want])
+        assert t.blocks.loaded("position") is None

@@ -12,15 +12,16 @@ import numpy as np
 
 from ..align import Alignment
 from ..compare import BlockComparison, PairedComparison, SlotCounts, slots_present
-from ..index import block_order, checked_counts, memo, sequence_index
+from ..index import block_order, checked_counts, sequence_index
 from ..metrics import recompute_accepted
+from ..parallel import chunks
 from ..rows import row
 from ..schema import pad_to
 from ..store import Trace
 from ..tokens import Decoder
 from .evidence import ProposalPair
 from .model import Side, tok
-from .sweep import Sweep, sweep
+from .sweep import Consumer, Sweep, sweep
 
 
 @dataclass
@@ -63,27 +64,41 @@ class TraceData:
         "batch_row",
         "batch_size",
     )
+    #: Those of :data:`COLUMNS` that alignment and the sweeps read (a diff prefetches
+    #: these; the others load on first use, after the comparison, not beside its rows).
+    SWEPT = ("request", "position", "anchor", "k", "num_verified", "accepted")
     #: The id matrices, streamed by :func:`~.sweep.sweep` (never loaded whole).
     WIDE = ("proposed", "verified")
 
     @classmethod
-    def build(cls, t: Trace, side: Side, paired_rows: np.ndarray | None = None) -> TraceData:
+    def build(
+        cls,
+        t: Trace,
+        side: Side,
+        paired_rows: np.ndarray | None = None,
+        consumer: Consumer | None = None,
+    ) -> TraceData:
         """Build (once per trace and side; memoised in ``t.cache``).
 
         Args:
             paired_rows: int [P] the rows whose proposals a diff compares (kept by the
                 sweep: ``td.sweep.paired``), or None.
+            consumer: takes the chunks of ``proposed`` (see :func:`~.sweep.sweep`), or None.
         """
-        td = memo(t, f"TraceData.{side}", lambda: cls._build(t, side, paired_rows))
-        if paired_rows is not None:
-            td.sweep = sweep(t, paired_rows)
-        return td
+        key = f"TraceData.{side}"
+        if key not in t.cache:
+            t.cache[key] = cls._build(t, side, paired_rows, consumer)
+        elif paired_rows is not None or consumer is not None:
+            t.cache[key].sweep = sweep(t, paired_rows, consumer)
+        return t.cache[key]
 
     @classmethod
-    def _build(cls, t: Trace, side: Side, paired_rows: np.ndarray | None = None) -> TraceData:
+    def _build(
+        cls, t: Trace, side: Side, paired_rows: np.ndarray | None, consumer: Consumer | None
+    ) -> TraceData:
         order = block_order(t)
         flat, start, length = sequence_index(t)
-        sw = sweep(t, paired_rows)  # before recompute_accepted: the sweep computes it
+        sw = sweep(t, paired_rows, consumer)  # before recompute_accepted: the sweep computes it
         return cls(
             t=t,
             side=side,
@@ -109,14 +124,15 @@ class TraceData:
 
     @functools.cached_property
     def _neighbours(self) -> tuple[np.ndarray, np.ndarray]:
-        order, n = self.order, len(self.order)
+        order, n, req = self.order, len(self.order), self.t.blocks.request
         last, prev = np.zeros(n, bool), np.full(n, -1, order.dtype)
+        for c in chunks(n - 1):  # in chunks: the index temporaries stay small
+            o0, o1 = order[c], order[c.start + 1 : c.stop + 1]
+            same = req[o1] == req[o0]  # order[i + 1] continues order[i]'s request
+            last[o0[~same]] = True
+            prev[o1[same]] = o0[same]
         if n:
-            rs = self.t.blocks.request[order]
-            same = rs[1:] == rs[:-1]  # order[i + 1] continues order[i]'s request
-            last[order[:-1][~same]] = True
             last[order[-1]] = True
-            prev[order[1:][same]] = order[:-1][same]
         return last, prev
 
     def req_id(self, block: int) -> str:
@@ -224,12 +240,12 @@ class PairData:
 
     @property
     def ka(self) -> np.ndarray:
-        """int64 [P] our proposal lengths (tokens)."""
+        """int16 [P] our proposal lengths (tokens)."""
         return self.paired.ka
 
     @property
     def kb(self) -> np.ndarray:
-        """int64 [P] their proposal lengths (tokens)."""
+        """int16 [P] their proposal lengths (tokens)."""
         return self.paired.kb
 
     @property

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..fmt import pct
+from ..parallel import chunks
 from .data import PairData
 from .evidence import DepthEvidence
 from .model import Finding
@@ -30,13 +31,16 @@ def agreement_curve(prefix: np.ndarray, ka: np.ndarray, kb: np.ndarray, w: int):
         ``(curve, support)``: float64 [w] (NaN where no support) and int64 [w], the blocks
         with slot j on both sides and slots < j agreeing.
     """
-    kmin = np.clip(np.minimum(ka, kb), 0, w).astype(np.int64)
-    pre = np.minimum(prefix.astype(np.int64), kmin)
-    at_least = len(pre) - np.concatenate([[0], np.cumsum(np.bincount(pre, minlength=w + 1))])
-    # support_j = #(prefix >= j and kmin > j); prefix <= kmin, so the only blocks with
-    # prefix >= j and kmin <= j are those with prefix == kmin == j.
-    ended = np.bincount(pre[pre == kmin], minlength=w + 1)[:w]
-    support = at_least[:w] - ended
+    by_pre, ended = np.zeros(w + 1, np.int64), np.zeros(w + 1, np.int64)
+    for c in chunks(len(prefix)):  # in chunks: no whole-column temporaries
+        kmin = np.clip(np.minimum(ka[c], kb[c]), 0, w)
+        pre = np.minimum(prefix[c], kmin)
+        by_pre += np.bincount(pre, minlength=w + 1)[: w + 1]
+        # support_j = #(prefix >= j and kmin > j); prefix <= kmin, so the only blocks with
+        # prefix >= j and kmin <= j are those with prefix == kmin == j.
+        ended += np.bincount(pre[pre == kmin], minlength=w + 1)[: w + 1]
+    at_least = len(prefix) - np.concatenate([[0], np.cumsum(by_pre)])
+    support = at_least[:w] - ended[:w]
     agree = at_least[1 : w + 1]
     with np.errstate(invalid="ignore", divide="ignore"):
         curve = np.where(support > 0, agree / np.maximum(support, 1), np.nan)
@@ -63,6 +67,16 @@ def _curve_text(curve: np.ndarray) -> str:
     return "[" + ", ".join("-" if np.isnan(x) else f"{x:.2f}" for x in curve) + "]"
 
 
+def _first_break(prefix: np.ndarray, ka: np.ndarray, kb: np.ndarray, s: int) -> int:
+    """The first paired block whose slots < s agree and whose slot s is on both sides and
+    differs (searched chunk by chunk; one exists where the curve breaks at s)."""
+    for c in chunks(len(prefix)):
+        at = np.flatnonzero((prefix[c] == s) & (np.minimum(ka[c], kb[c]) > s))
+        if len(at):
+            return c.start + int(at[0])
+    raise AssertionError("the curve breaks at a slot no block reaches")
+
+
 def depth(pd: PairData) -> Finding | None:
     """depth_divergence: the conditional agreement curve breaks at slot s (the multi-step
     draft loop is broken from depth s on); located at the first paired block whose slots < s
@@ -73,9 +87,7 @@ def depth(pd: PairData) -> Finding | None:
     s = break_slot(curve, support)
     if s is None:
         return None
-    kmin = np.minimum(pd.ka, pd.kb)
-    at = (pd.cmp.prefix == s) & (kmin > s)
-    first = int(np.flatnonzero(at)[0])
+    first = _first_break(pd.cmp.prefix, pd.ka, pd.kb, s)
     uncond = pd.counts.equal / np.maximum(pd.counts.present, 1)
     before = float(np.nanmin(curve[:s]))
     return Finding(

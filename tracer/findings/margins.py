@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..align import Alignment
+from ..parallel import chunks
 from ..rows import gather
 from .data import PairData
 from .evidence import NearTieEvidence, TargetTie
@@ -51,10 +52,14 @@ def _first_at_divergence(pair_of_block: np.ndarray, position: np.ndarray, div: n
     """int64 [m]: per request pair, the first block anchored at its divergence position
     (-1: none, or no divergence). One pass over the blocks (not one per pair)."""
     out = np.full(len(div), -1, np.int64)
-    on = pair_of_block >= 0
-    hit = np.zeros(len(position), bool)
-    hit[on] = position[on] == div[pair_of_block[on]]  # NO_DIVERGENCE never equals a position
-    rows = np.flatnonzero(hit)
+    hits = [np.zeros(0, np.int64)]
+    for c in chunks(len(position)):  # in chunks: no whole-column int64 temporaries
+        p = pair_of_block[c]
+        on = p >= 0
+        hit = np.zeros(len(p), bool)
+        hit[on] = position[c][on] == div[p[on]]  # NO_DIVERGENCE never equals a position
+        hits.append(np.flatnonzero(hit) + c.start)
+    rows = np.concatenate(hits)
     pairs, first = np.unique(pair_of_block[rows], return_index=True)
     out[pairs] = rows[first]
     return out
@@ -73,18 +78,27 @@ def _target_sites(al: Alignment) -> tuple[np.ndarray, np.ndarray]:
 def _target_margins(al: Alignment) -> list[TargetTie]:
     """Every target disagreement with its two margins (None: unknown)."""
     ra, rb = _target_sites(al)
-    ta, tb = al.a.blocks.target_margin, al.b.blocks.target_margin
+    ta, tb = _margins_at(al.a, ra), _margins_at(al.b, rb)
     out: list[TargetTie] = []
-    for i, j in zip(ra.tolist(), rb.tolist()):
+    for x, (i, j) in enumerate(zip(ra.tolist(), rb.tolist())):
         t, row = (al.a, i) if i >= 0 else (al.b, j)
         out.append(
             TargetTie(
                 request=str(t.requests.req_id[int(t.blocks.request[row])]),
                 position=int(t.blocks.position[row]),
-                ours=_num(ta[i]) if i >= 0 else None,
-                theirs=_num(tb[j]) if j >= 0 else None,
+                ours=_num(ta[x]) if i >= 0 else None,
+                theirs=_num(tb[x]) if j >= 0 else None,
             )
         )
+    return out
+
+
+def _margins_at(t, rows: np.ndarray) -> np.ndarray:
+    """float32 [len(rows)]: ``target_margin`` at block rows ``rows`` (NaN where -1); only
+    those rows are kept from the column's pass."""
+    out = np.full(len(rows), np.nan, np.float32)
+    known = rows >= 0
+    out[known] = gather(t, "target_margin", rows[known], np.nan)
     return out
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..align import Alignment
-from ..compare import NO_DIVERGENCE, anchors_known, shift_equal, shift_present
+from ..compare import NO_DIVERGENCE, count_anchors_known, shift_equal, shift_present
 from ..fmt import pct
 from ..tokens import Decoder
 from .data import PairData, TraceData
@@ -100,12 +100,13 @@ def layout_shift(pd: PairData) -> Finding | None:
 
 def anchor_pairs(pd: PairData) -> Finding | None:
     """anchor_shift across traces: anchors differ at the same position on matched content."""
-    anc_a, anc_b = pd.oa.t.blocks.anchor[pd.al.ia], pd.ob.t.blocks.anchor[pd.al.ib]
-    known = anchors_known(anc_a, anc_b)
+    anc_a, anc_b = pd.oa.t.blocks.anchor, pd.ob.t.blocks.anchor
+    known = count_anchors_known(anc_a, anc_b, pd.al.ia, pd.al.ib)
     bad = ~pd.cmp.anchor_eq  # anchor equality holds where either anchor is unknown
-    if known.sum() < MIN_BLOCKS or bad.sum() < SYSTEMATIC * known.sum():
+    if known < MIN_BLOCKS or bad.sum() < SYSTEMATIC * known:
         return None
     first = int(np.flatnonzero(bad)[0])
+    i, j = int(pd.al.ia[first]), int(pd.al.ib[first])
     return Finding(
         "anchor_shift",
         "error",
@@ -113,15 +114,15 @@ def anchor_pairs(pd: PairData) -> Finding | None:
         **pd.at(first),
         message=(
             f"anchors differ at the same position on matched content in {int(bad.sum())} "
-            f"of {int(known.sum())} paired blocks: the block recorded at position p is "
+            f"of {known} paired blocks: the block recorded at position p is "
             f"not drafted from the token at p"
         ),
         evidence=AnchorEvidence(
             blocks=int(bad.sum()),
-            paired=int(known.sum()),
+            paired=known,
             example=AnchorPair(
-                ours_anchor=tok(pd.decoder, [anc_a[first]]),
-                theirs_anchor=tok(pd.decoder, [anc_b[first]]),
+                ours_anchor=tok(pd.decoder, [anc_a[i]]),
+                theirs_anchor=tok(pd.decoder, [anc_b[j]]),
             ),
         ),
     )

@@ -28,6 +28,7 @@ import spectrace.tracer.findings.work as work
 from .. import schema
 from ..align import Alignment
 from ..compare import PairedComparison
+from ..pages import trim_heap
 from ..parallel import in_parallel
 from ..store import Trace
 from ..tokens import Decoder
@@ -173,6 +174,7 @@ def detect_pair(
         Findings, most severe first (see :func:`~.model.sort_findings`).
     """
     oa, ob = prepare([(al.a, "ours"), (al.b, "theirs")])
+    trim_heap()  # the detectors' peak comes next: no freed pages of the passes before it
     pd = PairData(al=al, oa=oa, ob=ob, paired=paired, decoder=decoder)
     # Each side's own checks, both sides at once (they write nothing shared).
     run_a, run_b = in_parallel(
@@ -196,5 +198,6 @@ def detect_pair(
             d.run(r.input) if d.reads_other_side else res for d, res in zip(SINGLE_TRACE, r.results)
         ]
     found += _pair_findings(pd)
+    trim_heap()  # near_ties reads two margin matrices next: no freed pages beside them
     found.append(margins.near_ties(pd))  # beside the others: it changes none of them
     return sort_findings([f for f in found if f is not None])

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..fmt import pct
+from ..parallel import chunks
 from .data import PairData
 from .evidence import BatchChange, BatchEvidence, GroupCount, StaleEvidence
 from .model import Finding
@@ -100,15 +101,17 @@ STALE_GROUPS = (
 def previous_verdict(pd: PairData) -> np.ndarray:
     """int8 [P]: the verdict of our previous block of the same request (FIRST, ACCEPTED,
     PARTIAL or REJECTED; FIRST also where its accepted count is unknown)."""
-    oa = pd.oa
-    prev = oa.prev[pd.al.ia]
-    pv = np.where(prev >= 0, prev, 0)
-    acc, n = oa.t.blocks.accepted[pv].astype(np.int64), oa.nchecked[pv]
-    out = np.full(len(prev), FIRST, np.int8)
-    known = (prev >= 0) & (acc >= 0)
-    out[known & (acc >= n)] = ACCEPTED
-    out[known & (acc > 0) & (acc < n)] = PARTIAL
-    out[known & (acc == 0) & (n > 0)] = REJECTED
+    oa, ia = pd.oa, pd.al.ia
+    out = np.full(len(ia), FIRST, np.int8)
+    for c in chunks(len(ia)):  # in chunks: the gathered temporaries stay small
+        prev = oa.prev[ia[c]]
+        pv = np.where(prev >= 0, prev, 0)
+        acc, n = oa.t.blocks.accepted[pv], oa.nchecked[pv]  # int16 both: compared only
+        o = out[c]
+        known = (prev >= 0) & (acc >= 0)
+        o[known & (acc >= n)] = ACCEPTED
+        o[known & (acc > 0) & (acc < n)] = PARTIAL
+        o[known & (acc == 0) & (n > 0)] = REJECTED
     return out
 
 
@@ -206,9 +209,13 @@ def batch_groups(pd: PairData) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     block's too)."""
     b, ia = pd.oa.t.blocks, pd.al.ia
     row, size = b.batch_row[ia], b.batch_size[ia]  # their own dtypes: compared only
-    prev = pd.oa.prev[ia]
     out = {"batch_row": (row > 0, row >= 0), "batch_size": (size > 1, size >= 1)}
     for col, v in (("batch_row", row), ("batch_size", size)):
+        if not (v >= 0).any():  # no paired block's value known: no change is eligible
+            none = np.zeros(len(ia), bool)
+            out[f"{col}_change"] = out[f"{col}_moved"] = (none, none)
+            continue
+        prev = pd.oa.prev[ia]
         changed, moved = _changes(pd, col)
         pv = getattr(b, col)[np.where(prev >= 0, prev, 0)]
         known = (v >= 0) & (prev >= 0) & (pv >= 0)

@@ -12,6 +12,7 @@ and the paired rows, not by the trace's matrices.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -20,6 +21,13 @@ from ..index import checked_counts, checked_ids, memo
 from ..metrics import recompute_rows
 from ..rows import Gather, gather, row_chunks, verified_is_proposed
 from ..store import Trace
+
+
+class Consumer(Protocol):
+    """Takes the chunks of a sweep's ``proposed`` matrix (see :func:`sweep`)."""
+
+    def take(self, c: slice, chunk: np.ndarray) -> None:
+        """Take block rows ``c`` (``chunk``: int32 [rows, w], ``proposed[c]``)."""
 
 
 @dataclass
@@ -66,16 +74,25 @@ class Sweep:
     rows: np.ndarray | None = None
 
 
-def sweep(t: Trace, paired_rows: np.ndarray | None = None) -> Sweep:
+def sweep(
+    t: Trace, paired_rows: np.ndarray | None = None, consumer: Consumer | None = None
+) -> Sweep:
     """The :class:`Sweep` of trace ``t`` (memoised in ``t.cache``; the first call decides
     which rows are gathered: a later call with other rows gathers them in a pass of its own).
 
     Args:
         paired_rows: int [P] block rows whose proposals to keep (a diff's ``ia`` / ``ib``).
+        consumer: is given every chunk of ``proposed`` (``consumer.take(rows, chunk)``; a
+            diff's :class:`~spectrace.tracer.compare.StreamedComparison`): in this sweep's
+            pass, or in a pass of its own when the sweep was memoised before.
     Raises:
         TraceFormatError: a damaged chunk of either matrix.
     """
-    sw = memo(t, "sweep", lambda: _sweep(t, paired_rows))
+    fresh = "sweep" not in t.cache
+    sw = memo(t, "sweep", lambda: _sweep(t, paired_rows, consumer))
+    if consumer is not None and not fresh:
+        for c, cols in row_chunks(t, ("proposed",), ahead=True):
+            consumer.take(c, cols["proposed"])
     if paired_rows is not None and not (
         sw.rows is paired_rows or (sw.rows is not None and np.array_equal(sw.rows, paired_rows))
     ):
@@ -93,7 +110,7 @@ def release_paired(t: Trace) -> None:
         sw.paired = sw.rows = None
 
 
-def _sweep(t: Trace, paired_rows: np.ndarray | None) -> Sweep:
+def _sweep(t: Trace, paired_rows: np.ndarray | None, consumer: Consumer | None) -> Sweep:
     b = t.blocks
     n = len(b)
     k, nv, anchor = b.k, b.num_verified, b.anchor
@@ -104,7 +121,7 @@ def _sweep(t: Trace, paired_rows: np.ndarray | None) -> Sweep:
     vs: VerifiedStats | None = None
     g: Gather | None = None
     width, max_id = 0, -1
-    for c, cols in row_chunks(t, ("proposed", "verified")):
+    for c, cols in row_chunks(t, ("proposed", "verified"), ahead=True):
         p, v = cols["proposed"], cols["verified"]
         if g is None:
             width = p.shape[1]
@@ -122,6 +139,8 @@ def _sweep(t: Trace, paired_rows: np.ndarray | None) -> Sweep:
         if vs is not None:
             _verified(vs, c, p, v, k[c], nv[c], anchor[c])
         g.take(c, p)
+        if consumer is not None:
+            consumer.take(c, p)
     if g is None:  # no rows
         width = t.read_rows("proposed", 0, 0).shape[1]
     recomputed[(nv < 0) & (b.accepted < 0)] = -1  # never verified: nothing accepted

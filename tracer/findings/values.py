@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -26,12 +27,14 @@ from .model import Finding
 from .sweep import Sweep, sweep
 from .thresholds import MIN_BLOCKS
 
-#: A rule's test: (blocks, int64 [n] one past the largest possible position per block (0
-#: unknown), the trace's :class:`~.sweep.Sweep`) -> bool [n] broken. Comparisons stay in the
-#: columns' own dtypes: no int64 copy per rule.
-Test = Callable[[Blocks, np.ndarray, Sweep], np.ndarray]
-#: The limit a broken block exceeds: (blocks, position room, sweep, block row) -> int.
-Limit = Callable[[Blocks, np.ndarray, Sweep, int], int]
+#: A rule's test: (blocks, int [n] one past the largest possible position per block (0
+#: unknown), the trace's :class:`~.sweep.Sweep`) -> bool [n] broken, of some rows (a chunk:
+#: ``_rule_hits`` gives their columns' rows). Comparisons stay in the columns' own dtypes:
+#: no int64 copy per rule.
+Test = Callable[[Any, np.ndarray, Any], np.ndarray]  # Blocks and Sweep, or rows of them
+#: The limit a broken block exceeds: (blocks, position room (``room[row]``), sweep, block
+#: row) -> int.
+Limit = Callable[[Blocks, Any, Sweep, int], int]
 Rule = tuple[str, str, Test, Limit | None]
 
 #: The rules, in report order: ``(name, column, test, limit or None)``.
@@ -85,30 +88,35 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def _lengths(td: TraceData) -> np.ndarray:
-    """[n] the full sequence length of each block's request (0 unknown; memoised): int32
-    where every length plus the room of :func:`_position_room` fits (4 bytes a block, not
-    8), else int64; the values are the same either way."""
-    return memo(td.t, "block_lengths", lambda: _block_lengths(td))
-
-
-def _block_lengths(td: TraceData) -> np.ndarray:
-    req = td.t.blocks.request
-    kmax = max(int(td.t.blocks.k.max(initial=0)), 0)
-    small = int(td.length.max(initial=0)) + kmax + 1 < np.iinfo(np.int32).max
-    length = td.length.astype(np.int32) if small else td.length
+def _lengths(td: TraceData, c: slice) -> np.ndarray:
+    """[rows] the full sequence length of the request of each block of rows ``c`` (0
+    unknown; computed per chunk, not kept): int32 where every length plus the room of
+    :func:`_position_room` fits, else int64; the values are the same either way."""
+    req = td.t.blocks.request[c]
+    length = td.length
+    if _small(td):
+        length = length.astype(np.int32)
     ok = (req >= 0) & (req < len(length))
     return np.where(ok, length[np.where(ok, req, 0)], length.dtype.type(0))
 
 
-def _position_room(td: TraceData) -> np.ndarray:
-    """[n] (the dtype of :func:`_lengths`) one past the largest possible anchor position per
-    block (0 unknown): the sequence length, plus k + 1 for a request's last block (the output
-    is trimmed at max_tokens or a stop after the engine emitted and drafted past it). Not
-    memoised: only :func:`_rule_hits` (memoised) reads it."""
-    n = _lengths(td)
-    kmax = int(td.t.blocks.k.max(initial=0))
-    return np.where((n > 0) & td.last, n + (kmax + 1), n)
+def _small(td: TraceData) -> bool:
+    """Every sequence length plus a block's position room fits int32."""
+    return int(td.length.max(initial=0)) + max(_kmax(td), 0) + 1 < np.iinfo(np.int32).max
+
+
+def _kmax(td: TraceData) -> int:
+    """The largest k of the trace (memoised: the chunked rules read it per chunk)."""
+    return memo(td.t, "kmax", lambda: int(td.t.blocks.k.max(initial=0)))
+
+
+def _position_room(td: TraceData, c: slice) -> np.ndarray:
+    """[rows] (the dtype of :func:`_lengths`) one past the largest possible anchor position
+    per block of rows ``c`` (0 unknown): the sequence length, plus k + 1 for a request's last
+    block (the output is trimmed at max_tokens or a stop after the engine emitted and
+    drafted past it)."""
+    n = _lengths(td, c)
+    return np.where((n > 0) & td.last[c], n + (_kmax(td) + 1), n)
 
 
 @dataclass
@@ -121,27 +129,43 @@ class _Hits:
     first: tuple | None
 
 
+class _Rows:
+    """Block columns (``b.<name>``) and the sweep's per-block reductions, rows ``c`` of
+    each: what a rule's test reads, one chunk at a time."""
+
+    def __init__(self, whole, c: slice) -> None:
+        self._whole, self._c = whole, c
+
+    def __getattr__(self, name: str):
+        v = getattr(self._whole, name)
+        return v[self._c] if isinstance(v, np.ndarray) else v
+
+
 def _hits(td: TraceData) -> _Hits:
     return memo(td.t, "impossible_hits", lambda: _rule_hits(td))
 
 
 def _rule_hits(td: TraceData) -> _Hits:
-    b = td.t.blocks
-    n = _position_room(td)
-    sw = sweep(td.t)
+    """Every rule over the blocks, chunk by chunk (the rules' temporaries stay small)."""
+    b, sw = td.t.blocks, sweep(td.t)
     bad = np.zeros(len(b), bool)
     counts: dict[str, int] = {}
+    firsts: dict[str, int] = {}
+    for c in chunks(len(b)):
+        room, bc, swc = _position_room(td, c), _Rows(b, c), _Rows(sw, c)
+        for name, _, test, _ in RULES:
+            broken = test(bc, room, swc)
+            if broken.any():
+                bad[c] |= broken
+                counts[name] = counts.get(name, 0) + int(np.count_nonzero(broken))
+                firsts.setdefault(name, c.start + int(np.argmax(broken)))
     first = None
-    for name, col, test, limit in RULES:
-        broken = test(b, n, sw)
-        if not broken.any():
-            continue
-        bad |= broken
-        row = int(np.argmax(broken))  # the first broken block
-        counts[name] = int(np.count_nonzero(broken))
-        if first is None or row < first[0]:
-            first = (row, name, col, None if limit is None else limit(b, n, sw, row))
-    return _Hits(bad=bad, counts=counts, first=first)
+    for name, col, _, limit in RULES:  # the first broken block; ties: the earlier rule
+        row = firsts.get(name)
+        if row is not None and (first is None or row < first[0]):
+            at = {row: _position_room(td, slice(row, row + 1))[0]}  # limit reads n[row]
+            first = (row, name, col, None if limit is None else limit(b, at, sw, row))
+    return _Hits(bad=bad, counts={r[0]: counts[r[0]] for r in RULES if r[0] in counts}, first=first)
 
 
 def impossible_rows(td: TraceData) -> np.ndarray:
@@ -203,11 +227,11 @@ def _trimmed_rows(td: TraceData) -> np.ndarray:
     """bool [n]: ``0 <= num_verified < k`` in a block whose k drafts fit inside the output
     (int64 arithmetic, in row chunks: no whole-column int64 copies)."""
     b = td.t.blocks
-    n = _lengths(td)
     trim = np.empty(len(b), bool)
     for c in chunks(len(b)):
+        n = _lengths(td, c)
         nv, k = b.num_verified[c].astype(np.int64), b.k[c].astype(np.int64)
-        at_end = (n[c] > 0) & (b.position[c].astype(np.int64) + 1 + k >= n[c])
+        at_end = (n > 0) & (b.position[c].astype(np.int64) + 1 + k >= n)
         trim[c] = (nv >= 0) & (nv < k) & ~at_end
     return trim
 

@@ -308,14 +308,23 @@ def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) 
 
 
 def _last_verified(td: TraceData) -> np.ndarray:
-    """int64 [requests + 1]: each request's last block with a verify record (-1 none)."""
+    """int [requests + 1] (intp): each request's last block with a verify record in (request,
+    position) order, ties in row order (-1 none); in row chunks: per request the highest
+    such position, then the latest row at it."""
     b = td.t.blocks
-    ver = (b.num_verified >= 0) | (b.accepted >= 0)
-    rows = td.order[ver[td.order]]  # by (request, position)
-    req = b.request[rows].astype(np.int64)
-    is_last = np.r_[req[1:] != req[:-1], True] if len(req) else np.zeros(0, bool)
-    last = np.full(len(td.t.requests) + 1, -1, np.int64)
-    last[req[is_last]] = rows[is_last]
+    m = len(td.t.requests) + 1
+    # ufunc.at in matching dtypes (intp indices): its fast path, not a cast per element.
+    top = np.full(m, np.iinfo(b.position.dtype).min, b.position.dtype)
+    last = np.full(m, -1, np.intp)
+    for final in (False, True):  # two passes: the highest positions, then the rows at them
+        for c in chunks(len(b)):
+            rows = np.flatnonzero((b.num_verified[c] >= 0) | (b.accepted[c] >= 0))
+            req, pos = b.request[c][rows].astype(np.intp), b.position[c][rows]
+            if not final:
+                np.maximum.at(top, req, pos)
+                continue
+            at = pos == top[req]
+            np.maximum.at(last, req[at], rows[at] + c.start)
     return last
 
 
@@ -343,7 +352,7 @@ def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
         return [], []
     if is_replay(td.t) or is_replay(ref.t):
         return [], []  # a replay drafts only from the positions it was given
-    b, rb = td.t.blocks, ref.t.blocks
+    b = td.t.blocks
     last = _last_verified(td)
     any_last = np.full(len(last), -1, np.int64)  # the last block, verified or not
     rows = np.flatnonzero(td.last)
@@ -352,33 +361,60 @@ def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
     rpob = al.pair_of_block_b if s.side_a else al.pair_of_block_a
     rcomp = al.comparable_b if s.side_a else al.comparable_a
     here, _ = s.pairs()
-    rref_rows = _rows_by_pair(rcomp & (rpob >= 0), rpob)
-    bounds = np.searchsorted(rpob[rref_rows], np.arange(len(here) + 1))
-    stops, never = [], []
-    for p in range(len(here)):
-        o = rref_rows[bounds[p] : bounds[p + 1]]
-        r = int(here[p])
-        # Only anchors this side's (known) sequence holds: past its end the request was cut
-        # short (requests_incomplete), and without output ids nothing says how far it got.
-        o = o[rb.position[o] < td.length[r] - 1]
-        if not len(o):
-            continue
-        if not has_block[r]:
-            never.append((r, int(o[np.argmin(rb.position[o])])))
-            continue
-        x = int(last[r]) if last[r] >= 0 else int(any_last[r])
-        if (rb.position[o] > b.position[x] + max(int(b.accepted[x]), 0) + 1).any():
-            stops.append(x)
-    return sorted(stops), never
+    # Per pair: the other side's rows on matched content anchored inside this side's
+    # sequence (past its end the request was cut short, and without output ids nothing
+    # says how far it got), by their highest position.
+    span = _OtherRows(s, rpob, rcomp, (td.length - 1)[here])
+    never_p = np.flatnonzero(span.seen & ~has_block[here])
+    ps = np.flatnonzero(span.seen & has_block[here])
+    r = here[ps]
+    x = np.where(last[r] >= 0, last[r], any_last[r])
+    reach = b.position[x].astype(np.int64) + np.maximum(b.accepted[x], 0) + 1
+    stops = sorted(x[span.top[ps] > reach].tolist())
+    if not len(never_p):
+        return stops, []
+    first = span.first_lowest(~has_block[here])
+    return stops, list(zip(here[never_p].tolist(), first[never_p].tolist()))
 
 
-def _rows_by_pair(sel: np.ndarray, pob: np.ndarray) -> np.ndarray:
-    """The rows of ``sel`` (bool [n]) stably sorted by their pair ``pob`` (int [n]): int32
-    below 2**31 rows (int64 past), so that the transient index arrays stay small."""
-    rows = np.flatnonzero(sel)
-    if len(sel) < np.iinfo(np.int32).max:
-        rows = rows.astype(np.int32)
-    return rows[np.argsort(pob[rows], kind="stable")]
+class _OtherRows:
+    """Per request pair, the other side's block rows on matched content anchored before
+    ``limit`` (int64 [m]: this side's sequence length - 1), reduced chunk by chunk (ufunc.at
+    in matching dtypes: its fast path): whether any (``seen``, bool [m]) and their highest
+    position (``top``, [m])."""
+
+    def __init__(self, s: SideInput, rpob: np.ndarray, rcomp: np.ndarray, limit: np.ndarray):
+        assert s.ref is not None
+        self._pob, self._comp, self._limit = rpob, rcomp, limit
+        self._pos = pos = s.ref.t.blocks.position
+        m = len(limit)
+        self.seen = np.zeros(m, bool)
+        self.top = np.full(m, np.iinfo(pos.dtype).min, pos.dtype)
+        for _, p, ps in self._rows():
+            self.seen[p] = True
+            np.maximum.at(self.top, p, ps)
+
+    def _rows(self):
+        """``(rows, pair, position)`` of the wanted rows, one chunk at a time."""
+        for c in chunks(len(self._pob)):
+            p = self._pob[c]
+            ok = self._comp[c] & (p >= 0)
+            ok[ok] = self._pos[c][ok] < self._limit[p[ok]]
+            rows = np.flatnonzero(ok)
+            yield rows + c.start, p[rows], self._pos[c][rows]
+
+    def first_lowest(self, want: np.ndarray) -> np.ndarray:
+        """int64 [m]: per pair ``want``-ed (bool [m]) with rows, its first row at the lowest
+        of their positions (two more passes: the lowest positions, then the rows at them)."""
+        low = np.full(len(self.top), np.iinfo(self._pos.dtype).max, self._pos.dtype)
+        for _, p, ps in self._rows():
+            sel = want[p]
+            np.minimum.at(low, p[sel], ps[sel])
+        first = np.full(len(self.top), np.iinfo(np.int64).max, np.int64)
+        for rows, p, ps in self._rows():
+            at = want[p] & (ps == low[p])
+            np.minimum.at(first, p[at], rows[at])
+        return first
 
 
 def _unverified_message(
@@ -431,7 +467,9 @@ def unverified(s: SideInput) -> Finding | None:
     td = s.td
     b = td.t.blocks
     # The last proposal of a request is legitimately never verified (the request finished).
-    bad = (b.num_verified < 0) & (b.accepted < 0) & ~td.last
+    bad = np.empty(len(b), bool)
+    for c in chunks(len(b)):  # in chunks: no whole-column temporaries
+        bad[c] = (b.num_verified[c] < 0) & (b.accepted[c] < 0) & ~td.last[c]
     stops, never = drafting_ends(s)
     skipped = np.zeros(0, np.int64) if s.skipped is None else s.skipped
     if not bad.any() and not stops and not never and len(skipped) < MIN_BLOCKS:
