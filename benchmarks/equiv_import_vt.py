@@ -156,8 +156,10 @@ def _mutations() -> dict:
         return "\n".join(ls)
 
     def finished(rng, t):
-        return t.replace("finished=0", "finished=1", 1) if rng.random() < 0.5 else t.replace(
-            "finished=1", "finished=0"
+        return (
+            t.replace("finished=0", "finished=1", 1)
+            if rng.random() < 0.5
+            else t.replace("finished=1", "finished=0")
         )
 
     return dict(cut=cut, cut_line=cut_line, dup=dup, dup_run=dup_run, delete=delete, swap=swap,
@@ -172,7 +174,7 @@ def build_corpus(d: Path, fuzz: int, big: Path | None) -> list[dict]:
 
     def add(log: Path, req: Path | None, name: str) -> None:
         for strict in (False, True):
-            for r in ([None, req] if req else [None]):
+            for r in [None, req] if req else [None]:
                 cases.append({"name": f"{name}{'+req' if r else ''}{' strict' if strict else ''}",
                               "log": str(log), "requests": str(r) if r else None,
                               "strict": strict})  # fmt: skip
@@ -182,7 +184,7 @@ def build_corpus(d: Path, fuzz: int, big: Path | None) -> list[dict]:
         req = _requests_of(log)
         add(log, req, log.name)
         text = log.read_text(encoding="utf-8")
-        for mi, (mname, f) in enumerate(muts.items()):
+        for mname, f in muts.items():
             for seed in range(2):
                 rng = random.Random(f"{log.name}/{mname}/{seed}")
                 p = d / f"{log.stem}.{mname}{seed}.log"
