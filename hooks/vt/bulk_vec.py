@@ -354,8 +354,9 @@ def _ids(cur: _Cursor) -> tuple[np.ndarray, np.ndarray]:
     starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
     starts[offs[lens > 0]] = c[lens > 0]
     ok, flat = _int_fast(buf, starts, ends)
-    bad = np.bincount(np.repeat(np.arange(len(c)), lens)[~ok], minlength=len(c))
-    cur.ok &= bad == 0
+    if not ok.all():
+        bad = np.bincount(np.repeat(np.arange(len(c)), lens)[~ok], minlength=len(c))
+        cur.ok &= bad == 0
     cur.c, cur.r = q + 1, cur.r + lens
     return flat, lens
 
