@@ -168,7 +168,7 @@ def _count(plan: Any) -> None:
     ks += [int(plan.per_row.max())] if len(plan.per_row) else []
     st.k_max = max([st.k_max] + ks)
     st.blocks = plan.n
-    st.requests = len(set(plan.vreq.tolist()))
+    st.requests = int(plan.vreq.max()) + 1 if plan.n else 0  # V requests rank first (_requests)
 
 
 def _notes(plan: Any) -> None:

@@ -94,12 +94,14 @@ def classify(buf: Buf, starts: np.ndarray, ends: np.ndarray, prefix: dict) -> np
     bytes -> code, keys of 15 or 12 bytes; lines shorter than a key never match it)."""
     codes = np.zeros(len(starts), np.int8)
     w0 = buf.word(starts)
-    for key, code in prefix.items():  # keys share few first words: test those first
-        hit = (codes == 0) & (w0 == _U(int.from_bytes(key[:8], "little")))
-        rows = np.flatnonzero(hit)
-        rest = key[8:]
-        ok = has_at(buf, starts[rows] + 8, rest)
-        codes[rows[ok]] = code
+    groups: dict[bytes, list[tuple[bytes, int]]] = {}
+    for key, code in prefix.items():  # keys share few first words: one pass per word
+        groups.setdefault(key[:8], []).append((key[8:], code))
+    for first, keys in groups.items():
+        rows = np.flatnonzero(w0 == _U(int.from_bytes(first, "little")))
+        for rest, code in keys:  # in the order given: the first key that matches wins
+            todo = rows[codes[rows] == 0]
+            codes[todo[has_at(buf, starts[todo] + 8, rest)]] = code
     return codes
 
 
@@ -349,14 +351,23 @@ def _ids(cur: _Cursor) -> tuple[np.ndarray, np.ndarray]:
     lens = np.maximum(buf.rb_sep[at] - cur.r, 0)  # every id ends with a space
     last = cur.sep(cur.r + lens - 1)
     cur.ok &= np.where(lens > 0, last == q - 1, q == c)
-    offs = np.cumsum(lens) - lens
-    ends = cur.sep(np.repeat(cur.r - offs, lens) + np.arange(int(lens.sum())))
-    starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
-    starts[offs[lens > 0]] = c[lens > 0]
-    ok, flat = _int_fast(buf, starts, ends)
-    if not ok.all():
-        bad = np.bincount(np.repeat(np.arange(len(c)), lens)[~ok], minlength=len(c))
-        cur.ok &= bad == 0
+    if len(lens) and lens[0] > 0 and (lens == lens[0]).all():  # as many ids on every line
+        ends = cur.sep(cur.r + np.arange(int(lens[0]))[:, None])  # [id, line]
+        starts = np.empty_like(ends)
+        starts[0] = c
+        np.add(ends[:-1], 1, out=starts[1:])
+        ok, flat = _int_fast(buf, starts.ravel(), ends.ravel())
+        flat = flat.reshape(ends.shape).T.ravel()  # line by line
+        cur.ok &= ok.reshape(ends.shape).all(0)
+    else:
+        offs = np.cumsum(lens) - lens
+        ends = cur.sep(np.repeat(cur.r - offs, lens) + np.arange(int(lens.sum())))
+        starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
+        starts[offs[lens > 0]] = c[lens > 0]
+        ok, flat = _int_fast(buf, starts, ends)
+        if not ok.all():
+            bad = np.bincount(np.repeat(np.arange(len(c)), lens)[~ok], minlength=len(c))
+            cur.ok &= bad == 0
     cur.c, cur.r = q + 1, cur.r + lens
     return flat, lens
 
