@@ -65,8 +65,8 @@ class Buf:
         if n and a[-1] != 10:  # a last line without "\n" ends at the first sentinel
             nl = np.concatenate([nl, [len(sep)]])
         self.ends = self.sep[nl]
-        self.starts = np.concatenate([[0], self.ends[:-1] + 1]).astype(np.int64)
-        self.first_sep = np.concatenate([[0], nl[:-1] + 1]).astype(np.int64)
+        self.starts = np.concatenate([[0], self.ends[:-1] + 1]).astype(np.int64, copy=False)
+        self.first_sep = np.concatenate([[0], nl[:-1] + 1]).astype(np.int64, copy=False)
         self.rb = np.concatenate([self.sep[after] - 1, [n]])
         self.rb_sep = np.concatenate([after, [len(sep)]])
 
@@ -164,10 +164,11 @@ def _int(
 
 
 #: For :func:`_uint` by digit count m (0 to 8; 9: more): the high m bytes of a word, and the
-#: least value of m digits without a leading zero.
+#: least value of m digits without a leading zero (m = 0 or 9: none, so they fail).
 _HIGH = np.array([((1 << 64) - 1) ^ ((1 << (8 * (8 - m))) - 1) for m in range(9)] + [0], _U)
-_LEAST = np.array([0, 0] + [10 ** (m - 1) for m in range(2, 9)] + [0], np.int64)
+_LEAST = np.array([1 << 62, 0] + [10 ** (m - 1) for m in range(2, 9)] + [1 << 62], np.int64)
 _M16, _M32 = _U(0x00FF00FF00FF00FF), _U(0x0000FFFF0000FFFF)
+_X10, _X100, _X10K = _U(1 + (10 << 8)), _U(1 + (100 << 16)), _U(1 + (10000 << 32))
 
 
 def _uint(buf: Buf, c: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -175,12 +176,13 @@ def _uint(buf: Buf, c: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndar
     the one word that ends at ``end``: (ok, value); ok is False for anything else (a sign,
     more than 8 digits), which :func:`_int` decides then."""
     m = np.clip(end - c, 0, 9)
-    z = (buf.words[end - 8 + _OFF] ^ _B[0x30]) & _HIGH[m]  # digits -> 0..9, the rest 0
+    z = (buf.words[end + (_OFF - 8)] ^ _B[0x30]) & _HIGH[m]  # digits -> 0..9, the rest 0
     ok = ((z | (z + _B[0x06])) & _F0) == 0  # every byte kept is 0..9
-    z = (z * _U(10) + (z >> _U(8))) & _M16
-    z = (z * _U(100) + (z >> _U(16))) & _M32
-    val = ((z * _U(10000) + (z >> _U(32))) & _U(0xFFFFFFFF)).view(np.int64)
-    ok &= (m >= 1) & (m <= 8) & (val >= _LEAST[m])
+    # Pairs, quads, then all 8 digits (the first digit is the lowest byte): three multiplies.
+    z = (z * _X10) >> _U(8)
+    z = ((z & _M16) * _X100) >> _U(16)
+    val = (((z & _M32) * _X10K) >> _U(32)).view(np.int64)
+    ok &= val >= _LEAST[m]  # a leading zero, or no digit / more than 8: too small
     return ok, val
 
 
