@@ -139,22 +139,17 @@ class _Long(Exception):
     """A value this path does not read (the regex path does)."""
 
 
-def _int(
-    buf: Buf, c: np.ndarray, end: np.ndarray, w: np.ndarray | None = None, c0=None
-) -> tuple[np.ndarray, np.ndarray]:
-    """The canonical integer ``0|-?[1-9]\\d{0,17}`` spanning ``a[c:end]``: (ok, value).
-    ``w``: the 8 bytes from ``c0`` (``c0 <= c <= c0 + 6``) when the caller holds them."""
-    if w is None or c0 is None:
-        w, c0 = buf.word(c), c
-    sh = ((c - c0) * 8).astype(_U)
-    first = (w >> sh) & _U(0xFF)
+def _int(buf: Buf, c: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The canonical integer ``0|-?[1-9]\\d{0,17}`` spanning ``a[c:end]``: (ok, value)."""
+    w = buf.word(c)
+    first = w & _U(0xFF)
     neg = first == 45
     lo = c + neg
     nd = end - lo
     if ((nd > _MAX_DIGITS) & (nd <= 18)).any():
         raise _Long
-    lead = np.where(neg, (w >> (sh + _U(8))) & _U(0xFF), first)
-    span = end - c0
+    lead = np.where(neg, (w >> _U(8)) & _U(0xFF), first)
+    span = end - c
     last = None
     if (span <= 8).all():  # the digits lie in w: right-align them
         last = w << ((8 - np.clip(span, 1, 8)) * 8).astype(_U)
