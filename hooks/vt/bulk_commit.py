@@ -200,8 +200,8 @@ def _state(plan: Any) -> None:
         p._reqs.add(name)
         p._held.plain[name] = 0
     unknown = np.flatnonzero(plan.anchor == schema.PAD)
-    cols = (unknown, plan.vreq[unknown], plan.pos[unknown])
-    p._unresolved = [(i, plan.names[r], pos) for i, r, pos in zip(*(c.tolist() for c in cols))]
+    where = (unknown, plan.vreq[unknown], plan.pos[unknown])
+    p._unresolved = [(i, plan.names[r], pos) for i, r, pos in zip(*(c.tolist() for c in where))]
     levels = {_LEVEL[KEYS[c - 1][0]] for c in plan.fam if KEYS[c - 1][0] in _LEVEL}
     p._levels_seen |= levels
     p._runner_seen = any(KEYS[c - 1][0] != "spec-sched" for c in plan.fam)
