@@ -15,6 +15,8 @@ strict mode no problem at all. Any other log is left untouched (it returns None)
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 from spectrace.tracer import schema
@@ -52,14 +54,14 @@ for _c, _bits in _ADD.items():
 _MASKS[0][V] = sum(SEEN_BITS) & ~SC
 
 
-def bulk_feed(parser: VtTraceParser, data: bytes) -> bool | None:
-    """Feed a whole log (bytes of a file) to a fresh ``parser`` at once.
+def bulk_feed(parser: VtTraceParser, data: bytes | mmap.mmap) -> bool | None:
+    """Feed a whole log (bytes of a file, or the file mapped) to a fresh ``parser`` at once.
 
     Returns:
         Whether the log holds a NUL byte (binary), or None when the log needs
         :meth:`~.parser.VtTraceParser.feed_line` (nothing was recorded then).
     """
-    if b"\r" in data or parser.stats.lines or parser.trace_level is not None:
+    if data.find(b"\r") >= 0 or parser.stats.lines or parser.trace_level is not None:
         return None
     try:
         lexed = lex_log(data)
@@ -67,7 +69,7 @@ def bulk_feed(parser: VtTraceParser, data: bytes) -> bool | None:
     except NotBulk:
         return None
     commit(plan)
-    return b"\x00" in data
+    return data.find(b"\x00") >= 0  # (``in`` on a mapped file is a Python loop)
 
 
 def _segment(codes: list[int], vreq: list[int]) -> tuple[list[int], list[int], int]:

@@ -14,6 +14,8 @@ and the values it returns are the ones the regex groups convert to (ints as ``in
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 _U = np.uint64
@@ -47,7 +49,7 @@ class Buf:
             length, and the index in ``sep`` of that separator.
     """
 
-    def __init__(self, data: bytes, start: int, end: int) -> None:
+    def __init__(self, data: bytes | mmap.mmap, start: int, end: int) -> None:
         n = self.n = end - start
         pad = np.empty(_OFF + n + _TAIL, np.uint8)  # one copy of the chunk, zero padded
         pad[:_OFF], pad[_OFF + n :] = 0, 0
