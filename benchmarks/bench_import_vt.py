@@ -13,7 +13,9 @@ is its own):
   ``PYTHONPATH``): before/after in one run.
 
 Prints the median, min and max of each, lines/s, the ratios new/plain, base/plain,
-old/plain, base/new and old/new (per round, then their median), and peak RSS. Asserts nothing. With ``--requests`` the
+old/plain, base/new and old/new (per round, then their median) of wall time and of CPU time
+(``time.process_time``: on a loaded machine the wall ratio mostly measures the load), and
+peak RSS. Asserts nothing. With ``--requests`` the
 import also reads the log's requests JSONL (anchors from the requests file; the store then
 writes one /requests row per request, which costs as much as the parse on a big log).
 
@@ -41,24 +43,24 @@ sys.path.insert(0, str(HERE))
 def _one(mode: str, log: Path, requests: Path | None) -> dict:
     """One measure in this process: seconds and peak RSS (MB)."""
     if mode == "plain":
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         n = 0
         with open(log, encoding="utf-8", errors="replace", newline="") as fh:
             for _ in fh:
                 n += 1
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     else:
         from spectrace.hooks.vt import importer
 
         if mode == "old":
             importer._feed_bulk = lambda parser, log, progress: None  # the line-by-line path
         with tempfile.TemporaryDirectory() as d:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             stats = importer.import_log(log, Path(d) / "t.h5", requests_path=requests)
-            dt = time.perf_counter() - t0
+            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         n = stats.lines
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"s": dt, "lines": n, "rss_mb": rss}
+    return {"s": dt, "cpu": cpu, "lines": n, "rss_mb": rss}
 
 
 def _spawn(mode: str, log: Path, requests: Path | None, base: Path | None = None) -> dict:
@@ -111,12 +113,15 @@ def main() -> None:
         s = [x["s"] for x in got[m]]
         rate = n / statistics.median(s)
         rss = max(x["rss_mb"] for x in got[m])
-        print(f"{m:9s} {_fmt(s)} s   {rate / 1e3:8.0f}K lines/s   peak RSS {rss:.0f} MB")
+        cpu = statistics.median(x["cpu"] for x in got[m])
+        print(f"{m:9s} {_fmt(s)} s   {rate / 1e3:8.0f}K lines/s   CPU median {cpu:.3f} s   "
+              f"peak RSS {rss:.0f} MB")  # fmt: skip
     pairs = [("new", "plain"), ("base", "plain"), ("old", "plain"), ("base", "new"), ("old", "new")]
-    for num, den in pairs:
-        if num in got and den in got:
-            ratios = [x["s"] / y["s"] for x, y in zip(got[num], got[den])]
-            print(f"{num}/{den}: {_fmt(ratios)} (per round)")
+    for key, what in (("s", "wall"), ("cpu", "CPU")):
+        for num, den in pairs:
+            if num in got and den in got:
+                ratios = [x[key] / y[key] for x, y in zip(got[num], got[den])]
+                print(f"{num}/{den} ({what}): {_fmt(ratios)} (per round)")
     print(f"load average {os.getloadavg()[0]:.2f} at the end; {n} lines")
 
 

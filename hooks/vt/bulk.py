@@ -15,12 +15,14 @@ strict mode no problem at all. Any other log is left untouched (it returns None)
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 from spectrace.tracer import schema
 
 from .blocks import Block, Chain, Proposal, anchor_mismatch, block_problems, chain_break, gap_note
-from .bulk_commit import commit
+from .bulk_commit import commit, padded
 from .bulk_lex import CODE, KEYS, SEEN_BITS, Family, Lexed, NotBulk, lex_log
 from .bulk_steps import segment
 from .lines import Ids
@@ -52,14 +54,14 @@ for _c, _bits in _ADD.items():
 _MASKS[0][V] = sum(SEEN_BITS) & ~SC
 
 
-def bulk_feed(parser: VtTraceParser, data: bytes) -> bool | None:
-    """Feed a whole log (bytes of a file) to a fresh ``parser`` at once.
+def bulk_feed(parser: VtTraceParser, data: bytes | mmap.mmap) -> bool | None:
+    """Feed a whole log (bytes of a file, or the file mapped) to a fresh ``parser`` at once.
 
     Returns:
         Whether the log holds a NUL byte (binary), or None when the log needs
         :meth:`~.parser.VtTraceParser.feed_line` (nothing was recorded then).
     """
-    if b"\r" in data or parser.stats.lines or parser.trace_level is not None:
+    if data.find(b"\r") >= 0 or parser.stats.lines or parser.trace_level is not None:
         return None
     try:
         lexed = lex_log(data)
@@ -67,7 +69,7 @@ def bulk_feed(parser: VtTraceParser, data: bytes) -> bool | None:
     except NotBulk:
         return None
     commit(plan)
-    return b"\x00" in data
+    return data.find(b"\x00") >= 0  # (``in`` on a mapped file is a Python loop)
 
 
 def _segment(codes: list[int], vreq: list[int]) -> tuple[list[int], list[int], int]:
@@ -189,6 +191,8 @@ class _Plan:
         self.eflat, self.elen = fv.flat("emit")
         self.doff = np.concatenate([[0], np.cumsum(self.dlen)])[:-1].astype(np.int64)
         self.eoff = np.concatenate([[0], np.cumsum(self.elen)])[:-1].astype(np.int64)
+        self.dmat = padded(self.dflat, self.dlen, int(self.dlen.max(initial=1)), schema.PAD)
+        self.emat = padded(self.eflat, self.elen, int(self.elen.max(initial=1)), schema.PAD)
         self.vreq = self.ridx[V]
         last = np.full(n, schema.PAD, np.int64)
         has = self.elen > 0
@@ -258,9 +262,9 @@ class _Plan:
         acc, ns, k, dl, el = self.acc, self.ns, self.k, self.dlen, self.elen
         bad = (acc != np.maximum(ns - 1, 0)) | (el != ns) | (dl != k) | (acc > k)
         m = np.minimum(np.minimum(acc, dl), el)
-        for j in range(int(m.max()) if self.n else 0):
-            rows = np.flatnonzero(m > j)
-            bad[rows] |= self.dflat[self.doff[rows] + j] != self.eflat[self.eoff[rows] + j]
+        w = min(self.dmat.shape[1], self.emat.shape[1])  # m <= both widths
+        differ = self.dmat[:, :w] != self.emat[:, :w]
+        bad |= (differ & (np.arange(w) < m[:, None])).any(1)
         for i in np.flatnonzero(bad | self.brk | self.mism | self.gap).tolist():
             self._row_events(i)
 
@@ -297,6 +301,7 @@ class _Plan:
         self.pstep = self.step_of[fp.lines]
         self.fflat, self.flen = fp.flat("first")
         self.foff = np.concatenate([[0], np.cumsum(self.flen)])[:-1].astype(np.int64)
+        self.fmat = padded(self.fflat, self.flen, int(self.flen.max(initial=1)), schema.PAD)
         self.per_row = fp.ints("drafts/row")
         self.joined = np.full(self.n, -1, np.int64)  # block -> proposal
         self.outcome = {"exact": 0, "hint": 0, "not_verified": 0}
@@ -324,13 +329,10 @@ class _Plan:
         """Blocks whose draft is the ``first=[…]`` of proposal ``pj`` (-1: none), bool [n]."""
         has = np.flatnonzero(pj >= 0)
         has = has[self.dlen[has] == self.flen[pj[has]]]
-        lens = self.dlen[has]
-        within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-        d = self.dflat[np.repeat(self.doff[has], lens) + within]
-        f = self.fflat[np.repeat(self.foff[pj[has]], lens) + within]
-        differ = np.bincount(np.repeat(np.arange(len(has)), lens)[d != f], minlength=len(has))
+        w = min(self.dmat.shape[1], self.fmat.shape[1])  # equal lengths: PAD past both
+        same = (self.dmat[has, :w] == self.fmat[pj[has], :w]).all(1)
         exact = np.zeros(self.n, bool)
-        exact[has[differ == 0]] = True
+        exact[has[same]] = True
         return exact
 
     def _hints(self, prop_at: np.ndarray) -> dict[int, tuple[int, bool]]:

@@ -39,12 +39,11 @@ def commit(plan: Any) -> None:
     _state(plan)
 
 
-def _matrix(flat: np.ndarray, lens: np.ndarray, offs: np.ndarray, w: int, fill) -> np.ndarray:
-    """Ragged lists (``flat`` split by ``lens``) as an [n, w] matrix padded with ``fill``."""
+def padded(flat: np.ndarray, lens: np.ndarray, w: int, fill) -> np.ndarray:
+    """Ragged lists (``flat`` split by ``lens``, each at most ``w`` long) as an
+    [n, max(w, 1)] matrix padded with ``fill`` (``flat``'s dtype; int64 when empty)."""
     out = np.full((len(lens), max(w, 1)), fill, dtype=flat.dtype if len(flat) else np.int64)
-    rows = np.repeat(np.arange(len(lens)), lens)
-    cols = np.arange(len(flat)) - np.repeat(offs, lens)
-    out[rows, cols] = flat
+    out[np.arange(out.shape[1]) < lens[:, None]] = flat  # row-major: the lists in order
     return out
 
 
@@ -61,14 +60,12 @@ def _write_blocks(plan: Any) -> None:
     k = plan.dlen.copy()
     k[jr] = plen[jp]
     wk = int(max(k.max(), plan.dlen.max(), 1))
-    verified = _matrix(plan.dflat, plan.dlen, plan.doff, wk, schema.PAD)
+    verified = np.full((n, wk), schema.PAD, plan.dmat.dtype)
+    verified[:, : plan.dmat.shape[1]] = plan.dmat
     proposed = verified.copy()
     proposed[jr] = schema.PAD
-    foff = np.concatenate([[0], np.cumsum(plan.flen)])[:-1].astype(np.int64)
-    fl = plan.flen[jp]
-    rows = np.repeat(jr, fl)
-    within = np.arange(int(fl.sum())) - np.repeat(np.concatenate([[0], np.cumsum(fl)])[:-1], fl)
-    proposed[rows, within] = plan.fflat[np.repeat(foff[jp], fl) + within]
+    fw = min(plan.fmat.shape[1], wk)  # a joined first=[…] holds at most k ids
+    proposed[jr, :fw] = plan.fmat[jp, :fw]
     margin = np.full((n, wk), np.nan, np.float32)
     margins = plan.f(CODE["spec-propose", ""]).margins("margin")
     with_margin = [j for j, m in enumerate(margins) if m is not None]
@@ -78,7 +75,7 @@ def _write_blocks(plan: Any) -> None:
         if m is not None:  # NaN-padded to the proposal's width, as Proposal.margin_row
             width = int(plen[j])
             margin[i, :width] = (list(m) + [float("nan")] * width)[:width]
-    emitted = _matrix(plan.eflat, plan.elen, plan.eoff, int(plan.elen.max()), schema.PAD)
+    emitted = plan.emat
     source = np.where(plan.joined >= 0, schema.PROPOSAL_FROM_DRAFTER, 0)
     w.add_blocks({
         "request": widx[plan.vreq], "step": plan.vstep - 1, "position": plan.pos - 1,
@@ -171,7 +168,7 @@ def _count(plan: Any) -> None:
     ks += [int(plan.per_row.max())] if len(plan.per_row) else []
     st.k_max = max([st.k_max] + ks)
     st.blocks = plan.n
-    st.requests = len(set(plan.vreq.tolist()))
+    st.requests = int(plan.vreq.max()) + 1 if plan.n else 0  # V requests rank first (_requests)
 
 
 def _notes(plan: Any) -> None:
@@ -202,10 +199,9 @@ def _state(plan: Any) -> None:
         p._chains[name] = Chain(pos, ns, last, line)
         p._reqs.add(name)
         p._held.plain[name] = 0
-    p._unresolved = [
-        (i, plan.names[plan.vreq[i]], int(plan.pos[i]))
-        for i in np.flatnonzero(plan.anchor == schema.PAD).tolist()
-    ]
+    unknown = np.flatnonzero(plan.anchor == schema.PAD)
+    where = (unknown, plan.vreq[unknown], plan.pos[unknown])
+    p._unresolved = [(i, plan.names[r], pos) for i, r, pos in zip(*(c.tolist() for c in where))]
     levels = {_LEVEL[KEYS[c - 1][0]] for c in plan.fam if KEYS[c - 1][0] in _LEVEL}
     p._levels_seen |= levels
     p._runner_seen = any(KEYS[c - 1][0] != "spec-sched" for c in plan.fam)

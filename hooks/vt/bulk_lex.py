@@ -14,6 +14,7 @@ message, a line it reads as a record (an edited line) makes :func:`lex_log` give
 
 from __future__ import annotations
 
+import mmap
 import re
 from dataclasses import dataclass, field
 from typing import TypeAlias, cast
@@ -198,7 +199,7 @@ _UNUSED = {
 CHUNK_BYTES = 4 << 20
 
 
-def lex_log(data: bytes) -> Lexed:
+def lex_log(data: bytes | mmap.mmap) -> Lexed:
     """Lex a whole log (``\\n``-separated bytes, no ``\\r``), :data:`CHUNK_BYTES` at a time.
 
     Raises:
@@ -216,7 +217,7 @@ def lex_log(data: bytes) -> Lexed:
     return _concat(parts, n_lines)
 
 
-def _lex_chunk(whole: bytes, start: int, end: int, first: int) -> Lexed:
+def _lex_chunk(whole: bytes | mmap.mmap, start: int, end: int, first: int) -> Lexed:
     """Lex the lines of ``whole[start:end]``; line numbers (0-based) start at ``first``."""
     buf = Buf(whole, start, end)
     data = memoryview(whole)[start:end]

@@ -14,6 +14,8 @@ and the values it returns are the ones the regex groups convert to (ints as ``in
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 _U = np.uint64
@@ -30,7 +32,6 @@ _LOW = np.array([(1 << (8 * m)) - 1 for m in range(9)], dtype=_U)  # the low m b
 _B = {x: _U(int.from_bytes(bytes([x]) * 8, "little")) for x in (0x01, 0x06, 0x30, 0x5F)}
 _F0, _H80 = _U(0xF0F0F0F0F0F0F0F0), _U(0x8080808080808080)
 _X7F = _U(0x7F7F7F7F7F7F7F7F)
-_SEP = bytes(1 if b in b" \n" else 0 for b in range(256))  # bytes.translate: separators -> 1
 
 
 class Buf:
@@ -48,14 +49,15 @@ class Buf:
             length, and the index in ``sep`` of that separator.
     """
 
-    def __init__(self, data: bytes, start: int, end: int) -> None:
+    def __init__(self, data: bytes | mmap.mmap, start: int, end: int) -> None:
         n = self.n = end - start
         pad = np.empty(_OFF + n + _TAIL, np.uint8)  # one copy of the chunk, zero padded
         pad[:_OFF], pad[_OFF + n :] = 0, 0
         pad[_OFF : _OFF + n] = np.frombuffer(data, np.uint8, n, start)
         self.words = np.ndarray((len(pad) - 7,), "<u8", pad, 0, (1,))  # words[p + _OFF]: p
         a = self.a = pad[_OFF : _OFF + n]
-        is_sep = np.frombuffer(data[start:end].translate(_SEP), bool)  # one C pass
+        is_sep = a == 32
+        is_sep |= a == 10
         sep = np.flatnonzero(is_sep)
         self.sep = np.concatenate([sep, [n] * _TAIL])
         nl = np.flatnonzero(a[sep] == 10)  # the lines' ends, as indexes in sep
@@ -65,8 +67,8 @@ class Buf:
         if n and a[-1] != 10:  # a last line without "\n" ends at the first sentinel
             nl = np.concatenate([nl, [len(sep)]])
         self.ends = self.sep[nl]
-        self.starts = np.concatenate([[0], self.ends[:-1] + 1]).astype(np.int64)
-        self.first_sep = np.concatenate([[0], nl[:-1] + 1]).astype(np.int64)
+        self.starts = np.concatenate([[0], self.ends[:-1] + 1]).astype(np.int64, copy=False)
+        self.first_sep = np.concatenate([[0], nl[:-1] + 1]).astype(np.int64, copy=False)
         self.rb = np.concatenate([self.sep[after] - 1, [n]])
         self.rb_sep = np.concatenate([after, [len(sep)]])
 
@@ -94,12 +96,14 @@ def classify(buf: Buf, starts: np.ndarray, ends: np.ndarray, prefix: dict) -> np
     bytes -> code, keys of 15 or 12 bytes; lines shorter than a key never match it)."""
     codes = np.zeros(len(starts), np.int8)
     w0 = buf.word(starts)
-    for key, code in prefix.items():  # keys share few first words: test those first
-        hit = (codes == 0) & (w0 == _U(int.from_bytes(key[:8], "little")))
-        rows = np.flatnonzero(hit)
-        rest = key[8:]
-        ok = has_at(buf, starts[rows] + 8, rest)
-        codes[rows[ok]] = code
+    groups: dict[bytes, list[tuple[bytes, int]]] = {}
+    for key, code in prefix.items():  # keys share few first words: one pass per word
+        groups.setdefault(key[:8], []).append((key[8:], code))
+    for first, keys in groups.items():
+        rows = np.flatnonzero(w0 == _U(int.from_bytes(first, "little")))
+        for rest, code in keys:  # in the order given: the first key that matches wins
+            todo = rows[codes[rows] == 0]
+            codes[todo[has_at(buf, starts[todo] + 8, rest)]] = code
     return codes
 
 
@@ -137,28 +141,56 @@ class _Long(Exception):
     """A value this path does not read (the regex path does)."""
 
 
-def _int(
-    buf: Buf, c: np.ndarray, end: np.ndarray, w: np.ndarray | None = None, c0=None
-) -> tuple[np.ndarray, np.ndarray]:
-    """The canonical integer ``0|-?[1-9]\\d{0,17}`` spanning ``a[c:end]``: (ok, value).
-    ``w``: the 8 bytes from ``c0`` (``c0 <= c <= c0 + 6``) when the caller holds them."""
-    if w is None or c0 is None:
-        w, c0 = buf.word(c), c
-    sh = ((c - c0) * 8).astype(_U)
-    first = (w >> sh) & _U(0xFF)
+def _int(buf: Buf, c: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The canonical integer ``0|-?[1-9]\\d{0,17}`` spanning ``a[c:end]``: (ok, value)."""
+    w = buf.word(c)
+    first = w & _U(0xFF)
     neg = first == 45
     lo = c + neg
     nd = end - lo
     if ((nd > _MAX_DIGITS) & (nd <= 18)).any():
         raise _Long
-    lead = np.where(neg, (w >> (sh + _U(8))) & _U(0xFF), first)
-    span = end - c0
+    lead = np.where(neg, (w >> _U(8)) & _U(0xFF), first)
+    span = end - c
     last = None
     if (span <= 8).all():  # the digits lie in w: right-align them
         last = w << ((8 - np.clip(span, 1, 8)) * 8).astype(_U)
     ok, val = _number(buf, lo, end, last)
     ok &= (lead != 48) | ((nd == 1) & ~neg)
     return ok, np.where(neg, -val, val)
+
+
+#: For :func:`_uint` by digit count m (0 to 8; 9: more): the high m bytes of a word, and the
+#: least value of m digits without a leading zero (m = 0 or 9: none, so they fail).
+_HIGH = np.array([((1 << 64) - 1) ^ ((1 << (8 * (8 - m))) - 1) for m in range(9)] + [0], _U)
+_LEAST = np.array([1 << 62, 0] + [10 ** (m - 1) for m in range(2, 9)] + [1 << 62], np.int64)
+_M16, _M32 = _U(0x00FF00FF00FF00FF), _U(0x0000FFFF0000FFFF)
+_X10, _X100, _X10K = _U(1 + (10 << 8)), _U(1 + (100 << 16)), _U(1 + (10000 << 32))
+
+
+def _uint(buf: Buf, c: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The common case of :func:`_int`: ``[1-9]\\d{0,7}|0`` spanning ``a[c:end]``, read from
+    the one word that ends at ``end``: (ok, value); ok is False for anything else (a sign,
+    more than 8 digits), which :func:`_int` decides then."""
+    m = np.clip(end - c, 0, 9)
+    z = (buf.words[end + (_OFF - 8)] ^ _B[0x30]) & _HIGH[m]  # digits -> 0..9, the rest 0
+    ok = ((z | (z + _B[0x06])) & _F0) == 0  # every byte kept is 0..9
+    # Pairs, quads, then all 8 digits (the first digit is the lowest byte): three multiplies.
+    z = (z * _X10) >> _U(8)
+    z = ((z & _M16) * _X100) >> _U(16)
+    val = (((z & _M32) * _X10K) >> _U(32)).view(np.int64)
+    ok &= val >= _LEAST[m]  # a leading zero, or no digit / more than 8: too small
+    return ok, val
+
+
+def _int_fast(buf: Buf, c: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_int` (same verdicts and values, same :class:`_Long`), by :func:`_uint` first
+    and :func:`_int` for the values it leaves."""
+    ok, val = _uint(buf, c, end)
+    rest = np.flatnonzero(~ok)
+    if len(rest):
+        ok[rest], val[rest] = _int(buf, c[rest], end[rest])
+    return ok, val
 
 
 def _float(buf: Buf, c: np.ndarray, end: np.ndarray, kind: str):
@@ -252,50 +284,61 @@ def _template(head: bytes, fields: tuple) -> list[tuple]:
 _TEMPLATES: dict[tuple, list[tuple]] = {}
 
 
+class _RunSpec:
+    """A run's tokens as arrays, built once per run (``toks`` as in :func:`_run`)."""
+
+    def __init__(self, toks: list) -> None:
+        heads = [p[:8] for p, _ in toks]
+        self.mask = _LOW[[len(h) for h in heads]][:, None]
+        self.want = np.array([int.from_bytes(h, "little") for h in heads], _U)[:, None]
+        # The rest of a name longer than 8 bytes: (token, offset, mask, bytes) per 8 bytes.
+        self.tails = [
+            (j, o, _LOW[len(p[o : o + 8])], _U(int.from_bytes(p[o : o + 8], "little")))
+            for j, (p, _) in enumerate(toks)
+            for o in range(8, len(p), 8)
+        ]
+        self.lits = [j for j, (_, kind) in enumerate(toks) if kind is None]
+        self.lit_len = np.array([len(toks[j][0]) for j in self.lits], np.int64)[:, None]
+        self.ints = [j for j, (_, kind) in enumerate(toks) if kind in ("int", "arrow")]
+        self.int_len = np.array([len(toks[j][0]) for j in self.ints], np.int64)[:, None]
+        self.other = [(j, p, kind) for j, (p, kind) in enumerate(toks) if kind in _OTHER]
+
+
+_OTHER = ("str", "ms", "pct")
+_SPECS: dict[tuple, _RunSpec] = {}
+
+
 def _run(cur: _Cursor, toks: list, cols: dict, names: list) -> None:
     """Tokens ``toks`` side by side from the cursor (at a token's start); leaves it at the
-    start of the next token."""
+    start of the next token. Arrays are [token, line]: one contiguous row per token."""
     buf, k = cur.buf, len(toks)
-    ends = cur.sep(cur.r[:, None] + np.arange(k))  # [n, k]
+    spec = _SPECS.get(key := tuple(toks))
+    if spec is None:
+        spec = _SPECS[key] = _RunSpec(toks)
+    ends = cur.sep(cur.r + np.arange(k)[:, None])  # [k, n]: token j ends at sep[r + j]
     starts = np.empty_like(ends)
-    starts[:, 0] = cur.c
-    starts[:, 1:] = ends[:, :-1] + 1
-    head = [p[:8] for p, _ in toks]
-    mask = _LOW[[len(h) for h in head]]
-    want = np.array([int.from_bytes(h, "little") for h in head], _U)
-    w0 = buf.word(starts)
-    cur.ok &= ((w0 & mask) == want).all(1)
-    base = {j: (w0[:, j], starts[:, j]) for j, (p, _) in enumerate(toks) if len(p) <= 6}
-    for j, (p, kind) in enumerate(toks):
-        if len(p) > 8:  # the rest of a long name, and its value's first bytes
-            w1 = buf.word(starts[:, j] + 8)
-            rest = p[8:16]
-            cur.ok &= (w1 & _LOW[len(rest)]) == _U(int.from_bytes(rest, "little"))
-            cur.ok &= has_at(buf, starts[:, j] + 16, p[16:]) if len(p) > 16 else True
-            if len(p) <= 14:
-                base[j] = (w1, starts[:, j] + 8)
-        if kind is None:
-            cur.ok &= ends[:, j] - starts[:, j] == len(p)
-    js = [j for j, (_, kind) in enumerate(toks) if kind in ("int", "arrow")]
-    if js:
-        plen = np.array([len(toks[j][0]) for j in js])
-        vs = starts[:, js] + plen
-        got = [base.get(j) or (buf.word(vs[:, i]), vs[:, i]) for i, j in enumerate(js)]
-        w = np.stack([g[0] for g in got], 1)
-        c0 = np.stack([g[1] for g in got], 1)
-        ok, vals = _int(buf, vs.ravel(), ends[:, js].ravel(), w.ravel(), c0.ravel())
-        cur.ok &= ok.reshape(-1, len(js)).all(1)
-        for i, j in enumerate(js):
-            cols[names[j]] = vals.reshape(-1, len(js))[:, i]
-    js = [j for j, (_, kind) in enumerate(toks) if kind == "str"]
-    for j in js:
-        ok, cols[names[j]] = _str(buf, starts[:, j] + len(toks[j][0]), ends[:, j])
-        cur.ok &= ok
-    for j, (p, kind) in enumerate(toks):
-        if kind in ("ms", "pct"):
-            ok, cols[names[j]] = _float(buf, starts[:, j] + len(p), ends[:, j], kind)
-            cur.ok &= ok
-    cur.c, cur.r = ends[:, -1] + 1, cur.r + k
+    starts[0] = cur.c
+    np.add(ends[:-1], 1, out=starts[1:])
+    ok = ((buf.words[starts + _OFF] & spec.mask) == spec.want).all(0)
+    for j, o, mask, piece in spec.tails:
+        ok &= (buf.words[starts[j] + (_OFF + o)] & mask) == piece
+    if spec.lits:
+        ok &= ((ends[spec.lits] - starts[spec.lits]) == spec.lit_len).all(0)
+    if spec.ints:
+        e = ends[spec.ints]
+        good, vals = _int_fast(buf, (starts[spec.ints] + spec.int_len).ravel(), e.ravel())
+        ok &= good.reshape(e.shape).all(0)
+        vals = vals.reshape(e.shape)
+        for i, j in enumerate(spec.ints):
+            cols[names[j]] = vals[i]
+    for j, p, kind in spec.other:
+        if kind == "str":
+            got, cols[names[j]] = _str(buf, starts[j] + len(p), ends[j])
+        else:
+            got, cols[names[j]] = _float(buf, starts[j] + len(p), ends[j], kind)
+        ok &= got
+    cur.ok &= ok
+    cur.c, cur.r = ends[-1] + 1, cur.r + k
 
 
 def _ids(cur: _Cursor) -> tuple[np.ndarray, np.ndarray]:
@@ -307,13 +350,23 @@ def _ids(cur: _Cursor) -> tuple[np.ndarray, np.ndarray]:
     lens = np.maximum(buf.rb_sep[at] - cur.r, 0)  # every id ends with a space
     last = cur.sep(cur.r + lens - 1)
     cur.ok &= np.where(lens > 0, last == q - 1, q == c)
-    offs = np.cumsum(lens) - lens
-    ends = cur.sep(np.repeat(cur.r - offs, lens) + np.arange(int(lens.sum())))
-    starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
-    starts[offs[lens > 0]] = c[lens > 0]
-    ok, flat = _int(buf, starts, ends)
-    bad = np.bincount(np.repeat(np.arange(len(c)), lens)[~ok], minlength=len(c))
-    cur.ok &= bad == 0
+    if len(lens) and lens[0] > 0 and (lens == lens[0]).all():  # as many ids on every line
+        ends = cur.sep(cur.r + np.arange(int(lens[0]))[:, None])  # [id, line]
+        starts = np.empty_like(ends)
+        starts[0] = c
+        np.add(ends[:-1], 1, out=starts[1:])
+        ok, flat = _int_fast(buf, starts.ravel(), ends.ravel())
+        flat = flat.reshape(ends.shape).T.ravel()  # line by line
+        cur.ok &= ok.reshape(ends.shape).all(0)
+    else:
+        offs = np.cumsum(lens) - lens
+        ends = cur.sep(np.repeat(cur.r - offs, lens) + np.arange(int(lens.sum())))
+        starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
+        starts[offs[lens > 0]] = c[lens > 0]
+        ok, flat = _int_fast(buf, starts, ends)
+        if not ok.all():
+            bad = np.bincount(np.repeat(np.arange(len(c)), lens)[~ok], minlength=len(c))
+            cur.ok &= bad == 0
     cur.c, cur.r = q + 1, cur.r + lens
     return flat, lens
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -99,16 +100,33 @@ def _feed_bulk(
     log: str | os.PathLike,
     progress: Callable[[int, int | None], None] | None,
 ) -> bool | None:
-    """A saved log file read at once (:func:`~.bulk.bulk_feed`); None for stdin or a log
-    that needs the line-by-line parser. ``progress(size, size)`` once it is parsed."""
+    """A saved log file mapped (or read) at once (:func:`~.bulk.bulk_feed`); None for stdin
+    or a log that needs the line-by-line parser. ``progress(size, size)`` once parsed."""
     if str(log) == "-":
         return None
     with open(log, "rb") as fh:
-        data = fh.read()
-    binary = bulk_feed(parser, data)
+        data = _map(fh)
+        binary = bulk_feed(parser, data)
+        size = len(data)
+    if isinstance(data, mmap.mmap):
+        try:
+            data.close()
+        except BufferError:  # a view of it still alive: closed when collected
+            pass
     if binary is not None and progress is not None:
-        progress(len(data), len(data))
+        progress(size, size)
     return binary
+
+
+def _map(fh: io.BufferedReader) -> bytes | mmap.mmap:
+    """The file's bytes: mapped read-only where it can be (a regular, non-empty file: no
+    copy of a big log), else read."""
+    try:
+        if os.fstat(fh.fileno()).st_size > 0:
+            return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        pass
+    return fh.read()
 
 
 #: Lines between two progress reports.

@@ -210,3 +210,45 @@ def test_chunks_cut_anywhere(tmp_path, monkeypatch):
     monkeypatch.setattr(bulk_lex, "CHUNK_BYTES", 301)
     _equal_runs(tmp_path, BUNDLED, BUNDLED_REQ)
     assert CODE["SPECTRACE", ""] in bulk_lex._HEAD
+
+
+def _tokens(rng: random.Random) -> list[str]:
+    """Integer-like tokens: every digit count 0 to 20, signs, leading zeros, other bytes."""
+    toks = ["0", "-0", "00", "07", "1", "9", "10", "99999999", "100000000", "-1", "-12345678"]
+    for _ in range(3000):
+        n = rng.randrange(0, 21)
+        t = "".join(rng.choice("0123456789") for _ in range(n))
+        if rng.random() < 0.2:
+            t = "-" + t
+        if t and rng.random() < 0.1:
+            j = rng.randrange(len(t))
+            t = t[:j] + rng.choice("+-.:/a\x7f") + t[j + 1 :]
+        toks.append(t)
+    return toks
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_integers_read_as_the_canonical_pattern_reads_them(seed):
+    """_int_fast (its one-word fast path and the general reader it leaves the rest to) reads
+    ``0|-?[1-9]\\d{0,17}`` as int() does and rejects anything else (up to 16 digits: longer
+    integers are the regex path's)."""
+    import re
+
+    canonical = re.compile(r"0|-?[1-9]\d{0,17}")
+    toks = [t for t in _tokens(random.Random(seed)) if len(t) - t.startswith("-") <= 16]
+    line = ("".join(f"v={t} " for t in toks) + "\n").encode()
+    buf = bulk_vec.Buf(line, 0, len(line))
+    lens = np.array([len(t) for t in toks])
+    starts = np.cumsum(lens + 3) - lens - 1  # past "v="
+    ok, val = bulk_vec._int_fast(buf, starts, starts + lens)
+    want = [canonical.fullmatch(t) is not None for t in toks]
+    assert ok.tolist() == want
+    assert val[ok].tolist() == [int(t) for t, w in zip(toks, want) if w]
+
+
+def test_ragged_lists_padded_in_order():
+    from spectrace.hooks.vt.bulk_commit import padded
+
+    got = padded(np.array([5, 6, 7, 8, 9, 10]), np.array([2, 0, 3, 1]), 4, -1)
+    assert got.tolist() == [[5, 6, -1, -1], [-1, -1, -1, -1], [7, 8, 9, -1], [10, -1, -1, -1]]
+    assert padded(np.zeros(0, np.int64), np.zeros(0, np.int64), 0, -1).shape == (0, 1)
