@@ -58,14 +58,48 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             header = json.loads(f.read(n))
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: cannot read the safetensors header ({exc})") from None
+    if not isinstance(header, dict):
+        raise InputError(f"{path}: not a safetensors file (the header is not a JSON object)")
+    size = path.stat().st_size
     out = {}
     for name, v in header.items():
         if name == "__metadata__":
             continue
-        b, e = v["data_offsets"]
-        shape = tuple(int(x) for x in v["shape"])
-        out[name] = TensorInfo(v["dtype"], shape, path, 8 + n + b, 8 + n + e)
+        t = _tensor_info(path, name, v, 8 + n)
+        if t.end > size:
+            raise InputError(
+                f"{path}: truncated: tensor {name!r} ends at byte {t.end}, the file has {size}"
+            )
+        out[name] = t
     return out
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _tensor_info(path: Path, name: str, v: object, base: int) -> TensorInfo:
+    """One header entry as a :class:`TensorInfo` (``base``: where the data starts).
+
+    Raises:
+        InputError: the entry lacks a string dtype, a shape of ints >= 0 or two ordered
+            ``data_offsets`` (names the tensor and the field).
+    """
+    d = v if isinstance(v, dict) else {}
+    shape, offsets, dtype = d.get("shape"), d.get("data_offsets"), d.get("dtype")
+    bad = (
+        "dtype" if not isinstance(dtype, str)
+        else "shape" if not isinstance(shape, list) or not all(map(_is_int, shape))
+        else "data_offsets" if not isinstance(offsets, list) or len(offsets) != 2
+        or not all(map(_is_int, offsets)) or offsets[0] > offsets[1]
+        else None
+    )  # fmt: skip
+    if bad is not None:
+        got = d.get(bad) if isinstance(v, dict) else v
+        raise InputError(
+            f"{path}: not a safetensors header: tensor {name!r} (field={bad}, value={got!r})"
+        )
+    return TensorInfo(dtype, tuple(shape), path, base + offsets[0], base + offsets[1])  # type: ignore
 
 
 def read_small(t: TensorInfo) -> np.ndarray:
@@ -94,9 +128,12 @@ def read_tensors(ckpt: Path) -> tuple[dict[str, TensorInfo], list[str]]:
     index = ckpt / "model.safetensors.index.json"
     if index.exists():
         try:
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError) as exc:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise InputError(f"{index}: unreadable index ({exc})") from None
+        if not all(isinstance(f, str) and f for f in files):
+            raise InputError(f"{index}: unreadable index (weight_map values are not file names)")
     else:
         files = sorted(p.name for p in ckpt.glob("*.safetensors"))
     tensors: dict[str, TensorInfo] = {}
