@@ -80,9 +80,10 @@ def format_version(path: str, f: h5py.File) -> tuple[str | None, list[Problem]]:
         what = "malformed format version (expected MAJOR.MINOR)"
         return None, [Problem(path, "format_version", what, version)]
     if int(m.group(1)) != schema.MAJOR_VERSION:
+        newer = int(m.group(1)) > schema.MAJOR_VERSION  # an older file needs no upgrade
         what = (
             f"trace format version {version} is not supported; this spectrace reads "
-            f"{schema.MAJOR_VERSION}.x (upgrade spectrace)"
+            f"{schema.MAJOR_VERSION}.x ({'upgrade spectrace' if newer else 'an older format'})"
         )
         return None, [Problem(path, "format_version", what)]
     return version, []
