@@ -14,7 +14,9 @@
 6. the fixture took one string as its characters (``requests="01"`` selected requests 0
    and 1);
 7. a trace of an older major format said "upgrade spectrace"; the viewer explained a
-   request only one side has as "accepted a different number of drafts earlier".
+   request only one side has as "accepted a different number of drafts earlier";
+8. a complete file whose ``flushed_rows`` attribute is below its rows was read cut to that
+   count without a word (``validate``: valid), and a negative one was an internal error.
 """
 
 from __future__ import annotations
@@ -447,3 +449,41 @@ def test_the_viewer_explains_a_skipped_position_of_a_matched_request(tmp_path):
         "accepted a different number of drafts earlier and skipped this position, so there "
         "is nothing to compare."
     )
+
+
+# -- 8. the announced row count of a complete file ----------------------------------------------
+
+
+def _announced(tmp_path: Path, value: int) -> Path:
+    p = shutil.copy(REF, tmp_path / "t.h5")  # 139 blocks, complete, no flushed_rows
+    with h5py.File(p, "a") as f:
+        f["blocks"].attrs["flushed_rows"] = value
+    return Path(p)
+
+
+def test_a_complete_file_announcing_fewer_rows_is_damaged(tmp_path):
+    p = _announced(tmp_path, 10)
+    want = (
+        f"{p}: flushed_rows attribute below the 139 block rows of a complete file "
+        f"(field=/blocks.flushed_rows, value=10)"
+    )
+    r = run_inproc("info", p)
+    assert r.returncode == 2 and _error(r.stderr) == f"spectrace: error: {want}"
+    v = run_inproc("validate", p)
+    assert (v.returncode, v.stdout) == (1, want + "\n")
+
+
+def test_a_negative_announced_count_is_damaged(tmp_path):
+    p = _announced(tmp_path, -5)
+    r = run_inproc("check", p)
+    assert r.returncode == 2
+    want = f"spectrace: error: {p}: damaged trace file (flushed_rows attribute -5 is negative)"
+    assert _error(r.stderr) == want
+
+
+@pytest.mark.parametrize("value", [139, 500])
+def test_a_complete_file_announcing_its_rows_reads_whole(tmp_path, value):
+    p = _announced(tmp_path, value)
+    r = run_inproc("info", p, "--format", "json")
+    assert r.returncode == 0 and json.loads(r.stdout)["blocks"] == 139
+    assert run_inproc("validate", p).stdout == f"{p}: valid\n"
