@@ -16,7 +16,9 @@
 7. a trace of an older major format said "upgrade spectrace"; the viewer explained a
    request only one side has as "accepted a different number of drafts earlier";
 8. a complete file whose ``flushed_rows`` attribute is below its rows was read cut to that
-   count without a word (``validate``: valid), and a negative one was an internal error.
+   count without a word (``validate``: valid), and a negative one was an internal error;
+9. ``validate`` called a file without a status, or with one no writer writes, valid (every
+   reader takes it for a file still being written).
 """
 
 from __future__ import annotations
@@ -487,3 +489,28 @@ def test_a_complete_file_announcing_its_rows_reads_whole(tmp_path, value):
     r = run_inproc("info", p, "--format", "json")
     assert r.returncode == 0 and json.loads(r.stdout)["blocks"] == 139
     assert run_inproc("validate", p).stdout == f"{p}: valid\n"
+
+
+# -- 9. a file status no writer writes ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("status, shown", [(None, ""), ("weird", ", value='weird'")])
+def test_validate_reports_an_unknown_status(tmp_path, status, shown):
+    p = _trace(tmp_path / "t.h5")
+    with h5py.File(p, "a") as f:
+        if status is None:
+            del f.attrs["status"]
+        else:
+            f.attrs["status"] = status
+    r = run_inproc("validate", p)
+    want = f"{p}: unknown file status (expected recording or complete) (field=status{shown})\n"
+    assert (r.returncode, r.stdout) == (1, want)
+
+
+@pytest.mark.parametrize("status", ["recording", "complete"])
+def test_validate_takes_the_writers_statuses(tmp_path, status):
+    p = _trace(tmp_path / "t.h5")
+    with h5py.File(p, "a") as f:
+        f.attrs["status"] = status
+    r = run_inproc("validate", p)
+    assert (r.returncode, r.stdout) == (0, f"{p}: valid\n")

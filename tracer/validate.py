@@ -84,6 +84,12 @@ def _validate_open(path: str, f: h5py.File) -> list[Problem]:
     if structural:
         return problems  # columns of the wrong shape or type: their values mean nothing
     complete = is_complete(path, f)
+    status = f.attrs.get("status")
+    status = status.decode() if isinstance(status, bytes) else status
+    if status not in (schema.STATUS_RECORDING, schema.STATUS_COMPLETE):
+        # the reader takes it for a file still being written (capture_incomplete)
+        what = "unknown file status (expected recording or complete)"
+        problems.append(Problem(path, "status", what, status))
     if complete:
         problems += length_problems(path, f)
     tables: dict[str, dict[str, np.ndarray]] = {}
