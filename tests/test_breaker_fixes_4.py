@@ -18,7 +18,9 @@
 8. a complete file whose ``flushed_rows`` attribute is below its rows was read cut to that
    count without a word (``validate``: valid), and a negative one was an internal error;
 9. ``validate`` called a file without a status, or with one no writer writes, valid (every
-   reader takes it for a file still being written).
+   reader takes it for a file still being written);
+10. ``spectrace_regression`` passed a run that stopped drafting (or started) against its
+    golden when the outputs were the same (the diff's ``content_only`` pair).
 """
 
 from __future__ import annotations
@@ -514,3 +516,43 @@ def test_validate_takes_the_writers_statuses(tmp_path, status):
         f.attrs["status"] = status
     r = run_inproc("validate", p)
     assert (r.returncode, r.stdout) == (0, f"{p}: valid\n")
+
+
+# -- 10. regression goldens and runs without drafts ---------------------------------------------
+
+
+def _regression(tmp_path: Path, golden: Path, obtained: Path) -> str | None:
+    """What ``spectrace_regression.check(obtained)`` fails with against ``golden`` (None:
+    it passes)."""
+    from spectrace.tracer.testing.plugin import Regression
+
+    reg = Regression(tmp_path / "goldens" / "test_x.h5", regen=False)
+    reg.golden.parent.mkdir()
+    shutil.copyfile(golden, reg.golden)
+    try:
+        reg.check(obtained)
+    except pytest.fail.Exception as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("golden_blocks, obtained_blocks", [(1, 0), (0, 1)])
+def test_a_run_that_stops_or_starts_drafting_is_not_its_golden(
+    tmp_path, golden_blocks, obtained_blocks
+):
+    # the same request and output on both sides; one side has _trace's block at 2.
+    g = _trace(tmp_path / "g.h5", blocks=golden_blocks)
+    o = _trace(tmp_path / "o.h5", blocks=obtained_blocks)
+    got = _regression(tmp_path, g, o)
+    assert got is not None
+    assert got.splitlines()[0] == (
+        "spectrace: drafts do not match: agreement 0/0 cannot meet 100.0%: no paired block "
+        "(one side has no draft blocks: content_only)"
+    )
+    assert (tmp_path / "goldens" / "test_x.obtained.h5").is_file()
+
+
+@pytest.mark.parametrize("blocks", [0, 1])
+def test_a_run_like_its_golden_passes(tmp_path, blocks):
+    g, o = _trace(tmp_path / "g.h5", blocks=blocks), _trace(tmp_path / "o.h5", "r", blocks)
+    assert _regression(tmp_path, g, o) is None

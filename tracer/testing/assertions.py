@@ -109,5 +109,13 @@ def drafts_match_report(
 
 def goldens_match(obtained: Trace, golden: Trace) -> str | None:
     """Compare an obtained trace with its golden through the alignment (request ids and
-    timestamps never matter). Returns None when they match, else the diff summary."""
-    return drafts_match_report(obtained, golden, max_error_findings=0)
+    timestamps never matter). Returns None when they match, else the diff summary.
+
+    Drafts on either side must pair and agree (an explicit ``min_agreement`` of 1.0): a run
+    that stopped drafting, or started, is not the golden even with the same outputs (the
+    ``content_only`` pair that a plain diff passes); two runs without drafts compare their
+    outputs."""
+    drafted = len(obtained.blocks) > 0 or len(golden.blocks) > 0
+    return drafts_match_report(
+        obtained, golden, min_agreement=1.0 if drafted else None, max_error_findings=0
+    )
