@@ -20,7 +20,9 @@
 9. ``validate`` called a file without a status, or with one no writer writes, valid (every
    reader takes it for a file still being written);
 10. ``spectrace_regression`` passed a run that stopped drafting (or started) against its
-    golden when the outputs were the same (the diff's ``content_only`` pair).
+    golden when the outputs were the same (the diff's ``content_only`` pair), and kept the
+    first file of a trace of several as the golden (never matched again); the fixtures
+    took no list of files (TypeError).
 """
 
 from __future__ import annotations
@@ -556,3 +558,39 @@ def test_a_run_that_stops_or_starts_drafting_is_not_its_golden(
 def test_a_run_like_its_golden_passes(tmp_path, blocks):
     g, o = _trace(tmp_path / "g.h5", blocks=blocks), _trace(tmp_path / "o.h5", "r", blocks)
     assert _regression(tmp_path, g, o) is None
+
+
+def test_a_trace_of_several_files_is_no_golden(tmp_path):
+    from spectrace.tracer.testing.plugin import Regression
+
+    a, b = _trace(tmp_path / "run.dp0.h5", "a"), _trace(tmp_path / "run.dp1.h5", "b")
+    reg = Regression(tmp_path / "goldens" / "test_x.h5", regen=False)
+    with pytest.raises(pytest.fail.Exception) as exc:
+        reg.check([str(a), str(b)])
+    assert str(exc.value) == (
+        f"spectrace: a regression golden is one trace file; this trace has 2 ({a}, {b}): "
+        f"check each rank on its own"
+    )
+    assert not reg.golden.exists()
+
+
+def test_a_trace_of_one_file_becomes_the_golden(tmp_path):
+    from spectrace.tracer.testing.plugin import Regression
+
+    a = _trace(tmp_path / "run.h5")
+    reg = Regression(tmp_path / "goldens" / "test_x.h5", regen=False)
+    with pytest.raises(pytest.fail.Exception, match="golden trace written"):
+        reg.check(a)
+    assert reg.golden.read_bytes() == a.read_bytes()
+    reg.check(a)  # the second run passes
+
+
+def test_the_fixtures_take_a_list_of_rank_files(tmp_path, spectrace_assert_drafts_match):
+    a, b = _trace(tmp_path / "run.dp0.h5", "a"), _trace(tmp_path / "run.dp1.h5", "b")
+    spectrace_assert_drafts_match([a, b], [str(a), str(b)])  # passes: no exception
+
+
+def test_the_fixtures_take_a_glob_of_rank_files(tmp_path, spectrace_assert_drafts_match):
+    _trace(tmp_path / "run.dp0.h5", "a"), _trace(tmp_path / "run.dp1.h5", "b")
+    spectrace_assert_drafts_match(str(tmp_path / "run.dp*.h5"), tmp_path / "run.dp0.h5",
+                                  requests=["a"])  # fmt: skip

@@ -41,12 +41,15 @@ def pytest_addoption(parser) -> None:
 
 
 def _load(path, requests=None, workdir=None):
-    """A :class:`Trace` as is; an HDF5 file or glob opened; any other file imported as a
-    ``VT_SPEC_TRACE`` log into ``workdir`` (default: beside it) and opened."""
+    """A :class:`Trace` as is; an HDF5 file, a list of files or a glob opened; any other
+    file imported as a ``VT_SPEC_TRACE`` log into ``workdir`` (default: beside it) and
+    opened."""
     from ..store import Trace, open_trace
 
     if isinstance(path, Trace):
         return path
+    if isinstance(path, (list, tuple)):  # the files of one trace (ranks), as open_trace takes
+        return open_trace([str(x) for x in path])
     p = Path(path)
     if p.is_file():
         with open(p, "rb") as fh:
@@ -121,6 +124,13 @@ class Regression:
         from .assertions import goldens_match
 
         t = _load(trace)
+        if len(t.paths) != 1:  # a golden is one file: rank 0 alone would never match again
+            names = ", ".join(str(p) for p in t.paths)
+            pytest.fail(
+                f"spectrace: a regression golden is one trace file; this trace has "
+                f"{len(t.paths)} ({names}): check each rank on its own",
+                pytrace=False,
+            )
         src = Path(t.paths[0])
         self.golden.parent.mkdir(parents=True, exist_ok=True)
         if self.regen or not self.golden.exists():
