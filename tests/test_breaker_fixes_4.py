@@ -6,8 +6,9 @@
    without its header line and no Parquet file at all (the run vanished from the dataset);
 2. ``validate`` called the importers' own traces invalid: a request's last block cut at the
    end of its output records fewer emitted tokens than ``accepted + 1``;
-3. ``inspect-draft`` on a malformed safetensors header or shard index was an internal
-   error, and a truncated weight file passed (only headers are read);
+3. ``inspect-draft`` on a malformed safetensors header or shard index, or a config whose
+   size field is not an integer (``"vocab_size": "big"``), was an internal error; a
+   truncated weight file passed (only headers are read); ``--k 0`` and ``--k -1`` passed;
 4. ``--meta engine=`` stored an empty engine (blank in ``info``, unknown in ``diff``), and
    a key given twice kept the last silently;
 5. ``diff GOLDEN RUN... BAD`` diffed the runs before it found BAD unreadable;
@@ -305,6 +306,49 @@ def test_the_whole_weight_file_inspects_clean(tmp_path):
     r = run_inproc("inspect-draft", d)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.splitlines()[-1] == "verdict: 0 errors, 0 warnings"
+
+
+@pytest.mark.parametrize(
+    "edit, field, value",
+    [
+        ({"vocab_size": "2048"}, "vocab_size", "'2048'"),
+        ({"hidden_size": [64]}, "hidden_size", "[64]"),
+        ({"num_hidden_layers": True}, "num_hidden_layers", "True"),
+        ({"text_config": {"vocab_size": 2048.5}}, "text_config.vocab_size", "2048.5"),
+    ],
+)
+def test_a_config_size_that_is_no_integer_is_bad_input(tmp_path, edit, field, value):
+    for side in ("draft", "target"):  # the checkpoint's config, then --target's
+        d = tmp_path / side
+        shutil.copytree(DRAFT, d)
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**cfg, **edit}))
+    r = run_inproc("inspect-draft", tmp_path / "draft")
+    key = field.split(".")[-1]
+    want = f"{tmp_path}/draft/config.json: {key} is not an integer (field={field}, value={value})"
+    assert r.returncode == 2 and _error(r.stderr) == f"spectrace: error: {want}"
+    shutil.rmtree(tmp_path / "draft")
+    shutil.copytree(DRAFT, tmp_path / "draft")
+    r = run_inproc("inspect-draft", tmp_path / "draft", "--target", tmp_path / "target")
+    want = want.replace("/draft/", "/target/")
+    assert r.returncode == 2 and _error(r.stderr) == f"spectrace: error: {want}"
+
+
+def test_a_config_with_unknown_sizes_inspects(tmp_path):
+    d = tmp_path / "draft"
+    shutil.copytree(DRAFT, d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "head_dim": None}))
+    r = run_inproc("inspect-draft", d, "--target", DRAFT)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("k, code", [("0", 2), ("-1", 2), ("1", 0), ("4", 0)])
+def test_k_must_be_a_positive_draft_count(k, code):
+    r = run_inproc("inspect-draft", ROOT / "engine" / "models" / "dspark", "--k", k)
+    assert r.returncode == code, r.stdout + r.stderr
+    if code == 2:
+        assert f"Invalid value for '--k': {k} is not in the range x>=1" in _error(r.stderr)
 
 
 # -- 4. --meta ----------------------------------------------------------------------------------

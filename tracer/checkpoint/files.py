@@ -147,7 +147,8 @@ def load_config(path: Path) -> dict:
     """A ``config.json`` as a dict.
 
     Raises:
-        InputError: unreadable, not JSON, or not a JSON object.
+        InputError: unreadable, not JSON, not a JSON object, or a size field of
+            :data:`INT_FIELDS` that is not an integer.
     """
     try:
         d = json.loads(path.read_text())
@@ -157,7 +158,33 @@ def load_config(path: Path) -> dict:
         raise InputError(f"{path}: not JSON ({exc})") from None
     if not isinstance(d, dict):
         raise InputError(f"{path}: not a JSON object")
+    _check_sizes(path, d)
     return d
+
+
+#: Config fields the checks compare as integers (sizes, counts, ids), at any nesting level
+#: (``text_config``, ``transformer_layer_config``, ``speculators_config``); null is unknown.
+INT_FIELDS = frozenset(
+    {
+        "vocab_size", "draft_vocab_size", "hidden_size", "target_hidden_size",
+        "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "max_position_embeddings", "block_size",
+        "dspark_block_size", "mask_token_id", "dspark_noise_token_id", "markov_rank",
+        "full_attention_interval",
+    }
+)  # fmt: skip
+
+
+def _check_sizes(path: Path, d: dict, where: str = "") -> None:
+    """Raises InputError naming the first field of :data:`INT_FIELDS` that holds no integer
+    (``"vocab_size": "big"`` was a TypeError deep inside a check)."""
+    for key, v in d.items():
+        if isinstance(v, dict):
+            _check_sizes(path, v, f"{where}{key}.")
+        elif (
+            key in INT_FIELDS and v is not None and (isinstance(v, bool) or not isinstance(v, int))
+        ):
+            raise InputError(f"{path}: {key} is not an integer (field={where}{key}, value={v!r})")
 
 
 def text_config(d: dict) -> dict:
