@@ -165,7 +165,7 @@ def length_problems(path: str, f: h5py.File) -> list[Problem]:
 
 
 def _at_least(value: object, n: int) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= n
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and int(value) >= n
 
 
 def _plain(value: object) -> object:
