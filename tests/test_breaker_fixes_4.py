@@ -23,7 +23,8 @@
 10. ``spectrace_regression`` passed a run that stopped drafting (or started) against its
     golden when the outputs were the same (the diff's ``content_only`` pair), and kept the
     first file of a trace of several as the golden (never matched again); the fixtures
-    took no list of files (TypeError).
+    took no list of files (TypeError);
+11. an empty trace argument (``info ''``) read as the current folder ("is a directory").
 """
 
 from __future__ import annotations
@@ -638,3 +639,24 @@ def test_the_fixtures_take_a_glob_of_rank_files(tmp_path, spectrace_assert_draft
     _trace(tmp_path / "run.dp0.h5", "a"), _trace(tmp_path / "run.dp1.h5", "b")
     spectrace_assert_drafts_match(str(tmp_path / "run.dp*.h5"), tmp_path / "run.dp0.h5",
                                   requests=["a"])  # fmt: skip
+
+
+# -- 11. an empty trace argument ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("info", ""), ("check", " "), ("validate", ""), ("diff", REF, ""), ("export", "", "-o", "x")],
+)
+def test_an_empty_trace_path_is_named_as_such(tmp_path, monkeypatch, args):
+    monkeypatch.chdir(tmp_path)
+    r = run_inproc(*args)
+    assert r.returncode == 2
+    assert _error(r.stderr) == "spectrace: error: an empty trace path; name the trace file"
+
+
+def test_a_trace_path_in_the_current_folder_reads(tmp_path, monkeypatch):
+    _trace(tmp_path / "t.h5")
+    monkeypatch.chdir(tmp_path)
+    r = run_inproc("info", "t.h5", "--format", "json")
+    assert r.returncode == 0 and json.loads(r.stdout)["blocks"] == 1
