@@ -24,7 +24,9 @@
     golden when the outputs were the same (the diff's ``content_only`` pair), and kept the
     first file of a trace of several as the golden (never matched again); the fixtures
     took no list of files (TypeError);
-11. an empty trace argument (``info ''``) read as the current folder ("is a directory").
+11. an empty trace argument (``info ''``) read as the current folder ("is a directory");
+12. ``spectrace_assert_drafts_match`` and ``spectrace_regression`` imported a log given to
+    them beside it, replacing a ``LOG.h5`` already there (the user's own trace).
 """
 
 from __future__ import annotations
@@ -660,3 +662,38 @@ def test_a_trace_path_in_the_current_folder_reads(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     r = run_inproc("info", "t.h5", "--format", "json")
     assert r.returncode == 0 and json.loads(r.stdout)["blocks"] == 1
+
+
+# -- 12. the fixtures import a log into the test's tmp dir --------------------------------------
+
+
+def _log_beside_a_trace(tmp_path: Path) -> tuple[Path, Path]:
+    src = tmp_path / "src"
+    src.mkdir()
+    log = src / "run.vt.log"
+    shutil.copyfile(ROOT / "traces" / "reference.vt.log", log)
+    mine = src / "run.vt.log.h5"
+    shutil.copyfile(VLLM, mine)  # the user's own trace under the name an import would take
+    return log, mine
+
+
+def test_the_drafts_fixture_imports_a_log_elsewhere(tmp_path, spectrace_assert_drafts_match):
+    log, mine = _log_beside_a_trace(tmp_path)
+    spectrace_assert_drafts_match(log, log)  # the log against itself: passes
+    assert mine.read_bytes() == VLLM.read_bytes()
+    assert sorted(p.name for p in log.parent.iterdir()) == ["run.vt.log", "run.vt.log.h5"]
+    assert (tmp_path / "spectrace-ours" / "run.vt.log.h5").is_file()
+
+
+def test_the_regression_fixture_imports_a_log_elsewhere(tmp_path, spectrace_regression):
+    log, mine = _log_beside_a_trace(tmp_path)
+    spectrace_regression.golden = tmp_path / "goldens" / "g.h5"
+    with pytest.raises(pytest.fail.Exception, match="golden trace written"):
+        spectrace_regression.check(log)
+    assert mine.read_bytes() == VLLM.read_bytes()
+    assert sorted(p.name for p in log.parent.iterdir()) == ["run.vt.log", "run.vt.log.h5"]
+
+
+def test_the_fixtures_open_a_trace_in_place(tmp_path, spectrace_assert_drafts_match):
+    spectrace_assert_drafts_match(REF, VLLM)
+    assert not (tmp_path / "spectrace-ours" / "reference.h5.h5").exists()
