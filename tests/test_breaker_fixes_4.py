@@ -26,7 +26,8 @@
     took no list of files (TypeError);
 11. an empty trace argument (``info ''``) read as the current folder ("is a directory");
 12. ``spectrace_assert_drafts_match`` and ``spectrace_regression`` imported a log given to
-    them beside it, replacing a ``LOG.h5`` already there (the user's own trace).
+    them beside it, replacing a ``LOG.h5`` already there (the user's own trace);
+13. ``export --format jsonl`` wrote an infinite margin as ``Infinity``, which is no JSON.
 """
 
 from __future__ import annotations
@@ -697,3 +698,45 @@ def test_the_regression_fixture_imports_a_log_elsewhere(tmp_path, spectrace_regr
 def test_the_fixtures_open_a_trace_in_place(tmp_path, spectrace_assert_drafts_match):
     spectrace_assert_drafts_match(REF, VLLM)
     assert not (tmp_path / "spectrace-ours" / "reference.h5.h5").exists()
+
+
+# -- 13. JSONL is standard JSON -----------------------------------------------------------------
+
+
+def _strict(line: str) -> dict:
+    def refuse(token):
+        raise ValueError(f"not JSON: {token}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def _margins_trace(path: Path, req: str, margins: list[float], target: float) -> Path:
+    with TraceWriter(path, {"k": 2}, flush_interval=0) as w:
+        w.request(req, prompt_ids=[1, 2], output_ids=[3, 4, 5], finish_reason="length")
+        w.add_block(req, 0, 2, 3, [4, 5], verified=[4, 5], accepted=2, emitted=[4, 5, 6],
+                    draft_margin=margins, target_margin=target)  # fmt: skip
+    return path
+
+
+def test_an_infinite_margin_is_a_json_number(tmp_path):
+    inf = float("inf")
+    t = _margins_trace(tmp_path / "t.h5", "q", [inf, 0.5], -inf)
+    assert run_inproc("export", t, "-o", tmp_path / "o", "--format", "jsonl").returncode == 0
+    line = (tmp_path / "o" / "blocks.jsonl").read_text().splitlines()[0]
+    assert '"draft_margin": [1e999, 0.5], "target_margin": -1e999}' in line
+    row = _strict(line)
+    assert (row["draft_margin"], row["target_margin"]) == ([inf, 0.5], -inf)
+
+
+def test_finite_margins_are_written_as_json_writes_them(tmp_path):
+    # a request id that spells the word takes the careful path: the same text
+    t = _margins_trace(tmp_path / "t.h5", "Infinity", [0.25, float("nan")], 2.0)
+    assert run_inproc("export", t, "-o", tmp_path / "o", "--format", "jsonl").returncode == 0
+    line = (tmp_path / "o" / "blocks.jsonl").read_text().splitlines()[0]
+    row = _strict(line)
+    assert line == json.dumps(row)
+    assert (row["req_id"], row["draft_margin"], row["target_margin"]) == (
+        "Infinity",
+        [0.25, None],
+        2.0,
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -137,7 +138,7 @@ class _Sinks:
         fh = self.files[table]
         for row in rows:
             if self.fmt == "jsonl":
-                fh.write(json.dumps(row) + "\n")
+                fh.write(_json_line(row) + "\n")
                 continue
             self.writers[table].writerow(
                 {k: json.dumps(v) if isinstance(v, list) else v for k, v in row.items()}
@@ -146,3 +147,21 @@ class _Sinks:
     def close(self) -> None:
         for fh in self.files.values():
             fh.close()
+
+
+def _json_line(row: dict) -> str:
+    """One JSONL row: standard JSON even for an infinite margin (``1e999``, which JSON's
+    number grammar allows and Python, DuckDB, Spark and JavaScript read as infinity;
+    ``Infinity`` is no JSON). NaN is already None (:func:`export.plain_rows`)."""
+    line = json.dumps(row)
+    if "Infinity" not in line:  # the fast path: no float is infinite
+        return line
+    return "{" + ", ".join(f"{json.dumps(k)}: {_json_value(v)}" for k, v in row.items()) + "}"
+
+
+def _json_value(v: object) -> str:
+    if isinstance(v, float) and math.isinf(v):
+        return "1e999" if v > 0 else "-1e999"
+    if isinstance(v, list):
+        return "[" + ", ".join(_json_value(x) for x in v) + "]"
+    return json.dumps(v)
