@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -233,24 +233,36 @@ def _arrow_array(pa, col: object, type_):
     return pa.ListArray.from_arrays(pa.array(col.offsets, pa.int32()), values, mask=mask)
 
 
-def partitions(columns: dict[str, object]) -> Iterator[tuple[str, int, np.ndarray]]:
-    """``(run, rank, row indices)`` of each partition of a column dict."""
-    ranks = np.asarray(columns["rank"])
-    run = columns["run"][0] if len(ranks) else ""  # type: ignore[index]
-    for rank in np.unique(ranks).tolist():
-        yield str(run), int(rank), np.flatnonzero(ranks == rank)
+def partitions(
+    columns: dict[str, object], ranks: Sequence[int] = ()
+) -> Iterator[tuple[str, int, np.ndarray]]:
+    """``(run, rank, row indices)`` of each partition of a column dict: every rank with rows,
+    and every rank of ``ranks`` (the run's files) even without one."""
+    rank_col = np.asarray(columns["rank"])
+    runs = columns["run"]
+    run = runs[0] if len(rank_col) else ""  # type: ignore[index]
+    for rank in sorted(set(np.unique(rank_col).tolist()) | set(ranks)):
+        yield str(run), int(rank), np.flatnonzero(rank_col == rank)
 
 
-def write_parquet(columns: dict[str, object], table: str, out: Path) -> list[Path]:
+def write_parquet(
+    columns: dict[str, object],
+    table: str,
+    out: Path,
+    run: str = "",
+    ranks: Sequence[int] = (),
+) -> list[Path]:
     """Write one run's table as ``out/<table>/run=R/rank=N/part-0.parquet`` files (the
-    partition keys live in the directory names only). Returns the files written."""
+    partition keys live in the directory names only). Every rank of ``ranks`` (the run
+    ``run``'s files) gets its file, with no row when it has none: an empty rank or run is
+    still in the dataset. Returns the files written."""
     pq = require("pyarrow.parquet")
 
     full = to_arrow(columns, table)
     written = []
-    for run, rank, rows in partitions(columns):
+    for name, rank, rows in partitions(columns, ranks):
         part = full.take(rows).drop_columns(list(PARTITION_KEYS))
-        d = out / table / f"run={run}" / f"rank={rank}"
+        d = out / table / f"run={name or run}" / f"rank={rank}"
         d.mkdir(parents=True, exist_ok=True)
         pq.write_table(part, d / "part-0.parquet")
         written.append(d / "part-0.parquet")

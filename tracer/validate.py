@@ -7,7 +7,9 @@ invariants of :mod:`spectrace.tracer.schema`:
 
 * ``0 <= k <= width(proposed)``; ``num_verified`` is -1 or ``<= k`` and ``<= width(verified)``;
   ``accepted`` is -1 or ``0 <= accepted <= num_verified`` (``<= k`` when verified is unknown);
-* ``num_emitted`` is -1 or ``accepted + 1`` where both are known, and ``<= width(emitted)``;
+* ``num_emitted`` is -1 or ``accepted + 1`` where both are known (fewer at the end of the
+  request's prompt + output: a request's last block cut at ``max_tokens`` or a stop, as the
+  golden and llama-dump importers record what the output shows), and ``<= width(emitted)``;
 * ``blocks/request`` indexes a request of the same file (a live file may point past its
   flushed requests); a verified block's ``position`` lies within the request's prompt +
   output when its output ids are known; ids are token ids (``>= 0``) or the ``-1`` pad;
@@ -82,6 +84,12 @@ def _validate_open(path: str, f: h5py.File) -> list[Problem]:
     if structural:
         return problems  # columns of the wrong shape or type: their values mean nothing
     complete = is_complete(path, f)
+    status = f.attrs.get("status")
+    status = status.decode() if isinstance(status, bytes) else status
+    if status not in (schema.STATUS_RECORDING, schema.STATUS_COMPLETE):
+        # the reader takes it for a file still being written (capture_incomplete)
+        what = "unknown file status (expected recording or complete)"
+        problems.append(Problem(path, "status", what, status))
     if complete:
         problems += length_problems(path, f)
     tables: dict[str, dict[str, np.ndarray]] = {}
@@ -123,6 +131,8 @@ def _block_problems(
     width = {name: b[name].shape[1] for name in ("proposed", "verified", "emitted")}
     k, nv, acc, ne = b["k"], b["num_verified"], b["accepted"], b["num_emitted"]
     known_v, known_a, known_e = nv >= 0, acc >= 0, ne >= 0
+    seq, _ = _sequence_lengths(b, req, nreq)
+    cut = (seq >= 0) & (b["position"].astype(np.int64) + ne == seq - 1) & (ne <= acc)
     checks: list[tuple[str, str, np.ndarray, np.ndarray]] = [
         ("blocks/k", f"k outside [0, width of proposed = {width['proposed']}]", k,
          (k < 0) | (k > width["proposed"])),
@@ -134,7 +144,7 @@ def _block_problems(
         ("blocks/accepted", "accepted > k", acc, known_a & ~known_v & (acc > k)),
         ("blocks/num_emitted", "num_emitted below -1", ne, ne < -1),
         ("blocks/num_emitted", "num_emitted != accepted + 1", ne,
-         known_e & known_a & (ne != acc.astype(np.int32) + 1)),
+         known_e & known_a & (ne != acc.astype(np.int32) + 1) & ~cut),
         ("blocks/num_emitted", f"num_emitted > width of emitted = {width['emitted']}",
          ne, ne > width["emitted"]),
         ("blocks/position", "negative position", b["position"], b["position"] < 0),
@@ -166,13 +176,7 @@ def _position_problems(
     the prompt (prompt known), before its last token: a block drafts from the last verified
     token, at the earliest the last prompt token (every engine and importer anchors the
     first block on the first output token, at ``len(prompt)``)."""
-    r = b["request"]
-    ok = (r >= 0) & (r < nreq)
-    pairs = list(zip(req["prompt_ids"], req["output_ids"]))
-    lengths = np.array([len(p) + len(o) if len(o) else -1 for p, o in pairs], np.int64)
-    prompts = np.array([len(p) for p, _ in pairs], np.int64)
-    seq, prompt = np.full(len(r), -1, np.int64), np.zeros(len(r), np.int64)
-    seq[ok], prompt[ok] = lengths[r[ok]], prompts[r[ok]]
+    seq, prompt = _sequence_lengths(b, req, nreq)
     pos = b["position"]
     past = (seq >= 0) & (b["num_verified"] >= 0) & (pos >= seq)
     before = pos < prompt - 1
@@ -184,6 +188,21 @@ def _position_problems(
         what = "position inside the prompt (before its last token, len(prompt) - 1)"
         out.append(_rows(path, "blocks/position", what, pos, before))
     return out
+
+
+def _sequence_lengths(
+    b: dict[str, np.ndarray], req: dict[str, np.ndarray], nreq: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per block (int64 [n]): its request's prompt + output length (-1: output unknown or
+    request out of range) and prompt length (0 when out of range)."""
+    r = b["request"]
+    ok = (r >= 0) & (r < nreq)
+    pairs = list(zip(req["prompt_ids"], req["output_ids"]))
+    lengths = np.array([len(p) + len(o) if len(o) else -1 for p, o in pairs], np.int64)
+    prompts = np.array([len(p) for p, _ in pairs], np.int64)
+    seq, prompt = np.full(len(r), -1, np.int64), np.zeros(len(r), np.int64)
+    seq[ok], prompt[ok] = lengths[r[ok]], prompts[r[ok]]
+    return seq, prompt
 
 
 def _request_problems(path: str, req: dict[str, np.ndarray]) -> list[Problem]:

@@ -113,6 +113,13 @@ def explain(
             f"{head} The request's final proposal: drafted after the last common "
             f"token and never verified, so it compares with nothing."
         )
+    elif not win.paired[i] and not pair.matched:
+        who, other = ("ours", "theirs") if a["has"][i] else ("theirs", "ours")
+        side = a if a["has"][i] else b
+        parts.append(
+            f"{head} Only {who} drafted from here ({drafts(side)}): no request of {other} "
+            f"matches this one, so there is nothing to compare."
+        )
     elif not win.paired[i]:
         who, other = ("ours", "theirs") if a["has"][i] else ("theirs", "ours")
         side = a if a["has"][i] else b

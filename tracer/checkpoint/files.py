@@ -58,14 +58,48 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             header = json.loads(f.read(n))
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: cannot read the safetensors header ({exc})") from None
+    if not isinstance(header, dict):
+        raise InputError(f"{path}: not a safetensors file (the header is not a JSON object)")
+    size = path.stat().st_size
     out = {}
     for name, v in header.items():
         if name == "__metadata__":
             continue
-        b, e = v["data_offsets"]
-        shape = tuple(int(x) for x in v["shape"])
-        out[name] = TensorInfo(v["dtype"], shape, path, 8 + n + b, 8 + n + e)
+        t = _tensor_info(path, name, v, 8 + n)
+        if t.end > size:
+            raise InputError(
+                f"{path}: truncated: tensor {name!r} ends at byte {t.end}, the file has {size}"
+            )
+        out[name] = t
     return out
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _tensor_info(path: Path, name: str, v: object, base: int) -> TensorInfo:
+    """One header entry as a :class:`TensorInfo` (``base``: where the data starts).
+
+    Raises:
+        InputError: the entry lacks a string dtype, a shape of ints >= 0 or two ordered
+            ``data_offsets`` (names the tensor and the field).
+    """
+    d = v if isinstance(v, dict) else {}
+    shape, offsets, dtype = d.get("shape"), d.get("data_offsets"), d.get("dtype")
+    bad = (
+        "dtype" if not isinstance(dtype, str)
+        else "shape" if not isinstance(shape, list) or not all(map(_is_int, shape))
+        else "data_offsets" if not isinstance(offsets, list) or len(offsets) != 2
+        or not all(map(_is_int, offsets)) or offsets[0] > offsets[1]
+        else None
+    )  # fmt: skip
+    if bad is not None:
+        got = d.get(bad) if isinstance(v, dict) else v
+        raise InputError(
+            f"{path}: not a safetensors header: tensor {name!r} (field={bad}, value={got!r})"
+        )
+    return TensorInfo(dtype, tuple(shape), path, base + offsets[0], base + offsets[1])  # type: ignore
 
 
 def read_small(t: TensorInfo) -> np.ndarray:
@@ -94,9 +128,12 @@ def read_tensors(ckpt: Path) -> tuple[dict[str, TensorInfo], list[str]]:
     index = ckpt / "model.safetensors.index.json"
     if index.exists():
         try:
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError) as exc:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise InputError(f"{index}: unreadable index ({exc})") from None
+        if not all(isinstance(f, str) and f for f in files):
+            raise InputError(f"{index}: unreadable index (weight_map values are not file names)")
     else:
         files = sorted(p.name for p in ckpt.glob("*.safetensors"))
     tensors: dict[str, TensorInfo] = {}
@@ -110,7 +147,8 @@ def load_config(path: Path) -> dict:
     """A ``config.json`` as a dict.
 
     Raises:
-        InputError: unreadable, not JSON, or not a JSON object.
+        InputError: unreadable, not JSON, not a JSON object, or a size field of
+            :data:`INT_FIELDS` that is not an integer.
     """
     try:
         d = json.loads(path.read_text())
@@ -120,7 +158,33 @@ def load_config(path: Path) -> dict:
         raise InputError(f"{path}: not JSON ({exc})") from None
     if not isinstance(d, dict):
         raise InputError(f"{path}: not a JSON object")
+    _check_sizes(path, d)
     return d
+
+
+#: Config fields the checks compare as integers (sizes, counts, ids), at any nesting level
+#: (``text_config``, ``transformer_layer_config``, ``speculators_config``); null is unknown.
+INT_FIELDS = frozenset(
+    {
+        "vocab_size", "draft_vocab_size", "hidden_size", "target_hidden_size",
+        "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "max_position_embeddings", "block_size",
+        "dspark_block_size", "mask_token_id", "dspark_noise_token_id", "markov_rank",
+        "full_attention_interval",
+    }
+)  # fmt: skip
+
+
+def _check_sizes(path: Path, d: dict, where: str = "") -> None:
+    """Raises InputError naming the first field of :data:`INT_FIELDS` that holds no integer
+    (``"vocab_size": "big"`` was a TypeError deep inside a check)."""
+    for key, v in d.items():
+        if isinstance(v, dict):
+            _check_sizes(path, v, f"{where}{key}.")
+        elif (
+            key in INT_FIELDS and v is not None and (isinstance(v, bool) or not isinstance(v, int))
+        ):
+            raise InputError(f"{path}: {key} is not an integer (field={where}{key}, value={v!r})")
 
 
 def text_config(d: dict) -> dict:

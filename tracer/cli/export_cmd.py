@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -54,17 +55,22 @@ def export_cmd(trace: tuple[str, ...], fmt: str, out: str, runs: tuple[str, ...]
         raise InputError(f"--run given {len(runs)} times for {len(trace)} traces")
     check_outputs({"-o": out}, {f"TRACE {t}": t for t in trace}, force=force, traces=())
     target = Path(out)
-    if target.exists():
-        _clear(target)
     partial = target.with_name(target.name + ".partial")
+    for p in (target, partial):
+        _check_replaceable(p, force)
     shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    try:
+        partial.mkdir(parents=True)
+    except OSError as exc:
+        raise InputError(f"{partial}: cannot create the export folder ({exc.strerror})") from None
     try:
         with progress(2 * len(trace), f"export {fmt}") as cb:  # a bar on a TTY only
             names, counts = _write(trace, runs, fmt, partial, export, open_trace, cb)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
+    if target.exists():  # --force: the earlier export goes only once the new one is whole
+        shutil.rmtree(target)
     partial.rename(target)
     output.say(
         f"exported {counts[0]} blocks and {counts[1]} requests of {len(names)} run(s) "
@@ -72,20 +78,25 @@ def export_cmd(trace: tuple[str, ...], fmt: str, out: str, runs: tuple[str, ...]
     )
 
 
-def _clear(target: Path) -> None:
-    """Remove an earlier export at ``target`` (``--force``); refuse any other folder."""
+def _check_replaceable(path: Path, force: bool) -> None:
+    """Refuse to replace ``path`` (the output or its ``.partial``) unless it is absent, or an
+    earlier export and ``--force`` is given (the output itself is checked by
+    ``check_outputs``; a ``.partial`` a killed export left is named here)."""
     from ..errors import InputError
 
-    entries = {p.name for p in target.iterdir()} if target.is_dir() else {"?"}
+    if not path.exists() and not path.is_symlink():
+        return
+    if not force:
+        raise InputError(f"{path}: exists (an interrupted export?); pass --force to overwrite it")
+    entries = {p.name for p in path.iterdir()} if path.is_dir() else {"?"}
     if not entries <= _EXPORT_ENTRIES:
-        raise InputError(f"{target}: exists and is not an export folder; not overwritten")
-    shutil.rmtree(target)
+        raise InputError(f"{path}: exists and is not an export folder; not overwritten")
 
 
 def _write(trace, runs, fmt: str, folder: Path, export, open_trace, cb) -> tuple[list, list]:
     names: list[str] = []
     counts = [0, 0]
-    sinks = _Sinks(folder, fmt) if fmt != "parquet" else None
+    sinks = _Sinks(folder, fmt, export.TABLES) if fmt != "parquet" else None
     try:
         for i, spec in enumerate(trace):
             t = open_trace(spec)
@@ -93,13 +104,14 @@ def _write(trace, runs, fmt: str, folder: Path, export, open_trace, cb) -> tuple
                 name = runs[i] if runs else export.run_name(t)
                 names.append(name)
                 export.check_run_names(names)
+                ranks = export.file_ranks(t)
                 blocks = export.block_columns(t, name)
                 reqs = export.request_columns(t, name)
                 counts[0] += len(t.blocks)
                 counts[1] += len(t.requests)
             for j, (table, cols) in enumerate((("blocks", blocks), ("requests", reqs))):
                 if sinks is None:
-                    export.write_parquet(cols, table, folder)
+                    export.write_parquet(cols, table, folder, name, ranks)
                 else:
                     sinks.write(table, export.plain_rows(cols))
                 cb(2 * i + j + 1, 2 * len(trace))
@@ -110,27 +122,46 @@ def _write(trace, runs, fmt: str, folder: Path, export, open_trace, cb) -> tuple
 
 
 class _Sinks:
-    """The open CSV or JSONL files of one export (one per table)."""
+    """The open CSV or JSONL files of one export (one per table); a CSV file has its header
+    line even when no row follows (a consumer still learns the columns)."""
 
-    def __init__(self, folder: Path, fmt: str) -> None:
+    def __init__(self, folder: Path, fmt: str, tables: dict) -> None:
         self.fmt = fmt
-        self.files = {
-            t: open(folder / f"{t}.{fmt}", "w", newline="") for t in ("blocks", "requests")
-        }
+        self.files = {t: open(folder / f"{t}.{fmt}", "w", newline="") for t in tables}
         self.writers: dict[str, csv.DictWriter] = {}
+        if fmt == "csv":
+            for t, fields in tables.items():
+                w = self.writers[t] = csv.DictWriter(self.files[t], [f[0] for f in fields])
+                w.writeheader()
 
     def write(self, table: str, rows) -> None:
         fh = self.files[table]
         for row in rows:
             if self.fmt == "jsonl":
-                fh.write(json.dumps(row) + "\n")
+                fh.write(_json_line(row) + "\n")
                 continue
-            w = self.writers.get(table)
-            if w is None:
-                w = self.writers[table] = csv.DictWriter(fh, fieldnames=list(row))
-                w.writeheader()
-            w.writerow({k: json.dumps(v) if isinstance(v, list) else v for k, v in row.items()})
+            self.writers[table].writerow(
+                {k: json.dumps(v) if isinstance(v, list) else v for k, v in row.items()}
+            )
 
     def close(self) -> None:
         for fh in self.files.values():
             fh.close()
+
+
+def _json_line(row: dict) -> str:
+    """One JSONL row: standard JSON even for an infinite margin (``1e999``, which JSON's
+    number grammar allows and Python, DuckDB, Spark and JavaScript read as infinity;
+    ``Infinity`` is no JSON). NaN is already None (:func:`export.plain_rows`)."""
+    line = json.dumps(row)
+    if "Infinity" not in line:  # the fast path: no float is infinite
+        return line
+    return "{" + ", ".join(f"{json.dumps(k)}: {_json_value(v)}" for k, v in row.items()) + "}"
+
+
+def _json_value(v: object) -> str:
+    if isinstance(v, float) and math.isinf(v):
+        return "1e999" if v > 0 else "-1e999"
+    if isinstance(v, list):
+        return "[" + ", ".join(_json_value(x) for x in v) + "]"
+    return json.dumps(v)

@@ -21,7 +21,7 @@ from .options import exit_verdict, format_option
 @click.option(
     "--k",
     "k",
-    type=int,
+    type=click.IntRange(min=1),
     default=None,
     help="Drafts per step to check against block_size (default: the config's).",
 )

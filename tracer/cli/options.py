@@ -62,8 +62,9 @@ def parse_meta(items: tuple[str, ...]) -> dict[str, object]:
     keys typed as text in ``schema.META_TYPES`` keep the text as given (``engine_version=1.2``).
 
     Raises:
-        click.BadParameter: not ``KEY=VALUE``, or a known key with a value of the wrong
-            type (``--meta k=four``), named as ``--meta KEY``.
+        click.BadParameter: not ``KEY=VALUE``, a key given twice, an empty value of a text
+            key (``--meta engine=``) or a known key with a value of the wrong type
+            (``--meta k=four``), named as ``--meta KEY``.
     """
     from .. import schema
 
@@ -72,8 +73,16 @@ def parse_meta(items: tuple[str, ...]) -> dict[str, object]:
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--meta")
+        if key in out:  # the last one winning would hide a typo'd command line
+            raise click.BadParameter(f"{key!r} given twice", param_hint=f"--meta {key}")
         value: object
         if schema.META_TYPES.get(key, ())[:1] == ("str",):
+            if not text.strip():  # '' is no engine name: leave the key out for unknown
+                raise click.BadParameter(
+                    f"an empty value (field={key}, value={text!r}); leave --meta {key} out "
+                    f"when it is unknown",
+                    param_hint=f"--meta {key}",
+                )
             value = text
         else:
             try:

@@ -9,7 +9,7 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
@@ -22,9 +22,6 @@ from .options import (
     gate_options,
     tokenizer_option,
 )
-
-if TYPE_CHECKING:
-    from ..store import Trace
 
 
 @click.command()
@@ -105,21 +102,24 @@ def diff(
 
     Exit status: 0 when every comparable block agrees (or the thresholds are met), 1 on an
     error finding, a differing comparable block or nothing comparable (any run), 2 on bad
-    input.
+    input (a run that cannot be read: before any run is diffed, nothing on stdout).
     """
     from ..diff import open_pair
     from ..diff_result import RunsResult
     from ..gate import gated_diff
     from ..request_table import request_rows
+    from ..store import open_trace
     from ..tokens import decoder_for
     from . import report
 
     sel, th = gate_from_options(**gate)
     results: list = []
-    golden: str | Trace = ours
+    golden = open_trace(ours)  # opened once
+    # Every run opens before any is diffed: an unreadable one is exit 2 at once, naming its
+    # file, and stdout never carries a verdict that leaves a run out.
+    opened = [open_trace(run) for run in theirs]
     for run in theirs:
-        a, b = open_pair(golden, run)
-        golden = a  # opened once
+        a, b = open_pair(golden, opened.pop(0))  # a run's columns go with its diff
         if _same_files(a.paths, b.paths):
             output.say(
                 f"note: ours and theirs are the same file ({run}): the diff compares the "

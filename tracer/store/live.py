@@ -85,9 +85,17 @@ def announce(f: h5py.File, rows: int) -> None:
 
 def announced(f: h5py.File) -> int | None:
     """Reader side: the block rows the writer announced, or None (a file of an older
-    writer, or no flush yet)."""
+    writer, or no flush yet).
+
+    Raises:
+        ValueError: a negative or non-integer count (a damaged file).
+    """
     v = f["blocks"].attrs.get(FLUSHED_ROWS)
-    return None if v is None else int(v)
+    if v is None:
+        return None
+    if int(v) < 0:  # ValueError: the open calls the file damaged (exit 2), not a bug
+        raise ValueError(f"{FLUSHED_ROWS} attribute {int(v)} is negative")
+    return int(v)
 
 
 def retrying(read: Callable[[], T], reopen: Callable[[], None], live: Callable[[], bool]) -> T:

@@ -72,6 +72,8 @@ def resolve_paths(spec: TraceSpec) -> list[Path]:
 def _expand(s: str) -> list[Path]:
     """The files of one spec item: a glob's sorted matches, or one path (or its partial); a
     file that exists is itself, whatever its name holds (``run[1].h5`` is no pattern then)."""
+    if not s.strip():  # Path("") is ".", the current folder: never meant
+        raise InputError("an empty trace path; name the trace file")
     if any(ch in s for ch in "*?[") and not os.path.lexists(s):
         matches = sorted(_glob.glob(s))
         if not matches:

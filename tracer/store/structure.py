@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import schema
 from ..errors import TraceFormatError
+from .live import FLUSHED_ROWS
 
 _VERSION_RE = re.compile(r"(\d+)\.(\d+)")
 
@@ -80,9 +81,10 @@ def format_version(path: str, f: h5py.File) -> tuple[str | None, list[Problem]]:
         what = "malformed format version (expected MAJOR.MINOR)"
         return None, [Problem(path, "format_version", what, version)]
     if int(m.group(1)) != schema.MAJOR_VERSION:
+        newer = int(m.group(1)) > schema.MAJOR_VERSION  # an older file needs no upgrade
         what = (
             f"trace format version {version} is not supported; this spectrace reads "
-            f"{schema.MAJOR_VERSION}.x (upgrade spectrace)"
+            f"{schema.MAJOR_VERSION}.x ({'upgrade spectrace' if newer else 'an older format'})"
         )
         return None, [Problem(path, "format_version", what)]
     return version, []
@@ -153,7 +155,21 @@ def length_problems(path: str, f: h5py.File) -> list[Problem]:
                     path, f"/{table}", f"columns of unequal length in a complete file: {spread}"
                 )
             )
+    told = f["blocks"].attrs.get(FLUSHED_ROWS)
+    rows = f["blocks"]["k"].shape[0] if "k" in f["blocks"] else None
+    if told is not None and rows is not None and not _at_least(told, rows):
+        # the reader reads at most the announced rows: a smaller count would hide the rest
+        what = f"{FLUSHED_ROWS} attribute below the {rows} block rows of a complete file"
+        problems.append(Problem(path, f"/blocks.{FLUSHED_ROWS}", what, _plain(told)))
     return problems
+
+
+def _at_least(value: object, n: int) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and int(value) >= n
+
+
+def _plain(value: object) -> object:
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def shared_request(paths: list, files: list[h5py.File]) -> str | None:

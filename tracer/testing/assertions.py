@@ -9,7 +9,14 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable
 
-from ..gate import PositionSpec, Selection, Thresholds, counted_errors, gated_diff
+from ..gate import (
+    PositionSpec,
+    Selection,
+    Thresholds,
+    counted_errors,
+    gated_diff,
+    parse_positions,
+)
 from ..store import Trace, open_trace
 from ..tokens import Decoder, decoder_for, show
 
@@ -33,7 +40,7 @@ def drafts_match_report(
     *,
     min_agreement: float | None = None,
     max_error_findings: int = 0,
-    positions: PositionSpec = None,
+    positions: PositionSpec | str = None,
     ignore: Iterable[str] = (),
     requests: Iterable[str] | None = None,
     tokenizer=None,
@@ -53,9 +60,11 @@ def drafts_match_report(
         max_error_findings: most error findings tolerated (kinds in ``ignore`` not counted).
         positions: restrict the comparison to these anchor positions: a range or slice
             (half-open), ``(A, None)`` / ``(None, B)`` for an open end (``--positions A:`` /
-            ``:B``), or an iterable of ints (those positions).
-        ignore: finding kinds to ignore (e.g. ``{"degenerate_output"}``).
-        requests: restrict the comparison to these request ids (ours or theirs).
+            ``:B``), the text ``"A:B"``, or an iterable of ints (those positions).
+        ignore: finding kinds to ignore (e.g. ``{"degenerate_output"}``; one string is one
+            kind).
+        requests: restrict the comparison to these request ids (ours or theirs; one string
+            is one id).
         tokenizer: tokenizer path to decode ids (default: the one recorded in the traces).
     Returns:
         None when the drafts match; otherwise a short failure text: the first divergent block
@@ -66,6 +75,14 @@ def drafts_match_report(
             ``max_error_findings``, an unknown kind in ``ignore``, bad ``positions`` or a
             request id that neither trace has (``no request 'x' (known: ...)``).
     """
+    # One string is one kind, one request id, or ``A:B`` as ``--positions`` takes it: never
+    # its characters (requests="01" selected requests "0" and "1").
+    if isinstance(ignore, str):
+        ignore = (ignore,)
+    if isinstance(requests, str):
+        requests = (requests,)
+    if isinstance(positions, str):
+        positions = parse_positions(positions)
     th = Thresholds(min_agreement, max_error_findings, frozenset(ignore))
     sel = Selection.of(requests, positions)
     a = ours if isinstance(ours, Trace) else open_trace(ours)
@@ -92,5 +109,13 @@ def drafts_match_report(
 
 def goldens_match(obtained: Trace, golden: Trace) -> str | None:
     """Compare an obtained trace with its golden through the alignment (request ids and
-    timestamps never matter). Returns None when they match, else the diff summary."""
-    return drafts_match_report(obtained, golden, max_error_findings=0)
+    timestamps never matter). Returns None when they match, else the diff summary.
+
+    Drafts on either side must pair and agree (an explicit ``min_agreement`` of 1.0): a run
+    that stopped drafting, or started, is not the golden even with the same outputs (the
+    ``content_only`` pair that a plain diff passes); two runs without drafts compare their
+    outputs."""
+    drafted = len(obtained.blocks) > 0 or len(golden.blocks) > 0
+    return drafts_match_report(
+        obtained, golden, min_agreement=1.0 if drafted else None, max_error_findings=0
+    )

@@ -41,12 +41,15 @@ def pytest_addoption(parser) -> None:
 
 
 def _load(path, requests=None, workdir=None):
-    """A :class:`Trace` as is; an HDF5 file or glob opened; any other file imported as a
-    ``VT_SPEC_TRACE`` log into ``workdir`` (default: beside it) and opened."""
+    """A :class:`Trace` as is; an HDF5 file, a list of files or a glob opened; any other
+    file imported as a ``VT_SPEC_TRACE`` log into ``workdir`` (default: beside it) and
+    opened."""
     from ..store import Trace, open_trace
 
     if isinstance(path, Trace):
         return path
+    if isinstance(path, (list, tuple)):  # the files of one trace (ranks), as open_trace takes
+        return open_trace([str(x) for x in path])
     p = Path(path)
     if p.is_file():
         with open(p, "rb") as fh:
@@ -71,8 +74,16 @@ def spectrace_load(tmp_path):
     return lambda path, requests=None: _load(path, requests, tmp_path)
 
 
+def _workdir(tmp_path: Path, side: str) -> Path:
+    """Where a fixture imports a log given as ``side``: the test's tmp dir, never beside the
+    log (that wrote into the source tree and replaced a ``LOG.h5`` already there)."""
+    d = tmp_path / f"spectrace-{side}"
+    d.mkdir(exist_ok=True)
+    return d
+
+
 @pytest.fixture
-def spectrace_assert_drafts_match():
+def spectrace_assert_drafts_match(tmp_path):
     """``check(ours, theirs, *, min_agreement=None, max_error_findings=0, positions=None,
     ignore=(), requests=None, tokenizer=None)``: fail the test unless our drafts match theirs
     (the same gate as ``spectrace diff --min-agreement F --max-errors N --positions A:B
@@ -94,7 +105,8 @@ def spectrace_assert_drafts_match():
     def check(ours, theirs, **kw) -> None:
         from .assertions import drafts_match_report
 
-        msg = drafts_match_report(_load(ours), _load(theirs), **kw)
+        a = _load(ours, workdir=_workdir(tmp_path, "ours"))
+        msg = drafts_match_report(a, _load(theirs, workdir=_workdir(tmp_path, "theirs")), **kw)
         if msg:
             pytest.fail(msg, pytrace=False)
 
@@ -111,16 +123,24 @@ class Regression:
     matter.
     """
 
-    def __init__(self, golden: Path, regen: bool) -> None:
+    def __init__(self, golden: Path, regen: bool, workdir: Path | None = None) -> None:
         self.golden = golden
         self.obtained = golden.with_name(golden.stem + ".obtained.h5")
         self.regen = regen
+        self.workdir = workdir  # where a log given to check() is imported (None: beside it)
 
     def check(self, trace) -> None:
         """Compare ``trace`` (a path or Trace) with the golden; see the class docstring."""
         from .assertions import goldens_match
 
-        t = _load(trace)
+        t = _load(trace, workdir=self.workdir)
+        if len(t.paths) != 1:  # a golden is one file: rank 0 alone would never match again
+            names = ", ".join(str(p) for p in t.paths)
+            pytest.fail(
+                f"spectrace: a regression golden is one trace file; this trace has "
+                f"{len(t.paths)} ({names}): check each rank on its own",
+                pytrace=False,
+            )
         src = Path(t.paths[0])
         self.golden.parent.mkdir(parents=True, exist_ok=True)
         if self.regen or not self.golden.exists():
@@ -147,7 +167,9 @@ def spectrace_regression(request) -> Regression:
     path = Path(request.node.path)
     name = request.node.name.replace("/", "_").replace("[", "_").replace("]", "")
     return Regression(
-        path.parent / path.stem / f"{name}.h5", request.config.getoption("spectrace_regen")
+        path.parent / path.stem / f"{name}.h5",
+        request.config.getoption("spectrace_regen"),
+        _workdir(request.getfixturevalue("tmp_path"), "obtained"),
     )
 
 
