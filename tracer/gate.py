@@ -288,7 +288,8 @@ def check_known(sel: Selection, known: Iterable[str]) -> None:
     if missing:
         shown = sorted(ids)[:KNOWN_SHOWN]
         more = ", ..." if len(ids) > KNOWN_SHOWN else ""
-        raise GateError("requests", f"no request {missing[0]!r} (known: {', '.join(shown)}{more})")
+        listed = ", ".join(shown) + more if ids else "none: the traces hold no request"
+        raise GateError("requests", f"no request {missing[0]!r} (known: {listed})")
 
 
 #: Known request ids an unknown ``--request`` lists.

@@ -64,7 +64,8 @@ def read_requests(path: str | os.PathLike) -> dict[str, RequestRecord]:
     Returns:
         req_id (str) -> :class:`RequestRecord`, in file order.
     Raises:
-        InputError: missing file, or ``FILE:LINE: what`` for a bad line.
+        InputError: missing file, or ``FILE:LINE: what`` for a bad line (a ``req_id`` given
+            twice is one: which line would hold the request's ids is unknown).
     """
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -73,10 +74,16 @@ def read_requests(path: str | os.PathLike) -> dict[str, RequestRecord]:
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read requests file ({exc})") from None
     out: dict[str, RequestRecord] = {}
+    first: dict[str, int] = {}
     for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
             rec = _request_from_json(line, f"{path}:{n}")
-            out[rec.req_id] = rec
+            if rec.req_id in first:
+                raise InputError(
+                    f"{path}:{n}: req_id {rec.req_id!r} given twice (first at line "
+                    f"{first[rec.req_id]})"
+                )
+            out[rec.req_id], first[rec.req_id] = rec, n
     return out
 
 

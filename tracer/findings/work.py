@@ -158,12 +158,13 @@ def capture(s: SideInput) -> Finding | None:
     """capture_incomplete: the engine did not exit cleanly (non-zero exit status, a signal),
     the capture was interrupted or aborted, the trace disagrees with the engine's own
     counters (/meta ``checks`` status ``mismatch``), an import dropped trace lines or found
-    blocks at positions their request had passed (chain breaks), or a capture or import
-    recorded nothing at all (no block, no request): work is missing from the trace."""
+    blocks at positions their request had passed (chain breaks), or the trace holds nothing
+    at all (no block, no request; whoever wrote it): work is missing from the trace."""
     td = s.td
     ev = capture_end(td.t.meta, td.t.status)
-    recorded = "capture" in td.t.meta or "import" in td.t.meta
-    ev["empty"] = recorded and len(td.t.blocks) == 0 and len(td.t.requests) == 0
+    # No block and no request: whatever wrote the trace (a capture, an import, the plugin
+    # or the API) recorded no work, and a verdict on nothing would read as agreement.
+    ev["empty"] = len(td.t.blocks) == 0 and len(td.t.requests) == 0
     how, log = _how(ev), _log_how(ev)
     if how:
         message = (
@@ -178,8 +179,8 @@ def capture(s: SideInput) -> Finding | None:
         )
     elif ev["empty"]:
         message = (
-            f"{td.side}: the capture recorded nothing: no draft block and no request reached "
-            f"it (did the command run with drafts and print trace lines?)"
+            f"{td.side}: the trace recorded nothing: no draft block and no request reached "
+            f"it (did the engine run with drafts, under the capture or the plugin?)"
         )
     else:
         return None
