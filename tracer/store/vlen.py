@@ -30,3 +30,23 @@ def write_ragged(ds: h5py.Dataset, rows: dict[int, Sequence[int]]) -> None:
         for j in range(a, b):
             ids[j - a] = np.asarray(rows[j], dtype=np.int32)
         ds.write_direct(ids, dest_sel=np.s_[a:b])
+
+
+#: The /requests columns in the order of the writer's request rows ``[req_id, prompt ids,
+#: output ids, finish reason]``.
+REQUEST_FIELDS = ("req_id", "prompt_ids", "output_ids", "finish_reason")
+
+
+def write_request_rows(g, requests: list[list], lo: int, hi: int, old: int,
+                       fields: Sequence[str]) -> None:  # fmt: skip
+    """Write rows ``lo:hi`` of ``requests`` (the writer's ``[req_id, prompt, output,
+    finish_reason]`` lists) into the /requests columns ``fields`` (``g``: column name ->
+    dataset): strings in one write each, ragged ids only where there are some for rows
+    from ``old`` on (new rows read as empty)."""
+    rows = requests[lo:hi]
+    for name in fields:
+        col = REQUEST_FIELDS.index(name)
+        if name in ("req_id", "finish_reason"):
+            g[name][lo:hi] = np.array([r[col] for r in rows], dtype=object)
+        else:
+            write_ragged(g[name], {i: r[col] for i, r in enumerate(rows, lo) if r[col] or i < old})
