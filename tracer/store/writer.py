@@ -27,7 +27,7 @@ from ..errors import InputError
 from .amend import amend_meta as amend_meta  # re-exported: callers of the writer
 from .live import announce
 from .paths import final_path, partial_path
-from .vlen import REQUEST_FIELDS, row_runs, write_request_rows
+from .vlen import REQUEST_FIELDS, finished_runs, row_runs, write_request_rows
 
 _STR = h5py.string_dtype("utf-8")
 _VLEN_I32 = h5py.vlen_dtype(np.int32)
@@ -415,7 +415,7 @@ class TraceWriter:
         whole = self._dirty_requests
         for lo, hi in row_runs(sorted(whole)):
             write_request_rows(g, self._requests, lo, hi, old, REQUEST_FIELDS)
-        for lo, hi in row_runs(sorted(self._dirty_outputs - whole)):
+        for lo, hi in finished_runs(self._requests, self._dirty_outputs - whole):
             write_request_rows(g, self._requests, lo, hi, old, REQUEST_FIELDS[2:])
         self._dirty_requests, self._dirty_outputs = set(), set()
 
