@@ -197,10 +197,10 @@ class TraceWriter:
                 self._dirty_requests.add(idx)
             row = self._requests[idx]
             if prompt_ids is not None:
-                row[1] = [int(t) for t in prompt_ids]
+                row[1] = list(map(int, prompt_ids))
                 self._dirty_requests.add(idx)  # new rows and prompts: the whole row
             if output_ids is not None:
-                row[2] = [int(t) for t in output_ids]
+                row[2] = list(map(int, output_ids))
             if finish_reason is not None:
                 row[3] = str(finish_reason)
             if output_ids is not None or finish_reason is not None:
