@@ -280,7 +280,7 @@ class TraceWriter:
             ValueError: columns of different lengths or an unknown column name.
         """
         with self._lock:
-            self._flush_locked()
+            self._flush_locked(sync=False)  # the rows added before first; one sync below
             n = len(next(iter(columns.values())))
             known = {c.name: c for c in schema.BLOCK_COLUMNS}
             for name, arr in columns.items():
@@ -328,7 +328,7 @@ class TraceWriter:
             if not self._closed:
                 self._flush_locked()
 
-    def _flush_locked(self) -> None:
+    def _flush_locked(self, sync: bool = True) -> None:
         wrote = False
         if self._blocks["request"]:
             self._flush_table("blocks", schema.BLOCK_COLUMNS, self._blocks)
@@ -345,7 +345,7 @@ class TraceWriter:
             self._write_meta()
             self._meta_dirty = False
             wrote = True
-        if wrote:
+        if wrote and sync:
             self._file.flush()
 
     def _flush_table(
