@@ -166,7 +166,10 @@ def _install_timers(t: Timers) -> None:
     t.wrap(TraceWriter, "flush", "writer: 1 s flush (flush thread)")
     # the margins' own part of _greedy_sample (the rest is vLLM's logits and argmax, whose
     # thread time swings with the machine's load from generate to generate)
-    t.wrap(margins, "margin_of", "drafter margins alone (margin_of)")
+    t.wrap(margins, "margin_of", "drafter margins alone (per depth)")
+    if hasattr(margins.MarginTap, "host_top2"):  # the CPU path (the subtraction, once per
+        # step, runs inside the recorder's time, as main's per-step margins matrix did)
+        t.wrap(margins.MarginTap, "host_top2", "drafter margins alone (per depth)")
     install = v1.install_margins
 
     def install_timed(drafter):

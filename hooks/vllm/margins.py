@@ -14,8 +14,12 @@ waits for a core that a loaded machine has given to another process (measured be
 2 busy cores: about 3 ms per call in torch, 40 us in numpy, for [64, 2048] float32). Off the
 CPU (or for dtypes numpy lacks) the same steps run in torch (several times cheaper than
 ``torch.topk(2)``). Both equal ``topk(2)``'s values bit for bit (ties: a second maximal cell
-stays, margin 0). The per-step values are gathered once per engine step
-(:meth:`MarginTap.matrix`), not once per depth; on a GPU that is still a device-to-host copy
+stays, margin 0). On the CPU path the tap keeps each depth's top-1 and top-2 and subtracts
+them once per engine step (:meth:`MarginTap.host_top2`; beside vLLM each numpy call costs
+5-10 us, several times its cost alone, so calls are what to save; the row maximum itself,
+about 90 us there, reads the logits from memory). The per-step values are gathered once per
+engine step (:meth:`MarginTap.matrix`), not once per depth; whether margins are wanted is
+read once per step too. On a GPU that is still a device-to-host copy
 and a sync, so margins are off there unless ``SPECTRACE_MARGINS=1`` (``0`` turns them off
 everywhere). The local-argmax and heterogeneous-vocabulary paths are left alone (no margins:
 NaN).
@@ -37,14 +41,46 @@ class MarginTap:
     of top-1 minus top-2 logits per draft depth, rows in the input batch's order."""
 
     def __init__(self) -> None:
+        #: per depth: the margins ([B] tensor or array), or a host ``(top1, top2)`` pair
+        #: whose difference :meth:`_depths` takes once per engine step (:meth:`host_top2`)
         self.steps: list = []
         self._depth_rows: list[np.ndarray] | None = None  # steps on the host, float32 [B_d]
         self._grid: np.ndarray | None = None  # the same as one [depth, B] array, if uniform
+        self.wanted: bool | None = None  # this step's decision (:func:`_wanted`), made once
+        self._rows = np.zeros(0, np.int64)  # arange(B), kept for the next depth and step
 
     def reset(self) -> None:
         """Forget what was recorded (called before each engine step)."""
         self.steps = []
-        self._depth_rows = self._grid = None
+        self._depth_rows = self._grid = self.wanted = None
+
+    def host_top2(self, logits, idx) -> bool:
+        """Record the top-1 and top-2 of CPU float32/float64 ``logits`` [B, V] given their
+        argmax ``idx`` [B] (:func:`margin_of`'s numpy steps, with the subtraction left to
+        :meth:`_depths`: one per engine step, not one per depth). Returns False, recording
+        nothing, for other logits (not on the host, needing grad, other dtypes or shapes)."""
+        try:
+            a, i = logits.numpy(), idx.numpy()
+        except (TypeError, RuntimeError):  # off the host, bfloat16, requires grad
+            return False
+        if a.ndim != 2 or a.dtype not in _HOST_NP_DTYPES or i.ndim != 1:
+            return False
+        r = self._rows
+        if len(r) != len(i):
+            r = self._rows = np.arange(len(i))
+        top1 = a[r, i]
+        a[r, i] = -np.inf
+        top2 = a.max(axis=1)
+        a[r, i] = top1
+        self.steps.append((top1, top2))
+        return True
+
+    def uniform(self, b: int, k: int) -> np.ndarray | None:
+        """``matrix(arange(b), [k] * b, k)`` when the step recorded exactly ``k`` depths of
+        ``b`` rows each (the usual step: a [b, k] float32 view), else None."""
+        self._depths()
+        g = self._grid
+        return g.T if g is not None and g.shape == (k, b) else None
 
     def _depths(self) -> list[np.ndarray]:
         """The recorded depths as float32 host arrays: one transfer per engine step when
@@ -53,6 +89,15 @@ class MarginTap:
             import torch
 
             s = self.steps
+            if s and all(type(t) is tuple for t in s) and len({len(t[0]) for t in s}) == 1:
+                with np.errstate(invalid="ignore"):  # -inf - -inf: NaN, as in margin_of
+                    g = np.array([t[0] for t in s]) - np.array([t[1] for t in s])
+                self._grid = g.astype(np.float32, copy=False)
+                self._depth_rows = list(self._grid)
+                return self._depth_rows
+            if any(type(t) is tuple for t in s):
+                with np.errstate(invalid="ignore"):
+                    s = [t[0] - t[1] if type(t) is tuple else t for t in s]
             uniform = bool(s) and len({len(t) for t in s}) == 1
             if uniform and all(isinstance(t, np.ndarray) for t in s):  # the CPU path
                 self._grid = np.stack(s).astype(np.float32, copy=False)
@@ -131,6 +176,7 @@ def _torch_margin(logits, idx):
 
 
 _HOST_DTYPES = ("torch.float32", "torch.float64")
+_HOST_NP_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def margin_of(logits, idx):
@@ -164,14 +210,17 @@ def install_margins(drafter) -> MarginTap | None:
 
     @functools.wraps(orig)
     def _greedy_sample(hidden_states):
-        plain = not getattr(drafter, "use_local_argmax_reduction", False) and not getattr(
-            drafter, "use_heterogeneous_vocab", False
-        )
-        if not plain or not _wanted(hidden_states.device.type):
+        if tap.wanted is None:  # decided once per engine step (MarginTap.reset)
+            plain = not getattr(drafter, "use_local_argmax_reduction", False) and not getattr(
+                drafter, "use_heterogeneous_vocab", False
+            )
+            tap.wanted = plain and _wanted(hidden_states.device.type)
+        if not tap.wanted:
             return orig(hidden_states)
         logits = drafter.model.compute_logits(hidden_states)
         idx = logits.argmax(dim=-1)  # vLLM's own draft (the plain path of _greedy_sample)
-        tap.steps.append(margin_of(logits, idx))
+        if not tap.host_top2(logits, idx):
+            tap.steps.append(margin_of(logits, idx))
         return idx
 
     drafter._greedy_sample = _greedy_sample

@@ -19,17 +19,23 @@ def trim_output(
     Returns:
         (the ids the user receives, ``"stop"`` | ``"length"`` | None when no condition hit).
     """
-    tokens = [int(t) for t in tokens]
+    tokens = list(map(int, tokens))
     eos = getattr(sampling_params, "eos_token_id", None)
     stops = set(getattr(sampling_params, "stop_token_ids", None) or ())
+    if eos is not None:
+        stops.add(eos)
     max_tokens = getattr(sampling_params, "max_tokens", None)
-    for n, t in enumerate(tokens, 1):
-        if (eos is not None and t == eos) or t in stops:
-            return tokens[:n], "stop"
-        if (max_model_len and num_prompt_tokens + n >= max_model_len) or (
-            max_tokens is not None and n >= max_tokens
-        ):
-            return tokens[:n], "length"
+    # the first n (1-based) that stops, and the first that reaches a length limit; at the
+    # same n the stop token wins (check_stop tests it first). list.index, not a loop.
+    stop = min((tokens.index(t) + 1 for t in stops if t in tokens), default=None)
+    limits = [max_tokens] if max_tokens is not None else []
+    if max_model_len:
+        limits.append(max_model_len - num_prompt_tokens)
+    length = max(min(limits), 1) if limits else None
+    if stop is not None and (length is None or stop <= length):
+        return tokens[:stop], "stop"
+    if length is not None and length <= len(tokens):
+        return tokens[:length], "length"
     return tokens, None
 
 

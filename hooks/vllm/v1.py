@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ from .common import SpecTraceLayoutError, is_warmup, require_attrs, vllm_version
 from .margins import install_margins
 from .sampling import trim_output
 from .session import Session, close_on_shutdown
-from .v1_join import StepJoiner, StepVerdicts, new_chunk, ragged
+from .v1_join import StepJoiner, StepProposals, StepVerdicts, new_chunk
 
 _V1_RUNNER_ATTRS = (
     "sample_tokens",
@@ -121,16 +122,20 @@ class V1Recorder:
         if md is None:  # nothing verified in this step
             b = len(req_ids)
             return req_ids, np.full((b, 0), -1, np.int64), np.zeros(b, np.int64)
-        counts = np.asarray(md.num_draft_tokens, dtype=np.int64).reshape(-1)
+        nd = md.num_draft_tokens
+        if type(nd) is not list:
+            nd = np.asarray(nd, dtype=np.int64).reshape(-1).tolist()
         flat = _host_ids(md.draft_token_ids)
-        if len(counts) != len(req_ids) or int(counts.sum()) != len(flat):
+        total = sum(nd)
+        if len(nd) != len(req_ids) or total != len(flat):
             raise RuntimeError(
-                f"spec-decode metadata does not match the batch ({len(counts)} rows, "
-                f"{int(counts.sum())} drafts vs {len(req_ids)} requests, {len(flat)} ids)"
+                f"spec-decode metadata does not match the batch ({len(nd)} rows, "
+                f"{total} drafts vs {len(req_ids)} requests, {len(flat)} ids)"
             )
-        w = int(counts.max()) if len(counts) else 0
-        if len(counts) and (counts == w).all():
-            return req_ids, flat.reshape(len(counts), w), counts
+        w = max(nd) if nd else 0
+        if nd and nd.count(w) == len(nd):  # the usual step: k drafts per row
+            return req_ids, flat.reshape(len(nd), w), np.full(len(nd), w, np.int64)
+        counts = np.array(nd, dtype=np.int64)
         vmat = np.full((len(counts), max(w, 1)), -1, np.int64)
         vmat[np.arange(vmat.shape[1])[None, :] < counts[:, None]] = flat
         return req_ids, vmat, counts
@@ -161,8 +166,7 @@ class V1Recorder:
                             getattr(state, "sampling_params", None),
                         )
             self._all_seen = all(s.seen(rid) for rid in live)
-        emat, elen = ragged(_emitted_by_row(req_ids, out_ids, sampled))
-        verdicts = StepVerdicts(vmat, vlen, emat, elen)
+        verdicts = StepVerdicts(vmat, vlen, _emitted_by_row(req_ids, out_ids, sampled))
         cols = self.joiner.close_step(live, rows, verdicts, s.request_row)
         if cols is not None:
             s.add_block_columns(cols)
@@ -177,10 +181,8 @@ class V1Recorder:
         if req_ids != self._batch:
             self._batch = req_ids
             rows = [i for i, rid in enumerate(req_ids) if not is_warmup(rid)]
-            self._rows = (
-                [req_ids[i] for i in rows],
-                np.asarray(rows, dtype=np.int64),
-            )
+            self._rows = ([req_ids[i] for i in rows], np.asarray(rows, dtype=np.int64))
+            self._rows[1].flags.writeable = False  # shared by the steps' chunks (batch_row)
             self._all_seen = False
         return self._rows
 
@@ -201,6 +203,10 @@ class V1Recorder:
         uniform = hasattr(proposals, "tolist") and getattr(proposals, "ndim", 0) == 2
         if uniform:  # [B, k]: the model drafter
             props = _host_ids(proposals).reshape(proposals.shape)
+            if props.shape == (len(req_ids), props.shape[1]) and self._open_all(
+                req_ids, live_ids, live, v, props
+            ):
+                return
             plen = np.full(len(props), props.shape[1], np.int64)
         else:  # lists (n-gram): possibly shorter than k, or empty
             props = proposals.tolist() if hasattr(proposals, "tolist") else proposals
@@ -236,6 +242,29 @@ class V1Recorder:
         opened = live_ids if len(rows) == len(live_ids) else [req_ids[i] for i in rows]
         self.joiner.open_step(opened, chunk)
 
+    def _open_all(self, req_ids, live_ids, live, v: StepVerdicts, props) -> bool:
+        """:meth:`_open_proposals` for the usual step, in a dozen numpy calls: every batch
+        row is recorded, emitted a token and proposed ``props`` [B, k] (k >= 1, int64, a
+        copy). Returns False (nothing done) for any other step."""
+        b, k = props.shape
+        if not k or len(live) != b or not v.all_emitted:
+            return False
+        batch, m = self.runner.input_batch, self.margins
+        pos = np.subtract(np.asarray(batch.num_tokens_no_spec)[:b], 1, dtype=np.int64)
+        anchor = np.asarray(batch.token_ids_cpu)[live, pos].astype(np.int64)
+        if anchor.tolist() != [e[-1] for e in v.rows]:
+            return False  # _open_proposals names the row
+        lens = np.full(b, k, np.int64)
+        gaps = None
+        if m is not None:
+            gaps = m.uniform(b, k)
+            if gaps is None:
+                gaps = m.matrix(live, lens, k)
+        chunk = StepProposals(self.session.step, pos, anchor, props, lens, live, b,
+                              time.time_ns(), gaps)  # fmt: skip
+        self.joiner.open_step(live_ids, chunk)
+        return True
+
     # -- requests --------------------------------------------------------------------------
 
     def _finish(self, req_id: str, state, final: bool) -> None:
@@ -265,10 +294,14 @@ class V1Recorder:
 
 
 def _host_ids(ids) -> np.ndarray:
-    """Token ids (a CPU tensor, an array or a list) as a flat int64 numpy array."""
+    """Token ids (a tensor, an array or a list) as a flat int64 numpy array (a copy: never
+    vLLM's memory)."""
     if hasattr(ids, "cpu"):
-        ids = ids.cpu().numpy()
-    return np.asarray(ids, dtype=np.int64).reshape(-1)
+        try:
+            ids = ids.numpy()  # a CPU tensor (a tensor elsewhere raises: copied to the host)
+        except (TypeError, RuntimeError):
+            ids = ids.cpu().numpy()
+    return np.array(ids, dtype=np.int64).reshape(-1)
 
 
 def _emitted_by_row(req_ids: list[str], out_ids: list[str], sampled: list) -> list:

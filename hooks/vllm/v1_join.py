@@ -78,12 +78,19 @@ def ragged(rows: list) -> tuple[np.ndarray, np.ndarray]:
     w = int(lens.max()) if n else 0
     if n and (lens == w).all():
         return np.array(rows, dtype=np.int64).reshape(n, w), lens
+    return _fill_rows(np.fromiter(itertools.chain.from_iterable(rows), np.int64), lens), lens
+
+
+def _fill_rows(flat: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Ids ``flat`` (row after row, ``lens`` [n] each) as the [n, w] int64 matrix
+    :func:`ragged` makes of the same lists (``w``: :func:`ragged_width`)."""
+    n, w = len(lens), ragged_width(lens)
+    if n and w and len(flat) == n * w:  # every row w long
+        return flat.reshape(n, w)
     out = np.full((n, max(w, 1)), PAD, dtype=np.int64)
-    total = int(lens.sum())
-    if total:  # a boolean mask fills row-major: row i's cells, in order
-        flat = np.fromiter(itertools.chain.from_iterable(rows), np.int64, total)
+    if len(flat):  # a boolean mask fills row-major: row i's cells, in order
         out[np.arange(out.shape[1])[None, :] < lens[:, None]] = flat
-    return out, lens
+    return out
 
 
 def ragged_width(lens: np.ndarray) -> int:
@@ -103,37 +110,62 @@ def fit(mat: np.ndarray, w: int, fill=PAD) -> np.ndarray:
     return out
 
 
-@dataclass
 class StepVerdicts:
     """One engine step's verdicts by batch row: ``verified`` [B, wv] / ``vlen`` [B] (the
-    drafts verified now; 0: none) and ``emitted`` [B, we] / ``elen`` [B] (the tokens
-    emitted; 0: none), int64 -1 padded."""
+    drafts verified now, int64 -1 padded; 0: none) and ``rows``, the B id lists emitted
+    (vLLM's ``sampled_token_ids`` in batch order; empty: none), read during the step only
+    (vLLM trims them in place later). Their ``emitted`` [B, we] / ``elen`` [B] matrix is
+    made on first use: the usual step never needs it (:meth:`flat`)."""
 
-    verified: np.ndarray
-    vlen: np.ndarray
-    emitted: np.ndarray
-    elen: np.ndarray
+    def __init__(self, verified: np.ndarray, vlen: np.ndarray, rows: list) -> None:
+        self.verified, self.vlen, self.rows = verified, vlen, rows
+
+    @functools.cached_property
+    def _ragged(self) -> tuple[np.ndarray, np.ndarray]:
+        return ragged(self.rows)
+
+    @property
+    def emitted(self) -> np.ndarray:
+        """[B, we] int64, -1 padded (:func:`ragged`)."""
+        return self._ragged[0]
+
+    @property
+    def elen(self) -> np.ndarray:
+        """[B] int64, tokens emitted per row."""
+        return self._ragged[1]
+
+    @functools.cached_property
+    def all_emitted(self) -> bool:
+        """Every row emitted a token (no prefill chunk in the batch)."""
+        return all(self.rows)
+
+    def flat(self, rows: np.ndarray | None = None) -> tuple[list[int], list[int]]:
+        """Rows ``rows`` (None: all) as copies: (lengths, their ids one after another)."""
+        r = self.rows if rows is None else [self.rows[i] for i in rows.tolist()]
+        return list(map(len, r)), list(itertools.chain.from_iterable(r))
 
     def lists(self, i: int) -> tuple[list[int] | None, list[int]]:
         """Row i as the per-row joiner takes it: (verified or None, emitted)."""
         v = self.verified[i, : self.vlen[i]].tolist() if self.vlen[i] else None
-        return v, self.emitted[i, : self.elen[i]].tolist()
+        return v, list(self.rows[i])
 
 
 @dataclass
 class ClosedStep:
     """The blocks one step closed on the joiner's same-batch path, kept as their inputs:
-    ``chunk``'s rows 0..n-1 met the verdicts ``vlen``/``elen`` [n], ``verified``/``emitted``
-    [n, *] (int64, -1 beyond the lengths; copies, not vLLM's buffers); ``request``: their
+    ``chunk``'s rows 0..n-1 met the verdicts ``vlen`` [n] / ``verified`` [n, *] (int64, -1
+    beyond ``vlen``; not vLLM's buffers) and emitted ``elen`` ids each, ``emitted`` (all
+    rows' ids one after another, a list: :meth:`StepVerdicts.flat`); ``request``: their
     /requests rows. The writer thread makes many at once into columns (:meth:`batch`):
-    the engine thread does a few array copies per step instead of some 40 numpy calls."""
+    the engine thread does a few list and array copies per step instead of some 40 numpy
+    calls."""
 
     request: np.ndarray
     chunk: StepProposals
     vlen: np.ndarray
-    elen: np.ndarray
+    elen: list[int]
     verified: np.ndarray
-    emitted: np.ndarray
+    emitted: list[int]
     count_mismatch: Callable[[int], None]  # the joiner's verified-not-prefix counter
 
     def __len__(self) -> int:
@@ -162,10 +194,13 @@ class ClosedStep:
                              for c, n in zip(cs, ns)], np.nan)  # fmt: skip
         gathered = (gather, np.concatenate([c.lens for c in cs]),
                     _stack([c.proposed for c in cs], PAD), margin)  # fmt: skip
+        elen = np.fromiter(itertools.chain.from_iterable(s.elen for s in steps), np.int64,
+                           sum(ns))  # fmt: skip
+        flat = np.fromiter(itertools.chain.from_iterable(s.emitted for s in steps), np.int64)
         cols, mismatch = block_columns(
             np.concatenate([s.request for s in steps]), gathered,
-            np.concatenate([s.vlen for s in steps]), np.concatenate([s.elen for s in steps]),
-            _stack([s.verified for s in steps], PAD), _stack([s.emitted for s in steps], PAD),
+            np.concatenate([s.vlen for s in steps]), elen,
+            _stack([s.verified for s in steps], PAD), _fill_rows(flat, elen),
         )  # fmt: skip
         steps[0].count_mismatch(mismatch)
         return cols
@@ -266,9 +301,12 @@ class StepJoiner(BlockJoiner):
         if last is not None and not self.open and last[0] == req_ids:
             self._last = None  # the same requests in the same order: every row closes
             v = verdicts
-            return ClosedStep(self._request_rows(req_ids, row_of), last[1], v.vlen[rows],
-                              v.elen[rows], v.verified[rows], v.emitted[rows],
-                              self._count_mismatch)  # fmt: skip
+            if len(rows) == len(v.vlen):  # rows 0..B-1: StepVerdicts' arrays are copies
+                vlen, verified, (elen, flat) = v.vlen, v.verified, v.flat()
+            else:
+                vlen, verified, (elen, flat) = v.vlen[rows], v.verified[rows], v.flat(rows)
+            return ClosedStep(self._request_rows(req_ids, row_of), last[1], vlen, elen,
+                              verified, flat, self._count_mismatch)  # fmt: skip
         self._spill()
         opened = self.open
         pop = opened.pop

@@ -367,3 +367,84 @@ def test_counting_reads_keywords_and_positional_arguments_alike():
     s.make_spec_decoding_stats(None, 4, 3, None, "q")
     s.make_spec_decoding_stats(None, 0, 0, num_invalid_spec_tokens=None, request_id="z")
     assert seen == [(3, 2), (4, 3)]  # 4 drafts - 1 invalid; zero drafts: not counted
+
+
+class PrefillRunner(Runner):
+    """:class:`Runner` whose row 1 emits nothing at call 1 (a prefill chunk: its tokens
+    unchanged), so that step's blocks take the general path; every other step is the
+    usual one (every row emitted, [2, 2] proposals)."""
+
+    def sample_tokens(self):
+        if self.step != 1:
+            return super().sample_tokens()
+        b, d = self.input_batch, self._draft_token_ids
+        sampled = [_emit(b, 0, [int(d[0, 0]), 101]), []]
+        self.step = s = 2
+        self._draft_token_ids = np.array([[10 * s + 1, 10 * s + 2]] * 2, dtype=np.int64)
+        md = SimpleNamespace(num_draft_tokens=[2, 2], draft_token_ids=self._draft_token_ids.ravel())
+        self.execute_model_state = SimpleNamespace(spec_decode_metadata=md)
+        return SimpleNamespace(req_ids=list(b.req_ids), sampled_token_ids=sampled)
+
+
+def test_a_row_without_a_token_takes_the_general_path_with_the_same_rules(tmp_path, monkeypatch):
+    """The usual step opens its blocks on the short path (``_open_all``); a step where a row
+    emitted nothing falls back to the general one: that row's block is written unverified
+    and it opens none. Values derived by hand from the runner's rules."""
+    fast = []
+    orig = V1Recorder._open_all
+    monkeypatch.setattr(V1Recorder, "_open_all", lambda self, *a: fast.append(orig(self, *a))
+                        or fast[-1])  # fmt: skip
+    r = PrefillRunner()
+    rec = V1Recorder(r, tmp_path / "t.h5", {"k": 2})
+    for _ in range(3):
+        r.sample_tokens()
+    rec.session.close()
+    assert fast == [True, False, True]
+    t = open_trace(tmp_path / "t.h5")
+    b = t.blocks
+    assert [t.requests.req_id[i] for i in b.request] == ["a", "b", "a", "a", "b"]
+    assert b.step.tolist() == [0, 0, 1, 2, 2]
+    assert b.proposed.tolist() == [[11, 12], [11, 12], [21, 22], [31, 32], [31, 32]]
+    assert b.num_verified.tolist() == [2, -1, 2, -1, -1]
+    assert b.accepted.tolist() == [1, -1, 1, -1, -1]
+    assert b.emitted[:, :2].tolist() == [[11, 101], [-1, -1], [21, 102], [-1, -1], [-1, -1]]
+    # row 1: 100 at 3 (call 0), nothing at call 1, 21 and 102 at 4 and 5 (call 2)
+    assert b.anchor.tolist() == [100, 100, 101, 102, 102]
+    assert b.position.tolist() == [3, 3, 5, 7, 5]
+    assert b.batch_row.tolist() == [0, 1, 0, 0, 1]
+
+
+def test_host_top2_margins_equal_margin_of_once_subtracted_per_step():
+    """The recorder's CPU path keeps (top-1, top-2) per depth and subtracts once per step:
+    the same float32 values as :func:`margin_of` per depth (ties 0, no finite logit NaN);
+    logits numpy cannot take (bfloat16, needing grad) are refused, recording nothing."""
+    import torch
+
+    from spectrace.hooks.vllm.margins import MarginTap
+
+    inf = float("inf")
+    edge = torch.tensor([[1.0, 5.0, 3.0, 4.5], [4.0, 4.0, 0.0, 1.0], [-inf] * 4,
+                         [inf, 1.0, 2.0, 0.0]])  # fmt: skip
+    for dtype in (torch.float32, torch.float64):
+        tap = MarginTap()
+        x = edge.to(dtype)
+        before = x.clone()
+        assert tap.host_top2(x, x.argmax(dim=-1))
+        assert torch.equal(x, before)  # restored
+        y = torch.tensor([[0.0, 2.0, 1.75, 0.0]] * 4, dtype=dtype)
+        assert tap.host_top2(y, y.argmax(dim=-1))
+        got = tap.uniform(4, 2)
+        assert got.dtype == np.float32 and got.shape == (4, 2)
+        assert got[[0, 1, 3], 0].tolist() == [0.5, 0.0, inf] and np.isnan(got[2, 0])
+        assert got[:, 1].tolist() == [0.25] * 4
+        assert tap.uniform(4, 3) is None and tap.uniform(5, 2) is None
+    tap = MarginTap()
+    z = torch.randn(3, 8, generator=torch.Generator().manual_seed(2))
+    assert not tap.host_top2(z.to(torch.bfloat16), z.argmax(dim=-1))
+    assert not tap.host_top2(z.clone().requires_grad_(True), z.argmax(dim=-1))
+    assert tap.steps == []
+    # a depth from margin_of (an array) beside a host pair: each as margin_of gives it
+    tap.steps = [np.array([1.0, 2.0], np.float32)]
+    w = torch.tensor([[3.0, 1.0], [0.0, 0.5]])
+    assert tap.host_top2(w, w.argmax(dim=-1))
+    assert tap.take(0, 2) == [1.0, 2.0] and tap.take(1, 2) == [2.0, 0.5]

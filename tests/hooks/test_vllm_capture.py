@@ -487,6 +487,33 @@ def test_trim_output_mirrors_check_stop():
     assert trim_output([1, 1], ignore, 3, None) == ([1, 1], None)
 
 
+def test_trim_output_equals_check_stop_token_by_token():
+    """Against check_stop applied token by token (its order: EOS / stop ids, then
+    max_tokens / max_model_len) on random outputs, limits at and below the edges."""
+
+    def check_stop_loop(tokens, sp, n_prompt, max_model_len):
+        stops = set(sp.stop_token_ids or ())
+        for n, t in enumerate(tokens, 1):
+            if (sp.eos_token_id is not None and t == sp.eos_token_id) or t in stops:
+                return tokens[:n], "stop"
+            if (max_model_len and n_prompt + n >= max_model_len) or (
+                sp.max_tokens is not None and n >= sp.max_tokens
+            ):
+                return tokens[:n], "length"
+        return tokens, None
+
+    rng = np.random.default_rng(3)
+    for _ in range(400):
+        tokens = rng.integers(0, 12, int(rng.integers(0, 9))).tolist()
+        sp = SimpleNamespace(
+            eos_token_id=[None, 1][int(rng.integers(2))],
+            stop_token_ids=rng.integers(0, 12, int(rng.integers(0, 3))).tolist() or None,
+            max_tokens=[None, 0, *range(1, 10)][int(rng.integers(11))],
+        )
+        n_prompt, mml = int(rng.integers(0, 6)), [None, 0, *range(1, 14)][int(rng.integers(15))]
+        assert trim_output(tokens, sp, n_prompt, mml) == check_stop_loop(tokens, sp, n_prompt, mml)
+
+
 def _session_with_blocks(path: Path) -> Session:
     s = Session(path, {"k": K, "dp_rank": 0})
     s.see_request("r-1", [5, 6], None)

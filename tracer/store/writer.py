@@ -27,7 +27,7 @@ from ..errors import InputError
 from .amend import amend_meta as amend_meta  # re-exported: callers of the writer
 from .live import announce
 from .paths import final_path, partial_path
-from .vlen import row_runs, write_ragged
+from .vlen import REQUEST_FIELDS, finished_runs, row_runs, write_request_rows
 
 _STR = h5py.string_dtype("utf-8")
 _VLEN_I32 = h5py.vlen_dtype(np.int32)
@@ -93,7 +93,8 @@ class TraceWriter:
         self._phase_names: dict[str, int] = {}
         self._req_index: dict[str, int] = {}
         self._requests: list[list] = []  # [req_id, prompt, output, finish_reason]
-        self._dirty_requests: set[int] = set()
+        self._dirty_requests: set[int] = set()  # rows to write whole; then rows whose
+        self._dirty_outputs: set[int] = set()  # output ids or finish reason changed
         self._meta_dirty = False
         self._closed = False
         self.rows_written = 0
@@ -191,17 +192,19 @@ class TraceWriter:
             req_id = str(req_id)
             idx = self._req_index.get(req_id)
             if idx is None:
-                idx = len(self._requests)
-                self._req_index[req_id] = idx
+                idx = self._req_index[req_id] = len(self._requests)
                 self._requests.append([req_id, [], [], ""])
+                self._dirty_requests.add(idx)
             row = self._requests[idx]
             if prompt_ids is not None:
-                row[1] = [int(t) for t in prompt_ids]
+                row[1] = list(map(int, prompt_ids))
+                self._dirty_requests.add(idx)  # new rows and prompts: the whole row
             if output_ids is not None:
-                row[2] = [int(t) for t in output_ids]
+                row[2] = list(map(int, output_ids))
             if finish_reason is not None:
                 row[3] = str(finish_reason)
-            self._dirty_requests.add(idx)
+            if output_ids is not None or finish_reason is not None:
+                self._dirty_outputs.add(idx)
             return idx
 
     def add_block(
@@ -277,7 +280,7 @@ class TraceWriter:
             ValueError: columns of different lengths or an unknown column name.
         """
         with self._lock:
-            self._flush_locked()
+            self._flush_locked(sync=False)  # the rows added before first; one sync below
             n = len(next(iter(columns.values())))
             known = {c.name: c for c in schema.BLOCK_COLUMNS}
             for name, arr in columns.items():
@@ -325,7 +328,7 @@ class TraceWriter:
             if not self._closed:
                 self._flush_locked()
 
-    def _flush_locked(self) -> None:
+    def _flush_locked(self, sync: bool = True) -> None:
         wrote = False
         if self._blocks["request"]:
             self._flush_table("blocks", schema.BLOCK_COLUMNS, self._blocks)
@@ -335,14 +338,14 @@ class TraceWriter:
             self._flush_table("phases", schema.PHASE_COLUMNS, self._phases)
             self._file["phases"].attrs["names"] = list(self._phase_names)
             wrote = True
-        if self._dirty_requests:
+        if self._dirty_requests or self._dirty_outputs:
             self._flush_requests()
             wrote = True
         if self._meta_dirty:
             self._write_meta()
             self._meta_dirty = False
             wrote = True
-        if wrote:
+        if wrote and sync:
             self._file.flush()
 
     def _flush_table(
@@ -403,20 +406,18 @@ class TraceWriter:
         dsid.write(h5py.h5s.create_simple(arr.shape), fspace, arr)
 
     def _flush_requests(self) -> None:
-        # Strings: one write per run of dirty rows; ragged ids only where there are some (new
-        # rows read as empty): four writes per request made the store an import's bottleneck.
+        # One write per run of dirty rows and column (one per request made the store an
+        # import's bottleneck); a finished request rewrites its output and finish reason only.
         g = self._tables["requests"]
         n, old = len(self._requests), g["req_id"].shape[0]
-        for c in schema.REQUEST_COLUMNS:
+        for c in schema.REQUEST_COLUMNS if n != old else ():
             g[c.name].resize((n,))
-        for lo, hi in row_runs(sorted(self._dirty_requests)):
-            rows = self._requests[lo:hi]
-            g["req_id"][lo:hi] = np.array([r[0] for r in rows], dtype=object)
-            g["finish_reason"][lo:hi] = np.array([r[3] for r in rows], dtype=object)
-            for name, col in (("prompt_ids", 1), ("output_ids", 2)):
-                todo = {i: r[col] for i, r in enumerate(rows, lo) if r[col] or i < old}
-                write_ragged(g[name], todo)
-        self._dirty_requests.clear()
+        whole = self._dirty_requests
+        for lo, hi in row_runs(sorted(whole)):
+            write_request_rows(g, self._requests, lo, hi, old, REQUEST_FIELDS)
+        for lo, hi in finished_runs(self._requests, self._dirty_outputs - whole):
+            write_request_rows(g, self._requests, lo, hi, old, REQUEST_FIELDS[2:])
+        self._dirty_requests, self._dirty_outputs = set(), set()
 
     def patch_blocks(self, column: str, rows: Sequence[int], values: Sequence[int]) -> int:
         """Overwrite cells of a 1-D block column in rows already added (late patches, e.g.
