@@ -42,6 +42,13 @@ sys.path.insert(0, str(HERE))
 
 def _one(mode: str, log: Path, requests: Path | None) -> dict:
     """One measure in this process: seconds and peak RSS (MB)."""
+    expect = os.environ.get("BENCH_EXPECT_SPECTRACE")
+    if expect:  # --base must measure that tree, never the installed one
+        import spectrace
+
+        got = str(Path(spectrace.__path__[0]).resolve())
+        if got != expect:
+            raise SystemExit(f"--base: imported spectrace from {got}, not {expect}")
     if mode == "plain":
         t0, c0 = time.perf_counter(), time.process_time()
         n = 0
@@ -70,8 +77,22 @@ def _spawn(mode: str, log: Path, requests: Path | None, base: Path | None = None
     env = dict(os.environ)
     if mode == "base" and base is not None:  # the other tree's spectrace comes first
         env["PYTHONPATH"] = os.pathsep.join([str(base), env.get("PYTHONPATH", "")])
+        env["BENCH_EXPECT_SPECTRACE"] = str((base / "spectrace").resolve())
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def base_package(base: Path) -> Path:
+    """A folder whose ``spectrace`` is the ``--base`` source tree: ``base`` itself when it
+    holds a ``spectrace`` package, else a temporary folder with a link to the tree (a
+    checkout is the package's own folder, which ``PYTHONPATH`` cannot name)."""
+    if (base / "spectrace").is_dir():
+        return base
+    if not (base / "tracer").is_dir():
+        raise SystemExit(f"--base {base}: neither a spectrace checkout nor a folder holding one")
+    parent = Path(tempfile.mkdtemp(prefix="bench-base-"))
+    (parent / "spectrace").symlink_to(base.resolve(), target_is_directory=True)
+    return parent
 
 
 def _fmt(xs: list[float]) -> str:
@@ -100,6 +121,8 @@ def main() -> None:
                  ROOT / "traces" / "reference.requests.jsonl")  # fmt: skip
     requests = a.log.with_name(a.log.name.removesuffix(".vt.log") + ".requests.jsonl")
     req = requests if a.requests else None
+    if a.base:
+        a.base = base_package(a.base)
     modes = ["plain", "new"] + (["base"] if a.base else []) + ([] if a.skip_old else ["old"])
     got: dict[str, list[dict]] = {m: [] for m in modes}
     print(f"log {a.log} ({os.path.getsize(a.log) / 1e6:.0f} MB), requests: {bool(req)}, "
