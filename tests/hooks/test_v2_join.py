@@ -555,28 +555,6 @@ def test_input_layout_rejects_what_the_kernels_do_not_take(i, bad):
     assert v2_stage.input_layout(tuple(inputs)) is None
 
 
-def _propose_sig(
-    input_batch,
-    attn_metadata,
-    slot_mappings,
-    last_hidden_states,
-    aux_hidden_states,
-    num_sampled,
-    num_rejected,
-    last_sampled,
-    next_prefill_tokens,
-    temperature,
-    seeds,
-    dp_sync_state=None,
-    dummy_run=False,
-    skip_attn_for_dummy_run=False,
-    mm_inputs=None,
-    is_profile=False,
-    num_speculative_tokens=None,
-):
-    """vLLM 0.32's ``BaseSpeculator.propose`` signature (the layout test's subject)."""
-
-
 @pytest.mark.parametrize(
     "args,kwargs,want",
     [
@@ -604,9 +582,10 @@ def _propose_sig(
         ),
     ],
 )
-def test_record_args_reads_positions_keywords_and_defaults(args, kwargs, want):
+def test_record_args_reads_positions_keywords_and_defaults(args, kwargs, want, make_propose):
     from spectrace.hooks.vllm.v2.layout import RecordArgs, propose_layout
 
-    read = RecordArgs(propose_layout(_propose_sig))
+    # conftest's fake has vLLM 0.32's BaseSpeculator.propose parameters (self left out)
+    read = RecordArgs(propose_layout(make_propose(lambda *a: None)))
     assert tuple(read(args, kwargs)) == want
     assert tuple(read(args, kwargs)) == want  # the cached getter gives the same

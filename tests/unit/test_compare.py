@@ -137,8 +137,21 @@ def test_compare_paired_gathers_rows_and_counts_slots():
     anchor_a = np.array([10, -1, 7, 3])[store_a]
     anchor_b = np.array([10, 5, 8, 3, 0])
     got = compare_paired(prop_a, prop_b, ia, np.arange(4), k_a, k_b, anchor_a, anchor_b)
-    c, n = got.blocks, got.counts
+    n = got.counts
     assert got.ka.tolist() == [3, 4, 2, 2] and got.kb.tolist() == [3, 3, 1, 2]
+    _assert_hand_values(got)
+    # ours[j] == theirs[j+1] among blocks with slots j, j+1 on both sides: row 3 (4 == 4).
+    assert n.shift_plus.tolist() == [1, 0, 0]
+    # ours[j+1] == theirs[j]: rows 2 (9 == 9) and 3 (4 == 4) hold at j = 0, but row 2's
+    # theirs has k = 1 (its slot 1 is not on both sides): only row 3 counts.
+    assert shift_equal(PA, PB, KA, KB, -1)[:, 0].tolist() == [False, False, True, True]
+    assert n.shift_minus.tolist() == [1, 0, 0]
+
+
+def _assert_hand_values(got) -> None:
+    """The per-block values and per-slot counts derived by hand for PA/PB (KA/KB) with
+    anchors equal except in row 2."""
+    c, n = got.blocks, got.counts
     assert c.eq.tolist() == EQ and c.eq.flags.f_contiguous
     assert c.prefix.tolist() == [2, 3, 1, 2]
     assert c.exact.tolist() == [False, False, False, True]
@@ -146,12 +159,6 @@ def test_compare_paired_gathers_rows_and_counts_slots():
     assert c.divergent.tolist() == [True, True, True, False]
     assert c.first_slot.tolist() == [2, 3, 1, -1]
     assert n.equal.tolist() == [4, 3, 1, 0] and n.present.tolist() == [4, 3, 2, 0]
-    # ours[j] == theirs[j+1] among blocks with slots j, j+1 on both sides: row 3 (4 == 4).
-    assert n.shift_plus.tolist() == [1, 0, 0]
-    # ours[j+1] == theirs[j]: rows 2 (9 == 9) and 3 (4 == 4) hold at j = 0, but row 2's
-    # theirs has k = 1 (its slot 1 is not on both sides): only row 3 counts.
-    assert shift_equal(PA, PB, KA, KB, -1)[:, 0].tolist() == [False, False, True, True]
-    assert n.shift_minus.tolist() == [1, 0, 0]
 
 
 def test_compare_paired_of_nothing():
@@ -173,16 +180,10 @@ def test_streamed_comparison_gives_compare_paireds_values_by_hand():
     for lo in (4, 2, 0):  # any chunk order
         s.take(slice(lo, min(lo + 2, 5)), prop_b[lo : lo + 2])
     got = s.result()
-    c, n = got.blocks, got.counts
+    n = got.counts
     assert got.ka.dtype == np.int16 and got.ka.tolist() == [3, 4, 2, 2]
     assert got.kb.tolist() == [3, 3, 1, 2]
-    assert c.eq.tolist() == EQ and c.eq.flags.f_contiguous
-    assert c.prefix.tolist() == [2, 3, 1, 2]
-    assert c.exact.tolist() == [False, False, False, True]
-    assert c.anchor_eq.tolist() == [True, True, False, True]
-    assert c.divergent.tolist() == [True, True, True, False]
-    assert c.first_slot.tolist() == [2, 3, 1, -1]
-    assert n.equal.tolist() == [4, 3, 1, 0] and n.present.tolist() == [4, 3, 2, 0]
+    _assert_hand_values(got)
     assert n.shift_plus.tolist() == [1, 0, 0] and n.shift_minus.tolist() == [1, 0, 0]
 
 

@@ -91,17 +91,7 @@ def input_layout(inputs: tuple) -> tuple | None:
     ls, xs = last.stride(), nxt.stride()
     if not (0 < len(ls) < 3 and 0 < len(xs) < 3):
         return None
-    return (
-        ns.data_ptr(),
-        nr.data_ptr(),
-        idx.data_ptr(),
-        qsl.data_ptr(),
-        positions.data_ptr(),
-        last.data_ptr(),
-        nxt.data_ptr(),
-        ls[0],
-        xs[-1],
-    )
+    return (*input_ptrs(inputs), ls[0], xs[-1])
 
 
 def input_ptrs(inputs: tuple) -> tuple:
