@@ -65,14 +65,9 @@ class MarginTap:
             return False
         if a.ndim != 2 or a.dtype not in _HOST_NP_DTYPES or i.ndim != 1:
             return False
-        r = self._rows
-        if len(r) != len(i):
-            r = self._rows = np.arange(len(i))
-        top1 = a[r, i]
-        a[r, i] = -np.inf
-        top2 = a.max(axis=1)
-        a[r, i] = top1
-        self.steps.append((top1, top2))
+        if len(self._rows) != len(i):
+            self._rows = np.arange(len(i))
+        self.steps.append(_top2(a, i, self._rows))
         return True
 
     def uniform(self, b: int, k: int) -> np.ndarray | None:
@@ -191,13 +186,20 @@ def margin_of(logits, idx):
     if logits.device.type != "cpu" or str(logits.dtype) not in _HOST_DTYPES:
         return _torch_margin(logits, idx)
     a, i = logits.numpy(), idx.numpy()
-    r = np.arange(len(i))
+    top1, top2 = _top2(a, i, np.arange(len(i)))
+    with np.errstate(invalid="ignore"):  # -inf - -inf (no finite logit) is NaN, as in topk
+        return top1 - top2
+
+
+def _top2(a: np.ndarray, i: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(top1, top2)`` per row of host logits ``a`` [B, V] (float32/float64) given their
+    argmax ``i`` [B] and ``r = arange(B)``: the argmax cell is masked to -inf for the row
+    maximum, then restored (``a`` is vLLM's own memory: one cell per row written)."""
     top1 = a[r, i]
     a[r, i] = -np.inf
     top2 = a.max(axis=1)
     a[r, i] = top1
-    with np.errstate(invalid="ignore"):  # -inf - -inf (no finite logit) is NaN, as in topk
-        return top1 - top2
+    return top1, top2
 
 
 def install_margins(drafter) -> MarginTap | None:
