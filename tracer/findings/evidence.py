@@ -274,6 +274,12 @@ class CaptureEvidence(TypedDict):
     chain_breaks: int
     #: The first chain break, ``FILE:LINE: what``; null when none.
     first_chain_break: str | None
+    #: Other invariants the import found broken, by kind (/meta ``import`` violations that
+    #: no other finding names: ``len(emit) != ns``, ``len(draft) != k``, ``drafts/row``,
+    #: ``anchor mismatch`` with the requests file); empty when none or no import.
+    violations: dict[str, int]
+    #: The first of them, ``FILE:LINE: what``; null when none.
+    first_violation: str | None
 
 
 class IncompleteRef(TypedDict):

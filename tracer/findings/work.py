@@ -52,6 +52,7 @@ def capture_end(meta: dict, status: str = schema.STATUS_COMPLETE) -> CaptureEvid
     bad = checks.get("mismatch") if checks.get("status") == "mismatch" else None
     dropped, first = import_dropped(meta)
     breaks, first_break = import_chain_breaks(meta)
+    broken, first_broken = import_violations(meta)
     return CaptureEvidence(
         ended=ended,
         exit_status=_int_or_none(cap.get("exit_status", meta.get("exit_status"))),
@@ -64,6 +65,8 @@ def capture_end(meta: dict, status: str = schema.STATUS_COMPLETE) -> CaptureEvid
         first_dropped=first,
         chain_breaks=breaks,
         first_chain_break=first_break,
+        violations=broken,
+        first_violation=first_broken,
     )
 
 
@@ -103,6 +106,28 @@ def import_chain_breaks(meta: dict) -> tuple[int, str | None]:
     imp = _dict(meta, "import")
     kinds = {"chain break": _int_or_none(_dict(imp, "violations").get("chain break")) or 0}
     return kinds["chain break"], _first_example(imp, kinds)
+
+
+#: Broken invariants that another finding names block by block: chain breaks (above) and
+#: the acceptance counts (``acceptance_bookkeeping`` flags every block whose recorded
+#: accepted count disagrees with its emitted tokens).
+_NAMED_ELSEWHERE = frozenset({"chain break", "acc != ns-1", "emit != draft", "acc > k"})
+
+
+def import_violations(meta: dict) -> tuple[dict[str, int], str | None]:
+    """``({kind: count}, the first as FILE:LINE: what or None)``: the invariants a lenient
+    VT import found broken (/meta ``import`` violations; hooks/vt/blocks.py
+    ``block_problems`` and the anchor check) that no other finding names:
+    ``len(emit) != ns``, ``len(draft) != k``, ``drafts/row``, ``anchor mismatch`` with the
+    requests file. A healthy engine's lines never break them (``--strict`` refuses each):
+    the lines contradict each other or the requests file. ``({}, None)`` without an import."""
+    imp = _dict(meta, "import")
+    kinds = {
+        str(k): n
+        for k, v in _dict(imp, "violations").items()
+        if k not in _NAMED_ELSEWHERE and (n := _int_or_none(v) or 0) > 0
+    }
+    return kinds, _first_example(imp, kinds)
 
 
 def _first_example(imp: dict, kinds: dict[str, int]) -> str | None:
@@ -151,14 +176,22 @@ def _log_how(ev: CaptureEvidence) -> list[str]:
             f"the log has {_n(ev['chain_breaks'], 'block')} at a position its request had "
             f"passed (a repeated or reordered trace line, or a reused request id){first}"
         )
+    if ev["violations"]:
+        kinds = ", ".join(f"{n} {k}" for k, n in ev["violations"].items())
+        first = f"; first: {ev['first_violation']}" if ev["first_violation"] else ""
+        out.append(
+            f"the log breaks the engine's invariants ({kinds}: its lines contradict each "
+            f"other or the requests file){first}"
+        )
     return out
 
 
 def capture(s: SideInput) -> Finding | None:
     """capture_incomplete: the engine did not exit cleanly (non-zero exit status, a signal),
     the capture was interrupted or aborted, the trace disagrees with the engine's own
-    counters (/meta ``checks`` status ``mismatch``), an import dropped trace lines or found
-    blocks at positions their request had passed (chain breaks), or the trace holds nothing
+    counters (/meta ``checks`` status ``mismatch``), an import dropped trace lines, found
+    blocks at positions their request had passed (chain breaks) or other broken invariants
+    (:func:`import_violations`), or the trace holds nothing
     at all (no block, no request; whoever wrote it): work is missing from the trace."""
     td = s.td
     ev = capture_end(td.t.meta, td.t.status)
@@ -172,7 +205,13 @@ def capture(s: SideInput) -> Finding | None:
             f"and blocks after that point are missing, agreement of the rest proves nothing"
         )
     elif log:
-        what = "missing from the trace" if ev["dropped_lines"] else "not one run's record"
+        what = (
+            "missing from the trace"
+            if ev["dropped_lines"]
+            else "not one run's record"
+            if ev["chain_breaks"]
+            else "not a consistent record"
+        )
         message = (
             f"{td.side}: {'; '.join(log)}: the blocks on those lines are {what}, agreement "
             f"of the rest proves nothing"
