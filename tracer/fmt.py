@@ -25,3 +25,8 @@ def num(x: float | None, digits: int = 3) -> str:
 
 
 __all__ = ["SEVERITY_STYLE", "num", "pct"]
+
+
+def counted(count: int, noun: str) -> str:
+    """``1 request``, ``2 requests``: a count and its noun, plural unless the count is 1."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"

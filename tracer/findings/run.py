@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 # Module imports, not ``from . import``: the package's __init__ imports this module.
+import spectrace.tracer.findings.capture as capture
 import spectrace.tracer.findings.depth as depth
 import spectrace.tracer.findings.drift as drift
 import spectrace.tracer.findings.ksize as ksize
@@ -72,7 +73,7 @@ class PairDetector:
 #: Single-trace detectors, in report order (the loop detector runs first, see ``loops``).
 SINGLE_TRACE: tuple[SingleDetector, ...] = (
     SingleDetector("impossible_values", values.impossible),
-    SingleDetector("capture_incomplete", work.capture),
+    SingleDetector("capture_incomplete", capture.capture),
     SingleDetector("requests_incomplete", work.requests),
     SingleDetector("anchor_shift", single.anchor_consistency),
     SingleDetector("verified_differs", single.verified_vs_proposed),

@@ -1,0 +1,212 @@
+"""capture_incomplete: how a capture or an import ended and what its log lost, from /meta.
+
+A comparison of the blocks that exist cannot see a killed engine, lines an import dropped
+or lines that contradict each other. This detector reads a side's /meta only (the capture's
+end, the engine's counters check, the VT import's statistics: hooks/vt/stats.py
+``ImportStats``) and the emptiness of the trace; it returns at most one error finding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import schema
+from ..fmt import counted
+from .data import SideInput
+from .evidence import CaptureEvidence
+from .model import Finding
+
+
+def _int_or_none(v) -> int | None:
+    return int(v) if isinstance(v, int | np.integer) and not isinstance(v, bool) else None
+
+
+def capture_end(meta: dict, status: str = schema.STATUS_COMPLETE) -> CaptureEvidence:
+    """How a capture ended, from /meta and the file status: the ``capture`` object
+    (``ended``, ``exit_status``, ``signal``) when present, else the older items
+    ``exit_status``, ``killed_by_signal``, ``interrupted`` and ``aborted`` (hooks/capture.py);
+    ``ended`` as :func:`spectrace.tracer.schema.capture_end` reads it. A file that was never
+    closed (status ``recording``) ended ``capture-killed`` whoever wrote it (capture, import,
+    the vLLM plugin): its writer was killed, or is still recording. Missing items are null."""
+    cap = meta["capture"] if isinstance(meta.get("capture"), dict) else {}
+    end = schema.capture_end(meta, status) or {}
+    ended = end.get("ended") if isinstance(end.get("ended"), str) else None
+    if ended is None and status == schema.STATUS_RECORDING:
+        ended = "capture-killed"
+    aborted = meta.get("aborted")
+    checks = meta["checks"] if isinstance(meta.get("checks"), dict) else {}
+    bad = checks.get("mismatch") if checks.get("status") == "mismatch" else None
+    dropped, first = import_dropped(meta)
+    breaks, first_break = import_chain_breaks(meta)
+    broken, first_broken = import_violations(meta)
+    return CaptureEvidence(
+        ended=ended,
+        exit_status=_int_or_none(cap.get("exit_status", meta.get("exit_status"))),
+        signal=_int_or_none(cap.get("signal", meta.get("killed_by_signal"))),
+        interrupted=bool(meta.get("interrupted")) or cap.get("ended") == "interrupted",
+        aborted=str(aborted) if aborted else None,
+        counters_mismatch=[str(x) for x in bad] if isinstance(bad, list) else [],
+        empty=False,
+        dropped_lines=dropped,
+        first_dropped=first,
+        chain_breaks=breaks,
+        first_chain_break=first_break,
+        violations=broken,
+        first_violation=first_broken,
+    )
+
+
+def _dict(d: dict, key: str) -> dict:
+    """``d[key]`` when it is a dict, else ``{}`` (a /meta item of unknown shape)."""
+    v = d.get(key)
+    return v if isinstance(v, dict) else {}
+
+
+def _gaps_are_lost(imp: dict, method: object) -> bool:
+    """Whether the import's chain gaps are lost trace lines: the drafter drafts for every
+    running request each step (a model drafter: /meta ``method`` names one, or the log
+    printed ``[spec-propose]`` lines). Prompt-lookup (n-gram) legitimately skips steps
+    without a match: its gaps are steps without drafts."""
+    if isinstance(method, str) and method:
+        return not any(w in method.lower() for w in ("ngram", "n-gram", "lookup", "suffix"))
+    return bool(_dict(imp, "families").get("spec-propose"))
+
+
+def import_dropped(meta: dict) -> tuple[int, str | None]:
+    """``(dropped lines, the first as FILE:LINE: what or None)``: the trace lines a VT
+    import lost, from /meta ``import`` (hooks/vt/stats.py ImportStats): malformed lines
+    (unreadable or out-of-range values) and, for a drafter that drafts every step, chain
+    gaps; the first from the import's examples. ``(0, None)`` without an import."""
+    imp = _dict(meta, "import")
+    kinds = {"malformed": _int_or_none(imp.get("malformed")) or 0}
+    if _gaps_are_lost(imp, meta.get("method")):
+        kinds["chain gap"] = _int_or_none(imp.get("chain_gaps")) or 0
+    return sum(kinds.values()), _first_example(imp, kinds)
+
+
+def import_chain_breaks(meta: dict) -> tuple[int, str | None]:
+    """``(chain breaks, the first as FILE:LINE: what or None)`` of a VT import (/meta
+    ``import`` violations, hooks/vt/blocks.py chain_break): blocks at a position their
+    request had passed, which no run prints (``--strict`` refuses them). ``(0, None)``
+    without an import."""
+    imp = _dict(meta, "import")
+    kinds = {"chain break": _int_or_none(_dict(imp, "violations").get("chain break")) or 0}
+    return kinds["chain break"], _first_example(imp, kinds)
+
+
+#: Broken invariants that another finding names block by block: chain breaks (above) and
+#: the acceptance counts (``acceptance_bookkeeping`` flags every block whose recorded
+#: accepted count disagrees with its emitted tokens).
+_NAMED_ELSEWHERE = frozenset({"chain break", "acc != ns-1", "emit != draft", "acc > k"})
+
+
+def import_violations(meta: dict) -> tuple[dict[str, int], str | None]:
+    """``({kind: count}, the first as FILE:LINE: what or None)``: the invariants a lenient
+    VT import found broken (/meta ``import`` violations; hooks/vt/blocks.py
+    ``block_problems`` and the anchor check) that no other finding names:
+    ``len(emit) != ns``, ``len(draft) != k``, ``drafts/row``, ``anchor mismatch`` with the
+    requests file. A healthy engine's lines never break them (``--strict`` refuses each):
+    the lines contradict each other or the requests file. ``({}, None)`` without an import."""
+    imp = _dict(meta, "import")
+    kinds = {
+        str(k): n
+        for k, v in _dict(imp, "violations").items()
+        if k not in _NAMED_ELSEWHERE and (n := _int_or_none(v) or 0) > 0
+    }
+    return kinds, _first_example(imp, kinds)
+
+
+def _first_example(imp: dict, kinds: dict[str, int]) -> str | None:
+    """The earliest example line of the import's ``kinds`` that occurred, as FILE:LINE: what."""
+    examples = _dict(imp, "examples")
+    firsts = [
+        ex[0]
+        for k, n in kinds.items()
+        if n and isinstance(ex := examples.get(k), list) and ex and isinstance(ex[0], list)
+    ]
+    first = min(firsts, key=lambda e: e[0], default=None)
+    return f"{imp.get('source', '?')}:{first[0]}: {first[1]}" if first else None
+
+
+def _how(ev: CaptureEvidence) -> list[str]:
+    """What went wrong with a capture, in words (empty: it ended cleanly or nothing says)."""
+    out = []
+    if ev["ended"] == "capture-killed":
+        out.append("the trace file was never closed: its writer was killed or is still recording")
+    elif ev["ended"] not in (None, "clean"):
+        out.append(f"ended {ev['ended']}")
+    if ev["signal"]:
+        out.append(f"the engine was killed by signal {ev['signal']}")
+    elif ev["exit_status"]:
+        out.append(f"the engine exited with status {ev['exit_status']}")
+    if ev["interrupted"] and "ended interrupted" not in out:
+        out.append("the capture was interrupted")
+    if ev["aborted"]:
+        out.append(f"the capture aborted ({ev['aborted']})")
+    if ev["counters_mismatch"]:
+        names = ", ".join(ev["counters_mismatch"])
+        out.append(f"the trace's totals differ from the engine's own counters ({names})")
+    return out
+
+
+def _log_how(ev: CaptureEvidence) -> list[str]:
+    """What is wrong with an imported log's trace lines, in words (empty: nothing)."""
+    out = []
+    if ev["dropped_lines"]:
+        first = f"; first: {ev['first_dropped']}" if ev["first_dropped"] else ""
+        lost = counted(ev["dropped_lines"], "trace line")
+        out.append(f"the log lost {lost} (dropped as malformed, or a chain gap){first}")
+    if ev["chain_breaks"]:
+        first = f"; first: {ev['first_chain_break']}" if ev["first_chain_break"] else ""
+        out.append(
+            f"the log has {counted(ev['chain_breaks'], 'block')} at a position its request had "
+            f"passed (a repeated or reordered trace line, or a reused request id){first}"
+        )
+    if ev["violations"]:
+        kinds = ", ".join(f"{n} {k}" for k, n in ev["violations"].items())
+        first = f"; first: {ev['first_violation']}" if ev["first_violation"] else ""
+        out.append(
+            f"the log breaks the engine's invariants ({kinds}: its lines contradict each "
+            f"other or the requests file){first}"
+        )
+    return out
+
+
+def capture(s: SideInput) -> Finding | None:
+    """capture_incomplete: the engine did not exit cleanly (non-zero exit status, a signal),
+    the capture was interrupted or aborted, the trace disagrees with the engine's own
+    counters (/meta ``checks`` status ``mismatch``), an import dropped trace lines, found
+    blocks at positions their request had passed (chain breaks) or other broken invariants
+    (:func:`import_violations`), or the trace holds nothing
+    at all (no block, no request; whoever wrote it): work is missing from the trace."""
+    td = s.td
+    ev = capture_end(td.t.meta, td.t.status)
+    # No block and no request: whatever wrote the trace (a capture, an import, the plugin
+    # or the API) recorded no work, and a verdict on nothing would read as agreement.
+    ev["empty"] = len(td.t.blocks) == 0 and len(td.t.requests) == 0
+    how, log = _how(ev), _log_how(ev)
+    if how:
+        message = (
+            f"{td.side}: the capture did not end cleanly ({'; '.join(how + log)}): requests "
+            f"and blocks after that point are missing, agreement of the rest proves nothing"
+        )
+    elif log:
+        what = (
+            "missing from the trace"
+            if ev["dropped_lines"]
+            else "not one run's record"
+            if ev["chain_breaks"]
+            else "not a consistent record"
+        )
+        message = (
+            f"{td.side}: {'; '.join(log)}: the blocks on those lines are {what}, agreement "
+            f"of the rest proves nothing"
+        )
+    elif ev["empty"]:
+        message = (
+            f"{td.side}: the trace recorded nothing: no draft block and no request reached "
+            f"it (did the engine run with drafts, under the capture or the plugin?)"
+        )
+    else:
+        return None
+    return Finding("capture_incomplete", "error", side=td.side, message=message, evidence=ev)
