@@ -32,7 +32,7 @@ from .thresholds import MIN_BLOCKS
 #: ``_rule_hits`` gives their columns' rows). Comparisons stay in the columns' own dtypes:
 #: no int64 copy per rule.
 Test = Callable[[Any, np.ndarray, Any], np.ndarray]  # Blocks and Sweep, or rows of them
-#: The limit a broken block exceeds: (blocks, position room (``room[row]``), sweep, block
+#: The limit a broken block exceeds: (blocks, the block's :class:`_Bounds`, sweep, block
 #: row) -> int.
 Limit = Callable[[Blocks, Any, Sweep, int], int]
 Rule = tuple[str, str, Test, Limit | None]
@@ -75,7 +75,13 @@ RULES: tuple[Rule, ...] = (
         "position outside the sequence",
         "position",
         lambda b, n, sw: (n > 0) & (b.position >= n),
-        lambda b, n, sw, i: int(n[i]) - 1,
+        lambda b, n, sw, i: n.room - 1,
+    ),
+    (
+        "position inside the prompt",
+        "position",
+        lambda b, n, sw: b.position < b.prompt_floor,
+        lambda b, n, sw, i: n.floor,
     ),
     ("batch_row < -1", "batch_row", lambda b, n, sw: b.batch_row < -1, None),
     ("batch_size < -1", "batch_size", lambda b, n, sw: b.batch_size < -1, None),
@@ -119,6 +125,33 @@ def _position_room(td: TraceData, c: slice) -> np.ndarray:
     return np.where((n > 0) & td.last[c], n + (_kmax(td) + 1), n)
 
 
+def _prompt_floor(td: TraceData, c: slice) -> np.ndarray:
+    """int64 [rows] the smallest possible anchor position per block of rows ``c``: its
+    prompt's last token, ``len(prompt) - 1`` (a block drafts from the last verified token;
+    every engine and importer anchors a request's first block on its first output token,
+    at ``len(prompt)``); -1 where the prompt is unknown (empty) or the request out of range.
+    Mirrors :mod:`spectrace.tracer.validate` (``_position_problems``)."""
+    floor = memo(td.t, "prompt_floor", lambda: _prompt_lengths(td) - 1)
+    req = td.t.blocks.request[c]
+    ok = (req >= 0) & (req < len(floor))
+    return np.where(ok, floor[np.where(ok, req, 0)], -1)
+
+
+def _prompt_lengths(td: TraceData) -> np.ndarray:
+    """int64 [requests] prompt length per request (tokens; 0 unknown)."""
+    prompts = td.t.requests.prompt_ids
+    return np.fromiter(map(len, prompts), np.int64, len(prompts))
+
+
+@dataclass(frozen=True)
+class _Bounds:
+    """One block's position bounds, for a rule's limit: ``room`` (one past the largest
+    possible position, 0 unknown) and ``floor`` (the smallest, -1 unknown)."""
+
+    room: int
+    floor: int
+
+
 @dataclass
 class _Hits:
     """Every rule's result: ``bad`` bool [n] (any rule), ``counts`` (rule -> blocks) and the
@@ -132,6 +165,9 @@ class _Hits:
 class _Rows:
     """Block columns (``b.<name>``) and the sweep's per-block reductions, rows ``c`` of
     each: what a rule's test reads, one chunk at a time."""
+
+    #: int64 [rows] of blocks: :func:`_prompt_floor` (set by the caller; no column holds it).
+    prompt_floor: np.ndarray
 
     def __init__(self, whole, c: slice) -> None:
         self._whole, self._c = whole, c
@@ -153,6 +189,7 @@ def _rule_hits(td: TraceData) -> _Hits:
     firsts: dict[str, int] = {}
     for c in chunks(len(b)):
         room, bc, swc = _position_room(td, c), _Rows(b, c), _Rows(sw, c)
+        bc.prompt_floor = _prompt_floor(td, c)
         for name, _, test, _ in RULES:
             broken = test(bc, room, swc)
             if broken.any():
@@ -163,7 +200,8 @@ def _rule_hits(td: TraceData) -> _Hits:
     for name, col, _, limit in RULES:  # the first broken block; ties: the earlier rule
         row = firsts.get(name)
         if row is not None and (first is None or row < first[0]):
-            at = {row: _position_room(td, slice(row, row + 1))[0]}  # limit reads n[row]
+            one = slice(row, row + 1)
+            at = _Bounds(int(_position_room(td, one)[0]), int(_prompt_floor(td, one)[0]))
             first = (row, name, col, None if limit is None else limit(b, at, sw, row))
     return _Hits(bad=bad, counts={r[0]: counts[r[0]] for r in RULES if r[0] in counts}, first=first)
 
@@ -185,7 +223,7 @@ def _value(v: np.ndarray) -> int:
 def impossible(s: SideInput) -> Finding | None:
     """impossible_values: accepted > k or > num_verified, counts below -1 (unknown), k < 0
     or wider than the stored proposals, proposed ids or anchors below -1, num_emitted > k + 1,
-    positions outside the sequence, batch rows outside the batch."""
+    positions outside the sequence or inside the prompt, batch rows outside the batch."""
     td = s.td
     b = td.t.blocks
     if not len(b):
