@@ -149,6 +149,7 @@ def _block_problems(
          ne, ne > width["emitted"]),
         ("blocks/position", "negative position", b["position"], b["position"] < 0),
         ("blocks/step", "negative step", b["step"], b["step"] < 0),
+        ("blocks/anchor", "token id below the -1 pad", b["anchor"], b["anchor"] < -1),
     ]  # fmt: skip
     for name in ("proposed", "verified", "emitted"):
         checks.append((f"blocks/{name}", "token id below the -1 pad", b[name], b[name] < -1))

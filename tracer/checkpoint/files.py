@@ -27,6 +27,12 @@ _NP_DTYPES = {
     "F32": "<f4",
     "F16": "<f2",
 }
+#: Bytes per element of the safetensors dtypes (the format's own list): a header whose
+#: ``data_offsets`` span another size than shape x this is lying about the tensor.
+_DTYPE_BYTES = {
+    **{k: np.dtype(v).itemsize for k, v in _NP_DTYPES.items()},
+    **{"BF16": 2, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1},
+}
 
 
 @dataclass
@@ -98,6 +104,13 @@ def _tensor_info(path: Path, name: str, v: object, base: int) -> TensorInfo:
         got = d.get(bad) if isinstance(v, dict) else v
         raise InputError(
             f"{path}: not a safetensors header: tensor {name!r} (field={bad}, value={got!r})"
+        )
+    size = _DTYPE_BYTES.get(dtype)
+    if size is not None and offsets[1] - offsets[0] != size * int(np.prod(shape, dtype=object)):
+        raise InputError(
+            f"{path}: not a safetensors header: tensor {name!r} spans "
+            f"{offsets[1] - offsets[0]} bytes, its shape {shape} of {dtype} needs "
+            f"{size * int(np.prod(shape, dtype=object))} (field=data_offsets, value={offsets!r})"
         )
     return TensorInfo(dtype, tuple(shape), path, base + offsets[0], base + offsets[1])  # type: ignore
 

@@ -56,6 +56,7 @@ def export_cmd(trace: tuple[str, ...], fmt: str, out: str, runs: tuple[str, ...]
     check_outputs({"-o": out}, {f"TRACE {t}": t for t in trace}, force=force, traces=())
     target = Path(out)
     partial = target.with_name(target.name + ".partial")
+    _refuse_inputs_inside(trace, (target, partial))
     for p in (target, partial):
         _check_replaceable(p, force)
     shutil.rmtree(partial, ignore_errors=True)
@@ -76,6 +77,32 @@ def export_cmd(trace: tuple[str, ...], fmt: str, out: str, runs: tuple[str, ...]
         f"exported {counts[0]} blocks and {counts[1]} requests of {len(names)} run(s) "
         f"({', '.join(names)}) to {target} ({fmt})"
     )
+
+
+def _refuse_inputs_inside(trace: tuple[str, ...], folders: tuple[Path, ...]) -> None:
+    """Refuse an input trace file that lies inside the output folder or its ``.partial``:
+    ``--force`` removes those folders whole, the input with them.
+
+    Raises:
+        InputError: naming the input file and the folder (or a TRACE that matches nothing).
+    """
+    import warnings
+
+    from ..errors import InputError
+    from ..store.paths import resolve_paths
+
+    roots = [d.resolve() for d in folders]
+    for spec in trace:
+        with warnings.catch_warnings():  # the reader warns about a .partial once, later
+            warnings.simplefilter("ignore")
+            files = resolve_paths(spec)
+        for f in files:
+            inside = next((d for d, r in zip(folders, roots) if r in f.resolve().parents), None)
+            if inside is not None:
+                raise InputError(
+                    f"{f}: the input TRACE lies inside the output folder {inside}, which the "
+                    f"export replaces; choose another output path"
+                )
 
 
 def _check_replaceable(path: Path, force: bool) -> None:
@@ -141,7 +168,7 @@ class _Sinks:
                 fh.write(_json_line(row) + "\n")
                 continue
             self.writers[table].writerow(
-                {k: json.dumps(v) if isinstance(v, list) else v for k, v in row.items()}
+                {k: _json_value(v) if isinstance(v, list) else v for k, v in row.items()}
             )
 
     def close(self) -> None:

@@ -92,7 +92,13 @@ def import_dropped(meta: dict) -> tuple[int, str | None]:
     kinds = {"malformed": _int_or_none(imp.get("malformed")) or 0}
     if _gaps_are_lost(imp, meta.get("method")):
         kinds["chain gap"] = _int_or_none(imp.get("chain_gaps")) or 0
-    return sum(kinds.values()), _first_example(imp, kinds)
+    first = _first_example(imp, kinds)
+    # a file importer's lost steps (llama-dump: hooks/importers/llama_dump.py DumpStats.lost)
+    lost = _dict(imp, "lost")
+    n_lost = _int_or_none(lost.get("count")) or 0
+    if n_lost and first is None and isinstance(lost.get("first"), str):
+        first = lost["first"]
+    return sum(kinds.values()) + n_lost, first
 
 
 def import_chain_breaks(meta: dict) -> tuple[int, str | None]:
@@ -144,7 +150,9 @@ def _log_how(ev: CaptureEvidence) -> list[str]:
     if ev["dropped_lines"]:
         first = f"; first: {ev['first_dropped']}" if ev["first_dropped"] else ""
         lost = _n(ev["dropped_lines"], "trace line")
-        out.append(f"the log lost {lost} (dropped as malformed, or a chain gap){first}")
+        out.append(
+            f"the log lost {lost} (dropped as malformed or unplaceable, or a chain gap){first}"
+        )
     if ev["chain_breaks"]:
         first = f"; first: {ev['first_chain_break']}" if ev["first_chain_break"] else ""
         out.append(

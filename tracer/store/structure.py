@@ -280,25 +280,30 @@ def _column_shape_error(ds: h5py.Dataset, c: schema.Column) -> str | None:
     if ds.ndim != rank:
         return f"stored {ds.ndim}-D, expected {rank}-D {c.dtype}"
     dt = ds.dtype
-    if c.vlen:
+    if c.vlen:  # the ids are read as int32: a wider type would wrap them
         base = h5py.check_vlen_dtype(dt)
-        if base is None or base.kind not in "iu":
-            return f"stored as {_dtype_name(dt)}, expected ragged {c.dtype}"
+        if base is None or not _fits(base, c.np_dtype):
+            got = _dtype_name(dt) if base is None else f"ragged {base}"
+            return f"stored as {got}, expected ragged {c.dtype}"
         return None
     if c.dtype == "str":
         if h5py.check_string_dtype(dt) is None:
             return f"stored as {_dtype_name(dt)}, expected UTF-8 strings"
         return None
-    size = c.np_dtype.itemsize
-    if c.np_dtype.kind == "f":
-        ok = dt.kind == "f"
-    else:  # every value of the stored type must fit the schema's
-        ok = (dt.kind == "i" and dt.itemsize <= size) or (dt.kind == "u" and dt.itemsize < size)
-    if not ok:
+    if not _fits(dt, c.np_dtype):
         return f"stored as {_dtype_name(dt)}, expected {c.dtype}"
     if rank == 2 and ds.shape[1] < 1:
         return "a matrix with no columns"
     return None
+
+
+def _fits(dt: np.dtype, want: np.dtype) -> bool:
+    """Whether every value of stored type ``dt`` fits the schema's ``want`` (any float for a
+    float column)."""
+    if want.kind == "f":
+        return dt.kind == "f"
+    size = want.itemsize
+    return (dt.kind == "i" and dt.itemsize <= size) or (dt.kind == "u" and dt.itemsize < size)
 
 
 def _dtype_name(dt: np.dtype) -> str:
