@@ -15,6 +15,7 @@ acceptance and explain an accepted-token shortfall, unplaced blocks a drafts sho
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -181,10 +182,9 @@ def _write_records(
         prompt, output = ids
         req_id = _request_id(rec, i, seen, lines, stats.source)
         if req_id is None:
-            stats.problems.add(
-                "invalid_record", lambda i=i: lines.line("records", i),
-                "request id is not UTF-8 text", "request_id", rec.get("request_id"),
-            )  # fmt: skip
+            where = functools.partial(lines.line, "records", i)
+            what = "request id is not UTF-8 text"
+            stats.problems.add("invalid_record", where, what, "request_id", rec.get("request_id"))
             stats.unplaced["invalid_record"] += nblocks
             continue
         reason = "length" if max_tokens and len(output) >= max_tokens else "stop"
