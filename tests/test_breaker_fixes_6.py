@@ -17,6 +17,10 @@
 7. A safetensors header whose ``data_offsets`` span another size than shape x dtype was read
    as is (an internal error, exit 3, when the inspector read a lying ``d2t``): bad input.
 8. CSV list columns wrote an infinite margin as ``Infinity``, which is no JSON.
+9. ``--max-errors N`` (``max_error_findings``) tolerated missing work: a dead engine's trace
+   passed ``check`` and ``diff`` (exit 0, "no divergence") when N covered its
+   ``capture_incomplete``. A count tolerates findings about what was recorded; missing work
+   fails unless ``--ignore`` names its kind.
 """
 
 from __future__ import annotations
@@ -310,3 +314,42 @@ def test_csv_margin_lists_are_json(tmp_path, margins, cell, parsed):
         (row,) = list(csv.DictReader(fh))
     assert row["draft_margin"] == cell
     assert json.loads(row["draft_margin"]) == parsed
+
+
+# -- 9. --max-errors never tolerates missing work ---------------------------------------------
+
+
+def _killed(path: Path) -> Path:
+    """:func:`_trace` whose writer never closed it (status recording): capture_incomplete."""
+    _trace(path)
+    with h5py.File(path, "r+") as f:
+        f.attrs["status"] = "recording"
+    return path
+
+
+def test_max_errors_does_not_tolerate_missing_work(tmp_path, spectrace_assert_drafts_match):
+    p = _killed(tmp_path / "k.h5")
+    r = run_inproc("check", p, "--max-errors", "1", "--format", "json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1
+    assert doc["gate"]["problems"] == [
+        "missing work (capture_incomplete): --max-errors tolerates none; --ignore KIND does"
+    ]
+    r = run_inproc("diff", _trace(tmp_path / "a.h5"), p, "--max-errors", "5")
+    assert r.returncode == 1
+    assert r.stdout.splitlines()[2] == (
+        "DIVERGED: missing work (capture_incomplete): --max-errors tolerates none; "
+        "--ignore KIND does"
+    )
+    with pytest.raises(pytest.fail.Exception, match="missing work"):
+        spectrace_assert_drafts_match(tmp_path / "a.h5", p, max_error_findings=5)
+    # naming the kind is the way to accept it
+    assert run_inproc("check", p, "--ignore", "capture_incomplete").returncode == 0
+
+
+def test_max_errors_tolerates_findings_about_recorded_work(tmp_path):
+    """Twin: an impossible anchor (-7) is one error about what was recorded; --max-errors 1
+    tolerates it, the default does not."""
+    p = _trace(tmp_path / "a.h5", anchor=-7)
+    assert _check_errors(p) == (1, ["impossible_values"])
+    assert run_inproc("check", p, "--max-errors", "1").returncode == 0
