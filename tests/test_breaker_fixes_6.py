@@ -16,6 +16,8 @@
    passed ``check``: the lost steps are ``capture_incomplete``, as a VT log's are.
 7. A safetensors header whose ``data_offsets`` span another size than shape x dtype was read
    as is (an internal error, exit 3, when the inspector read a lying ``d2t``): bad input.
+   ``-o`` a symbolic link to an earlier export with ``--force`` was an internal error
+   (exit 3) that left ``OUT.partial`` behind: bad input, nothing written.
 8. CSV list columns wrote an infinite margin as ``Infinity``, which is no JSON.
 9. ``--max-errors N`` (``max_error_findings``) tolerated missing work: a dead engine's trace
    passed ``check`` and ``diff`` (exit 0, "no divergence") when N covered its
@@ -94,6 +96,23 @@ def test_an_input_beside_the_export_folder_is_exported_with_force(tmp_path):
     assert r.returncode == 0, r.stderr
     assert [p.name for p in (out / "blocks").iterdir()] == ["run=keep"]
     assert (tmp_path / "keep.h5").is_file()
+
+
+def test_a_symlinked_export_folder_is_bad_input_and_left_whole(tmp_path):
+    """``-o LINK --force`` with LINK -> an earlier export was an internal error (exit 3: rmtree
+    refuses a link) after writing ``LINK.partial``; now one line, nothing written."""
+    real, link = tmp_path / "real", tmp_path / "lnk"
+    assert run_inproc("export", _trace(tmp_path / "a.h5"), "-o", real).returncode == 0
+    link.symlink_to("real")
+    r = run_inproc("export", tmp_path / "a.h5", "-o", link, "--force")
+    assert r.returncode == 2
+    assert _error(r.stderr) == (
+        f"spectrace: error: {link}: a symbolic link (to real); name the folder itself"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.h5", "lnk", "real"]
+    assert [p.name for p in (real / "blocks").iterdir()] == ["run=a"]
+    r = run_inproc("export", tmp_path / "a.h5", "-o", real, "--force")  # twin: the folder
+    assert r.returncode == 0, r.stderr
 
 
 # -- 2. ragged ids wider than int32 ------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -113,6 +114,10 @@ def _check_replaceable(path: Path, force: bool) -> None:
 
     if not path.exists() and not path.is_symlink():
         return
+    if path.is_symlink():  # replacing a link's folder whole would be rmtree on a link
+        raise InputError(
+            f"{path}: a symbolic link (to {os.readlink(path)}); name the folder itself"
+        )
     if not force:
         raise InputError(f"{path}: exists (an interrupted export?); pass --force to overwrite it")
     entries = {p.name for p in path.iterdir()} if path.is_dir() else {"?"}
