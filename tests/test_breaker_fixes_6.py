@@ -23,6 +23,9 @@
    passed ``check`` and ``diff`` (exit 0, "no divergence") when N covered its
    ``capture_incomplete``. A count tolerates findings about what was recorded; missing work
    fails unless ``--ignore`` names its kind.
+10. ``replay --engine reference`` of a reference holding a token id outside the target's
+    vocabulary was an internal error (exit 3, torch's IndexError); a negative id in a
+    requests JSONL said "no position to replay". Both are bad input naming the request.
 """
 
 from __future__ import annotations
@@ -372,3 +375,39 @@ def test_max_errors_tolerates_findings_about_recorded_work(tmp_path):
     p = _trace(tmp_path / "a.h5", anchor=-7)
     assert _check_errors(p) == (1, ["impossible_values"])
     assert run_inproc("check", p, "--max-errors", "1").returncode == 0
+
+
+# -- 10. replay of ids the target cannot embed -------------------------------------------------
+
+
+def _ref(tmp_path: Path, prompt: list[int]) -> Path:
+    src = tmp_path / "ref.jsonl"
+    src.write_text(json.dumps({"req_id": "a", "prompt_ids": prompt, "output_ids": [4, 5, 6]}))
+    return src
+
+
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        # the bundled target's vocabulary is 2048 ids (engine/models/target/config.json)
+        ([1, 2, 2048], "request a: token id 2048 outside the target's vocabulary [0, 2048) "
+         "(field=prompt_ids/output_ids)"),
+        ([1, -2, 3], "{src}:1: request a has a negative token id"),
+    ],
+)  # fmt: skip
+def test_a_reference_id_outside_the_vocabulary_is_bad_input(tmp_path, prompt, message):
+    src = _ref(tmp_path, prompt)
+    r = run_inproc("replay", src, "--engine", "reference", "--positions", "1",
+                   "-o", tmp_path / "r.h5")  # fmt: skip
+    assert r.returncode == 2
+    assert _error(r.stderr) == "spectrace: error: " + message.format(src=src)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ref.jsonl"]
+
+
+def test_a_reference_inside_the_vocabulary_replays(tmp_path):
+    """Twin: id 2047, the last of the vocabulary; one position (3, the first output token)."""
+    r = run_inproc("replay", _ref(tmp_path, [1, 2, 2047]), "--engine", "reference",
+                   "--positions", "1", "-o", tmp_path / "r.h5")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    with h5py.File(tmp_path / "r.h5") as f:
+        assert f["blocks/position"][:].tolist() == [3]
