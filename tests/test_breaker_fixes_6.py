@@ -26,6 +26,10 @@
 10. ``replay --engine reference`` of a reference holding a token id outside the target's
     vocabulary was an internal error (exit 3, torch's IndexError); a negative id in a
     requests JSONL said "no position to replay". Both are bad input naming the request.
+11. A request id stored as bytes that are not UTF-8, or a ``/phases`` ``names`` attribute
+    that is not a list of UTF-8 strings, was an internal error (exit 3) of every reading
+    command while ``validate`` called the file valid (or "damaged trace file (field=/)"):
+    bad input naming the field and row, and a ``validate`` problem.
 """
 
 from __future__ import annotations
@@ -411,3 +415,55 @@ def test_a_reference_inside_the_vocabulary_replays(tmp_path):
     assert r.returncode == 0, r.stderr
     with h5py.File(tmp_path / "r.h5") as f:
         assert f["blocks/position"][:].tolist() == [3]
+
+
+# -- 11. text that is not UTF-8 ----------------------------------------------------------------
+
+
+def _raw_req_id(path: Path, raw: bytes) -> Path:
+    """``path`` with request 0's id written as the bytes ``raw`` into the UTF-8 column."""
+    with h5py.File(path, "r+") as f:
+        ds = f["requests/req_id"]
+        ds.id.write(h5py.h5s.ALL, h5py.h5s.ALL, np.array([raw], dtype=object))
+    return path
+
+
+@pytest.mark.parametrize("raw, valid", [(b"\xff\xfe", False), (b"r\xc3\xa9", True)])
+def test_a_request_id_that_is_not_utf8_is_bad_input(tmp_path, raw, valid):
+    p = _raw_req_id(_trace(tmp_path / "a.h5"), raw)
+    r, v = run_inproc("info", p, "--format", "json"), run_inproc("validate", p)
+    if valid:  # twin: "r\u00e9" in UTF-8
+        assert r.returncode == 0, r.stderr
+        assert (v.returncode, v.stdout) == (0, f"{p}: valid\n")
+        return
+    want = f"{p}: not UTF-8 text at row 0 (field=requests/req_id, value=b'\\xff\\xfe')"
+    assert r.returncode == 2 and _error(r.stderr) == f"spectrace: error: {want}"
+    assert (v.returncode, v.stdout) == (1, want + "\n")
+
+
+def _phases(path: Path, names) -> Path:
+    """``path`` with one phase row (step 0, code 0, 1.5 ms, level 1) and ``names``."""
+    with h5py.File(path, "r+") as f:
+        g = f["phases"]
+        for col, value in (("step", 0), ("name", 0), ("ms", 1.5), ("level", 1)):
+            g[col].resize((1,))
+            g[col][0] = value
+        g.attrs["names"] = names
+    return path
+
+
+@pytest.mark.parametrize(
+    "names, what",
+    [(5, "not a list of strings (field=/phases.names, value=5)"),
+     (np.array([b"\xff"], "S1"), "not UTF-8 text at row 0 (field=/phases.names, value=b'\\xff')"),
+     (["backbone"], None)],
+)  # fmt: skip
+def test_phase_names_that_are_not_strings_are_bad_input(tmp_path, names, what):
+    p = _phases(_trace(tmp_path / "a.h5"), names)
+    r, v = run_inproc("check", p), run_inproc("validate", p)
+    if what is None:  # twin: the writer's own layout, a list of str
+        assert r.returncode == 0, r.stderr
+        assert (v.returncode, v.stdout) == (0, f"{p}: valid\n")
+        return
+    assert r.returncode == 2 and _error(r.stderr) == f"spectrace: error: {p}: {what}"
+    assert (v.returncode, v.stdout) == (1, f"{p}: {what}\n")

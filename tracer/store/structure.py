@@ -306,6 +306,61 @@ def _fits(dt: np.dtype, want: np.dtype) -> bool:
     return (dt.kind == "i" and dt.itemsize <= size) or (dt.kind == "u" and dt.itemsize < size)
 
 
+def text_problems(path: str, field: str, cells) -> list[Problem]:
+    """The cells of a UTF-8 string column (``bytes``, as h5py reads them) that are not UTF-8
+    text (a writer that stored raw bytes): one problem with the first row and a count."""
+    bad = [i for i, x in enumerate(cells) if isinstance(x, bytes) and not _is_utf8(x)]
+    if not bad:
+        return []
+    return [Problem(path, field, "not UTF-8 text", cells[bad[0]], bad[0], len(bad))]
+
+
+def decode_texts(path: str, field: str, cells) -> list[str]:
+    """The cells of a UTF-8 string column as ``str``.
+
+    Raises:
+        TraceFormatError: a cell is not UTF-8 (names the field and the first row).
+    """
+    try:
+        return [_decode(x) for x in cells]
+    except UnicodeDecodeError:
+        raise text_problems(path, field, cells)[0].error() from None
+
+
+def phase_names(path: str, g: h5py.Group) -> tuple[list[str], list[Problem]]:
+    """The ``/phases`` ``names`` attribute (the text of each name code): absent, no name;
+    anything but a list of UTF-8 strings is a problem (``[]`` is returned then)."""
+    raw = g.attrs.get("names")
+    if raw is None:
+        return [], []
+    cells = raw.tolist() if isinstance(raw, np.ndarray) and raw.ndim == 1 else None
+    if cells is None or not all(isinstance(x, (str, bytes)) for x in cells):
+        what = "not a list of strings"
+        return [], [Problem(path, "/phases.names", what, _short_repr(_plain(raw)))]
+    problems = text_problems(path, "/phases.names", cells)
+    return ([] if problems else [_decode(x) for x in cells]), problems
+
+
+def phase_name_column(path: str, g: h5py.Group, codes: np.ndarray) -> np.ndarray:
+    """The name of each phase row's code (``?``: a code outside the names), object [n].
+
+    Raises:
+        TraceFormatError: the ``names`` attribute is unusable (:func:`phase_names`).
+    """
+    names, problems = phase_names(path, g)
+    if problems:
+        raise problems[0].error()
+    return np.array([names[c] if 0 <= c < len(names) else "?" for c in codes], dtype=object)
+
+
+def _is_utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _dtype_name(dt: np.dtype) -> str:
     if h5py.check_string_dtype(dt) is not None or dt.kind in "SUO":
         return "strings"
