@@ -30,6 +30,9 @@
     that is not a list of UTF-8 strings, was an internal error (exit 3) of every reading
     command while ``validate`` called the file valid (or "damaged trace file (field=/)"):
     bad input naming the field and row, and a ``validate`` problem.
+12. A diagnostic quoting a request id with a newline or a terminal escape (``--request``'s
+    list of known ids) broke the one stderr line in two and wrote the escape to the
+    terminal: control characters are written as their escapes.
 """
 
 from __future__ import annotations
@@ -467,3 +470,27 @@ def test_phase_names_that_are_not_strings_are_bad_input(tmp_path, names, what):
         return
     assert r.returncode == 2 and _error(r.stderr) == f"spectrace: error: {p}: {what}"
     assert (v.returncode, v.stdout) == (1, f"{p}: {what}\n")
+
+
+# -- 12. one diagnostic line, whatever a request id holds --------------------------------------
+
+
+def _trace_of(path: Path, req_id: str) -> Path:
+    with TraceWriter(path, {"k": 2}, flush_interval=0) as w:
+        w.request(req_id, [1, 2, 3], [4, 5, 6], "length")
+        w.add_block(req_id, 0, 2, 3, [4, 5], verified=[4, 5], accepted=2, emitted=[4, 5, 6])
+    return path
+
+
+@pytest.mark.parametrize(
+    "req_id, shown",
+    [("a\nb\x1b[31m", "a\\nb\\x1b[31m"), ("r\u00e9", "r\u00e9")],  # twin: printable as is
+)
+def test_a_diagnostic_is_one_line_whatever_an_id_holds(tmp_path, req_id, shown):
+    p = _trace_of(tmp_path / "a.h5", req_id)
+    r = run_inproc("check", p, "--request", "x")
+    assert r.returncode == 2
+    assert r.stderr == (
+        f"spectrace: error: Invalid value for --request: no request 'x' (known: {shown}) "
+        "(see 'spectrace check --help')\n"
+    )
