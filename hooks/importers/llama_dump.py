@@ -112,8 +112,8 @@ class DumpStats:
         """The dump's steps the trace lacks (``meta["import"]["lost"]``, which the
         ``capture_incomplete`` finding reads): lines that are no step (:data:`LOST_STEPS`)
         and steps that could not be placed. ``{"count", "first": "FILE:LINE: what"}``."""
-        hits = [p for c, p in (self.problems.classes if self.problems else {}).items()
-                if c in LOST_STEPS]  # fmt: skip
+        classes = self.problems.classes if self.problems else {}
+        hits = [p for c, p in classes.items() if c in LOST_STEPS]
         first = min(hits, key=lambda p: int(p.where.rsplit(":", 1)[1]), default=None)
         return {
             "count": sum(p.count for p in hits),
