@@ -60,6 +60,17 @@ def _load(opts: EngineOptions):
     return target, DraftModelDrafter(load_model(draft_dir), opts.k), draft_dir
 
 
+def _check_vocab(ref: Reference, vocab_size: int) -> None:
+    """Raises InputError when a reference id lies outside the target's vocabulary (the
+    embedding lookup would fail inside torch)."""
+    bad = next((x for x in ref.sequence if not 0 <= x < vocab_size), None)
+    if bad is not None:
+        raise InputError(
+            f"request {ref.req_id}: token id {bad} outside the target's vocabulary "
+            f"[0, {vocab_size}) (field=prompt_ids/output_ids)"
+        )
+
+
 def target_choices(model, ref: Reference, positions: list[int]) -> list[tuple[int, float]]:
     """(token, top-1 minus top-2 logit) the target samples at each of ``positions`` given
     the reference prefix before it. One fp32 forward over ``sequence[:max(positions)]``."""
@@ -97,6 +108,7 @@ def replay_reference(
         if mine:
             if len(ref.sequence) + opts.k > target.max_model_len:
                 raise InputError(f"request {ref.req_id}: longer than max_model_len")
+            _check_vocab(ref, target.vocab_size)
             got = target_choices(target.model, ref, [s.position for s in mine])
             anchors.update(zip(mine, got))
     drafts: list[Draft] = []

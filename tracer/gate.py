@@ -357,6 +357,24 @@ def counted_errors(findings: list[Finding], th: Thresholds) -> list[Finding]:
     return [f for f in findings if f.severity == "error" and f.kind not in th.ignore]
 
 
+#: Missing work (a dead engine, lost trace lines, requests cut short or absent): a count of
+#: tolerated errors never covers it (that is for what was recorded), naming it in ``ignore`` does.
+MISSING_WORK = frozenset({"capture_incomplete", "requests_incomplete"})
+
+
+def errors_problem(errors: list[Finding], th: Thresholds) -> str | None:
+    """Why the counted ``errors`` fail the gate (None: they do not): more than
+    ``th.max_errors``, or any of them missing work (:data:`MISSING_WORK`)."""
+    if len(errors) > th.max_errors:
+        return f"{len(errors)} error finding(s), at most {th.max_errors} allowed"
+    missing = [k for k in KINDS if k in MISSING_WORK and any(f.kind == k for f in errors)]
+    if missing:
+        return (
+            f"missing work ({', '.join(missing)}): --max-errors tolerates none; --ignore KIND does"
+        )
+    return None
+
+
 def check_gate(
     findings: list[Finding], th: Thresholds, sel: Selection, trace: Trace | None = None
 ) -> tuple[list[Finding], list[str]]:
@@ -368,7 +386,6 @@ def check_gate(
         GateError: given ``trace``, a selected request id it does not have.
     """
     kept = [f for f in findings if in_selection(f, sel)]
-    n = len(counted_errors(kept, th))
     problems = []
     if trace is not None and not sel.everything:
         check_known(sel, trace.requests.req_id)
@@ -376,8 +393,9 @@ def check_gate(
             problems.append(
                 f"nothing selected: no block of the trace lies in {selection_text(sel)}"
             )
-    if n > th.max_errors:
-        problems.append(f"{n} error finding(s), at most {th.max_errors} allowed")
+    why = errors_problem(counted_errors(kept, th), th)
+    if why is not None:
+        problems.append(why)
     return kept, problems
 
 
@@ -428,8 +446,9 @@ def judge(
     why = _agreement_problem(al, al if full is None else full, th, sel, paired, agreeing)
     if why is not None:
         problems.append(why)
-    if len(errors) > th.max_errors:
-        problems.append(f"{len(errors)} error finding(s), at most {th.max_errors} allowed")
+    why = errors_problem(errors, th)
+    if why is not None:
+        problems.append(why)
     return GateSummary(
         passed=not problems,
         problems=problems,

@@ -37,8 +37,10 @@ from .store.structure import (
     format_version,
     is_complete,
     length_problems,
+    phase_names,
     read_meta,
     request_index_problems,
+    text_problems,
 )
 
 
@@ -149,6 +151,7 @@ def _block_problems(
          ne, ne > width["emitted"]),
         ("blocks/position", "negative position", b["position"], b["position"] < 0),
         ("blocks/step", "negative step", b["step"], b["step"] < 0),
+        ("blocks/anchor", "token id below the -1 pad", b["anchor"], b["anchor"] < -1),
     ]  # fmt: skip
     for name in ("proposed", "verified", "emitted"):
         checks.append((f"blocks/{name}", "token id below the -1 pad", b[name], b[name] < -1))
@@ -207,6 +210,8 @@ def _sequence_lengths(
 
 def _request_problems(path: str, req: dict[str, np.ndarray]) -> list[Problem]:
     problems = []
+    for name in ("req_id", "finish_reason"):
+        problems += text_problems(path, f"requests/{name}", req[name].tolist())
     for name in ("prompt_ids", "output_ids"):
         bad = np.array([bool(len(x)) and bool((x < 0).any()) for x in req[name]], dtype=bool)
         if bad.any():
@@ -218,7 +223,9 @@ def _request_problems(path: str, req: dict[str, np.ndarray]) -> list[Problem]:
 
 
 def _phase_problems(path: str, g: h5py.Group, ph: dict[str, np.ndarray]) -> list[Problem]:
-    names = g.attrs.get("names", [])
+    names, problems = phase_names(path, g)
+    if problems:
+        return problems
     code = ph["name"]
     checks = [
         ("phases/name", f"name code outside the {len(names)} names", code,

@@ -76,6 +76,24 @@ def counters_check(metrics: object, placed: dict, unplaced: int = 0) -> dict:
     return out
 
 
+#: Counters whose difference means blocks missing from (or added to) the trace: the
+#: accepted counters may also differ where a block's bonus falls past max_tokens.
+BLOCK_COUNTERS = ("drafts", "draft_tokens")
+
+
+def check_status(check: dict) -> dict:
+    """The ``meta["checks"]`` status items of a :func:`counters_check` result, as the vLLM
+    capture writes them: ``{"status": "mismatch", "mismatch": [names]}`` when the placed
+    blocks' drafts or draft tokens differ from the golden's counters (blocks vLLM counted
+    are missing: ``capture_incomplete``), ``{"status": "ok"}`` otherwise, ``{}`` without
+    counters."""
+    short = check.get("shortfall")
+    if not isinstance(short, dict):
+        return {}
+    bad = [k for k in BLOCK_COUNTERS if short.get(k)]
+    return {"status": "mismatch", "mismatch": bad} if bad else {"status": "ok"}
+
+
 def _minus(a, b):
     if isinstance(a, list):
         n = max(len(a), len(b))

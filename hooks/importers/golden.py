@@ -15,6 +15,7 @@ acceptance and explain an accepted-token shortfall, unplaced blocks a drafts sho
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from spectrace.tracer.errors import InputError
 from spectrace.tracer.store import TraceWriter
 
 from .common import JsonLines, Problems, id_list, is_int, load_json, read_text, write_trace
-from .counters import GOLDEN_COUNTERS, counters_check, placed_totals
+from .counters import GOLDEN_COUNTERS, check_status, counters_check, placed_totals
 from .placement import UNPLACED_REASONS, PlacedBlock, place
 
 SOURCE = "golden"
@@ -115,7 +116,8 @@ def import_golden(
         placed = _write_records(writer, doc["records"], stats, _max_tokens(doc), lines)
         totals = placed_totals(placed, base.get("k"))
         stats.check = counters_check(doc.get("metrics"), totals, sum(stats.unplaced.values()))
-        return {"import": stats.to_meta(), "checks": {"golden_counters": stats.check}}
+        checks = {"golden_counters": stats.check, **check_status(stats.check)}
+        return {"import": stats.to_meta(), "checks": checks}
 
     write_trace(out, base, fill)
     return stats
@@ -168,6 +170,7 @@ def _write_records(
     """Place and write every record's blocks; returns every placed block."""
     assert stats.problems is not None
     placed_all: list[PlacedBlock] = []
+    seen: dict[str, int] = {}  # request id -> its record
     for i, rec in enumerate(records):
         stats.records += 1
         ids = _record_ids(rec, stats.problems, lambda i=i: lines.line("records", i))
@@ -177,7 +180,13 @@ def _write_records(
             stats.unplaced["invalid_record"] += nblocks
             continue
         prompt, output = ids
-        req_id = str(rec.get("request_id", i))
+        req_id = _request_id(rec, i, seen, lines, stats.source)
+        if req_id is None:
+            where = functools.partial(lines.line, "records", i)
+            what = "request id is not UTF-8 text"
+            stats.problems.add("invalid_record", where, what, "request_id", rec.get("request_id"))
+            stats.unplaced["invalid_record"] += nblocks
+            continue
         reason = "length" if max_tokens and len(output) >= max_tokens else "stop"
         writer.request(req_id, prompt, output, str(rec.get("finish_reason") or reason))
         stats.requests += 1
@@ -186,6 +195,30 @@ def _write_records(
         _add_blocks(writer, req_id, rec["blocks"], placed, prompt + output)
         placed_all += placed
     return placed_all
+
+
+def _request_id(
+    rec: dict, i: int, seen: dict[str, int], lines: JsonLines, source: str
+) -> str | None:
+    """Record ``i``'s request id (``request_id``, else its index), None when it is not
+    UTF-8 text (a lone surrogate escape); ``seen`` maps the ids so far to their records.
+
+    Raises:
+        InputError: the id is an earlier record's (the two would merge into one request,
+            the later prompt and output replacing the earlier's).
+    """
+    req_id = str(rec.get("request_id", i))
+    try:
+        req_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    if req_id in seen:
+        raise InputError(
+            f"{source}:{lines.line('records', i)}: request id {req_id!r} of record {i} "
+            f"is also record {seen[req_id]}'s (field=request_id): give each record its own"
+        )
+    seen[req_id] = i
+    return req_id
 
 
 def _is_list(rec: dict, key: str) -> bool:

@@ -39,6 +39,10 @@ from spectrace.tracer.store import TraceWriter
 from .common import Problems, is_int, jsonl_objects, read_text, write_trace
 
 SOURCE = "llama-spec-dump"
+#: Problem classes that lose a verification step: a line that is no step (not JSON, not a
+#: readable step) or a step that was not placed (no request of its sequence, past the end
+#: of its requests). Duplicated steps are the file's repeats, not lost steps.
+LOST_STEPS = ("bad_json", "invalid_step", "unknown_seq", "past_end")
 _I16 = 2**15 - 1
 _I32 = 2**31 - 1
 
@@ -101,7 +105,20 @@ class DumpStats:
         out = {k: v for k, v in vars(self).items() if k not in ("unplaced", "problems")}
         out["unplaced"] = dict(self.unplaced)
         out["problems"] = self.problems.to_meta() if self.problems else {}
+        out["lost"] = self.lost()
         return out
+
+    def lost(self) -> dict:
+        """The dump's steps the trace lacks (``meta["import"]["lost"]``, which the
+        ``capture_incomplete`` finding reads): lines that are no step (:data:`LOST_STEPS`)
+        and steps that could not be placed. ``{"count", "first": "FILE:LINE: what"}``."""
+        classes = self.problems.classes if self.problems else {}
+        hits = [p for c, p in classes.items() if c in LOST_STEPS]
+        first = min(hits, key=lambda p: int(p.where.rsplit(":", 1)[1]), default=None)
+        return {
+            "count": sum(p.count for p in hits),
+            "first": f"{first.where}: {first.what}" if first else None,
+        }
 
 
 def import_dump(

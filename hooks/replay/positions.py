@@ -100,6 +100,8 @@ def _read_jsonl(p: Path) -> list[Reference]:
             ) from None
         if not prompt or not output:
             raise InputError(f"{p}:{n}: request {rid} has empty prompt or output ids")
+        if min(prompt + output) < 0:
+            raise InputError(f"{p}:{n}: request {rid} has a negative token id")
         refs.append(Reference(rid, prompt, output, str(obj.get("finish_reason") or "length")))
     if not refs:
         raise InputError(f"{p}: no requests")

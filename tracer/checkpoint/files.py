@@ -8,6 +8,7 @@ named by ``model.safetensors.index.json``); the only tensor data read are small 
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,12 @@ _NP_DTYPES = {
     "F64": "<f8",
     "F32": "<f4",
     "F16": "<f2",
+}
+#: Bytes per element of the safetensors dtypes (the format's own list): a header whose
+#: ``data_offsets`` span another size than shape x this is lying about the tensor.
+_DTYPE_BYTES = {
+    **{k: np.dtype(v).itemsize for k, v in _NP_DTYPES.items()},
+    **{"BF16": 2, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1},
 }
 
 
@@ -99,7 +106,19 @@ def _tensor_info(path: Path, name: str, v: object, base: int) -> TensorInfo:
         raise InputError(
             f"{path}: not a safetensors header: tensor {name!r} (field={bad}, value={got!r})"
         )
+    need, span = _nbytes(dtype, shape), offsets[1] - offsets[0]  # type: ignore[arg-type,index]
+    if need is not None and span != need:
+        raise InputError(
+            f"{path}: not a safetensors header: tensor {name!r} spans {span} bytes, its "
+            f"shape {shape} of {dtype} needs {need} (field=data_offsets, value={offsets!r})"
+        )
     return TensorInfo(dtype, tuple(shape), path, base + offsets[0], base + offsets[1])  # type: ignore
+
+
+def _nbytes(dtype: str, shape: list[int]) -> int | None:
+    """The data size of a tensor of ``dtype`` and ``shape`` (None: a dtype of unknown size)."""
+    size = _DTYPE_BYTES.get(dtype)
+    return None if size is None else size * math.prod(shape)
 
 
 def read_small(t: TensorInfo) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -56,6 +57,7 @@ def export_cmd(trace: tuple[str, ...], fmt: str, out: str, runs: tuple[str, ...]
     check_outputs({"-o": out}, {f"TRACE {t}": t for t in trace}, force=force, traces=())
     target = Path(out)
     partial = target.with_name(target.name + ".partial")
+    _refuse_inputs_inside(trace, (target, partial))
     for p in (target, partial):
         _check_replaceable(p, force)
     shutil.rmtree(partial, ignore_errors=True)
@@ -78,6 +80,32 @@ def export_cmd(trace: tuple[str, ...], fmt: str, out: str, runs: tuple[str, ...]
     )
 
 
+def _refuse_inputs_inside(trace: tuple[str, ...], folders: tuple[Path, ...]) -> None:
+    """Refuse an input trace file that lies inside the output folder or its ``.partial``:
+    ``--force`` removes those folders whole, the input with them.
+
+    Raises:
+        InputError: naming the input file and the folder (or a TRACE that matches nothing).
+    """
+    import warnings
+
+    from ..errors import InputError
+    from ..store.paths import resolve_paths
+
+    roots = [d.resolve() for d in folders]
+    for spec in trace:
+        with warnings.catch_warnings():  # the reader warns about a .partial once, later
+            warnings.simplefilter("ignore")
+            files = resolve_paths(spec)
+        for f in files:
+            inside = next((d for d, r in zip(folders, roots) if r in f.resolve().parents), None)
+            if inside is not None:
+                raise InputError(
+                    f"{f}: the input TRACE lies inside the output folder {inside}, which the "
+                    f"export replaces; choose another output path"
+                )
+
+
 def _check_replaceable(path: Path, force: bool) -> None:
     """Refuse to replace ``path`` (the output or its ``.partial``) unless it is absent, or an
     earlier export and ``--force`` is given (the output itself is checked by
@@ -86,6 +114,10 @@ def _check_replaceable(path: Path, force: bool) -> None:
 
     if not path.exists() and not path.is_symlink():
         return
+    if path.is_symlink():  # replacing a link's folder whole would be rmtree on a link
+        raise InputError(
+            f"{path}: a symbolic link (to {os.readlink(path)}); name the folder itself"
+        )
     if not force:
         raise InputError(f"{path}: exists (an interrupted export?); pass --force to overwrite it")
     entries = {p.name for p in path.iterdir()} if path.is_dir() else {"?"}
@@ -141,7 +173,7 @@ class _Sinks:
                 fh.write(_json_line(row) + "\n")
                 continue
             self.writers[table].writerow(
-                {k: json.dumps(v) if isinstance(v, list) else v for k, v in row.items()}
+                {k: _json_value(v) if isinstance(v, list) else v for k, v in row.items()}
             )
 
     def close(self) -> None:

@@ -16,11 +16,21 @@ if TYPE_CHECKING:
 
 
 def say(msg: str) -> None:
-    """Print one diagnostic line to stderr, prefixed ``spectrace:``, and flush it."""
+    """Print one diagnostic line to stderr, prefixed ``spectrace:``, and flush it. Control
+    characters (a request id's newline or terminal escape, read from a trace or a log) are
+    written as their escapes: the line stays one line and cannot drive the terminal."""
     try:
-        print(f"spectrace: {msg}", file=sys.stderr, flush=True)
+        print(f"spectrace: {one_line(msg)}", file=sys.stderr, flush=True)
     except (OSError, ValueError):  # stderr closed (interpreter exit, a reader gone)
         pass
+
+
+def one_line(text: str) -> str:
+    """``text`` with each unprintable character (``\\n``, ``\\t``, ``\\x1b``...) as its
+    Python escape; printable text, any script, as it is."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def show_warning(

@@ -76,12 +76,19 @@ def import_dropped(meta: dict) -> tuple[int, str | None]:
     """``(dropped lines, the first as FILE:LINE: what or None)``: the trace lines a VT
     import lost, from /meta ``import`` (hooks/vt/stats.py ImportStats): malformed lines
     (unreadable or out-of-range values) and, for a drafter that drafts every step, chain
-    gaps; the first from the import's examples. ``(0, None)`` without an import."""
+    gaps; the first from the import's examples. A file importer's lost steps (``import``
+    ``lost``: llama-dump lines that are no step, steps no request holds) count too.
+    ``(0, None)`` without an import."""
     imp = _dict(meta, "import")
     kinds = {"malformed": _int_or_none(imp.get("malformed")) or 0}
     if _gaps_are_lost(imp, meta.get("method")):
         kinds["chain gap"] = _int_or_none(imp.get("chain_gaps")) or 0
-    return sum(kinds.values()), _first_example(imp, kinds)
+    first = _first_example(imp, kinds)
+    lost = _dict(imp, "lost")  # hooks/importers/llama_dump.py DumpStats.lost
+    n_lost = _int_or_none(lost.get("count")) or 0
+    if n_lost and first is None and isinstance(lost.get("first"), str):
+        first = lost["first"]
+    return sum(kinds.values()) + n_lost, first
 
 
 def import_chain_breaks(meta: dict) -> tuple[int, str | None]:
@@ -155,7 +162,9 @@ def _log_how(ev: CaptureEvidence) -> list[str]:
     if ev["dropped_lines"]:
         first = f"; first: {ev['first_dropped']}" if ev["first_dropped"] else ""
         lost = counted(ev["dropped_lines"], "trace line")
-        out.append(f"the log lost {lost} (dropped as malformed, or a chain gap){first}")
+        out.append(
+            f"the log lost {lost} (dropped as malformed or unplaceable, or a chain gap){first}"
+        )
     if ev["chain_breaks"]:
         first = f"; first: {ev['first_chain_break']}" if ev["first_chain_break"] else ""
         out.append(

@@ -28,9 +28,11 @@ from .paths import TraceSpec, TraceWarning, final_path, resolve_paths
 from .structure import (
     COUNT_COLUMNS,
     column_problems,
+    decode_texts,
     format_version,
     is_complete,
     length_problems,
+    phase_name_column,
     read_meta,
     request_index_problems,
     scanned_request_index_problems,
@@ -249,13 +251,15 @@ class Trace:
             g = f["requests"]
             n = min(g[c.name].shape[0] for c in schema.REQUEST_COLUMNS)
             self._req_offsets.append(len(r.req_id))
-            r.req_id += [_decode(x) for x in g["req_id"][:n]]
+            r.req_id += decode_texts(str(self.paths[i]), "requests/req_id", g["req_id"][:n])
             r.prompt_ids += [np.asarray(x, np.int32) for x in g["prompt_ids"][:n]]
             if self._lazy_requests:
                 lazy_parts.append((g["output_ids"], n))
             else:
                 r.output_ids += [np.asarray(x, np.int32) for x in g["output_ids"][:n]]
-            r.finish_reason += [_decode(x) for x in g["finish_reason"][:n]]
+            r.finish_reason += decode_texts(
+                str(self.paths[i]), "requests/finish_reason", g["finish_reason"][:n]
+            )
             files.append(np.full(n, i, np.int32))
         if self._lazy_requests:
             r.output_ids = RaggedColumn(lazy_parts, retry=self._retrying)  # type: ignore[assignment]
@@ -422,12 +426,8 @@ class Trace:
         for i, f in enumerate(self._files):
             g = f["phases"]
             n = min(g[c.name].shape[0] for c in schema.PHASE_COLUMNS)
-            names = [_decode(x) for x in g.attrs.get("names", [])]
-            codes = g["name"][:n]
             out["step"].append(g["step"][:n])
-            out["name"].append(
-                np.array([names[c] if 0 <= c < len(names) else "?" for c in codes], dtype=object)
-            )
+            out["name"].append(phase_name_column(str(self.paths[i]), g, g["name"][:n]))
             out["ms"].append(g["ms"][:n])
             out["level"].append(g["level"][:n])
             out["file"].append(np.full(n, i, np.int32))

@@ -281,25 +281,85 @@ def _column_shape_error(ds: h5py.Dataset, c: schema.Column) -> str | None:
     if ds.ndim != rank:
         return f"stored {ds.ndim}-D, expected {rank}-D {c.dtype}"
     dt = ds.dtype
-    if c.vlen:
+    if c.vlen:  # the ids are read as int32: a wider type would wrap them
         base = h5py.check_vlen_dtype(dt)
-        if base is None or base.kind not in "iu":
-            return f"stored as {_dtype_name(dt)}, expected ragged {c.dtype}"
+        if base is None or not _fits(base, c.np_dtype):
+            got = _dtype_name(dt) if base is None else f"ragged {base}"
+            return f"stored as {got}, expected ragged {c.dtype}"
         return None
     if c.dtype == "str":
         if h5py.check_string_dtype(dt) is None:
             return f"stored as {_dtype_name(dt)}, expected UTF-8 strings"
         return None
-    size = c.np_dtype.itemsize
-    if c.np_dtype.kind == "f":
-        ok = dt.kind == "f"
-    else:  # every value of the stored type must fit the schema's
-        ok = (dt.kind == "i" and dt.itemsize <= size) or (dt.kind == "u" and dt.itemsize < size)
-    if not ok:
+    if not _fits(dt, c.np_dtype):
         return f"stored as {_dtype_name(dt)}, expected {c.dtype}"
     if rank == 2 and ds.shape[1] < 1:
         return "a matrix with no columns"
     return None
+
+
+def _fits(dt: np.dtype, want: np.dtype) -> bool:
+    """Whether every value of stored type ``dt`` fits the schema's ``want`` (any float for a
+    float column)."""
+    if want.kind == "f":
+        return dt.kind == "f"
+    size = want.itemsize
+    return (dt.kind == "i" and dt.itemsize <= size) or (dt.kind == "u" and dt.itemsize < size)
+
+
+def text_problems(path: str, field: str, cells) -> list[Problem]:
+    """The cells of a UTF-8 string column (``bytes``, as h5py reads them) that are not UTF-8
+    text (a writer that stored raw bytes): one problem with the first row and a count."""
+    bad = [i for i, x in enumerate(cells) if isinstance(x, bytes) and not _is_utf8(x)]
+    if not bad:
+        return []
+    return [Problem(path, field, "not UTF-8 text", cells[bad[0]], bad[0], len(bad))]
+
+
+def decode_texts(path: str, field: str, cells) -> list[str]:
+    """The cells of a UTF-8 string column as ``str``.
+
+    Raises:
+        TraceFormatError: a cell is not UTF-8 (names the field and the first row).
+    """
+    try:
+        return [_decode(x) for x in cells]
+    except UnicodeDecodeError:
+        raise text_problems(path, field, cells)[0].error() from None
+
+
+def phase_names(path: str, g: h5py.Group) -> tuple[list[str], list[Problem]]:
+    """The ``/phases`` ``names`` attribute (the text of each name code): absent, no name;
+    anything but a list of UTF-8 strings is a problem (``[]`` is returned then)."""
+    raw = g.attrs.get("names")
+    if raw is None:
+        return [], []
+    cells = raw.tolist() if isinstance(raw, np.ndarray) and raw.ndim == 1 else None
+    if cells is None or not all(isinstance(x, (str, bytes)) for x in cells):
+        what = "not a list of strings"
+        return [], [Problem(path, "/phases.names", what, _short_repr(_plain(raw)))]
+    problems = text_problems(path, "/phases.names", cells)
+    return ([] if problems else [_decode(x) for x in cells]), problems
+
+
+def phase_name_column(path: str, g: h5py.Group, codes: np.ndarray) -> np.ndarray:
+    """The name of each phase row's code (``?``: a code outside the names), object [n].
+
+    Raises:
+        TraceFormatError: the ``names`` attribute is unusable (:func:`phase_names`).
+    """
+    names, problems = phase_names(path, g)
+    if problems:
+        raise problems[0].error()
+    return np.array([names[c] if 0 <= c < len(names) else "?" for c in codes], dtype=object)
+
+
+def _is_utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _dtype_name(dt: np.dtype) -> str:
