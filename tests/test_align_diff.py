@@ -294,7 +294,8 @@ def test_reader_leaving_early_keeps_the_verdict(tmp_path):
 
 def test_acceptance_figures_match_a_direct_count():
     # Random blocks with unknown (-1) and absurd (30000, a garbage record) accepted counts;
-    # the figures are recounted here by hand.
+    # the figures are recounted here by hand. A block whose target verified no draft
+    # (verified 0) is no verified block (vLLM's num_drafts skips it); -1 (unknown) counts.
     from spectrace.tracer.metrics import acceptance
 
     rng = np.random.default_rng(7)
@@ -302,7 +303,7 @@ def test_acceptance_figures_match_a_direct_count():
     acc[17] = 30000
     ver = rng.integers(-1, 5, 1000).astype(np.int64)
     got = acceptance(acc, ver, kmax=4)
-    known = acc >= 0
+    known = (acc >= 0) & (ver != 0)
     assert got["blocks"] == int(known.sum())
     assert got["accepted_tokens"] == int(acc[known].astype(np.int64).sum())
     assert got["verified_tokens"] == int(np.maximum(ver[known], 0).sum())

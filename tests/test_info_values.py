@@ -99,3 +99,39 @@ def test_check_names_one_trace_trace_not_ours(bad):
     text = run("check", str(bad)).stdout
     assert "error   impossible_values (request r, position 2)" in text
     assert "(ours" not in text and "ours:" not in text
+
+
+def _with_draftless_block(path, draftless: bool):
+    """k=2; block 0 (optional) drafts nothing at position 2 (k=0: n-gram found no match),
+    then one block at position 3 (anchor 10) whose drafts 11, 12 are both accepted."""
+    with TraceWriter(path, {"k": 2, "engine": "x"}, flush_interval=0) as w:
+        w.request("r", prompt_ids=PROMPT, output_ids=OUTPUT, finish_reason="length")
+        if draftless:
+            w.add_block("r", 0, 2, 3, [], verified=[], accepted=0, emitted=[10])
+        w.add_block("r", 1, 3, 10, [11, 12], verified=[11, 12], accepted=2, emitted=[11, 12, 13])
+    return path
+
+
+@pytest.mark.parametrize("draftless", [True, False], ids=["k0-block", "clean"])
+def test_a_block_without_drafts_is_no_verified_block(tmp_path, draftless):
+    # vLLM's num_drafts counts only steps with scheduled drafts: by hand, 1 verified block,
+    # 2 of 2 drafts accepted, mean acceptance length 1 + 2/1 = 3.0 with or without the k=0 one
+    r = run("info", str(_with_draftless_block(tmp_path / "t.h5", draftless)), "--format", "json")
+    rec = json.loads(r.stdout)["recorded"]
+    assert (rec["blocks"], rec["verified_tokens"], rec["accepted_tokens"]) == (1, 2, 2)
+    assert (rec["mean_acceptance_length"], rec["per_position"]) == (3.0, [1.0, 1.0])
+
+
+@pytest.mark.parametrize("draftless", [True, False], ids=["k0-block", "clean"])
+def test_golden_counters_skip_a_block_without_drafts(draftless):
+    # the counters vLLM would print for the placed blocks: by hand 1 draft step, 2 draft
+    # tokens, 2 accepted, both slots accepted once (the k=0 block is no draft step)
+    from spectrace.hooks.importers.counters import placed_totals
+    from spectrace.hooks.importers.placement import PlacedBlock
+
+    blocks = [PlacedBlock(1, 3, 10, [11, 12], 2, False)]
+    if draftless:
+        blocks.insert(0, PlacedBlock(0, 2, 3, [], 0, False))
+    got = placed_totals(blocks, 2)
+    assert (got["drafts"], got["draft_tokens"], got["accepted_tokens"]) == (1, 2, 2)
+    assert got["accepted_per_pos"] == [1, 1]

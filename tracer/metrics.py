@@ -99,7 +99,8 @@ def acceptance_counts(
 
     Args:
         accepted: int [blocks] accepted drafts (negative: unknown, left out).
-        verified: int [blocks] drafts verified per block (tokens; negative counts as 0).
+        verified: int [blocks] drafts verified per block (tokens; negative counts as 0;
+            blocks with 0 are left out: the target verified nothing there).
         group: int [blocks] in ``0..groups-1`` (e.g. a bool mask), or None for one group.
     Returns:
         ``(by_accepted, verified_tokens)``: int64 [groups, A + 1] blocks with accepted = a
@@ -109,7 +110,10 @@ def acceptance_counts(
     by_acc = np.zeros(groups * A, np.int64)
     ver = np.zeros(groups, np.int64)
     for c in chunks(len(accepted)):
-        acc, known = accepted[c], accepted[c] >= 0
+        # A block whose target checked no draft (k = 0, or every draft trimmed) is no
+        # verified block: vLLM's num_drafts counts only requests with scheduled drafts
+        # (v1/core/sched/scheduler.py update_from_output -> make_spec_decoding_stats).
+        acc, known = accepted[c], (accepted[c] >= 0) & (verified[c] != 0)
         g = np.zeros(len(acc), np.int64) if group is None else group[c].astype(np.int64)
         by_acc += np.bincount((g * A + acc)[known], minlength=len(by_acc))
         v = np.maximum(verified[c], 0)[known]

@@ -21,13 +21,14 @@ def placed_totals(placed: Sequence[PlacedBlock], k: int | None) -> dict:
     """vLLM's four counters recomputed over the placed blocks.
 
     Returns:
-        ``{"drafts", "draft_tokens", "accepted_tokens", "accepted_per_pos"}``: blocks, drafts
+        ``{"drafts", "draft_tokens", "accepted_tokens", "accepted_per_pos"}``: blocks with
+        drafts (vLLM counts a step only when the request had drafts scheduled), drafts
         proposed, drafts accepted, and per slot i the blocks with accepted > i (``k`` slots,
         or the widest block's).
     """
     width = k or max((len(b.drafts) for b in placed), default=0)
     return {
-        "drafts": len(placed),
+        "drafts": sum(1 for b in placed if b.drafts),
         "draft_tokens": sum(len(b.drafts) for b in placed),
         "accepted_tokens": sum(b.accepted for b in placed),
         "accepted_per_pos": [sum(b.accepted > i for b in placed) for i in range(width)],
