@@ -176,7 +176,7 @@ def _chunked(
                     bad=np.zeros(n, bool), per_slot=np.zeros(min(width, v.shape[1]), np.int64)
                 )
         max_id = max(max_id, int(p.max(initial=-1)))
-        below[c] = (p < -1).any(axis=1)
+        _below_pad(p, below[c])
         _constant(p, k[c], const[c])
         recompute_rows(t, c, checked_ids(p, v, nv[c]), counts[c], recomputed[c])
         if vs is not None:
@@ -199,6 +199,14 @@ def _chunked(
         paired=None if paired_rows is None or g is None else g.out,
         rows=None if paired_rows is None or g is None else paired_rows,
     )
+
+
+def _below_pad(p: np.ndarray, out: np.ndarray) -> None:
+    """``out[:] =`` the row holds an id below -1 (slot by slot: 1-D passes, where
+    ``.any(axis=1)`` over w slots crawls)."""
+    out[:] = False
+    for j in range(p.shape[1]):
+        out |= p[:, j] < -1
 
 
 def _constant(p: np.ndarray, k: np.ndarray, out: np.ndarray) -> None:
