@@ -75,6 +75,10 @@ class PairedStreams:
         self._held = [_Held(widths[0]), _Held(widths[1])]
         self._acc = Accumulator(len(ia), max(widths), lengths(ka), lengths(kb))
 
+    def held(self) -> int:
+        """Rows held now, waiting for their partner (both sides)."""
+        return sum(len(h.key) for h in self._held)
+
     def side(self, s: int) -> _Side:
         """The consumer of side ``s``'s chunks (0: ours, 1: theirs) for its sweep."""
         return _Side(self, s)
@@ -103,7 +107,7 @@ class PairedStreams:
 
     def result(self) -> PairedComparison:
         """The comparison, once both sides' every row was taken."""
-        if any(len(h.key) for h in self._held):
+        if self.held():
             raise ValueError("paired rows left without their partner: a side was not swept")
         self._order = self._sorted = self._held = []
         anchor_a, anchor_b = self._anchors
