@@ -65,7 +65,8 @@ class PairedStreams:
 
     def __init__(self, ia, ib, ka, kb, anchors: tuple, widths: tuple[int, int]) -> None:
         self._paired, self._anchors = (ia, ib), anchors
-        self._order, self._sorted = [], []
+        self._order: list[np.ndarray] = []
+        self._sorted: list[np.ndarray] = []
         for rows in (ia, ib):
             order = np.argsort(rows, kind="stable")
             order = order.astype(np.int32) if len(order) < np.iinfo(np.int32).max else order
@@ -109,7 +110,7 @@ class PairedStreams:
         """The comparison, once both sides' every row was taken."""
         if self.held():
             raise ValueError("paired rows left without their partner: a side was not swept")
-        self._order = self._sorted = self._held = []
+        self._order, self._sorted, self._held = [], [], []  # let go before the result
         anchor_a, anchor_b = self._anchors
         ia, ib = self._paired
         return self._acc.result(anchor_a, anchor_b, ia, ib)
