@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .parallel import chunks, each_chunk
+from .parallel import bounds, chunks, each_chunk
 from .schema import pad_to
 
 #: Divergence position meaning "the sequences agree on their common length".
@@ -420,7 +420,7 @@ class StreamedComparison:
     def take(self, c: slice, chunk: np.ndarray) -> None:
         """Compare the paired blocks whose theirs' row lies in ``c`` (``chunk``: theirs'
         ``proposed[c]``)."""
-        lo, hi = np.searchsorted(self._sorted, [c.start, c.stop])
+        lo, hi = np.searchsorted(self._sorted, bounds(c, self._sorted))
         if lo < hi:
             x = self._order[lo:hi]
             self._acc.counts += self._acc.fill(x, self._pa[x], chunk[self._sorted[lo:hi] - c.start])

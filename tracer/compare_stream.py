@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .compare import Accumulator, PairedComparison, lengths
+from .parallel import bounds
 
 
 class _Held:
@@ -36,6 +37,8 @@ class _Held:
         """Hold ``rows`` of paired blocks ``pair`` until their partner rows ``key`` arrive."""
         if not len(key):
             return
+        first = np.argsort(key, kind="stable")  # two sorted runs: the stable sort merges them
+        key, pair, rows = key[first], pair[first], rows[first]
         key = np.concatenate([self.key, key])
         order = np.argsort(key, kind="stable")
         self.key = key[order]
@@ -91,20 +94,20 @@ class PairedStreams:
             raise ValueError(f"side {s}: rows from {c.start}, expected {self._seen[s]}")
         self._seen[s] = c.stop
         o = 1 - s
-        lo, hi = np.searchsorted(self._sorted[s], [c.start, c.stop])
-        pair = self._order[s][lo:hi]
-        mine = chunk[self._sorted[s][lo:hi] - c.start]
-        theirs_row = np.asarray(self._paired[o])[pair]
-        ready = theirs_row < self._seen[o]
-        done, other = self._held[o].pop(c.stop)  # held rows of the other side: ours now
-        if len(done):  # the same paired blocks: matched by their index
-            at = pair[ready]
-            x, y = np.argsort(at, kind="stable"), np.argsort(done, kind="stable")
-            own, other = mine[ready][x], other[y]
+        lo, hi = np.searchsorted(self._sorted[s], bounds(c, self._sorted[s]))
+        pair, at = self._order[s][lo:hi], self._sorted[s][lo:hi] - c.start
+        partner = np.asarray(self._paired[o])[pair]
+        ready = partner < self._seen[o]
+        done, other = self._held[o].pop(c.stop)  # the other side's rows waiting for these
+        if len(done):
+            x, own = pair[ready], chunk[at[ready]]
+            if not np.array_equal(x, done):  # both in this side's row order, unless rows repeat
+                i, j = np.argsort(x, kind="stable"), np.argsort(done, kind="stable")
+                x, own, other = x[i], own[i], other[j]
             pa, pb = (own, other) if s == 0 else (other, own)
-            self._acc.counts += self._acc.fill(at[x], pa, pb)
+            self._acc.counts += self._acc.fill(x, pa, pb)
         wait = ~ready
-        self._held[s].add(theirs_row[wait].astype(np.int64), pair[wait], mine[wait])
+        self._held[s].add(partner[wait].astype(np.int64), pair[wait], chunk[at[wait]])
 
     def result(self) -> PairedComparison:
         """The comparison, once both sides' every row was taken."""
