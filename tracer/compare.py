@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .parallel import chunks, each_chunk
+from .parallel import bounds, chunks, each_chunk
 from .schema import pad_to
 
 #: Divergence position meaning "the sequences agree on their common length".
@@ -380,7 +380,7 @@ def compare_paired(
     w = max(prop_a.shape[1], prop_b.shape[1])  # 0 only for two empty traces (P = 0)
     n = len(k_a) if ia is None else len(ia)
     every = slice(None)
-    acc = _Accumulator(n, w, _lengths(k_a[_rows(ia, every)]), _lengths(k_b[_rows(ib, every)]))
+    acc = Accumulator(n, w, lengths(k_a[_rows(ia, every)]), lengths(k_b[_rows(ib, every)]))
 
     def part(cs: list[slice]) -> np.ndarray:
         """Fill rows ``cs``; returns int64 [3, w] counts (equal, shift +1, shift -1)."""
@@ -415,12 +415,12 @@ class StreamedComparison:
         self._order = order.astype(np.int32) if len(order) < np.iinfo(np.int32).max else order
         del order
         self._sorted = np.asarray(rows_b)[self._order]
-        self._acc = _Accumulator(len(rows_b), max(pa.shape[1], wb), _lengths(ka), _lengths(kb))
+        self._acc = Accumulator(len(rows_b), max(pa.shape[1], wb), lengths(ka), lengths(kb))
 
     def take(self, c: slice, chunk: np.ndarray) -> None:
         """Compare the paired blocks whose theirs' row lies in ``c`` (``chunk``: theirs'
         ``proposed[c]``)."""
-        lo, hi = np.searchsorted(self._sorted, [c.start, c.stop])
+        lo, hi = np.searchsorted(self._sorted, bounds(c, self._sorted))
         if lo < hi:
             x = self._order[lo:hi]
             self._acc.counts += self._acc.fill(x, self._pa[x], chunk[self._sorted[lo:hi] - c.start])
@@ -432,14 +432,15 @@ class StreamedComparison:
         return self._acc.result(anchor_a, anchor_b, rows_a, self._rows_b)
 
 
-def _lengths(k: np.ndarray) -> np.ndarray:
+def lengths(k: np.ndarray) -> np.ndarray:
     """int16 [n] proposal lengths (the store's dtype of ``k``)."""
     return np.asarray(k).astype(np.int16, copy=False)
 
 
-class _Accumulator:
+class Accumulator:
     """The per-block outputs and per-slot counts of :func:`compare_paired`, filled row set
-    by row set (in any order) by :meth:`fill`, finished by :meth:`result`."""
+    by row set (in any order) by :meth:`fill`, finished by :meth:`result` (also the
+    streamed comparisons', :mod:`spectrace.tracer.compare_stream`)."""
 
     def __init__(self, n: int, w: int, ka: np.ndarray, kb: np.ndarray) -> None:
         self.w, self.ka, self.kb = w, ka, kb

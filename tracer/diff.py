@@ -14,6 +14,7 @@ import numpy as np
 
 from .align import Alignment
 from .compare import NO_DIVERGENCE, PairedComparison, StreamedComparison, count_anchors_known
+from .compare_stream import PairedStreams
 from .diff_result import (
     SCHEMA,
     AcceptanceBySide,
@@ -30,7 +31,7 @@ from .diff_result import (
 )
 from .findings import Finding, TraceData, detect_pair
 from .findings.pair import content_only
-from .findings.sweep import release_paired, sweep
+from .findings.sweep import sweep, sweep_pair
 from .findings.values import impossible_rows
 from .index import checked_counts, sequence_index
 from .metrics import Acceptance, acceptance_counts, recompute_accepted
@@ -121,15 +122,18 @@ def _streamed(al: Alignment) -> StreamedComparison:
 
 def _prepare(al: Alignment) -> tuple[TraceData, TraceData, PairedComparison]:
     """Both sides' :class:`~spectrace.tracer.findings.TraceData` and the comparison, in one
-    sweep of each side's id matrices: ours' keeps our paired rows ([P, w] int32), theirs'
-    compares each chunk's paired blocks against them, so that theirs' rows are never held;
-    ours' are let go after it. Theirs' sequence index is built while ours sweeps."""
+    sweep of each side's id matrices, the two alternating chunk by chunk
+    (:func:`~spectrace.tracer.findings.sweep.sweep_pair`): each paired block is compared
+    once both its rows went by (:class:`~spectrace.tracer.compare_stream.PairedStreams`), so
+    that neither side's paired rows are held ([P, w] int32 each)."""
     a, b = al.a, al.b
-    td_a, _ = in_parallel([lambda: TraceData.build(a, "ours", al.ia), lambda: sequence_index(b)])
-    streamed = _streamed(al)
-    td_b = TraceData.build(b, "theirs", consumer=streamed)
-    release_paired(a)
-    return td_a, td_b, streamed.result()
+    in_parallel([lambda: sequence_index(a), lambda: sequence_index(b)])
+    ka, kb = a.blocks.k[al.ia], b.blocks.k[al.ib]
+    widths = (width(a, "proposed"), width(b, "proposed"))
+    streams = PairedStreams(al.ia, al.ib, ka, kb, (a.blocks.anchor, b.blocks.anchor), widths)
+    del ka, kb
+    sweep_pair(a, b, (streams.side(0), streams.side(1)))
+    return TraceData.build(a, "ours"), TraceData.build(b, "theirs"), streams.result()
 
 
 def diff_traces(
@@ -150,7 +154,7 @@ def diff_traces(
     a, b = al.a, al.b
     # The sweeps of the id matrices and derived columns, with the comparison.
     td_a, td_b, pc = _prepare(al)
-    trim_heap()  # our paired rows and the sweeps' temporaries are gone: hand their pages back
+    trim_heap()  # the sweeps' temporaries are gone: hand their pages back
     later = [c for c in TraceData.COLUMNS if c not in TraceData.SWEPT]
     prefetch([a.blocks, b.blocks], later)  # read while the acceptance figures compute
     ex = _examples(al, pc, examples)

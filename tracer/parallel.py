@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 #: Threads for :func:`in_parallel` (the cores we may use).
 WORKERS = max(
     1,
@@ -48,3 +50,9 @@ def each_chunk(n: int, fn) -> list:
 def chunks(n: int, size: int = CHUNK):
     """Slices covering ``range(n)`` in steps of ``size`` rows."""
     return (slice(i, min(i + size, n)) for i in range(0, n, size))
+
+
+def bounds(c: slice, sorted_rows: np.ndarray) -> np.ndarray:
+    """``[c.start, c.stop]`` in the dtype of ``sorted_rows``, as needles of a search in it
+    (a list would be int64: ``np.searchsorted`` would cast the whole int32 array per call)."""
+    return np.array([c.start, c.stop], dtype=sorted_rows.dtype)

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .parallel import bounds
 from .store import Trace
 
 #: Rows per chunk of a streaming pass: 8 MB per int32 [n, 8] matrix, aligned to the store's
@@ -113,7 +114,7 @@ class Gather:
 
     def take(self, c: slice, chunk: np.ndarray) -> None:
         """Copy the wanted rows that lie in ``c`` (``chunk`` = column[c])."""
-        lo, hi = np.searchsorted(self._sorted, [c.start, c.stop])
+        lo, hi = np.searchsorted(self._sorted, bounds(c, self._sorted))
         if lo >= hi:
             return
         at, src = self._order[lo:hi], self._sorted[lo:hi] - c.start

@@ -75,3 +75,16 @@ def test_flat_index_holds_the_request_ids_once_read_only():
             assert length[i] == len(ref.prompt_ids[i]) + len(ref.output_ids[i])
             s = int(start[i])
             assert np.array_equal(flat[s : s + length[i]], ref.full_sequence(i))
+
+
+def test_a_trace_diffed_twice_streams_its_memoised_sweep_with_the_same_result(tmp_path):
+    # One golden against several runs is opened once: its second diff finds its sweep
+    # memoised and only streams its proposals to the comparison.
+    run = _mismatching_copy(tmp_path)
+    golden = open_trace(TRACES / "reference.h5")
+    first = diff_traces(align(*open_pair(golden, run)), examples=None)
+    assert "sweep" in golden.cache
+    again = diff_traces(align(*open_pair(golden, run)), examples=None)
+    want = diff_traces(align(*open_pair(TRACES / "reference.h5", run)), examples=None)
+    assert first.to_json() == again.to_json() == want.to_json()
+    assert first.agreement.exact_matches == 139 - 47  # every third block changed

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from spectrace.tracer import rows
+from spectrace.tracer.parallel import bounds
 from spectrace.tracer.store import open_trace
 
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "reference.h5"
@@ -58,3 +59,11 @@ def test_gather_takes_rows_of_a_one_d_column(monkeypatch):
         assert got.shape == (len(want),) and got.dtype == whole.dtype
         assert np.array_equal(got, whole[want])
         assert t.blocks.loaded("position") is None
+
+
+def test_chunk_bounds_are_needles_of_the_sorted_rows_dtype():
+    # A list of bounds is int64: the search would cast the whole int32 array at each chunk.
+    rows = np.array([0, 3, 3, 7, 9], np.int32)
+    b = bounds(slice(3, 8), rows)
+    assert b.dtype == np.int32 and b.tolist() == [3, 8]
+    assert np.searchsorted(rows, b).tolist() == [1, 4]  # rows 3, 3 and 7 lie in [3, 8)

@@ -258,6 +258,13 @@ class PairData:
         """bool [P, w] (Fortran order): slot j present on both sides (built on first use)."""
         return slots_present(self.ka, self.kb, self.width)
 
+    def both_at(self, j: int) -> np.ndarray:
+        """bool [P]: slot j present on both sides (column j of :attr:`both`, without
+        building the matrix where it is not built: the per-slot tests need one column)."""
+        if "both" in self.__dict__:
+            return self.both[:, j]
+        return np.minimum(self.ka, self.kb) > j
+
     @functools.cached_property
     def pa(self) -> np.ndarray:
         """int32 [P, w] our paired proposals (-1 padded; the sweep's rows)."""

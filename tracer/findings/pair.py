@@ -136,7 +136,7 @@ def mismatch(pd: PairData) -> Finding | None:
     P = len(bad)
     rate = float(bad.mean())
     first = int(np.flatnonzero(bad)[0])
-    slot0 = float((pd.both[:, 0] & ~pd.cmp.eq[:, 0])[bad].mean())
+    slot0 = float((pd.both_at(0) & ~pd.cmp.eq[:, 0])[bad].mean())
     sev: Severity = "error" if rate >= MISMATCH_ERROR_RATE else "warning"
     tie = "" if sev == "error" else " (few: possibly numerical near-ties)"
     # The first differing slot both sides have (None: only the lengths differ).

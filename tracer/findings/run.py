@@ -184,6 +184,7 @@ def detect_pair(
             lambda: _own_checks(ob, oa, al, False, decoder),
         ]
     )
+    trim_heap()  # the own checks' temporaries, freed on two threads: before the pair peak
     verified = [i for i, d in enumerate(SINGLE_TRACE) if d.kind == "verified_differs"]
     if any(run_a.results[i] is not None for i in verified):
         # Corrupted verified ids explain mismatches of blocks whose proposal is their copy.

@@ -11,6 +11,7 @@ and the paired rows, not by the trace's matrices.
 
 from __future__ import annotations
 
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -110,7 +111,49 @@ def release_paired(t: Trace) -> None:
         sw.paired = sw.rows = None
 
 
+def sweep_pair(ta: Trace, tb: Trace, consumers: tuple[Consumer, Consumer]) -> None:
+    """Both traces' :func:`sweep` (memoised as its), on this thread, chunk by chunk
+    alternately (ours' first), each chunk of ``proposed`` handed to that side's consumer (a
+    diff's :class:`~spectrace.tracer.compare_stream.PairedStreams`): so that the consumer
+    sees both sides advance together. A side swept before is streamed for its consumer only.
+
+    Raises:
+        TraceFormatError: a damaged chunk of either matrix.
+    """
+    steps = [_steps(t, c) for t, c in zip((ta, tb), consumers)]
+    while steps:
+        for st in list(steps):
+            try:
+                next(st)
+            except StopIteration:
+                steps.remove(st)
+
+
+def _steps(t: Trace, consumer: Consumer) -> Iterator[None]:
+    """:func:`sweep_pair`'s side: its sweep (or, memoised, its stream), a chunk per step."""
+    if "sweep" in t.cache:
+        for c, cols in row_chunks(t, ("proposed",), ahead=True):
+            consumer.take(c, cols["proposed"])
+            yield
+        return
+    sw = yield from _chunked(t, None, consumer)
+    memo(t, "sweep", lambda: sw)
+
+
 def _sweep(t: Trace, paired_rows: np.ndarray | None, consumer: Consumer | None) -> Sweep:
+    """The :class:`Sweep` of ``t`` in one pass (see :func:`sweep`)."""
+    it = _chunked(t, paired_rows, consumer)
+    while True:
+        try:
+            next(it)
+        except StopIteration as done:
+            return done.value
+
+
+def _chunked(
+    t: Trace, paired_rows: np.ndarray | None, consumer: Consumer | None
+) -> Generator[None, None, Sweep]:
+    """The pass of :func:`_sweep`, yielding after each chunk; returns the :class:`Sweep`."""
     b = t.blocks
     n = len(b)
     k, nv, anchor = b.k, b.num_verified, b.anchor
@@ -133,7 +176,7 @@ def _sweep(t: Trace, paired_rows: np.ndarray | None, consumer: Consumer | None) 
                     bad=np.zeros(n, bool), per_slot=np.zeros(min(width, v.shape[1]), np.int64)
                 )
         max_id = max(max_id, int(p.max(initial=-1)))
-        below[c] = (p < -1).any(axis=1)
+        _below_pad(p, below[c])
         _constant(p, k[c], const[c])
         recompute_rows(t, c, checked_ids(p, v, nv[c]), counts[c], recomputed[c])
         if vs is not None:
@@ -141,6 +184,7 @@ def _sweep(t: Trace, paired_rows: np.ndarray | None, consumer: Consumer | None) 
         g.take(c, p)
         if consumer is not None:
             consumer.take(c, p)
+        yield
     if g is None:  # no rows
         width = t.read_rows("proposed", 0, 0).shape[1]
     recomputed[(nv < 0) & (b.accepted < 0)] = -1  # never verified: nothing accepted
@@ -155,6 +199,14 @@ def _sweep(t: Trace, paired_rows: np.ndarray | None, consumer: Consumer | None) 
         paired=None if paired_rows is None or g is None else g.out,
         rows=None if paired_rows is None or g is None else paired_rows,
     )
+
+
+def _below_pad(p: np.ndarray, out: np.ndarray) -> None:
+    """``out[:] =`` the row holds an id below -1 (slot by slot: 1-D passes, where
+    ``.any(axis=1)`` over w slots crawls)."""
+    out[:] = False
+    for j in range(p.shape[1]):
+        out |= p[:, j] < -1
 
 
 def _constant(p: np.ndarray, k: np.ndarray, out: np.ndarray) -> None:

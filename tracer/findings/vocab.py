@@ -116,8 +116,9 @@ def _pooled(pd: PairData) -> Finding | None:
 def _per_slot(pd: PairData) -> Finding | None:
     shares: list[float | None] = []
     for j in range(pd.width):
-        d = pd.both[:, j] & ~pd.cmp.eq[:, j]
-        ok = d.sum() >= MIN_SLOTS and d.sum() >= SYSTEMATIC * pd.both[:, j].sum()
+        both = pd.both_at(j)
+        d = both & ~pd.cmp.eq[:, j]
+        ok = d.sum() >= MIN_SLOTS and d.sum() >= SYSTEMATIC * both.sum()
         shares.append(_mapped(pd.pa[d, j], pd.pb[d, j], both_ways=True) if ok else None)
     hits = [j for j, x in enumerate(shares) if x is not None and x >= MIN_CONSISTENCY]
     if not hits:
