@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 
 import numpy as np
 
@@ -77,6 +78,17 @@ class MarginTap:
         g = self._grid
         return g.T if g is not None and g.shape == (k, b) else None
 
+    def uniform_later(self, b: int, k: int) -> Callable[[], np.ndarray] | None:
+        """:meth:`uniform` as a function called later (on the writer thread: the engine
+        thread then makes no numpy call for the margins after the draft steps), when the
+        step recorded exactly ``k`` depths of ``b`` rows each on the host
+        (:meth:`host_top2`); else None. The step's top-1/top-2 arrays are the tap's own
+        copies, which :meth:`reset` does not touch."""
+        s = self.steps
+        if len(s) != k or not all(type(t) is tuple and len(t[0]) == b for t in s):
+            return None
+        return functools.partial(_host_grid, list(s))
+
     def _depths(self) -> list[np.ndarray]:
         """The recorded depths as float32 host arrays: one transfer per engine step when
         every depth has the same rows (the usual case)."""
@@ -85,9 +97,7 @@ class MarginTap:
 
             s = self.steps
             if s and all(type(t) is tuple for t in s) and len({len(t[0]) for t in s}) == 1:
-                with np.errstate(invalid="ignore"):  # -inf - -inf: NaN, as in margin_of
-                    g = np.array([t[0] for t in s]) - np.array([t[1] for t in s])
-                self._grid = g.astype(np.float32, copy=False)
+                self._grid = _host_grid(s).T
                 self._depth_rows = list(self._grid)
                 return self._depth_rows
             if any(type(t) is tuple for t in s):
@@ -150,6 +160,15 @@ class MarginTap:
         cells = have[:, None] & (np.arange(w)[None, :] < lens[:, None])
         out[:, :w] = np.where(cells, vals[:, :w], np.nan)
         return out
+
+
+def _host_grid(pairs: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """``[B, depth]`` float32 margins of :meth:`MarginTap.host_top2`'s per-depth
+    ``(top1, top2)`` pairs (each ``[B]``), subtracted in their dtype (a view of a
+    ``[depth, B]`` array)."""
+    with np.errstate(invalid="ignore"):  # -inf - -inf: NaN, as in margin_of
+        g = np.array([t[0] for t in pairs]) - np.array([t[1] for t in pairs])
+    return g.astype(np.float32, copy=False).T
 
 
 def _wanted(device_type: str) -> bool:

@@ -257,7 +257,9 @@ class V1Recorder:
         lens = np.full(b, k, np.int64)
         gaps = None
         if m is not None:
-            gaps = m.uniform(b, k)
+            gaps = m.uniform_later(b, k)  # made on the writer thread
+            if gaps is None:
+                gaps = m.uniform(b, k)
             if gaps is None:
                 gaps = m.matrix(live, lens, k)
         chunk = StepProposals(self.session.step, pos, anchor, props, lens, live, b,

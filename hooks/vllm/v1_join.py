@@ -42,8 +42,18 @@ class StepProposals:
     batch_row: np.ndarray
     batch_size: int
     t_ns: int
-    #: The drafter's top-1 minus top-2 logit per slot, [n, w] float32 (NaN unknown), or None.
-    margin: np.ndarray | None = None
+    #: The drafter's top-1 minus top-2 logit per slot, [n, w] float32 (NaN unknown), or None;
+    #: or a function that makes it, called on first read of :attr:`margin` (the usual step's
+    #: subtraction then runs on the writer thread, :meth:`~.margins.MarginTap.uniform_later`).
+    margin_of: np.ndarray | Callable[[], np.ndarray] | None = None
+
+    @property
+    def margin(self) -> np.ndarray | None:
+        """:attr:`margin_of`, made on first read."""
+        m = self.margin_of
+        if callable(m):
+            m = self.margin_of = m()
+        return m
 
     def rows(self, js: np.ndarray) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray | None]:
         """Rows ``js`` as block columns: (``_GATHERED`` columns [n] int64, ``k`` [n],

@@ -471,11 +471,15 @@ def test_host_top2_margins_equal_margin_of_once_subtracted_per_step():
         assert torch.equal(x, before)  # restored
         y = torch.tensor([[0.0, 2.0, 1.75, 0.0]] * 4, dtype=dtype)
         assert tap.host_top2(y, y.argmax(dim=-1))
+        assert tap.uniform_later(4, 3) is None and tap.uniform_later(5, 2) is None
         got = tap.uniform(4, 2)
         assert got.dtype == np.float32 and got.shape == (4, 2)
         assert got[[0, 1, 3], 0].tolist() == [0.5, 0.0, inf] and np.isnan(got[2, 0])
         assert got[:, 1].tolist() == [0.25] * 4
         assert tap.uniform(4, 3) is None and tap.uniform(5, 2) is None
+        later = tap.uniform_later(4, 2)  # the same, made when called (the writer thread)
+        tap.reset()
+        assert np.array_equal(later(), got, equal_nan=True) and later().dtype == np.float32
     tap = MarginTap()
     z = torch.randn(3, 8, generator=torch.Generator().manual_seed(2))
     assert not tap.host_top2(z.to(torch.bfloat16), z.argmax(dim=-1))
