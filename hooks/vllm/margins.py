@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -43,33 +44,79 @@ class MarginTap:
 
     def __init__(self) -> None:
         #: per depth: the margins ([B] tensor or array), or a host ``(top1, top2)`` pair
-        #: whose difference :meth:`_depths` takes once per engine step (:meth:`host_top2`)
+        #: whose difference :meth:`_depths` takes once per engine step, or the logits
+        #: :meth:`host_top2` keeps until then
         self.steps: list = []
         self._depth_rows: list[np.ndarray] | None = None  # steps on the host, float32 [B_d]
         self._grid: np.ndarray | None = None  # the same as one [depth, B] array, if uniform
         self.wanted: bool | None = None  # this step's decision (:func:`_wanted`), made once
         self._rows = np.zeros(0, np.int64)  # arange(B), kept for the next depth and step
+        self._keep = True  # host_top2 keeps the logits for the end of the step
 
     def reset(self) -> None:
         """Forget what was recorded (called before each engine step)."""
         self.steps = []
         self._depth_rows = self._grid = self.wanted = None
 
+    #: Logits kept for the end of the engine step up to this many cells per depth (64 MiB
+    #: of float32); larger ones are reduced at once.
+    KEEP_CELLS = 1 << 24
+
     def host_top2(self, logits, idx) -> bool:
         """Record the top-1 and top-2 of CPU float32/float64 ``logits`` [B, V] given their
         argmax ``idx`` [B] (:func:`margin_of`'s numpy steps, with the subtraction left to
         :meth:`_depths`: one per engine step, not one per depth). Returns False, recording
-        nothing, for other logits (not on the host, needing grad, other dtypes or shapes)."""
-        try:
-            a, i = logits.numpy(), idx.numpy()
-        except (TypeError, RuntimeError):  # off the host, bfloat16, requires grad
+        nothing, for other logits (not on the host, needing grad, other dtypes or shapes).
+
+        The tensors are kept as they are and reduced when the step's margins are first read
+        (:meth:`_resolve`, after ``sample_tokens`` returned): numpy run right after vLLM's
+        torch ops costs about 2.7 times more (measured beside vLLM on this 2-core machine:
+        557 against 207 us per 4-depth step). vLLM drops its reference to the logits after
+        the argmax, so they are this tap's alone; a drafter whose logits reuse one buffer
+        (the same address at a later depth: the earlier depth's values are gone) has that
+        depth's margins unknown (NaN), and later logits are reduced at once."""
+        if (
+            logits.requires_grad
+            or logits.device.type != "cpu"
+            or str(logits.dtype) not in _HOST_DTYPES
+            or logits.dim() != 2
+            or idx.dim() != 1
+        ):
             return False
-        if a.ndim != 2 or a.dtype not in _HOST_NP_DTYPES or i.ndim != 1:
-            return False
+        if not self._keep or logits.numel() > self.KEEP_CELLS:
+            try:
+                self.steps.append(self._top2_of(logits, idx))
+            except (TypeError, RuntimeError):  # a tensor numpy cannot view (sparse...)
+                return False
+            return True
+        ptr = logits.data_ptr()
+        reused = [j for j, t in enumerate(self.steps) if type(t) is _Held and t.ptr == ptr]
+        if reused:
+            self._keep = False
+            for j in reused:
+                lost = np.full(len(self.steps[j].idx), np.nan, np.float32)
+                self.steps[j] = (lost, lost)
+            return self.host_top2(logits, idx)
+        self.steps.append(_Held(logits, idx, ptr))
+        return True
+
+    def _top2_of(self, logits, idx) -> tuple[np.ndarray, np.ndarray]:
+        a, i = logits.numpy(), idx.numpy()
         if len(self._rows) != len(i):
             self._rows = np.arange(len(i))
-        self.steps.append(_top2(a, i, self._rows))
-        return True
+        return _top2(a, i, self._rows)
+
+    def _resolve(self) -> None:
+        """Reduce the logits :meth:`host_top2` kept (once per step)."""
+        s = self.steps
+        if any(type(t) is _Held for t in s):
+            self.steps = [self._held_top2(t) if type(t) is _Held else t for t in s]
+
+    def _held_top2(self, t: _Held):
+        try:
+            return self._top2_of(t.logits, t.idx)
+        except (TypeError, RuntimeError):  # a tensor numpy cannot view: the torch steps
+            return margin_of(t.logits, t.idx)
 
     def uniform(self, b: int, k: int) -> np.ndarray | None:
         """``matrix(arange(b), [k] * b, k)`` when the step recorded exactly ``k`` depths of
@@ -84,6 +131,7 @@ class MarginTap:
         step recorded exactly ``k`` depths of ``b`` rows each on the host
         (:meth:`host_top2`); else None. The step's top-1/top-2 arrays are the tap's own
         copies, which :meth:`reset` does not touch."""
+        self._resolve()
         s = self.steps
         if len(s) != k or not all(type(t) is tuple and len(t[0]) == b for t in s):
             return None
@@ -95,6 +143,7 @@ class MarginTap:
         if self._depth_rows is None:
             import torch
 
+            self._resolve()
             s = self.steps
             if s and all(type(t) is tuple for t in s) and len({len(t[0]) for t in s}) == 1:
                 self._grid = _host_grid(s).T
@@ -171,6 +220,15 @@ def _host_grid(pairs: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     return g.astype(np.float32, copy=False).T
 
 
+class _Held(NamedTuple):
+    """A depth's logits and argmax kept by :meth:`MarginTap.host_top2` (``ptr``: the logits'
+    address, to notice a reused buffer)."""
+
+    logits: Any
+    idx: Any
+    ptr: int
+
+
 def _wanted(device_type: str) -> bool:
     v = os.environ.get(ENV)
     if v is not None:
@@ -190,7 +248,6 @@ def _torch_margin(logits, idx):
 
 
 _HOST_DTYPES = ("torch.float32", "torch.float64")
-_HOST_NP_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def margin_of(logits, idx):

@@ -477,6 +477,7 @@ def test_host_top2_margins_equal_margin_of_once_subtracted_per_step():
         assert got[[0, 1, 3], 0].tolist() == [0.5, 0.0, inf] and np.isnan(got[2, 0])
         assert got[:, 1].tolist() == [0.25] * 4
         assert tap.uniform(4, 3) is None and tap.uniform(5, 2) is None
+        assert torch.equal(x, before)  # restored after the reduction too
         later = tap.uniform_later(4, 2)  # the same, made when called (the writer thread)
         tap.reset()
         assert np.array_equal(later(), got, equal_nan=True) and later().dtype == np.float32
@@ -490,3 +491,26 @@ def test_host_top2_margins_equal_margin_of_once_subtracted_per_step():
     w = torch.tensor([[3.0, 1.0], [0.0, 0.5]])
     assert tap.host_top2(w, w.argmax(dim=-1))
     assert tap.take(0, 2) == [1.0, 2.0] and tap.take(1, 2) == [2.0, 0.5]
+
+
+def test_host_top2_logits_in_one_reused_buffer_leave_that_depth_unknown():
+    """host_top2 keeps the logits until the step's margins are read; a drafter writing
+    every depth into one buffer (the same address) leaves the overwritten depth NaN, the
+    later one exact, and later steps reduced at once (the twin with distinct buffers:
+    test_host_top2_margins_equal_margin_of_once_subtracted_per_step)."""
+    import torch
+
+    from spectrace.hooks.vllm.margins import MarginTap
+
+    tap = MarginTap()
+    buf = torch.tensor([[1.0, 4.0, 2.0], [3.0, 0.0, 2.5]])
+    assert tap.host_top2(buf, buf.argmax(dim=-1))
+    buf.copy_(torch.tensor([[0.0, 1.0, 5.0], [2.0, 2.0, 1.0]]))  # depth 1, same memory
+    assert tap.host_top2(buf, buf.argmax(dim=-1))
+    got = tap.uniform(2, 2)
+    assert np.isnan(got[:, 0]).all() and got[:, 1].tolist() == [4.0, 0.0]
+    tap.reset()
+    fresh = torch.tensor([[1.0, 4.0, 2.0], [3.0, 0.0, 2.5]])
+    assert tap.host_top2(fresh, fresh.argmax(dim=-1))  # reduced at once now
+    fresh.fill_(0.0)
+    assert tap.uniform(2, 1)[:, 0].tolist() == [2.0, 0.5]
