@@ -74,30 +74,22 @@ class MarginTap:
         557 against 207 us per 4-depth step). vLLM drops its reference to the logits after
         the argmax, so they are this tap's alone; a drafter whose logits reuse one buffer
         (the same address at a later depth: the earlier depth's values are gone) has that
-        depth's margins unknown (NaN), and later logits are reduced at once."""
+        depth's margins unknown (NaN), and its later steps are reduced at once."""
         if (
             logits.requires_grad
-            or logits.device.type != "cpu"
+            or not logits.is_cpu
             or str(logits.dtype) not in _HOST_DTYPES
             or logits.dim() != 2
             or idx.dim() != 1
         ):
             return False
-        if not self._keep or logits.numel() > self.KEEP_CELLS:
-            try:
-                self.steps.append(self._top2_of(logits, idx))
-            except (TypeError, RuntimeError):  # a tensor numpy cannot view (sparse...)
-                return False
+        if self._keep and logits.numel() <= self.KEEP_CELLS:
+            self.steps.append(_Held(logits, idx))
             return True
-        ptr = logits.data_ptr()
-        reused = [j for j, t in enumerate(self.steps) if type(t) is _Held and t.ptr == ptr]
-        if reused:
-            self._keep = False
-            for j in reused:
-                lost = np.full(len(self.steps[j].idx), np.nan, np.float32)
-                self.steps[j] = (lost, lost)
-            return self.host_top2(logits, idx)
-        self.steps.append(_Held(logits, idx, ptr))
+        try:
+            self.steps.append(self._top2_of(logits, idx))
+        except (TypeError, RuntimeError):  # a tensor numpy cannot view (sparse...)
+            return False
         return True
 
     def _top2_of(self, logits, idx) -> tuple[np.ndarray, np.ndarray]:
@@ -107,10 +99,23 @@ class MarginTap:
         return _top2(a, i, self._rows)
 
     def _resolve(self) -> None:
-        """Reduce the logits :meth:`host_top2` kept (once per step)."""
+        """Reduce the logits :meth:`host_top2` kept (once per step). Two kept depths at one
+        address are one buffer written twice: the earlier depths' values are gone (NaN)."""
         s = self.steps
-        if any(type(t) is _Held for t in s):
-            self.steps = [self._held_top2(t) if type(t) is _Held else t for t in s]
+        if not any(type(t) is _Held for t in s):
+            return
+        last = {t.logits.data_ptr(): j for j, t in enumerate(s) if type(t) is _Held}
+        out = []
+        for j, t in enumerate(s):
+            if type(t) is not _Held:
+                out.append(t)
+            elif last[t.logits.data_ptr()] != j:  # overwritten by a later depth
+                self._keep = False  # later steps: reduced at once
+                lost = np.full(len(t.idx), np.nan, np.float32)
+                out.append((lost, lost))
+            else:
+                out.append(self._held_top2(t))
+        self.steps = out
 
     def _held_top2(self, t: _Held):
         try:
@@ -221,12 +226,10 @@ def _host_grid(pairs: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
 
 
 class _Held(NamedTuple):
-    """A depth's logits and argmax kept by :meth:`MarginTap.host_top2` (``ptr``: the logits'
-    address, to notice a reused buffer)."""
+    """A depth's logits and argmax kept by :meth:`MarginTap.host_top2`."""
 
     logits: Any
     idx: Any
-    ptr: int
 
 
 def _wanted(device_type: str) -> bool:
