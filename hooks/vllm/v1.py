@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -267,7 +268,7 @@ class V1Recorder:
         if anchor.tolist() != [e[-1] for e in v.rows]:
             return False  # _open_proposals names the row
         lens = np.full(b, k, np.int64)
-        gaps = None
+        gaps: np.ndarray | Callable[[], np.ndarray] | None = None
         if m is not None:
             gaps = m.uniform_later(b, k)  # made on the writer thread
             if gaps is None:
