@@ -52,6 +52,7 @@ class MarginTap:
         self.wanted: bool | None = None  # this step's decision (:func:`_wanted`), made once
         self._rows = np.zeros(0, np.int64)  # arange(B), kept for the next depth and step
         self._keep = True  # host_top2 keeps the logits for the end of the step
+        self._checked = False  # host_top2 took a depth: later ones are not checked again
 
     def reset(self) -> None:
         """Forget what was recorded (called before each engine step)."""
@@ -75,25 +76,36 @@ class MarginTap:
         the argmax, so they are this tap's alone; a drafter whose logits reuse one buffer
         (the same address at a later depth: the earlier depth's values are gone) has that
         depth's margins unknown (NaN), and its later steps are reduced at once."""
-        if (
-            logits.requires_grad
-            or not logits.is_cpu
-            or str(logits.dtype) not in _HOST_DTYPES
-            or logits.dim() != 2
-            or idx.dim() != 1
-        ):
-            return False
+        if not self._checked:  # once: a later depth that numpy cannot take fails in
+            # _top2_of, and is then reduced by margin_of (the torch steps) instead
+            if (
+                logits.requires_grad
+                or not logits.is_cpu
+                or str(logits.dtype) not in _HOST_DTYPES
+                or logits.dim() != 2
+                or idx.dim() != 1
+            ):
+                return False
+            self._checked = True
         if self._keep and logits.numel() <= self.KEEP_CELLS:
             self.steps.append(_Held(logits, idx))
             return True
         try:
             self.steps.append(self._top2_of(logits, idx))
-        except (TypeError, RuntimeError):  # a tensor numpy cannot view (sparse...)
+        except (TypeError, RuntimeError):  # what numpy cannot take (see _top2_of)
             return False
         return True
 
     def _top2_of(self, logits, idx) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`_top2` on the tensors' memory.
+
+        Raises:
+            TypeError, RuntimeError: logits off the host, needing grad, of another dtype
+                or shape (torch's ``numpy()`` raises the same for the first three).
+        """
         a, i = logits.numpy(), idx.numpy()
+        if a.ndim != 2 or a.dtype not in _HOST_NP_DTYPES or i.ndim != 1:
+            raise TypeError(f"logits {a.dtype} {a.shape}, argmax {i.shape}")
         if len(self._rows) != len(i):
             self._rows = np.arange(len(i))
         return _top2(a, i, self._rows)
@@ -251,6 +263,7 @@ def _torch_margin(logits, idx):
 
 
 _HOST_DTYPES = ("torch.float32", "torch.float64")
+_HOST_NP_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def margin_of(logits, idx):
