@@ -14,15 +14,17 @@ waits for a core that a loaded machine has given to another process (measured be
 2 busy cores: about 3 ms per call in torch, 40 us in numpy, for [64, 2048] float32). Off the
 CPU (or for dtypes numpy lacks) the same steps run in torch (several times cheaper than
 ``torch.topk(2)``). Both equal ``topk(2)``'s values bit for bit (ties: a second maximal cell
-stays, margin 0). On the CPU path the tap keeps each depth's top-1 and top-2 and subtracts
-them once per engine step (:meth:`MarginTap.host_top2`; beside vLLM each numpy call costs
-5-10 us, several times its cost alone, so calls are what to save; the row maximum itself,
-about 90 us there, reads the logits from memory). The per-step values are gathered once per
-engine step (:meth:`MarginTap.matrix`), not once per depth; whether margins are wanted is
-read once per step too. On a GPU that is still a device-to-host copy
-and a sync, so margins are off there unless ``SPECTRACE_MARGINS=1`` (``0`` turns them off
-everywhere). The local-argmax and heterogeneous-vocabulary paths are left alone (no margins:
-NaN).
+stays, margin 0). On the CPU path the tap keeps each depth's logits and argmax and reduces
+them after ``sample_tokens`` returned, subtracting once per engine step
+(:meth:`MarginTap.host_top2`): numpy right after vLLM's torch ops costs several times more
+than later in the step (measured: a 64-element add 43 us first, 4 us next), and beside vLLM
+each numpy call costs 5-10 us, so calls, and when they run, are what to save. The usual
+step's subtraction itself runs on the writer thread (:meth:`MarginTap.uniform_later`). The
+per-step values are gathered once per engine step (:meth:`MarginTap.matrix`), not once per
+depth; whether margins are wanted is read once per step too. On a GPU that is still a
+device-to-host copy and a sync, so margins are off there unless ``SPECTRACE_MARGINS=1``
+(``0`` turns them off everywhere). The local-argmax and heterogeneous-vocabulary paths are
+left alone (no margins: NaN).
 """
 
 from __future__ import annotations
