@@ -36,6 +36,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -131,21 +132,30 @@ SIDES = (("off", False, False), ("on", True, True), ("on-no-margins", True, Fals
 
 class Timers:
     """Thread CPU time (``time.thread_time``) spent in wrapped methods, per label: the
-    recorder on the engine thread, the margins wrapper, the writer's two threads."""
+    recorder on the engine thread, the margins wrapper, the writer's two threads. A wrapped
+    call inside another (the margins' reduction inside the recorder's step) counts for its
+    own label only (exclusive times: the labels add up)."""
 
     def __init__(self) -> None:
         self.ms: dict[str, float] = {}
+        self._inner = threading.local()  # per thread: ms of wrapped calls inside this one
 
     def wrap(self, owner, name: str, label: str) -> None:
         fn = getattr(owner, name)
 
         @functools.wraps(fn)
         def timed(*args, **kwargs):
+            outer = getattr(self._inner, "ms", None)
+            self._inner.ms = [0.0]
             t0 = time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.ms[label] = self.ms.get(label, 0.0) + 1e3 * (time.thread_time() - t0)
+                ms = 1e3 * (time.thread_time() - t0)
+                self.ms[label] = self.ms.get(label, 0.0) + ms - self._inner.ms[0]
+                self._inner.ms = outer
+                if outer is not None:
+                    outer[0] += ms
 
         setattr(owner, name, timed)
 
@@ -170,6 +180,8 @@ def _install_timers(t: Timers) -> None:
     if hasattr(margins.MarginTap, "host_top2"):  # the CPU path (the subtraction, once per
         # step, runs inside the recorder's time, as main's per-step margins matrix did)
         t.wrap(margins.MarginTap, "host_top2", "drafter margins alone (per depth)")
+    if hasattr(margins.MarginTap, "_resolve"):  # the kept logits reduced after the step
+        t.wrap(margins.MarginTap, "_resolve", "drafter margins alone (per depth)")
     install = v1.install_margins
 
     def install_timed(drafter):

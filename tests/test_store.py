@@ -138,11 +138,27 @@ for i in range(100000):
 """
 
 
-def test_sigkill_keeps_every_flushed_block(tmp_path):
-    """A writer killed with SIGKILL leaves a .partial that opens with all flushed rows."""
+_SLOW_BULK_WRITER = """
+import sys, time
+import numpy as np
+from spectrace.tracer.store import TraceWriter
+w = TraceWriter(sys.argv[1], {"k": 2}, flush_interval=0.2)
+w.request("r")
+for i in range(100000):
+    w.add_blocks({"request": np.zeros(1, np.int32), "step": [i], "position": [i],
+                  "anchor": [i % 7], "k": [2], "proposed": [[i, i + 1]], "accepted": [i % 3]})
+    print(i, flush=True)
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("script", [_SLOW_WRITER, _SLOW_BULK_WRITER], ids=["row", "bulk"])
+def test_sigkill_keeps_every_flushed_block(tmp_path, script):
+    """A writer killed with SIGKILL leaves a .partial that opens with all flushed rows, rows
+    added one by one or as columns (kept until the flush thread's next flush)."""
     path = tmp_path / "k.h5"
     p = subprocess.Popen(
-        [sys.executable, "-c", _SLOW_WRITER, str(path)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", script, str(path)], stdout=subprocess.PIPE, text=True
     )
     written = 0
     t0 = time.monotonic()
@@ -187,6 +203,52 @@ def test_bulk_append_matches_row_append(tmp_path):
     assert (t.blocks.proposed == prop).all()
     assert t.blocks.num_verified.tolist() == [-1] * 50
     assert t.blocks.accepted.tolist() == [1] * 50
+
+
+def _bulk(positions: list[int]) -> dict:
+    n = len(positions)
+    return {"request": np.zeros(n, np.int32), "position": positions, "k": np.full(n, 1),
+            "proposed": np.array(positions).reshape(n, 1)}  # fmt: skip
+
+
+def _on_disk(path: Path) -> tuple[int | None, list[int]]:
+    """(the announced rows, the position column) as another process reads the file now."""
+    with h5py.File(path, "r", locking=False) as f:
+        return f["blocks"].attrs.get("flushed_rows"), f["blocks/position"][:].tolist()
+
+
+def test_bulk_rows_wait_for_the_flush_thread_and_keep_their_order(tmp_path):
+    """With the flush thread running (its interval an hour here), add_blocks keeps the rows
+    (a copy: the caller's arrays may change) until the next flush, which appends them in
+    call order; rows added one by one in between write what is kept first, then
+    themselves and the new columns."""
+    w = TraceWriter(tmp_path / "b.h5", {"k": 1}, flush_interval=3600)
+    w.request("r")
+    first = _bulk([0, 1])
+    w.add_blocks(first)
+    first["position"][:] = [7, 7]  # reused by the caller after the call
+    w.add_blocks(_bulk([2]))
+    assert w.rows_written == 0
+    assert _on_disk(w.partial_path) == (None, [])
+    w.flush()
+    assert _on_disk(w.partial_path) == (3, [0, 1, 2])
+    w.add_blocks(_bulk([3]))
+    w.add_block("r", 0, 4, -1, [4])
+    w.add_blocks(_bulk([5]))  # after a row-wise one: everything written at once, in order
+    assert _on_disk(w.partial_path) == (6, [0, 1, 2, 3, 4, 5])
+    w.add_blocks(_bulk([6]))
+    w.close()
+    assert open_trace(tmp_path / "b.h5").blocks.position.tolist() == list(range(7))
+
+
+def test_bulk_rows_without_a_flush_thread_are_written_at_once(tmp_path):
+    """The twin: flush_interval=0 (no thread to flush later) appends and syncs per call."""
+    w = TraceWriter(tmp_path / "b.h5", {"k": 1}, flush_interval=0)
+    w.request("r")
+    w.add_blocks(_bulk([0, 1]))
+    assert w.rows_written == 2
+    assert _on_disk(w.partial_path) == (2, [0, 1])
+    w.close()
 
 
 def test_schema_is_the_one_definition():

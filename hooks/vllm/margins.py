@@ -14,21 +14,25 @@ waits for a core that a loaded machine has given to another process (measured be
 2 busy cores: about 3 ms per call in torch, 40 us in numpy, for [64, 2048] float32). Off the
 CPU (or for dtypes numpy lacks) the same steps run in torch (several times cheaper than
 ``torch.topk(2)``). Both equal ``topk(2)``'s values bit for bit (ties: a second maximal cell
-stays, margin 0). On the CPU path the tap keeps each depth's top-1 and top-2 and subtracts
-them once per engine step (:meth:`MarginTap.host_top2`; beside vLLM each numpy call costs
-5-10 us, several times its cost alone, so calls are what to save; the row maximum itself,
-about 90 us there, reads the logits from memory). The per-step values are gathered once per
-engine step (:meth:`MarginTap.matrix`), not once per depth; whether margins are wanted is
-read once per step too. On a GPU that is still a device-to-host copy
-and a sync, so margins are off there unless ``SPECTRACE_MARGINS=1`` (``0`` turns them off
-everywhere). The local-argmax and heterogeneous-vocabulary paths are left alone (no margins:
-NaN).
+stays, margin 0). On the CPU path the tap keeps each depth's logits and argmax and reduces
+them after ``sample_tokens`` returned, subtracting once per engine step
+(:meth:`MarginTap.host_top2`): numpy right after vLLM's torch ops costs several times more
+than later in the step (measured: a 64-element add 43 us first, 4 us next), and beside vLLM
+each numpy call costs 5-10 us, so calls, and when they run, are what to save. The usual
+step's subtraction itself runs on the writer thread (:meth:`MarginTap.uniform_later`). The
+per-step values are gathered once per engine step (:meth:`MarginTap.matrix`), not once per
+depth; whether margins are wanted is read once per step too. On a GPU that is still a
+device-to-host copy and a sync, so margins are off there unless ``SPECTRACE_MARGINS=1``
+(``0`` turns them off everywhere). The local-argmax and heterogeneous-vocabulary paths are
+left alone (no margins: NaN).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -42,33 +46,96 @@ class MarginTap:
 
     def __init__(self) -> None:
         #: per depth: the margins ([B] tensor or array), or a host ``(top1, top2)`` pair
-        #: whose difference :meth:`_depths` takes once per engine step (:meth:`host_top2`)
+        #: whose difference :meth:`_depths` takes once per engine step, or the logits
+        #: :meth:`host_top2` keeps until then
         self.steps: list = []
         self._depth_rows: list[np.ndarray] | None = None  # steps on the host, float32 [B_d]
         self._grid: np.ndarray | None = None  # the same as one [depth, B] array, if uniform
         self.wanted: bool | None = None  # this step's decision (:func:`_wanted`), made once
         self._rows = np.zeros(0, np.int64)  # arange(B), kept for the next depth and step
+        self._keep = True  # host_top2 keeps the logits for the end of the step
+        self._checked = False  # host_top2 took a depth: later ones are not checked again
 
     def reset(self) -> None:
         """Forget what was recorded (called before each engine step)."""
         self.steps = []
         self._depth_rows = self._grid = self.wanted = None
 
+    #: Logits kept for the end of the engine step up to this many cells per depth (64 MiB
+    #: of float32); larger ones are reduced at once.
+    KEEP_CELLS = 1 << 24
+
     def host_top2(self, logits, idx) -> bool:
         """Record the top-1 and top-2 of CPU float32/float64 ``logits`` [B, V] given their
         argmax ``idx`` [B] (:func:`margin_of`'s numpy steps, with the subtraction left to
         :meth:`_depths`: one per engine step, not one per depth). Returns False, recording
-        nothing, for other logits (not on the host, needing grad, other dtypes or shapes)."""
+        nothing, for other logits (not on the host, needing grad, other dtypes or shapes).
+
+        The tensors are kept as they are and reduced when the step's margins are first read
+        (:meth:`_resolve`, after ``sample_tokens`` returned): numpy run right after vLLM's
+        torch ops costs about 2.7 times more (measured beside vLLM on this 2-core machine:
+        557 against 207 us per 4-depth step). vLLM drops its reference to the logits after
+        the argmax, so they are this tap's alone; a drafter whose logits reuse one buffer
+        (the same address at a later depth: the earlier depth's values are gone) has that
+        depth's margins unknown (NaN), and its later steps are reduced at once."""
+        if not self._checked:  # once: a later depth that numpy cannot take fails in
+            # _top2_of, and is then reduced by margin_of (the torch steps) instead
+            if (
+                logits.requires_grad
+                or not logits.is_cpu
+                or str(logits.dtype) not in _HOST_DTYPES
+                or logits.dim() != 2
+                or idx.dim() != 1
+            ):
+                return False
+            self._checked = True
+        if self._keep and logits.numel() <= self.KEEP_CELLS:
+            self.steps.append(_Held(logits, idx))
+            return True
         try:
-            a, i = logits.numpy(), idx.numpy()
-        except (TypeError, RuntimeError):  # off the host, bfloat16, requires grad
+            self.steps.append(self._top2_of(logits, idx))
+        except (TypeError, RuntimeError):  # what numpy cannot take (see _top2_of)
             return False
+        return True
+
+    def _top2_of(self, logits, idx) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`_top2` on the tensors' memory.
+
+        Raises:
+            TypeError, RuntimeError: logits off the host, needing grad, of another dtype
+                or shape (torch's ``numpy()`` raises the same for the first three).
+        """
+        a, i = logits.numpy(), idx.numpy()
         if a.ndim != 2 or a.dtype not in _HOST_NP_DTYPES or i.ndim != 1:
-            return False
+            raise TypeError(f"logits {a.dtype} {a.shape}, argmax {i.shape}")
         if len(self._rows) != len(i):
             self._rows = np.arange(len(i))
-        self.steps.append(_top2(a, i, self._rows))
-        return True
+        return _top2(a, i, self._rows)
+
+    def _resolve(self) -> None:
+        """Reduce the logits :meth:`host_top2` kept (once per step). Two kept depths at one
+        address are one buffer written twice: the earlier depths' values are gone (NaN)."""
+        s = self.steps
+        if not any(type(t) is _Held for t in s):
+            return
+        last = {t.logits.data_ptr(): j for j, t in enumerate(s) if type(t) is _Held}
+        out = []
+        for j, t in enumerate(s):
+            if type(t) is not _Held:
+                out.append(t)
+            elif last[t.logits.data_ptr()] != j:  # overwritten by a later depth
+                self._keep = False  # later steps: reduced at once
+                lost = np.full(len(t.idx), np.nan, np.float32)
+                out.append((lost, lost))
+            else:
+                out.append(self._held_top2(t))
+        self.steps = out
+
+    def _held_top2(self, t: _Held):
+        try:
+            return self._top2_of(t.logits, t.idx)
+        except (TypeError, RuntimeError):  # a tensor numpy cannot view: the torch steps
+            return margin_of(t.logits, t.idx)
 
     def uniform(self, b: int, k: int) -> np.ndarray | None:
         """``matrix(arange(b), [k] * b, k)`` when the step recorded exactly ``k`` depths of
@@ -77,17 +144,28 @@ class MarginTap:
         g = self._grid
         return g.T if g is not None and g.shape == (k, b) else None
 
+    def uniform_later(self, b: int, k: int) -> Callable[[], np.ndarray] | None:
+        """:meth:`uniform` as a function called later (on the writer thread: the engine
+        thread then makes no numpy call for the margins after the draft steps), when the
+        step recorded exactly ``k`` depths of ``b`` rows each on the host
+        (:meth:`host_top2`); else None. The step's top-1/top-2 arrays are the tap's own
+        copies, which :meth:`reset` does not touch."""
+        self._resolve()
+        s = self.steps
+        if len(s) != k or not all(type(t) is tuple and len(t[0]) == b for t in s):
+            return None
+        return functools.partial(_host_grid, list(s))
+
     def _depths(self) -> list[np.ndarray]:
         """The recorded depths as float32 host arrays: one transfer per engine step when
         every depth has the same rows (the usual case)."""
         if self._depth_rows is None:
             import torch
 
+            self._resolve()
             s = self.steps
             if s and all(type(t) is tuple for t in s) and len({len(t[0]) for t in s}) == 1:
-                with np.errstate(invalid="ignore"):  # -inf - -inf: NaN, as in margin_of
-                    g = np.array([t[0] for t in s]) - np.array([t[1] for t in s])
-                self._grid = g.astype(np.float32, copy=False)
+                self._grid = _host_grid(s).T
                 self._depth_rows = list(self._grid)
                 return self._depth_rows
             if any(type(t) is tuple for t in s):
@@ -150,6 +228,22 @@ class MarginTap:
         cells = have[:, None] & (np.arange(w)[None, :] < lens[:, None])
         out[:, :w] = np.where(cells, vals[:, :w], np.nan)
         return out
+
+
+def _host_grid(pairs: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """``[B, depth]`` float32 margins of :meth:`MarginTap.host_top2`'s per-depth
+    ``(top1, top2)`` pairs (each ``[B]``), subtracted in their dtype (a view of a
+    ``[depth, B]`` array)."""
+    with np.errstate(invalid="ignore"):  # -inf - -inf: NaN, as in margin_of
+        g = np.array([t[0] for t in pairs]) - np.array([t[1] for t in pairs])
+    return g.astype(np.float32, copy=False).T
+
+
+class _Held(NamedTuple):
+    """A depth's logits and argmax kept by :meth:`MarginTap.host_top2`."""
+
+    logits: Any
+    idx: Any
 
 
 def _wanted(device_type: str) -> bool:

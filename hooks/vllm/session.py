@@ -139,7 +139,8 @@ class Session:
     def end_step(self) -> None:
         """After a recorded step: hand gathered blocks to the writer thread once
         :attr:`ColumnWriter.FLUSH_ROWS` rows or :attr:`ColumnWriter.FLUSH_S` seconds
-        are buffered (so a killed engine leaves every block older than about a second)."""
+        are buffered (so a killed engine leaves every block older than about 1.5 s: the
+        writer syncs what it was handed at its next 1 s flush)."""
         p = self._pending
         if len(p) >= ColumnWriter.FLUSH_ROWS or (
             len(p) and time.monotonic() - p.t0 >= ColumnWriter.FLUSH_S

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -110,8 +111,11 @@ class V1Recorder:
     # -- per step --------------------------------------------------------------------------
 
     def _before(self):
-        """Read the drafts verified in this step: (req ids, verified [B, w] int64 -1 padded,
-        drafts per row [B]; 0: none verified)."""
+        """What this step verifies, as references: (req ids, drafts per row or None when
+        none is verified, the flattened draft ids vLLM verifies). :meth:`_verified` reads
+        the ids after the call: vLLM's sampler only reads that tensor (a gather made for
+        this step), and numpy run right after vLLM's forward pass costs several times
+        more (see :mod:`.margins`)."""
         r = self.runner
         batch = r.input_batch
         if not self._batch_checked:
@@ -120,12 +124,20 @@ class V1Recorder:
         md = getattr(r.execute_model_state, "spec_decode_metadata", None)
         req_ids = list(batch.req_ids)
         if md is None:  # nothing verified in this step
-            b = len(req_ids)
-            return req_ids, np.full((b, 0), -1, np.int64), np.zeros(b, np.int64)
+            return req_ids, None, None
         nd = md.num_draft_tokens
         if type(nd) is not list:
             nd = np.asarray(nd, dtype=np.int64).reshape(-1).tolist()
-        flat = _host_ids(md.draft_token_ids)
+        return req_ids, nd, md.draft_token_ids
+
+    @staticmethod
+    def _verified(req_ids: list[str], nd: list[int] | None, ids) -> tuple[np.ndarray, np.ndarray]:
+        """The drafts verified in this step (:meth:`_before`'s references) as (verified
+        [B, w] int64 -1 padded, drafts per row [B]; 0: none verified)."""
+        if nd is None:
+            b = len(req_ids)
+            return np.full((b, 0), -1, np.int64), np.zeros(b, np.int64)
+        flat = _host_ids(ids)
         total = sum(nd)
         if len(nd) != len(req_ids) or total != len(flat):
             raise RuntimeError(
@@ -134,14 +146,14 @@ class V1Recorder:
             )
         w = max(nd) if nd else 0
         if nd and nd.count(w) == len(nd):  # the usual step: k drafts per row
-            return req_ids, flat.reshape(len(nd), w), np.full(len(nd), w, np.int64)
+            return flat.reshape(len(nd), w), np.full(len(nd), w, np.int64)
         counts = np.array(nd, dtype=np.int64)
         vmat = np.full((len(counts), max(w, 1)), -1, np.int64)
         vmat[np.arange(vmat.shape[1])[None, :] < counts[:, None]] = flat
-        return req_ids, vmat, counts
+        return vmat, counts
 
     def _after(self, pre, out) -> None:
-        req_ids, vmat, vlen = pre
+        req_ids = pre[0]
         r = self.runner
         s = self.session
         out_ids = getattr(out, "req_ids", None)
@@ -166,6 +178,7 @@ class V1Recorder:
                             getattr(state, "sampling_params", None),
                         )
             self._all_seen = all(s.seen(rid) for rid in live)
+        vmat, vlen = self._verified(*pre)
         verdicts = StepVerdicts(vmat, vlen, _emitted_by_row(req_ids, out_ids, sampled))
         cols = self.joiner.close_step(live, rows, verdicts, s.request_row)
         if cols is not None:
@@ -255,9 +268,11 @@ class V1Recorder:
         if anchor.tolist() != [e[-1] for e in v.rows]:
             return False  # _open_proposals names the row
         lens = np.full(b, k, np.int64)
-        gaps = None
+        gaps: np.ndarray | Callable[[], np.ndarray] | None = None
         if m is not None:
-            gaps = m.uniform(b, k)
+            gaps = m.uniform_later(b, k)  # made on the writer thread
+            if gaps is None:
+                gaps = m.uniform(b, k)
             if gaps is None:
                 gaps = m.matrix(live, lens, k)
         chunk = StepProposals(self.session.step, pos, anchor, props, lens, live, b,

@@ -42,8 +42,18 @@ class StepProposals:
     batch_row: np.ndarray
     batch_size: int
     t_ns: int
-    #: The drafter's top-1 minus top-2 logit per slot, [n, w] float32 (NaN unknown), or None.
-    margin: np.ndarray | None = None
+    #: The drafter's top-1 minus top-2 logit per slot, [n, w] float32 (NaN unknown), or None;
+    #: or a function that makes it, called on first read of :attr:`margin` (the usual step's
+    #: subtraction then runs on the writer thread, :meth:`~.margins.MarginTap.uniform_later`).
+    margin_of: np.ndarray | Callable[[], np.ndarray] | None = None
+
+    @property
+    def margin(self) -> np.ndarray | None:
+        """:attr:`margin_of`, made on first read."""
+        m = self.margin_of
+        if callable(m):
+            m = self.margin_of = m()
+        return m
 
     def rows(self, js: np.ndarray) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray | None]:
         """Rows ``js`` as block columns: (``_GATHERED`` columns [n] int64, ``k`` [n],
@@ -216,10 +226,12 @@ class StepJoiner(BlockJoiner):
     """:class:`BlockJoiner` whose ``open`` values are ``(StepProposals, row)`` for blocks
     opened by :meth:`open_step` (per-row :meth:`propose` still works).
 
-    The usual step touches no request one by one: when nothing else is open, a step's
-    proposals wait as one ``(req_ids, chunk)`` pair, and the next step, if its recorded
-    batch is the same list of requests, closes them all at once. Anything else (a request
-    finishing, a batch change, a per-row call) first spills the pair into ``open``.
+    The usual step touches no request one by one: when none of its requests has a block in
+    ``open``, a step's proposals wait as one ``(req_ids, chunk)`` pair, and the next step,
+    if its recorded batch is the same list of requests, closes them all at once. Anything
+    else (a request finishing, a batch change, a per-row call) first spills the pair into
+    ``open``. Blocks of requests outside the batch (preempted, or finished without vLLM's
+    removal call yet) stay in ``open`` beside the pair.
     """
 
     def __init__(self, sink) -> None:
@@ -258,10 +270,14 @@ class StepJoiner(BlockJoiner):
         """Open one block per row of ``chunk`` (``req_ids[j]`` is row j); an older open
         block of the same request is written unverified first."""
         self._spill()
-        if self.open:
+        if self._overlaps(req_ids):
             self._open_rows(req_ids, chunk)
-        else:  # nothing older can be open: wait as one pair
+        else:  # none of them has an older open block: wait as one pair
             self._last = (req_ids, chunk)
+
+    def _overlaps(self, req_ids: list[str]) -> bool:
+        """Some request of ``req_ids`` has a block in ``open`` (one C-level pass)."""
+        return bool(self.open) and not self.open.keys().isdisjoint(req_ids)
 
     def propose(self, req_id: str, *args, **kwargs) -> None:  # noqa: D102 (BlockJoiner's)
         self._spill()
@@ -298,7 +314,7 @@ class StepJoiner(BlockJoiner):
         ``row_of(rid)``), on the same-batch path a :class:`ClosedStep` (the columns made
         later, with other steps'), or None when no block closed."""
         last = self._last
-        if last is not None and not self.open and last[0] == req_ids:
+        if last is not None and last[0] == req_ids and not self._overlaps(req_ids):
             self._last = None  # the same requests in the same order: every row closes
             v = verdicts
             if len(rows) == len(v.vlen):  # rows 0..B-1: StepVerdicts' arrays are copies

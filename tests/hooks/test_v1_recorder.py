@@ -154,6 +154,44 @@ def test_steps_handed_over_together_equal_the_hand_derived_blocks(tmp_path, monk
     assert t.meta["verified_not_prefix_of_proposed"] == 1
 
 
+def test_a_block_open_outside_the_batch_keeps_the_same_batch_path(tmp_path, monkeypatch):
+    """A block of request ``z``, not in the batch (preempted, or finished while vLLM's
+    removal call is still to come), stays open beside the same-batch steps: they still
+    close whole (one batch of 3 steps at close), and every block, z's too, is the one
+    derived by hand (the same steps without z: test_step_join_mixed_with_row_drops)."""
+    from spectrace.hooks.vllm.v1_join import ClosedStep
+
+    monkeypatch.setattr(ColumnWriter, "FLUSH_S", 3600.0)
+    sizes = []
+    batch = ClosedStep.batch
+    monkeypatch.setattr(ClosedStep, "batch", lambda steps: sizes.append(len(steps)) or batch(steps))
+    r = Runner()
+    rec = V1Recorder(r, tmp_path / "t.h5", {"k": 2})
+    rec.joiner.propose("z", 0, 5, 9, [7, 8])
+    for _ in range(4):
+        r.sample_tokens()
+    rec.session.close()
+    assert sizes == [3]
+    t = open_trace(tmp_path / "t.h5")
+    b = t.blocks
+    # steps 0-2 closed by steps 1-3; a's and b's step-3 proposals and z's open at close
+    assert [t.requests.req_id[i] for i in b.request] == ["a", "b"] * 4 + ["z"]
+    assert b.step.tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 0]
+    assert b.proposed.tolist() == [[11, 12]] * 2 + [[21, 22]] * 2 + [[31, 32]] * 2 + [
+        [41, 42]
+    ] * 2 + [[7, 8]]
+    assert b.num_verified.tolist() == [2] * 6 + [-1] * 3
+    assert b.accepted.tolist() == [1] * 6 + [-1] * 3
+    assert (
+        b.emitted[:, :2].tolist()
+        == [[11, 101]] * 2 + [[21, 102]] * 2 + [[31, 103]] * 2 + [[-1, -1]] * 3
+    )
+    assert b.anchor.tolist() == [100, 100, 101, 101, 102, 102, 103, 103, 9]
+    assert b.position.tolist() == [3, 3, 5, 5, 7, 7, 9, 9, 5]
+    assert b.batch_row.tolist() == [0, 1] * 4 + [-1]
+    assert b.batch_size.tolist() == [2] * 8 + [-1]
+
+
 def test_concat_columns_fills_a_column_only_some_parts_carry():
     a = {
         "request": np.array([0]),
@@ -433,11 +471,16 @@ def test_host_top2_margins_equal_margin_of_once_subtracted_per_step():
         assert torch.equal(x, before)  # restored
         y = torch.tensor([[0.0, 2.0, 1.75, 0.0]] * 4, dtype=dtype)
         assert tap.host_top2(y, y.argmax(dim=-1))
+        assert tap.uniform_later(4, 3) is None and tap.uniform_later(5, 2) is None
         got = tap.uniform(4, 2)
         assert got.dtype == np.float32 and got.shape == (4, 2)
         assert got[[0, 1, 3], 0].tolist() == [0.5, 0.0, inf] and np.isnan(got[2, 0])
         assert got[:, 1].tolist() == [0.25] * 4
         assert tap.uniform(4, 3) is None and tap.uniform(5, 2) is None
+        assert torch.equal(x, before)  # restored after the reduction too
+        later = tap.uniform_later(4, 2)  # the same, made when called (the writer thread)
+        tap.reset()
+        assert np.array_equal(later(), got, equal_nan=True) and later().dtype == np.float32
     tap = MarginTap()
     z = torch.randn(3, 8, generator=torch.Generator().manual_seed(2))
     assert not tap.host_top2(z.to(torch.bfloat16), z.argmax(dim=-1))
@@ -448,3 +491,26 @@ def test_host_top2_margins_equal_margin_of_once_subtracted_per_step():
     w = torch.tensor([[3.0, 1.0], [0.0, 0.5]])
     assert tap.host_top2(w, w.argmax(dim=-1))
     assert tap.take(0, 2) == [1.0, 2.0] and tap.take(1, 2) == [2.0, 0.5]
+
+
+def test_host_top2_logits_in_one_reused_buffer_leave_that_depth_unknown():
+    """host_top2 keeps the logits until the step's margins are read; a drafter writing
+    every depth into one buffer (the same address) leaves the overwritten depth NaN, the
+    later one exact, and later steps reduced at once (the twin with distinct buffers:
+    test_host_top2_margins_equal_margin_of_once_subtracted_per_step)."""
+    import torch
+
+    from spectrace.hooks.vllm.margins import MarginTap
+
+    tap = MarginTap()
+    buf = torch.tensor([[1.0, 4.0, 2.0], [3.0, 0.0, 2.5]])
+    assert tap.host_top2(buf, buf.argmax(dim=-1))
+    buf.copy_(torch.tensor([[0.0, 1.0, 5.0], [2.0, 2.0, 1.0]]))  # depth 1, same memory
+    assert tap.host_top2(buf, buf.argmax(dim=-1))
+    got = tap.uniform(2, 2)
+    assert np.isnan(got[:, 0]).all() and got[:, 1].tolist() == [4.0, 0.0]
+    tap.reset()
+    fresh = torch.tensor([[1.0, 4.0, 2.0], [3.0, 0.0, 2.5]])
+    assert tap.host_top2(fresh, fresh.argmax(dim=-1))  # reduced at once now
+    fresh.fill_(0.0)
+    assert tap.uniform(2, 1)[:, 0].tolist() == [2.0, 0.5]

@@ -25,6 +25,7 @@ import numpy as np
 from .. import schema
 from ..errors import InputError
 from .amend import amend_meta as amend_meta  # re-exported: callers of the writer
+from .block_arrays import append_rows, block_arrays, derived
 from .live import announce
 from .paths import final_path, partial_path
 from .vlen import REQUEST_FIELDS, finished_runs, row_runs, write_request_rows
@@ -89,6 +90,8 @@ class TraceWriter:
         self._tables = {t: {c.name: self._file[t][c.name] for c in cols}
                         for t, cols in schema.TABLES.items()}  # fmt: skip
         self._blocks: dict[str, list] = {c.name: [] for c in schema.BLOCK_COLUMNS}
+        self._block_parts: list[dict[str, np.ndarray]] = []  # add_blocks' rows, unwritten
+        self._parts_rows = 0
         self._phases: dict[str, list] = {c.name: [] for c in schema.PHASE_COLUMNS}
         self._phase_names: dict[str, int] = {}
         self._req_index: dict[str, int] = {}
@@ -270,7 +273,11 @@ class TraceWriter:
                 self._flush_locked()
 
     def add_blocks(self, columns: dict[str, np.ndarray]) -> None:
-        """Append many blocks at once (vectorised; used by importers and benchmarks).
+        """Append many blocks at once (vectorised; importers, the vLLM plugin's writer
+        thread). With the flush thread running they are kept (copied) until its next flush,
+        which appends and syncs them with everything else (one sync per interval: each
+        re-compresses the last chunk of every column); past ``flush_rows`` buffered rows, at
+        once.
 
         Args:
             columns: block column name -> array of n rows; ``request`` holds row indices
@@ -280,28 +287,28 @@ class TraceWriter:
             ValueError: columns of different lengths or an unknown column name.
         """
         with self._lock:
+            defer = (
+                self._thread is not None
+                and not self._closed
+                and not self._blocks["request"]  # row-wise rows first: one write order
+                and self._parts_rows + len(next(iter(columns.values()))) < self._flush_rows
+            )
+            n, arrays = block_arrays(columns, copy=defer)
+            if defer:
+                self._block_parts.append(arrays)
+                self._parts_rows += n
+                return
             self._flush_locked(sync=False)  # the rows added before first; one sync below
-            n = len(next(iter(columns.values())))
-            known = {c.name: c for c in schema.BLOCK_COLUMNS}
-            for name, arr in columns.items():
-                if name not in known:
-                    raise ValueError(f"blocks: unknown column {name!r}")
-                if len(arr) != n:
-                    raise ValueError(f"blocks.{name}: {len(arr)} rows, expected {n}")
-            g = self._tables["blocks"]
-            arrays = {}
-            for c in schema.BLOCK_COLUMNS:
-                given = columns.get(c.name)
-                if given is None:
-                    shape = (n,) if c.width is None else (n, 1)
-                    given = np.full(shape, c.fill, dtype=c.np_dtype)
-                arrays[c.name] = np.asarray(given, dtype=c.np_dtype)
-            arrays.update(self._derived(g, arrays))
-            for c in schema.BLOCK_COLUMNS:
-                self._append(g[c.name], arrays[c.name], c)
-            self.rows_written += n
+            self._append_blocks(arrays)
             announce(self._file, self.rows_written)
             self._file.flush()
+
+    def _append_blocks(self, arrays: dict[str, np.ndarray]) -> None:
+        g = self._tables["blocks"]
+        arrays.update(derived(g, arrays))
+        for c in schema.BLOCK_COLUMNS:
+            append_rows(g[c.name], arrays[c.name], c)
+        self.rows_written += len(arrays["request"])
 
     def add_phase(self, step: int, name: str, ms: float, level: int = 1) -> None:
         """Record one per-step timing (``name`` such as ``backbone``; ``ms`` milliseconds)."""
@@ -330,10 +337,16 @@ class TraceWriter:
 
     def _flush_locked(self, sync: bool = True) -> None:
         wrote = False
+        if self._block_parts:  # kept by add_blocks; always older than the row-wise rows
+            parts, self._block_parts, self._parts_rows = self._block_parts, [], 0
+            for arrays in parts:
+                self._append_blocks(arrays)
+            wrote = True
         if self._blocks["request"]:
             self._flush_table("blocks", schema.BLOCK_COLUMNS, self._blocks)
-            announce(self._file, self.rows_written)  # the live-reader protocol (.live)
             wrote = True
+        if wrote:
+            announce(self._file, self.rows_written)  # the live-reader protocol (.live)
         if self._phases["step"]:
             self._flush_table("phases", schema.PHASE_COLUMNS, self._phases)
             self._file["phases"].attrs["names"] = list(self._phase_names)
@@ -370,40 +383,11 @@ class TraceWriter:
                 arrays[c.name] = arr
             buf[c.name] = []
         if table == "blocks":
-            arrays.update(self._derived(g, arrays))
+            arrays.update(derived(g, arrays))
         for c in cols:
-            self._append(g[c.name], arrays[c.name], c)
+            append_rows(g[c.name], arrays[c.name], c)
         if table == "blocks":
             self.rows_written += n
-
-    @staticmethod
-    def _derived(g, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The writer-computed block columns of rows about to be appended to ``g`` (column
-        name -> dataset).
-
-        ``verified_same`` compares the rows as they will read back: both matrices padded
-        with -1 to the wider of the two stored widths.
-        """
-        p, v = arrays["proposed"], arrays["verified"]
-        w = max(p.shape[1], v.shape[1], g["proposed"].shape[1], g["verified"].shape[1])
-        same = schema.pad_to(p, w) == schema.pad_to(v, w)
-        return {"verified_same": same.all(axis=1).astype(np.int8)}
-
-    def _append(self, ds: h5py.Dataset, arr: np.ndarray, c: schema.Column) -> None:
-        """Append rows ``arr`` (a narrower matrix: its first columns) with h5py's low-level
-        calls (``resize`` and ``__setitem__`` cost three times more, holding the GIL)."""
-        dsid = ds.id
-        n0, n = dsid.shape[0], len(arr)
-        if c.width is None:
-            dsid.set_extent((n0 + n,))
-        else:
-            if arr.shape[1] > dsid.shape[1]:  # a wider block than seen: new cells read as -1
-                dsid.set_extent((n0, arr.shape[1]))
-            dsid.set_extent((n0 + n, dsid.shape[1]))
-        fspace = dsid.get_space()
-        fspace.select_hyperslab((n0,) + (0,) * (arr.ndim - 1), arr.shape)
-        arr = np.ascontiguousarray(arr, dtype=c.np_dtype)
-        dsid.write(h5py.h5s.create_simple(arr.shape), fspace, arr)
 
     def _flush_requests(self) -> None:
         # One write per run of dirty rows and column (one per request made the store an

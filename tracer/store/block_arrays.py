@@ -1,0 +1,69 @@
+"""Block rows as the arrays a :class:`~.writer.TraceWriter` appends: the columns a caller
+hands to ``add_blocks`` checked and completed, the writer-computed columns, and the
+low-level append of rows to one resizable dataset."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+
+from .. import schema
+
+_BLOCK_COLUMNS = {c.name: c for c in schema.BLOCK_COLUMNS}
+
+
+def block_arrays(columns: dict, copy: bool) -> tuple[int, dict[str, np.ndarray]]:
+    """``(n, arrays)``: every block column of ``columns`` (name -> n rows) as an array of
+    its schema dtype (``copy``: always a new one, for rows kept after the call returns:
+    the caller may reuse its arrays), a missing one filled with its fill value (matrices
+    one column wide).
+
+    Raises:
+        ValueError: an unknown column name, or columns of different lengths.
+    """
+    n = len(next(iter(columns.values())))
+    for name, arr in columns.items():
+        if name not in _BLOCK_COLUMNS:
+            raise ValueError(f"blocks: unknown column {name!r}")
+        if len(arr) != n:
+            raise ValueError(f"blocks.{name}: {len(arr)} rows, expected {n}")
+    arrays = {}
+    for c in schema.BLOCK_COLUMNS:
+        given = columns.get(c.name)
+        if given is None:
+            shape = (n,) if c.width is None else (n, 1)
+            arrays[c.name] = np.full(shape, c.fill, dtype=c.np_dtype)
+        else:
+            arrays[c.name] = (np.array if copy else np.asarray)(given, dtype=c.np_dtype)
+    return n, arrays
+
+
+def derived(g, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The writer-computed block columns of rows about to be appended to ``g`` (column
+    name -> dataset).
+
+    ``verified_same`` compares the rows as they will read back: both matrices padded
+    with -1 to the wider of the two stored widths.
+    """
+    p, v = arrays["proposed"], arrays["verified"]
+    w = max(p.shape[1], v.shape[1], g["proposed"].shape[1], g["verified"].shape[1])
+    same = schema.pad_to(p, w) == schema.pad_to(v, w)
+    return {"verified_same": same.all(axis=1).astype(np.int8)}
+
+
+def append_rows(ds: h5py.Dataset, arr: np.ndarray, c: schema.Column) -> None:
+    """Append rows ``arr`` to ``ds`` (a narrower matrix: its first columns) with h5py's
+    low-level calls (``resize`` and ``__setitem__`` cost three times more, holding the
+    GIL)."""
+    dsid = ds.id
+    n0, n = dsid.shape[0], len(arr)
+    if c.width is None:
+        dsid.set_extent((n0 + n,))
+    else:
+        if arr.shape[1] > dsid.shape[1]:  # a wider block than seen: new cells read as -1
+            dsid.set_extent((n0, arr.shape[1]))
+        dsid.set_extent((n0 + n, dsid.shape[1]))
+    fspace = dsid.get_space()
+    fspace.select_hyperslab((n0,) + (0,) * (arr.ndim - 1), arr.shape)
+    arr = np.ascontiguousarray(arr, dtype=c.np_dtype)
+    dsid.write(h5py.h5s.create_simple(arr.shape), fspace, arr)
