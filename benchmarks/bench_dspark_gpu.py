@@ -803,7 +803,7 @@ def _in_graph_micro(ring, batch: int, args: tuple, drafts) -> dict:
     def fill() -> float:
         t0 = time.perf_counter()
         for i in range(n):
-            st.write(ring, (i % 32) * batch, batch, args[:7])
+            st.write(ring.data_ptr(), ring.stride(0), (i % 32) * batch, batch, args[:7])
         st.end_call()
         return time.perf_counter() - t0
 

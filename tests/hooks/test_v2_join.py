@@ -555,6 +555,51 @@ def test_input_layout_rejects_what_the_kernels_do_not_take(i, bad):
     assert v2_stage.input_layout(tuple(inputs)) is None
 
 
+# desc_layout of _layout_inputs() by hand: int64 inputs nr (bit 1), positions (bit 4) and
+# last (bit 5) -> wide 2 + 16 + 32 = 50; last [5, 2] steps 2 a row, nxt [1, 5] steps 1.
+_DESC_LAY = (2, 1, 50, 0)
+
+
+@pytest.fixture(params=["guards", "plain"])
+def layouts(request):
+    """An InputLayouts using torch's one-call check (where torch has it), or the plain reads."""
+    lays = v2_stage.InputLayouts()
+    if request.param == "plain":
+        lays._guards = None
+    elif lays._guards is None:
+        pytest.skip("this torch has no TensorGuards")
+    return lays
+
+
+def test_input_layouts_give_the_descriptor_fields(layouts):
+    """Clean twin of the re-strided/retyped cases below: the same answer at every call."""
+    inputs = tuple(_layout_inputs())
+    assert [layouts.of(inputs) for _ in range(3)] == [_DESC_LAY] * 3
+
+
+def test_input_layouts_see_a_buffer_restrided_in_place(layouts):
+    """Same tensor objects, one re-strided in place after its layout was seen: never trusted
+    by identity, so the layout the kernel does not take is seen (None), and the old one again
+    once the stride is back."""
+    inputs = tuple(_layout_inputs(n=6))
+    assert layouts.of(inputs) == _DESC_LAY
+    inputs[0].as_strided_((3,), (2,))  # ns, stride 2 now
+    assert layouts.of(inputs) is None
+    inputs[0].as_strided_((6,), (1,))
+    assert layouts.of(inputs) == _DESC_LAY
+
+
+def test_input_layouts_see_a_new_dtype_and_give_up_guards_that_keep_failing(layouts):
+    """ns int32 -> int64 sets wide bit 0 (50 + 1); alternating layouts past MISSES leave
+    the plain reads only, with the same answers."""
+    a = tuple(_layout_inputs())
+    b = (a[0].long(), *a[1:])
+    for _ in range(v2_stage.InputLayouts.MISSES + 2):
+        assert layouts.of(a) == _DESC_LAY
+        assert layouts.of(b) == (2, 1, 51, 0)
+    assert layouts._guard is None
+
+
 @pytest.mark.parametrize(
     "args,kwargs,want",
     [

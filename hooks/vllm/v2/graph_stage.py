@@ -36,9 +36,10 @@ import struct
 import time
 
 from .row_layout import DESC_FIELDS
-from .stage import input_layout
+from .stage import InputLayouts, input_ptrs
 
 _PACK = struct.Struct(f"<{len(DESC_FIELDS)}q")  # one descriptor, as the kernel reads it
+_SIZE = _PACK.size
 
 
 class GraphStage:
@@ -84,9 +85,7 @@ class GraphStage:
         self._call_desc = False  # inside a propose call whose descriptor no run took yet
         self._room = 0  # descriptors writable before the device's count is read again
         self._buf = memoryview(self.desc_np).cast("B")
-        self._wide: dict[tuple, int] = {}  # the 7 inputs' dtypes -> the descriptor's wide
-        self._out = None  # the last destination block (its pointer and row stride cached)
-        self._out_ptr = self._out_stride = 0
+        self._layouts = InputLayouts()  # the descriptor's fields that follow the layout
         # Same dtypes as the real buffers (same compiled kernel); seq -1: nothing is staged.
         self._scratch = (
             torch.full((len(DESC_FIELDS),), -1, dtype=torch.int64).pin_memory(),
@@ -117,30 +116,20 @@ class GraphStage:
                 done = int(self.ctl_np[0])
         self._room = self.SLOTS - (h - done)
 
-    def write(self, out, row0: int, n: int, inputs: tuple) -> bool:
-        """Write the descriptor of the next run: stage ``n`` rows at ``out[row0]`` (int32
-        ``[R, 4 + k]``, contiguous rows) from ``inputs``, ``(ns, nr, idx, qsl, positions,
-        last, nxt)`` of ``propose`` (the shapes of :func:`.stage.stage_triton`; int32 or
-        int64 each). Returns False, writing nothing, when an input's layout or dtype is not
-        what the kernel takes (the caller then writes :meth:`write_skip` and stages with
-        torch ops after the call).
+    def write(self, out_ptr: int, out_stride: int, row0: int, n: int, inputs: tuple) -> bool:
+        """Write the descriptor of the next run: stage ``n`` rows at row ``row0`` of the
+        int32 block at ``out_ptr`` (``out_stride`` elements a row, unit column stride) from
+        ``inputs``, ``(ns, nr, idx, qsl, positions, last, nxt)`` of ``propose`` (the shapes
+        of :func:`.stage.stage_triton`; int32 or int64 each). Returns False, writing nothing,
+        when an input's layout or dtype is not what the kernel takes (the caller then writes
+        :meth:`write_skip` and stages with torch ops after the call).
 
-        Per call: one ``dtype``, ``stride()`` and ``data_ptr()`` per input (21 torch calls,
-        ~0.1-0.2 us each on the H200 host: most of this method's time), one dict lookup for
-        the dtypes and one ``struct`` pack into the pinned ring; no other call."""
-        ns, nr, idx, qsl, positions, last, nxt = inputs
-        dtypes = (ns.dtype, nr.dtype, idx.dtype, qsl.dtype, positions.dtype, last.dtype, nxt.dtype)
-        wide = self._wide.get(dtypes)
-        if wide is None:
-            wide = self._wide[dtypes] = _wide_bits(dtypes)
-        lay = input_layout(inputs) if wide >= 0 else None
+        Per call: the inputs' layout, checked afresh (:class:`.stage.InputLayouts`: one C
+        call where torch has it), their seven ``data_ptr()`` (read every call: nothing is
+        cached by tensor identity) and one ``struct`` pack into the pinned ring."""
+        lay = self._layouts.of(inputs)
         if lay is None:
             return False
-        if out is not self._out:
-            st = out.stride()
-            if len(st) != 2 or st[1] != 1:
-                return False
-            self._out, self._out_ptr, self._out_stride = out, out.data_ptr(), st[0]
         h = self.seq  # _next(), inlined: this is the hot path
         if self._room <= 0:
             self._wait_room(h)
@@ -148,15 +137,14 @@ class GraphStage:
         self.seq = h + 1
         _PACK.pack_into(
             self._buf,
-            (h % self.SLOTS) * _PACK.size,
+            (h % self.SLOTS) * _SIZE,
             h,
             n,
-            self._out_ptr,
-            self._out_stride,
+            out_ptr,
+            out_stride,
             row0,
+            *input_ptrs(inputs),
             *lay,
-            wide,
-            0,
         )
         self._call_desc = True
         return True
@@ -231,17 +219,3 @@ class GraphStage:
             num_warps=1,  # one tiny program: a warp is enough, and it starts sooner
         )
         self.k = k
-
-
-def _wide_bits(dtypes: tuple) -> int:
-    """The descriptor's ``wide`` of the inputs' dtypes (bit i: input i is int64), or -1 when
-    one is neither int32 nor int64."""
-    import torch
-
-    wide = 0
-    for i, dt in enumerate(dtypes):
-        if dt is torch.int64:
-            wide |= 1 << i
-        elif dt is not torch.int32:
-            return -1
-    return wide
