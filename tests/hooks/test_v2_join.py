@@ -35,9 +35,9 @@ class Spec:
         self.propose = make_propose(lambda *args: self.drafts)
 
 
-def step(spec: Spec, rows: list[tuple], device: str) -> None:
-    """One ``propose`` call; rows: (request, num_sampled, num_rejected, anchor, anchor
-    position, drafts). The anchor goes to ``last_sampled`` (num_sampled > 0) or
+def step(spec: Spec, rows: list[tuple], device: str, capture: bool = False) -> None:
+    """One ``propose`` call (``capture``: the whole call under a CUDA-graph capture); rows:
+    (request, num_sampled, num_rejected, anchor, anchor position, drafts). The anchor goes to ``last_sampled`` (num_sampled > 0) or
     ``next_prefill_tokens``; row i's query is nr + 1 tokens at positions pos - 1 .. so that
     ``positions[query_start_loc[i + 1] - 1 - nr] + 1 == pos``."""
     last = torch.zeros((8, 1), dtype=torch.int64)
@@ -53,7 +53,7 @@ def step(spec: Spec, rows: list[tuple], device: str) -> None:
     dev = torch.device(device)
     batch = spec.batch([r[0] for r in rows], [SLOTS[r[0]] for r in rows], positions, qsl, dev)
     spec.drafts = torch.tensor([r[5] for r in rows], dtype=torch.int64, device=dev)
-    spec.propose(
+    args = (
         batch,
         None,
         None,
@@ -65,8 +65,13 @@ def step(spec: Spec, rows: list[tuple], device: str) -> None:
         nxt.to(dev),
         None,
         None,
-        num_speculative_tokens=K,
     )
+    if not capture:
+        spec.propose(*args, num_speculative_tokens=K)
+        return
+    graph = torch.cuda.CUDAGraph()  # the runner capturing propose: inputs made before it
+    with torch.cuda.graph(graph):
+        spec.propose(*args, num_speculative_tokens=K)
 
 
 class HookSpec(Spec):
@@ -107,7 +112,7 @@ class HookSpec(Spec):
         n = self.drafts.shape[0]
         self.src.fill_(-9)
         self.src[:n].copy_(self.drafts)
-        if self.graph is not None:
+        if self.graph is not None and not torch.cuda.is_current_stream_capturing():
             self.graph.replay()
         else:
             self._body()
@@ -377,6 +382,30 @@ def test_graph_stage_counts_a_replay_it_did_not_see(tmp_path, fakes):
     assert tap.graph.lost_seen >= 1
     with pytest.raises(RuntimeError, match="lost count"):
         step(spec, [("a", 1, 0, 5, 5, [1, 2, 3])], "cuda")
+    session.close()
+
+
+@needs_cuda
+@pytest.mark.parametrize("flush_steps", [1, 64])
+def test_a_call_captured_by_the_runner_stages_nothing_cuda(tmp_path, fakes, flush_steps):
+    """A ``propose`` call run whole under a capture (the runner capturing the drafter): the
+    kernel is captured, not run, so its descriptor and step are taken back; the steps
+    around it are staged as if it had not happened. By hand: step 1 is a's verdict row
+    without a proposal (output [100]) and opens [1, 2, 3]; step 2 (ns 3, nr 1) verifies 3,
+    accepts 2: emitted [1, 2, 103]."""
+    session = Session(tmp_path / "t.h5", {"k": K, "source": "vllm-hook"})
+    make_propose, v2_batch, sampling = fakes
+    spec = GraphSpec(make_propose, v2_batch)
+    tap = ProposeTap(spec, session, max_model_len=1000, flush_steps=flush_steps)
+    spec.attach(tap)
+    tap.add_request("a", [1, 2], sampling(max_tokens=50))
+    step(spec, [("a", 1, 0, 100, 5, [1, 2, 3])], "cuda")
+    step(spec, [("a", 9, 0, 900, 50, [9, 9, 9])], "cuda", capture=True)
+    step(spec, [("a", 3, 1, 103, 8, [4, 5, 6])], "cuda")
+    tap.drain(wait=True)
+    g = tap.graph
+    assert (g.seq, g.captures, g.lost, session.step) == (2, 2, 0, 2)
+    assert tap.output_ids("a") == [100, 1, 2, 103]
     session.close()
 
 

@@ -57,6 +57,7 @@ class GraphStage:
         waits: times the host waited for the device to take descriptors (should stay 0).
         captures: launches made inside a CUDA-graph capture.
         lost_seen: :attr:`lost` as last read by the tap (it reads it once per ring segment).
+        call_desc: inside a ``propose`` call whose descriptor no eager launch took yet.
     """
 
     SLOTS = 4096  # descriptors in the ring: how far the host may run ahead of the device
@@ -82,7 +83,7 @@ class GraphStage:
         self.waits = 0
         self.captures = 0
         self.lost_seen = 0  # :attr:`lost` as the tap last read it (once per segment)
-        self._call_desc = False  # inside a propose call whose descriptor no run took yet
+        self.call_desc = False  # inside a propose call whose descriptor no run took yet
         self._room = 0  # descriptors writable before the device's count is read again
         self._buf = memoryview(self.desc_np).cast("B")
         self._layouts = InputLayouts()  # the descriptor's fields that follow the layout
@@ -146,7 +147,7 @@ class GraphStage:
             *input_ptrs(inputs),
             *lay,
         )
-        self._call_desc = True
+        self.call_desc = True
         return True
 
     def write_skip(self) -> None:
@@ -154,12 +155,20 @@ class GraphStage:
         h = self._next()
         row = self.desc_np[h % self.SLOTS]
         row[0], row[1] = h, 0
-        self._call_desc = True
+        self.call_desc = True
+
+    def retract(self) -> None:
+        """Take back the current call's descriptor (no kernel runs for the call: it was
+        captured, not run); the next descriptor reuses its sequence number and slot."""
+        self.seq -= 1
+        self._room += 1
+        self.desc_np[self.seq % self.SLOTS, 0] = -1  # matches no run
+        self.call_desc = False
 
     def end_call(self) -> None:
         """The ``propose`` call is over (its descriptor was taken by a replay, or by an eager
         :meth:`launch`)."""
-        self._call_desc = False
+        self.call_desc = False
 
     @property
     def lost(self) -> int:
@@ -202,9 +211,9 @@ class GraphStage:
                 return
             desc, ctl, counter = self._scratch
         else:
-            if not self._call_desc:
+            if not self.call_desc:
                 self.write_skip()
-            self._call_desc = False
+            self.call_desc = False
         _ring_stage_kernel[(1,)](
             desc,
             ctl,

@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 from ..common import is_warmup, require_attrs
-from ..sampling import trim_output
 from ..session import Session
 from .drainer import Drainer
 from .graph_stage import GraphStage
@@ -21,13 +20,16 @@ from .layout import BATCH_ATTRS, KNOWN_LAYOUT, RecordArgs, propose_layout
 from .outputs import EmittedIds
 from .ring import Segment, make_ring
 from .stage import META_COLS, stage_torch, stage_triton, triton_ok
-from .stream import ReqEvent, StepRec
+from .stream import StepRec
 from .tap_join import TapJoin
+from .tap_requests import TapRequests
 
 _time_ns = time.time_ns  # bound once: the hot path reads the clock once per step
+#: One step's staging inputs: (ns, nr, idx, qsl, positions, last, nxt) (see :mod:`.stage`).
+_Inputs = tuple[Any, Any, Any, Any, Any, Any, Any]
 
 
-class ProposeTap(TapJoin):
+class ProposeTap(TapRequests, TapJoin):
     """Wraps ``speculator.propose`` on one instance and feeds ``session``.
 
     Per recorded step the hot path issues one staging launch (:mod:`.stage`:
@@ -144,8 +146,7 @@ class ProposeTap(TapJoin):
     def _propose_graph(self, g: GraphStage, args: tuple, kwargs: dict):
         """``propose`` once the drafter stages in its graph (:mod:`.graph_stage`): the step's
         descriptor is written first (rows, or none), then the original call runs the kernel."""
-        if g.capturing():  # no replay runs in this call
-            return self._orig(*args, **kwargs)
+        captures = g.captures  # see _captured: no capture check per step
         if self._join_error is not None or g.lost_seen:
             self._report_lost(g)
         staged = False
@@ -159,6 +160,8 @@ class ProposeTap(TapJoin):
         try:
             out = self._orig(*args, **kwargs)
         finally:
+            if g.captures != captures:
+                self._captured(g, staged)
             g.end_call()
         if self._post is not None:  # a layout the kernel does not take: torch ops now
             import torch
@@ -173,6 +176,22 @@ class ProposeTap(TapJoin):
                 self._flush(seg)
             g.lost_seen = g.lost
         return out
+
+    def _captured(self, g: GraphStage, staged: bool) -> None:
+        """The call captured the staging kernel (:meth:`.graph_stage.GraphStage.launch`).
+        Still capturing now, with the call's descriptor untaken: the whole call ran under a
+        capture (the runner capturing ``propose``), so no kernel runs for it; its descriptor
+        and its step are taken back (what the check at every call did before, now read only
+        after a capture). A capture that ended inside the call leaves them: a replay in the
+        call may have taken the descriptor (a wrong guess fails the session: lost count)."""
+        if not (g.call_desc and g.capturing()):
+            return
+        g.retract()
+        self._post = self._flush_after = None  # nothing to stage or copy from a capture
+        if staged:  # the call's own step is the stream's last item (its segment is filling)
+            seg, row0 = self._stream.pop()[:2]
+            seg.used, seg.steps, seg.pending = row0, seg.steps - 1, seg.pending - 1
+            self.session.step -= 1
 
     def _report_lost(self, g: GraphStage) -> None:
         """An error from the join thread, or (while recording) kernel runs that found no
@@ -244,15 +263,21 @@ class ProposeTap(TapJoin):
             return self._stage_graph(g, n, inputs, bstate, k_arg)
         return self._stage_launch(out, n, inputs, bstate, k_arg)
 
-    def _stage_graph(self, g: GraphStage, n: int, inputs: tuple, bstate: tuple, k_arg) -> bool:
+    def _stage_graph(self, g: GraphStage, n: int, inputs: _Inputs, bstate: tuple, k_arg) -> bool:
         """:meth:`record`'s in-graph part: the step's descriptor (its rows land when the
         call's replay or eager launch runs the kernel), then the step's bookkeeping."""
+        # What touches CUDA (a poll, a new segment) never runs under a capture; the rest of
+        # a step is taken back if the call turns out to be captured (_captured).
         if self.drainer is None and self._stream:
+            if g.capturing():
+                return False
             self._poll()  # no background joiner: join what is ready here
         t_ns = _time_ns()
         seg = self._cur
         cols = META_COLS + (g.k or 0)
         if seg is None or seg.used + n > seg.cap or seg.cols != cols:
+            if g.capturing():
+                return False
             seg = self._segment(n, cols, max(n, int(inputs[5].shape[0])), g.device, True, t_ns)
         row0 = seg.used
         if not g.write(seg.dev_ptr, cols, row0, n, inputs):  # dev: contiguous [cap, cols]
@@ -262,7 +287,7 @@ class ProposeTap(TapJoin):
             self._flush_after = seg  # after the call: its kernel writes the rows
         return True
 
-    def _stage_launch(self, out, n: int, inputs: tuple, bstate: tuple, k_arg) -> bool:
+    def _stage_launch(self, out, n: int, inputs: _Inputs, bstate: tuple, k_arg) -> bool:
         """:meth:`record`'s part after the call: one staging launch (Triton on CUDA, else
         torch ops) from ``out``'s drafts, then the step's bookkeeping."""
         import torch
@@ -427,67 +452,6 @@ class ProposeTap(TapJoin):
     def _join_failed(self, exc: BaseException) -> None:
         # session.fail may raise (strict mode): the runner's thread calls it at the next step.
         self._join_error = exc
-
-    def output_ids(self, req_id: str) -> list[int]:
-        """``req_id``'s emitted ids so far (joined steps only), as a list."""
-        with self._lock:
-            return self._out.ids(self._ids.get(req_id, -1))
-
-    @property
-    def outputs(self) -> dict[str, list[int]]:
-        """Request id -> emitted ids so far (built on each access; for inspection)."""
-        with self._lock:
-            return self._out.by_name(self._names)
-
-    # -- requests ------------------------------------------------------------------------
-
-    def add_request(self, req_id: str, prompt_ids, sampling_params) -> None:
-        """Register a new request (prompt ids, sampling parameters); while the background
-        joiner runs, queued in order with the staged steps (it writes the session)."""
-        if is_warmup(req_id):
-            return
-        if self.drainer is not None:
-            self._stream.append(ReqEvent(("add", req_id, list(prompt_ids or []), sampling_params)))
-        else:
-            self._register(req_id, prompt_ids, sampling_params)
-
-    def _register(self, req_id: str, prompt_ids, sampling_params) -> None:
-        self.requests[req_id] = (len(prompt_ids or []), sampling_params)
-        self.session.see_request(req_id, prompt_ids, sampling_params)
-
-    def finish(self, req_id: str, final: bool = True) -> None:
-        """Record a finished (``final``) or still running request's trimmed output now (its
-        staged steps must have been joined: :meth:`drain`); its open proposal is written
-        unverified."""
-        self._hand_over(req_id)
-        if is_warmup(req_id) or req_id not in self.requests:
-            return
-        prompt_len, params = self.requests.pop(req_id) if final else self.requests[req_id]
-        ids, reason = trim_output(self.output_ids(req_id), params, prompt_len, self.max_model_len)
-        if final:  # its steps are all joined (finishes are queued after them): free its ids
-            self._out.forget(self._ids.get(req_id, -1))
-        self.session.finish_request(req_id, ids, reason or ("abort" if final else "unfinished"))
-
-    def finish_later(self, req_id: str) -> None:
-        """``req_id`` finished: record it once the steps staged so far are joined (at once
-        on a CPU device with nothing pending; never waits)."""
-        if self._stream or self._device_ring():
-            self._stream.append(ReqEvent(("finish", req_id, True)))
-        else:
-            self.finish(req_id, final=True)
-
-    def drop_later(self, req_id: str) -> None:
-        """``req_id`` was preempted: its open proposal is written unverified, in order after
-        the steps staged so far (never waits)."""
-        if self._stream or self._device_ring():
-            self._stream.append(ReqEvent(("drop", req_id, None)))
-        else:
-            self._hand_over(req_id)
-            self.session.joiner.drop(req_id)
-
-    def _device_ring(self) -> bool:
-        # On CUDA, finishes go through the stream too: a synthetic row, not a row-wise write.
-        return bool(self._ring_key and self._ring_key[2])
 
     def finalize_requests(self) -> None:
         """Session close hook: stop the background joiner, drain, then record the requests
