@@ -626,7 +626,7 @@ def test_input_layouts_see_a_new_dtype_and_give_up_guards_that_keep_failing(layo
     for _ in range(v2_stage.InputLayouts.MISSES + 2):
         assert layouts.of(a) == _DESC_LAY
         assert layouts.of(b) == (2, 1, 51, 0)
-    assert layouts._guard is None
+    assert layouts.guard is None
 
 
 @pytest.mark.parametrize(

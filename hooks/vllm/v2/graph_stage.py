@@ -19,7 +19,10 @@ only when the descriptor's sequence number is ``c``. The host writes descriptor 
 record: dummy runs, warmup batches, an inactive session), and one of its own for a launch from
 :meth:`GraphStage.launch` outside a capture and outside a ``propose`` call (eager warmup).
 Eager steps (no replay: ``enforce_eager``, batch sizes without a graph) launch the same kernel
-from :meth:`GraphStage.launch`, taking the call's descriptor. A run whose descriptor does not
+from :meth:`GraphStage.launch`, taking the call's descriptor. A call run whole under a capture
+(the runner capturing ``propose``) runs no kernel: the tap sees the capture the launch counted
+(:attr:`GraphStage.captures`) after the call and takes its descriptor back
+(:meth:`GraphStage.retract`; no capture query per step). A run whose descriptor does not
 match (a replay the host did not see, or a call that ran no kernel) writes nothing and counts
 in ``ctl[1]`` (pinned, written by the kernel; the tap fails the session when it is non-zero:
 never a silent shift).
@@ -128,7 +131,9 @@ class GraphStage:
         Per call: the inputs' layout, checked afresh (:class:`.stage.InputLayouts`: one C
         call where torch has it), their seven ``data_ptr()`` (read every call: nothing is
         cached by tensor identity) and one ``struct`` pack into the pinned ring."""
-        lay = self._layouts.of(inputs)
+        lays = self._layouts  # InputLayouts.of, inlined: this is the hot path
+        guard = lays.guard
+        lay = lays.lay if guard is not None and guard.check(*inputs) else lays.read(inputs)
         if lay is None:
             return False
         h = self.seq  # _next(), inlined: this is the hot path

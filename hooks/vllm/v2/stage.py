@@ -147,6 +147,11 @@ class InputLayouts:
     When it fails (another layout, or another dispatch state) the layout is read the plain
     way (:func:`layout_key`, looked up per key) and a guard of it is made; after
     :attr:`MISSES` failures, or without the class, only the plain way is used.
+
+    Attributes:
+        guard: the ``TensorGuards`` of the last layout read, or None (the hot path of
+            :meth:`.graph_stage.GraphStage.write` runs :meth:`of`'s check itself).
+        lay: that layout's :func:`desc_layout`.
     """
 
     MISSES = 8  # failed guard checks before guards are given up (layouts should not churn)
@@ -154,19 +159,19 @@ class InputLayouts:
 
     def __init__(self) -> None:
         self._by_key: dict[tuple, tuple | None] = {}
-        self._guard = None  # a TensorGuards of the last layout, or None
-        self._lay: tuple | None = None  # that layout's desc_layout
+        self.guard = None  # a TensorGuards of the last layout, or None
+        self.lay: tuple | None = None  # that layout's desc_layout
         self._misses = 0
         self._guards = _tensor_guards()  # the class, or None: the plain way only
 
     def of(self, inputs: tuple) -> tuple | None:
         """:func:`desc_layout` of ``inputs`` (``(ns, nr, idx, qsl, positions, last, nxt)``)."""
-        guard = self._guard
+        guard = self.guard
         if guard is not None and guard.check(*inputs):
-            return self._lay
-        return self._read(inputs)
+            return self.lay
+        return self.read(inputs)
 
-    def _read(self, inputs: tuple) -> tuple | None:
+    def read(self, inputs: tuple) -> tuple | None:
         """The plain way, then a guard of the layout read (when guards are in use)."""
         key = layout_key(inputs)
         if key in self._by_key:
@@ -175,12 +180,12 @@ class InputLayouts:
             if len(self._by_key) >= self.KEYS:
                 self._by_key.clear()
             lay = self._by_key[key] = desc_layout(key)
-        if self._guard is not None:
+        if self.guard is not None:
             self._misses += 1
-        self._guard, self._lay = None, lay
+        self.guard, self.lay = None, lay
         if lay is not None and self._guards is not None and self._misses < self.MISSES:
             try:
-                self._guard = self._guards(
+                self.guard = self._guards(
                     *inputs,
                     dynamic_dims_sizes=[[None] * len(st) for st in key[7:]],
                     dynamic_dims_strides=[list(st) for st in key[7:]],

@@ -26,12 +26,25 @@ class StepRec(NamedTuple):
     seg: Segment
     row0: int
     n: int
-    ids: Any  # int64 [n] tap-local request ids
-    keep: Any  # bool [n] non-warmup rows, or None for all
-    req_ids: list  # the tap's own copy (never the runner's list)
+    batch: tuple  # the tap's batch state: (ids, keep, all warmup, req_ids), see below
     step: int
     k: Any  # propose's num_speculative_tokens (None or 0: all of the segment's K)
     t_ns: int
+
+    @property
+    def ids(self) -> Any:
+        """int64 ``[n]`` tap-local request ids."""
+        return self.batch[0]
+
+    @property
+    def keep(self) -> Any:
+        """bool ``[n]`` non-warmup rows, or None for all."""
+        return self.batch[1]
+
+    @property
+    def req_ids(self) -> list:
+        """The request ids: the tap's own copy (never the runner's list)."""
+        return self.batch[3]
 
     @property
     def k_eff(self) -> int:

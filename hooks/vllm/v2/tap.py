@@ -190,7 +190,7 @@ class ProposeTap(TapRequests, TapJoin):
         self._post = self._flush_after = None  # nothing to stage or copy from a capture
         if staged:  # the call's own step is the stream's last item (its segment is filling)
             seg, row0 = self._stream.pop()[:2]
-            seg.used, seg.steps, seg.pending = row0, seg.steps - 1, seg.pending - 1
+            seg.used, seg.steps = row0, seg.steps - 1
             self.session.step -= 1
 
     def _report_lost(self, g: GraphStage) -> None:
@@ -259,13 +259,10 @@ class ProposeTap(TapRequests, TapJoin):
             return False
         inputs = (ns, nr, batch.idx_mapping, batch.query_start_loc, batch.positions, last, nxt)
         g = self.graph if out is None else None
-        if g is not None:
-            return self._stage_graph(g, n, inputs, bstate, k_arg)
-        return self._stage_launch(out, n, inputs, bstate, k_arg)
-
-    def _stage_graph(self, g: GraphStage, n: int, inputs: _Inputs, bstate: tuple, k_arg) -> bool:
-        """:meth:`record`'s in-graph part: the step's descriptor (its rows land when the
-        call's replay or eager launch runs the kernel), then the step's bookkeeping."""
+        if g is None:
+            return self._stage_launch(out, n, inputs, bstate, k_arg)
+        # In-graph (here, not a method of its own: one Python call less per step): the step's
+        # descriptor, its rows land when the call's replay or eager launch runs the kernel.
         # What touches CUDA (a poll, a new segment) never runs under a capture; the rest of
         # a step is taken back if the call turns out to be captured (_captured).
         if self.drainer is None and self._stream:
@@ -278,7 +275,7 @@ class ProposeTap(TapRequests, TapJoin):
         if seg is None or seg.used + n > seg.cap or seg.cols != cols:
             if g.capturing():
                 return False
-            seg = self._segment(n, cols, max(n, int(inputs[5].shape[0])), g.device, True, t_ns)
+            seg = self._segment(n, cols, max(n, int(last.shape[0])), g.device, True, t_ns)
         row0 = seg.used
         if not g.write(seg.dev_ptr, cols, row0, n, inputs):  # dev: contiguous [cap, cols]
             g.write_skip()
@@ -288,7 +285,7 @@ class ProposeTap(TapRequests, TapJoin):
         return True
 
     def _stage_launch(self, out, n: int, inputs: _Inputs, bstate: tuple, k_arg) -> bool:
-        """:meth:`record`'s part after the call: one staging launch (Triton on CUDA, else
+        """:meth:`record`'s launched part, after the call: one staging launch (Triton on CUDA, else
         torch ops) from ``out``'s drafts, then the step's bookkeeping."""
         import torch
 
@@ -322,12 +319,11 @@ class ProposeTap(TapRequests, TapJoin):
         stream (its ``k_eff`` is worked out when it is joined). Returns True when the segment
         is due for its copy (``flush_steps`` steps, or :attr:`SEGMENT_AGE_NS` old)."""
         seg.used = row0 + n
-        steps = seg.steps = seg.steps + 1
-        seg.pending += 1
+        steps = seg.steps = seg.steps + 1  # pending: set from steps at the flush
         session = self.session
         step = session.step
         session.step = step + 1
-        self._stream.append((seg, row0, n, bstate[0], bstate[1], bstate[3], step, k_arg, t_ns))
+        self._stream.append((seg, row0, n, bstate, step, k_arg, t_ns))
         return steps >= self.flush_steps or t_ns - seg.t0_ns >= self.SEGMENT_AGE_NS
 
     def _new_batch(self, req_ids: list) -> None:
@@ -380,7 +376,7 @@ class ProposeTap(TapRequests, TapJoin):
         if seg.event is not None and seg.used:
             seg.host[: seg.used].copy_(seg.dev[: seg.used], non_blocking=True)
             seg.event.record()
-        seg.state = "flight"
+        seg.state, seg.pending = "flight", seg.steps  # all staged, none joined yet
         if self._cur is seg:
             self._cur = None
         if self.drainer is not None:
