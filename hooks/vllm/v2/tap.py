@@ -162,7 +162,7 @@ class ProposeTap(TapRequests, TapJoin):
         finally:
             if g.captures != captures:
                 self._captured(g, staged)
-            g.end_call()
+            g.call_desc = False  # GraphStage.end_call, inlined (the call is over)
         if self._post is not None:  # a layout the kernel does not take: torch ops now
             import torch
 
