@@ -128,24 +128,15 @@ class ProposeTap(TapRequests, TapJoin):
     # -- the wrapper ---------------------------------------------------------------------
 
     def propose(self, *args, **kwargs):
-        """Call the original ``propose`` and record this step (never alters its result)."""
-        g = self.graph
-        if g is not None and g.armed:
-            return self._propose_graph(g, args, kwargs)
-        out = self._orig(*args, **kwargs)
-        if self._join_error is not None:  # raised on the drainer's thread: report it here
-            exc, self._join_error = self._join_error, None
-            self.session.fail(exc, "V2 join")
-        if self.session.active:
-            try:
-                self.record(args, kwargs, out)
-            except Exception as exc:
-                self.session.fail(exc, "V2 propose")
-        return out
+        """Call the original ``propose`` and record this step (never alters its result).
 
-    def _propose_graph(self, g: GraphStage, args: tuple, kwargs: dict):
-        """``propose`` once the drafter stages in its graph (:mod:`.graph_stage`): the step's
-        descriptor is written first (rows, or none), then the original call runs the kernel."""
+        Once the drafter stages in its graph (:mod:`.graph_stage`; this path is the hot one,
+        written out here: one Python call less per step), the step's descriptor is written
+        first (rows, or none) and the original call runs the kernel; before that, the step is
+        staged after the call (:meth:`_propose_launch`)."""
+        g = self.graph
+        if g is None or not g.armed:
+            return self._propose_launch(args, kwargs)
         captures = g.captures  # see _captured: no capture check per step
         if self._join_error is not None or g.lost_seen:
             self._report_lost(g)
@@ -163,19 +154,38 @@ class ProposeTap(TapRequests, TapJoin):
             if g.captures != captures:
                 self._captured(g, staged)
             g.call_desc = False  # GraphStage.end_call, inlined (the call is over)
-        if self._post is not None:  # a layout the kernel does not take: torch ops now
+        if self._post is not None or self._flush_after is not None:
+            self._after_call(g, out)
+        return out
+
+    def _propose_launch(self, args: tuple, kwargs: dict):
+        """``propose`` before the drafter stages in its graph: the call, then the step."""
+        out = self._orig(*args, **kwargs)
+        if self._join_error is not None:  # raised on the drainer's thread: report it here
+            exc, self._join_error = self._join_error, None
+            self.session.fail(exc, "V2 join")
+        if self.session.active:
+            try:
+                self.record(args, kwargs, out)
+            except Exception as exc:
+                self.session.fail(exc, "V2 propose")
+        return out
+
+    def _after_call(self, g: GraphStage, out) -> None:
+        """After an in-graph call: torch-op staging for a layout the kernel does not take,
+        and (once per segment) the segment's copy and a read of the lost count."""
+        if self._post is not None:
             import torch
 
             seg_dev, n, inputs = self._post
             self._post = None
             drafts = out if isinstance(out, torch.Tensor) else getattr(out, "draft_tokens", out)
             stage_torch(seg_dev, n, *inputs, drafts)
-        if self._flush_after is not None:  # once per segment: also read the lost count
+        if self._flush_after is not None:
             seg, self._flush_after = self._flush_after, None
             if seg.state == "fill":
                 self._flush(seg)
             g.lost_seen = g.lost
-        return out
 
     def _captured(self, g: GraphStage, staged: bool) -> None:
         """The call captured the staging kernel (:meth:`.graph_stage.GraphStage.launch`).
