@@ -49,16 +49,18 @@ op's launch costs about as much there, ``torch`` in the staging micro benchmark:
 launch) the tap is one Python call chain per step: the arguments (one getter per call shape),
 the batch's request ids compared, the layout checked in one C call
 (:class:`spectrace.hooks.vllm.v2.stage.InputLayouts`), seven ``data_ptr()``, one ``struct``
-pack, one tuple into the stream (the join thread does the rest), and no CUDA call: 14-26 us at
-the median in the last full run (qwen3-8b, h5 sink; the tap before these cuts, interleaved in
-the same process with ``--before``: 20-30 us), ``--profile`` splitting it into the
-descriptor ``write`` (5-10 us), the rest of ``record`` (6-11 us) and the wrapper around it
-(5-9 us, the bench's own timing wrapper included). The tap's thread CPU time equals its wall
-time, so it does not wait for the GIL. The same code runs 2-2.5x slower in some runs, and at
-some batch sizes, than in others (``write`` 5 us at batch 1, 10 us at batch 64 in one run),
-with or without the h5 writer thread: a state of the machine (cold caches after the step's
-wait), which is why the tap's time is also given in ``data_ptr()`` calls measured beside each
-run. On this project's CPU machine the in-graph tap takes ~6.5 us (7.9 us before).
+pack, one tuple into the stream (the join thread does the rest), and no CUDA call. Last full
+run (qwen3-8b, h5 sink, batch 1/8/32/64, medians): 16.5 / 21.7 / 15.3 / 31.0 us, against
+22.9 / 33.4 / 18.9 / 48.1 us for the tap before these cuts interleaved in the same process
+(``--before``); another process gave 14.8 against 18.1 us at batch 64, and 38.1 against 47.4
+us with the interpreter's default switch interval (``--switch-us 5000``: the join thread then
+keeps the GIL longer). ``--profile`` splits the tap into the descriptor ``write`` (5-10 us),
+the rest of ``record`` (6-16 us) and the wrapper around it (5-9 us, the bench's own timing
+wrappers included). The same code runs 2-3x slower in some processes, and at some batch
+sizes, than in others (14.8 or 31.0 us at batch 64 in two processes of one machine), with or
+without the h5 writer thread: a state of the machine (cold caches after the step's wait),
+which is why the tap's time is also given in ``data_ptr()`` calls measured beside each run;
+the ratio to the ``--before`` tap in one process is steady (0.65-0.85). On this project's CPU machine the in-graph tap takes ~6.5 us (7.9 us before).
 
 The in-graph kernel reads its descriptor from pinned host memory: 4.85-5.7 us of device time
 per launch at batch 64 against 2.92 us with the same descriptor in device memory, i.e. ~1.9 us
