@@ -60,13 +60,14 @@ wrappers included). The same code runs 2-3x slower in some processes, and at som
 sizes, than in others (14.8 or 31.0 us at batch 64 in two processes of one machine), with or
 without the h5 writer thread: a state of the machine (cold caches after the step's wait),
 which is why the tap's time is also given in ``data_ptr()`` calls measured beside each run;
-the ratio to the ``--before`` tap in one process is steady (0.65-0.85). On this project's CPU machine the in-graph tap takes ~6.5 us (7.9 us before).
+the ratio to the ``--before`` tap in one process is steady (0.65-0.85). On this project's CPU
+machine the in-graph tap takes ~6.5 us (7.9 us before).
 
 The in-graph kernel reads its descriptor from pinned host memory: 4.85-5.7 us of device time
 per launch at batch 64 against 2.92 us with the same descriptor in device memory, i.e. ~1.9 us
 is the PCIe round trip. Copying the ring to device memory inside the graph on a forked stream
-beside the Markov loop (a small copy kernel, joined before the staging kernel) did not pay: +1.02 / +0.75 / +0.50 / +0.38% against
-+1.12 / +0.60 / +0.42 / +0.25% without it at batch 1/8/32/64, one process interleaved; the
+beside the Markov loop (a small copy kernel, joined before the staging kernel) did not pay:
++1.02 / +0.75 / +0.50 / +0.38% against +1.12 / +0.60 / +0.42 / +0.25% without it at batch 1/8/32/64, one process interleaved; the
 fork and join cost what the read saved. The launched kernel takes 1.37 us (the staging
 micro benchmark, ``in-graph`` is the in-graph kernel).
 

@@ -37,9 +37,10 @@ class Spec:
 
 def step(spec: Spec, rows: list[tuple], device: str, capture: bool = False) -> None:
     """One ``propose`` call (``capture``: the whole call under a CUDA-graph capture); rows:
-    (request, num_sampled, num_rejected, anchor, anchor position, drafts). The anchor goes to ``last_sampled`` (num_sampled > 0) or
-    ``next_prefill_tokens``; row i's query is nr + 1 tokens at positions pos - 1 .. so that
-    ``positions[query_start_loc[i + 1] - 1 - nr] + 1 == pos``."""
+    (request, num_sampled, num_rejected, anchor, anchor position, drafts). The anchor goes to
+    ``last_sampled`` (num_sampled > 0) or ``next_prefill_tokens``; row i's query is nr + 1
+    tokens at positions pos - 1 .. so that ``positions[query_start_loc[i + 1] - 1 - nr] + 1 ==
+    pos``."""
     last = torch.zeros((8, 1), dtype=torch.int64)
     nxt = torch.zeros((1, 8), dtype=torch.int32)
     positions, qsl = [], [0]

@@ -20,8 +20,8 @@ class StepRec(NamedTuple):
     """One staged step: ``n`` rows at ``row0`` of ``seg``. On the hot path a step enters
     the stream as a plain tuple of these fields in this order (one tuple build: a named
     tuple's ``__new__`` is a Python call, ``tuple.__new__`` on a subclass costs ~4x a plain
-    tuple); :meth:`TapJoin <.tap_join.TapJoin>` takes it off as a ``StepRec`` (``_make``),
-    on the join thread. Stream items that are not plain tuples are :class:`ReqEvent`."""
+    tuple); the tap's drain takes it off as a ``StepRec`` (``_make``), on the join thread.
+    Stream items that are not plain tuples are :class:`ReqEvent`."""
 
     seg: Segment
     row0: int

@@ -198,7 +198,14 @@ class ProposeTap(TapRequests, TapJoin):
             return
         g.retract()
         self._post = self._flush_after = None  # nothing to stage or copy from a capture
-        if staged:  # the call's own step is the stream's last item (its segment is filling)
+        if not staged:
+            return
+        with self._lock:  # the call's own step: the stream's last item (its segment fills)
+            last = self._stream[-1] if self._stream else None
+            if type(last) is not tuple or last[4] != self.session.step - 1:
+                exc = RuntimeError("in-graph staging: a captured call's step is not the last")
+                self.session.fail(exc, "V2 propose")
+                return
             seg, row0 = self._stream.pop()[:2]
             seg.used, seg.steps = row0, seg.steps - 1
             self.session.step -= 1
@@ -295,8 +302,8 @@ class ProposeTap(TapRequests, TapJoin):
         return True
 
     def _stage_launch(self, out, n: int, inputs: _Inputs, bstate: tuple, k_arg) -> bool:
-        """:meth:`record`'s launched part, after the call: one staging launch (Triton on CUDA, else
-        torch ops) from ``out``'s drafts, then the step's bookkeeping."""
+        """:meth:`record`'s launched part, after the call: one staging launch (Triton on
+        CUDA, else torch ops) from ``out``'s drafts, then the step's bookkeeping."""
         import torch
 
         drafts = out if isinstance(out, torch.Tensor) else getattr(out, "draft_tokens", out)
