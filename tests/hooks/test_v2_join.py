@@ -290,6 +290,44 @@ def test_late_add_by_hand_cpu(tmp_path, fakes, cpu_flush_steps):
     assert tap.drainer is None
 
 
+class _CapturedStage:
+    """What ``ProposeTap._captured`` reads of a GraphStage whose call ran under a capture."""
+
+    call_desc = True
+    retracted = 0
+
+    def capturing(self) -> bool:
+        return True
+
+    def retract(self) -> None:
+        self.retracted += 1
+
+
+@pytest.mark.parametrize("queued_after", [False, True])
+def test_a_captured_call_takes_back_only_its_own_step_cpu(tmp_path, fakes, queued_after):
+    """The step of a call found captured is the stream's last item: it is taken back (segment
+    rows, step number); with a request event queued after it (never so in a propose call),
+    nothing is popped and the session fails instead (strict: raises)."""
+    session = Session(tmp_path / "t.h5", {"k": K, "source": "vllm-hook"})
+    make_propose, v2_batch, _ = fakes
+    spec = Spec(make_propose, v2_batch)
+    tap = ProposeTap(spec, session, cpu_flush_steps=3)
+    step(spec, [("a", 1, 0, 5, 5, [1, 2, 3]), ("b", 1, 0, 6, 6, [4, 5, 6])], "cpu")
+    step(spec, [("a", 1, 0, 7, 7, [1, 2, 3])], "cpu")
+    seg = tap._stream[-1][0]
+    assert (len(tap._stream), seg.used, seg.steps, session.step) == (2, 3, 2, 2)
+    g = _CapturedStage()
+    if queued_after:
+        tap.drop_later("b")
+        with pytest.raises(RuntimeError, match="not the last"):
+            tap._captured(g, staged=True)
+        assert (len(tap._stream), seg.used, seg.steps, session.step) == (3, 3, 2, 2)
+    else:
+        tap._captured(g, staged=True)
+        assert (len(tap._stream), seg.used, seg.steps, session.step) == (1, 2, 1, 1)
+    assert g.retracted == 1
+
+
 @needs_cuda
 @pytest.mark.parametrize("background", [True, False])
 @pytest.mark.parametrize("flush_steps", [1, 3, 32])
