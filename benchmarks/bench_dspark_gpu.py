@@ -40,25 +40,34 @@ of its parts (``record``, the descriptor ``write``, the staging ``launch``); ``-
 with modes ``before-capture``/``before-launch`` runs another checkout's tap in the same
 process, interleaved with this one's (before/after figures from one run).
 
-Where the runner thread's time goes (H200 host, 2026-12-02; a torch tensor method costs
-~0.12-0.2 us there, and one ``data_ptr()`` ~125 ns in the last run): in mode ``launch`` the
-staging launch alone is 20-34 us (Triton's compiled launcher; a torch op's launch costs about
-as much there, ``torch`` in the staging micro benchmark: ~10 launches, 200-310 us), so that
-mode cannot reach 20 us a step on this host. In mode ``capture`` (no launch) the whole tap is
-~220-270 ``data_ptr()`` calls' time at the median (qwen3-8b, h5 sink): 27-33 us in the last
-run, 19-24 us in faster runs, 35-48 us in slower ones; ``--profile`` splits it into the
-descriptor write (21 torch calls: 7.5 us fast, 12-20 us slow), the rest of ``record`` (7-19
-us) and the wrapper around it (6-15 us); the tap's thread CPU time equals its wall time, so
-it does not wait for the GIL (the join and writer threads add nothing measurable at the
-median). The same code runs 2-2.5x slower in some runs than in others (``write`` alone
-6-7 us or 12-20 us), with or without the other threads: a state of the machine. On this
-machine's CPU the whole in-graph tap takes ~6.5 us (4.9 us ``record``, 2.6 us ``write``): the
-H200 host runs the same Python ~2.5-4x slower. The in-graph kernel reads its descriptor from
-pinned host memory: 4.85-5.7 us of device time per launch at batch 64 against 2.92 us with
-the same descriptor in device memory, i.e. ~1.9 us is the PCIe round trip. Copying the ring to
-device memory inside the graph on a forked stream beside the Markov loop (a small copy kernel,
-joined before the staging kernel) did not pay: +1.02 / +0.75 / +0.50 / +0.38% against
-+1.12 / +0.60 / +0.42 / +0.25% without it at batch 1/8/32/64, one process interleaved; the
+Where the runner thread's time goes (H200 host, 2026-12-02; hot-loop costs there: a
+``data_ptr()`` 110-150 ns, ``stride()`` ~240, ``dtype`` ~110, the CUDA capture query 605, a
+``TensorGuards`` check of the seven inputs ~1.1 us, the 14 ``dtype``/``stride()`` reads ~1.9 us):
+in mode ``launch`` the staging launch alone is 20-34 us (Triton's compiled launcher; a torch
+op's launch costs about as much there, ``torch`` in the staging micro benchmark: ~10 launches,
+180-310 us), so that mode cannot reach 20 us a step on this host. In mode ``capture`` (no
+launch) the tap is one Python call chain per step: the arguments (one getter per call shape),
+the batch's request ids compared, the layout checked in one C call
+(:class:`spectrace.hooks.vllm.v2.stage.InputLayouts`), seven ``data_ptr()``, one ``struct``
+pack, one tuple into the stream (the join thread does the rest), and no CUDA call. Last full
+run (qwen3-8b, h5 sink, batch 1/8/32/64, medians): 16.5 / 21.7 / 15.3 / 31.0 us, against
+22.9 / 33.4 / 18.9 / 48.1 us for the tap before these cuts interleaved in the same process
+(``--before``); another process gave 14.8 against 18.1 us at batch 64, and 38.1 against 47.4
+us with the interpreter's default switch interval (``--switch-us 5000``: the join thread then
+keeps the GIL longer). ``--profile`` splits the tap into the descriptor ``write`` (5-10 us),
+the rest of ``record`` (6-16 us) and the wrapper around it (5-9 us, the bench's own timing
+wrappers included). The same code runs 2-3x slower in some processes, and at some batch
+sizes, than in others (14.8 or 31.0 us at batch 64 in two processes of one machine), with or
+without the h5 writer thread: a state of the machine (cold caches after the step's wait),
+which is why the tap's time is also given in ``data_ptr()`` calls measured beside each run;
+the ratio to the ``--before`` tap in one process is steady (0.65-0.85). On this project's CPU
+machine the in-graph tap takes ~6.5 us (7.9 us before).
+
+The in-graph kernel reads its descriptor from pinned host memory: 4.85-5.7 us of device time
+per launch at batch 64 against 2.92 us with the same descriptor in device memory, i.e. ~1.9 us
+is the PCIe round trip. Copying the ring to device memory inside the graph on a forked stream
+beside the Markov loop (a small copy kernel, joined before the staging kernel) did not pay:
++1.02 / +0.75 / +0.50 / +0.38% against +1.12 / +0.60 / +0.42 / +0.25% without it at batch 1/8/32/64, one process interleaved; the
 fork and join cost what the read saved. The launched kernel takes 1.37 us (the staging
 micro benchmark, ``in-graph`` is the in-graph kernel).
 
@@ -803,7 +812,7 @@ def _in_graph_micro(ring, batch: int, args: tuple, drafts) -> dict:
     def fill() -> float:
         t0 = time.perf_counter()
         for i in range(n):
-            st.write(ring, (i % 32) * batch, batch, args[:7])
+            st.write(ring.data_ptr(), ring.stride(0), (i % 32) * batch, batch, args[:7])
         st.end_call()
         return time.perf_counter() - t0
 

@@ -35,11 +35,12 @@ class Spec:
         self.propose = make_propose(lambda *args: self.drafts)
 
 
-def step(spec: Spec, rows: list[tuple], device: str) -> None:
-    """One ``propose`` call; rows: (request, num_sampled, num_rejected, anchor, anchor
-    position, drafts). The anchor goes to ``last_sampled`` (num_sampled > 0) or
-    ``next_prefill_tokens``; row i's query is nr + 1 tokens at positions pos - 1 .. so that
-    ``positions[query_start_loc[i + 1] - 1 - nr] + 1 == pos``."""
+def step(spec: Spec, rows: list[tuple], device: str, capture: bool = False) -> None:
+    """One ``propose`` call (``capture``: the whole call under a CUDA-graph capture); rows:
+    (request, num_sampled, num_rejected, anchor, anchor position, drafts). The anchor goes to
+    ``last_sampled`` (num_sampled > 0) or ``next_prefill_tokens``; row i's query is nr + 1
+    tokens at positions pos - 1 .. so that ``positions[query_start_loc[i + 1] - 1 - nr] + 1 ==
+    pos``."""
     last = torch.zeros((8, 1), dtype=torch.int64)
     nxt = torch.zeros((1, 8), dtype=torch.int32)
     positions, qsl = [], [0]
@@ -53,7 +54,7 @@ def step(spec: Spec, rows: list[tuple], device: str) -> None:
     dev = torch.device(device)
     batch = spec.batch([r[0] for r in rows], [SLOTS[r[0]] for r in rows], positions, qsl, dev)
     spec.drafts = torch.tensor([r[5] for r in rows], dtype=torch.int64, device=dev)
-    spec.propose(
+    args = (
         batch,
         None,
         None,
@@ -65,8 +66,13 @@ def step(spec: Spec, rows: list[tuple], device: str) -> None:
         nxt.to(dev),
         None,
         None,
-        num_speculative_tokens=K,
     )
+    if not capture:
+        spec.propose(*args, num_speculative_tokens=K)
+        return
+    graph = torch.cuda.CUDAGraph()  # the runner capturing propose: inputs made before it
+    with torch.cuda.graph(graph):
+        spec.propose(*args, num_speculative_tokens=K)
 
 
 class HookSpec(Spec):
@@ -107,7 +113,7 @@ class HookSpec(Spec):
         n = self.drafts.shape[0]
         self.src.fill_(-9)
         self.src[:n].copy_(self.drafts)
-        if self.graph is not None:
+        if self.graph is not None and not torch.cuda.is_current_stream_capturing():
             self.graph.replay()
         else:
             self._body()
@@ -284,6 +290,44 @@ def test_late_add_by_hand_cpu(tmp_path, fakes, cpu_flush_steps):
     assert tap.drainer is None
 
 
+class _CapturedStage:
+    """What ``ProposeTap._captured`` reads of a GraphStage whose call ran under a capture."""
+
+    call_desc = True
+    retracted = 0
+
+    def capturing(self) -> bool:
+        return True
+
+    def retract(self) -> None:
+        self.retracted += 1
+
+
+@pytest.mark.parametrize("queued_after", [False, True])
+def test_a_captured_call_takes_back_only_its_own_step_cpu(tmp_path, fakes, queued_after):
+    """The step of a call found captured is the stream's last item: it is taken back (segment
+    rows, step number); with a request event queued after it (never so in a propose call),
+    nothing is popped and the session fails instead (strict: raises)."""
+    session = Session(tmp_path / "t.h5", {"k": K, "source": "vllm-hook"})
+    make_propose, v2_batch, _ = fakes
+    spec = Spec(make_propose, v2_batch)
+    tap = ProposeTap(spec, session, cpu_flush_steps=3)
+    step(spec, [("a", 1, 0, 5, 5, [1, 2, 3]), ("b", 1, 0, 6, 6, [4, 5, 6])], "cpu")
+    step(spec, [("a", 1, 0, 7, 7, [1, 2, 3])], "cpu")
+    seg = tap._stream[-1][0]
+    assert (len(tap._stream), seg.used, seg.steps, session.step) == (2, 3, 2, 2)
+    g = _CapturedStage()
+    if queued_after:
+        tap.drop_later("b")
+        with pytest.raises(RuntimeError, match="not the last"):
+            tap._captured(g, staged=True)
+        assert (len(tap._stream), seg.used, seg.steps, session.step) == (3, 3, 2, 2)
+    else:
+        tap._captured(g, staged=True)
+        assert (len(tap._stream), seg.used, seg.steps, session.step) == (1, 2, 1, 1)
+    assert g.retracted == 1
+
+
 @needs_cuda
 @pytest.mark.parametrize("background", [True, False])
 @pytest.mark.parametrize("flush_steps", [1, 3, 32])
@@ -377,6 +421,30 @@ def test_graph_stage_counts_a_replay_it_did_not_see(tmp_path, fakes):
     assert tap.graph.lost_seen >= 1
     with pytest.raises(RuntimeError, match="lost count"):
         step(spec, [("a", 1, 0, 5, 5, [1, 2, 3])], "cuda")
+    session.close()
+
+
+@needs_cuda
+@pytest.mark.parametrize("flush_steps", [1, 64])
+def test_a_call_captured_by_the_runner_stages_nothing_cuda(tmp_path, fakes, flush_steps):
+    """A ``propose`` call run whole under a capture (the runner capturing the drafter): the
+    kernel is captured, not run, so its descriptor and step are taken back; the steps
+    around it are staged as if it had not happened. By hand: step 1 is a's verdict row
+    without a proposal (output [100]) and opens [1, 2, 3]; step 2 (ns 3, nr 1) verifies 3,
+    accepts 2: emitted [1, 2, 103]."""
+    session = Session(tmp_path / "t.h5", {"k": K, "source": "vllm-hook"})
+    make_propose, v2_batch, sampling = fakes
+    spec = GraphSpec(make_propose, v2_batch)
+    tap = ProposeTap(spec, session, max_model_len=1000, flush_steps=flush_steps)
+    spec.attach(tap)
+    tap.add_request("a", [1, 2], sampling(max_tokens=50))
+    step(spec, [("a", 1, 0, 100, 5, [1, 2, 3])], "cuda")
+    step(spec, [("a", 9, 0, 900, 50, [9, 9, 9])], "cuda", capture=True)
+    step(spec, [("a", 3, 1, 103, 8, [4, 5, 6])], "cuda")
+    tap.drain(wait=True)
+    g = tap.graph
+    assert (g.seq, g.captures, g.lost, session.step) == (2, 2, 0, 2)
+    assert tap.output_ids("a") == [100, 1, 2, 103]
     session.close()
 
 
@@ -553,6 +621,51 @@ def test_input_layout_rejects_what_the_kernels_do_not_take(i, bad):
     inputs = _layout_inputs()
     inputs[i] = bad()
     assert v2_stage.input_layout(tuple(inputs)) is None
+
+
+# desc_layout of _layout_inputs() by hand: int64 inputs nr (bit 1), positions (bit 4) and
+# last (bit 5) -> wide 2 + 16 + 32 = 50; last [5, 2] steps 2 a row, nxt [1, 5] steps 1.
+_DESC_LAY = (2, 1, 50, 0)
+
+
+@pytest.fixture(params=["guards", "plain"])
+def layouts(request):
+    """An InputLayouts using torch's one-call check (where torch has it), or the plain reads."""
+    lays = v2_stage.InputLayouts()
+    if request.param == "plain":
+        lays._guards = None
+    elif lays._guards is None:
+        pytest.skip("this torch has no TensorGuards")
+    return lays
+
+
+def test_input_layouts_give_the_descriptor_fields(layouts):
+    """Clean twin of the re-strided/retyped cases below: the same answer at every call."""
+    inputs = tuple(_layout_inputs())
+    assert [layouts.of(inputs) for _ in range(3)] == [_DESC_LAY] * 3
+
+
+def test_input_layouts_see_a_buffer_restrided_in_place(layouts):
+    """Same tensor objects, one re-strided in place after its layout was seen: never trusted
+    by identity, so the layout the kernel does not take is seen (None), and the old one again
+    once the stride is back."""
+    inputs = tuple(_layout_inputs(n=6))
+    assert layouts.of(inputs) == _DESC_LAY
+    inputs[0].as_strided_((3,), (2,))  # ns, stride 2 now
+    assert layouts.of(inputs) is None
+    inputs[0].as_strided_((6,), (1,))
+    assert layouts.of(inputs) == _DESC_LAY
+
+
+def test_input_layouts_see_a_new_dtype_and_give_up_guards_that_keep_failing(layouts):
+    """ns int32 -> int64 sets wide bit 0 (50 + 1); alternating layouts past MISSES leave
+    the plain reads only, with the same answers."""
+    a = tuple(_layout_inputs())
+    b = (a[0].long(), *a[1:])
+    for _ in range(v2_stage.InputLayouts.MISSES + 2):
+        assert layouts.of(a) == _DESC_LAY
+        assert layouts.of(b) == (2, 1, 51, 0)
+    assert layouts.guard is None
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
 """The V2 model runner path of the vLLM plugin: a wrapper on ``speculator.propose``.
 
 Modules: :mod:`.attach` (wires a runner), :mod:`.layout` (the ``propose`` signature),
-:mod:`.tap` (the hot path), :mod:`.tap_join` (its joins), :mod:`.stage` /
+:mod:`.tap` (the hot path), :mod:`.tap_join` (its joins), :mod:`.tap_requests` (request
+registrations, finishes, preemptions, emitted ids), :mod:`.stage` /
 :mod:`.stage_triton` (one staging launch), :mod:`.graph_stage` (staging from inside the
 drafter's CUDA graph: a descriptor per step, no launch),
 :mod:`.ring` (device/host blocks), :mod:`.stream` (staged steps in order), :mod:`.drainer`

@@ -19,7 +19,10 @@ only when the descriptor's sequence number is ``c``. The host writes descriptor 
 record: dummy runs, warmup batches, an inactive session), and one of its own for a launch from
 :meth:`GraphStage.launch` outside a capture and outside a ``propose`` call (eager warmup).
 Eager steps (no replay: ``enforce_eager``, batch sizes without a graph) launch the same kernel
-from :meth:`GraphStage.launch`, taking the call's descriptor. A run whose descriptor does not
+from :meth:`GraphStage.launch`, taking the call's descriptor. A call run whole under a capture
+(the runner capturing ``propose``) runs no kernel: the tap sees the capture the launch counted
+(:attr:`GraphStage.captures`) after the call and takes its descriptor back
+(:meth:`GraphStage.retract`; no capture query per step). A run whose descriptor does not
 match (a replay the host did not see, or a call that ran no kernel) writes nothing and counts
 in ``ctl[1]`` (pinned, written by the kernel; the tap fails the session when it is non-zero:
 never a silent shift).
@@ -36,9 +39,10 @@ import struct
 import time
 
 from .row_layout import DESC_FIELDS
-from .stage import input_layout
+from .stage import InputLayouts, input_ptrs
 
 _PACK = struct.Struct(f"<{len(DESC_FIELDS)}q")  # one descriptor, as the kernel reads it
+_SIZE = _PACK.size
 
 
 class GraphStage:
@@ -56,6 +60,7 @@ class GraphStage:
         waits: times the host waited for the device to take descriptors (should stay 0).
         captures: launches made inside a CUDA-graph capture.
         lost_seen: :attr:`lost` as last read by the tap (it reads it once per ring segment).
+        call_desc: inside a ``propose`` call whose descriptor no eager launch took yet.
     """
 
     SLOTS = 4096  # descriptors in the ring: how far the host may run ahead of the device
@@ -81,12 +86,10 @@ class GraphStage:
         self.waits = 0
         self.captures = 0
         self.lost_seen = 0  # :attr:`lost` as the tap last read it (once per segment)
-        self._call_desc = False  # inside a propose call whose descriptor no run took yet
+        self.call_desc = False  # inside a propose call whose descriptor no run took yet
         self._room = 0  # descriptors writable before the device's count is read again
         self._buf = memoryview(self.desc_np).cast("B")
-        self._wide: dict[tuple, int] = {}  # the 7 inputs' dtypes -> the descriptor's wide
-        self._out = None  # the last destination block (its pointer and row stride cached)
-        self._out_ptr = self._out_stride = 0
+        self._layouts = InputLayouts()  # the descriptor's fields that follow the layout
         # Same dtypes as the real buffers (same compiled kernel); seq -1: nothing is staged.
         self._scratch = (
             torch.full((len(DESC_FIELDS),), -1, dtype=torch.int64).pin_memory(),
@@ -117,30 +120,22 @@ class GraphStage:
                 done = int(self.ctl_np[0])
         self._room = self.SLOTS - (h - done)
 
-    def write(self, out, row0: int, n: int, inputs: tuple) -> bool:
-        """Write the descriptor of the next run: stage ``n`` rows at ``out[row0]`` (int32
-        ``[R, 4 + k]``, contiguous rows) from ``inputs``, ``(ns, nr, idx, qsl, positions,
-        last, nxt)`` of ``propose`` (the shapes of :func:`.stage.stage_triton`; int32 or
-        int64 each). Returns False, writing nothing, when an input's layout or dtype is not
-        what the kernel takes (the caller then writes :meth:`write_skip` and stages with
-        torch ops after the call).
+    def write(self, out_ptr: int, out_stride: int, row0: int, n: int, inputs: tuple) -> bool:
+        """Write the descriptor of the next run: stage ``n`` rows at row ``row0`` of the
+        int32 block at ``out_ptr`` (``out_stride`` elements a row, unit column stride) from
+        ``inputs``, ``(ns, nr, idx, qsl, positions, last, nxt)`` of ``propose`` (the shapes
+        of :func:`.stage.stage_triton`; int32 or int64 each). Returns False, writing nothing,
+        when an input's layout or dtype is not what the kernel takes (the caller then writes
+        :meth:`write_skip` and stages with torch ops after the call).
 
-        Per call: one ``dtype``, ``stride()`` and ``data_ptr()`` per input (21 torch calls,
-        ~0.1-0.2 us each on the H200 host: most of this method's time), one dict lookup for
-        the dtypes and one ``struct`` pack into the pinned ring; no other call."""
-        ns, nr, idx, qsl, positions, last, nxt = inputs
-        dtypes = (ns.dtype, nr.dtype, idx.dtype, qsl.dtype, positions.dtype, last.dtype, nxt.dtype)
-        wide = self._wide.get(dtypes)
-        if wide is None:
-            wide = self._wide[dtypes] = _wide_bits(dtypes)
-        lay = input_layout(inputs) if wide >= 0 else None
+        Per call: the inputs' layout, checked afresh (:class:`.stage.InputLayouts`: one C
+        call where torch has it), their seven ``data_ptr()`` (read every call: nothing is
+        cached by tensor identity) and one ``struct`` pack into the pinned ring."""
+        lays = self._layouts  # InputLayouts.of, inlined: this is the hot path
+        guard = lays.guard
+        lay = lays.lay if guard is not None and guard.check(*inputs) else lays.read(inputs)
         if lay is None:
             return False
-        if out is not self._out:
-            st = out.stride()
-            if len(st) != 2 or st[1] != 1:
-                return False
-            self._out, self._out_ptr, self._out_stride = out, out.data_ptr(), st[0]
         h = self.seq  # _next(), inlined: this is the hot path
         if self._room <= 0:
             self._wait_room(h)
@@ -148,17 +143,16 @@ class GraphStage:
         self.seq = h + 1
         _PACK.pack_into(
             self._buf,
-            (h % self.SLOTS) * _PACK.size,
+            (h % self.SLOTS) * _SIZE,
             h,
             n,
-            self._out_ptr,
-            self._out_stride,
+            out_ptr,
+            out_stride,
             row0,
+            *input_ptrs(inputs),
             *lay,
-            wide,
-            0,
         )
-        self._call_desc = True
+        self.call_desc = True
         return True
 
     def write_skip(self) -> None:
@@ -166,12 +160,20 @@ class GraphStage:
         h = self._next()
         row = self.desc_np[h % self.SLOTS]
         row[0], row[1] = h, 0
-        self._call_desc = True
+        self.call_desc = True
+
+    def retract(self) -> None:
+        """Take back the current call's descriptor (no kernel runs for the call: it was
+        captured, not run); the next descriptor reuses its sequence number and slot."""
+        self.seq -= 1
+        self._room += 1
+        self.desc_np[self.seq % self.SLOTS, 0] = -1  # matches no run
+        self.call_desc = False
 
     def end_call(self) -> None:
         """The ``propose`` call is over (its descriptor was taken by a replay, or by an eager
         :meth:`launch`)."""
-        self._call_desc = False
+        self.call_desc = False
 
     @property
     def lost(self) -> int:
@@ -214,9 +216,9 @@ class GraphStage:
                 return
             desc, ctl, counter = self._scratch
         else:
-            if not self._call_desc:
+            if not self.call_desc:
                 self.write_skip()
-            self._call_desc = False
+            self.call_desc = False
         _ring_stage_kernel[(1,)](
             desc,
             ctl,
@@ -231,17 +233,3 @@ class GraphStage:
             num_warps=1,  # one tiny program: a warp is enough, and it starts sooner
         )
         self.k = k
-
-
-def _wide_bits(dtypes: tuple) -> int:
-    """The descriptor's ``wide`` of the inputs' dtypes (bit i: input i is int64), or -1 when
-    one is neither int32 nor int64."""
-    import torch
-
-    wide = 0
-    for i, dt in enumerate(dtypes):
-        if dt is torch.int64:
-            wide |= 1 << i
-        elif dt is not torch.int32:
-            return -1
-    return wide

@@ -14,12 +14,14 @@ class Segment:
     """One segment of the propose tap's staging ring: rows of up to ``flush_steps`` steps.
 
     ``dev`` int32 ``[cap, cols]`` on the device (the host tensor itself on a CPU device),
+    contiguous, its address ``dev_ptr`` (read once: the tap owns it and never re-points it);
     ``host`` its pinned host copy, ``event`` recorded after the copy. States: ``fill`` (steps
     are staged into it), ``flight`` (copy issued), ``free`` (joined; reusable).
     """
 
     __slots__ = (
         "dev",
+        "dev_ptr",
         "host",
         "host_np",
         "event",
@@ -35,6 +37,7 @@ class Segment:
 
     def __init__(self, dev, host, event) -> None:
         self.dev, self.host, self.event = dev, host, event
+        self.dev_ptr = dev.data_ptr()
         self.host_np = host.numpy()
         self.cap, self.cols = host.shape  # rows, columns
         self.state, self.used, self.steps, self.pending, self.ready, self.t0_ns = (

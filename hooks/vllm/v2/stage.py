@@ -61,37 +61,148 @@ def triton_ok(t) -> bool:
 _UNIT = (1,)
 
 
+def _row_strides(strides: tuple) -> tuple | None:
+    """The kernels' rule on the seven inputs' ``stride()`` tuples (:func:`input_ptrs`'
+    order): ``(last_stride, nxt_stride)``, the element stride of ``last_sampled``'s column
+    0 (its ``stride(0)``) and of ``next_prefill_tokens``' row 0 (its last stride; 1-D or
+    2-D), or None when the first five are not 1-D with stride 1 or ``last``/``nxt`` not 1-D
+    or 2-D."""
+    s_ns, s_nr, s_idx, s_qsl, s_pos, ls, xs = strides
+    if s_ns != _UNIT or s_nr != _UNIT or s_idx != _UNIT or s_qsl != _UNIT or s_pos != _UNIT:
+        return None
+    if not (0 < len(ls) < 3 and 0 < len(xs) < 3):
+        return None
+    return ls[0], xs[-1]
+
+
 def input_layout(inputs: tuple) -> tuple | None:
     """Pointers and row strides of one step's staging inputs, as both staging kernels take
-    them (:func:`stage_triton`; the in-graph descriptor of :mod:`.graph_stage`).
+    them (:func:`stage_triton`; the in-graph descriptor of :mod:`.graph_stage` reads the
+    same through :func:`desc_layout`).
 
     Args:
         inputs: ``(ns, nr, idx, qsl, positions, last, nxt)``, the tensors of
             :func:`stage_triton` (int32 or int64 each).
     Returns:
         ``(ptr_ns, ptr_nr, ptr_idx, ptr_qsl, ptr_positions, ptr_last, ptr_nxt, last_stride,
-        nxt_stride)``, flat: the seven ``data_ptr()`` in :func:`input_ptrs`' order, the
-        element stride of ``last_sampled``'s column 0 (its ``stride(0)``) and of
-        ``next_prefill_tokens``' row 0 (its last stride; 1-D or 2-D); None when an input's
-        layout is not the kernels' (a stride other than 1 on ``ns``/``nr``/``idx``/``qsl``/
-        ``positions`` or one of them not 1-D, ``last``/``nxt`` not 1-D or 2-D).
-
-    One ``stride()`` and one ``data_ptr()`` per input, in one frame: the in-graph hot path
-    pays these (~0.1-0.2 us a torch call on the H200 host) and nothing else.
+        nxt_stride)``, flat: the seven ``data_ptr()`` in :func:`input_ptrs`' order and
+        :func:`_row_strides`' two strides; None when an input's layout is not the kernels'
+        (see :func:`_row_strides`).
     """
+    lay = _row_strides(tuple([t.stride() for t in inputs]))
+    return None if lay is None else (*input_ptrs(inputs), *lay)
+
+
+def layout_key(inputs: tuple) -> tuple:
+    """What :func:`desc_layout` is a function of: the seven inputs' dtypes, then their
+    ``stride()`` tuples (the dimension counts with them), in :func:`input_ptrs`' order."""
     ns, nr, idx, qsl, positions, last, nxt = inputs
-    if (
-        ns.stride() != _UNIT
-        or nr.stride() != _UNIT
-        or idx.stride() != _UNIT
-        or qsl.stride() != _UNIT
-        or positions.stride() != _UNIT
-    ):
+    return (
+        ns.dtype,
+        nr.dtype,
+        idx.dtype,
+        qsl.dtype,
+        positions.dtype,
+        last.dtype,
+        nxt.dtype,
+        ns.stride(),
+        nr.stride(),
+        idx.stride(),
+        qsl.stride(),
+        positions.stride(),
+        last.stride(),
+        nxt.stride(),
+    )
+
+
+def desc_layout(key: tuple) -> tuple | None:
+    """The in-graph descriptor's fields after the seven pointers (``DESC_FIELDS``:
+    ``last_stride``, ``nxt_stride``, ``wide``, ``spare``) for a :func:`layout_key`; None when
+    the kernels do not take that layout (:func:`_row_strides`) or an input is neither int32
+    nor int64 (``wide`` bit i: input i is int64)."""
+    import torch
+
+    lay = _row_strides(key[7:])
+    if lay is None:
         return None
-    ls, xs = last.stride(), nxt.stride()
-    if not (0 < len(ls) < 3 and 0 < len(xs) < 3):
+    wide = 0
+    for i, dt in enumerate(key[:7]):
+        if dt is torch.int64:
+            wide |= 1 << i
+        elif dt is not torch.int32:
+            return None
+    return (*lay, wide, 0)
+
+
+class InputLayouts:
+    """:func:`desc_layout` of each step's inputs, with their dtypes and strides checked
+    afresh at every call (nothing is trusted by tensor identity: a re-strided or retyped
+    buffer gets its own layout, or None).
+
+    The check is one C call where torch has it: a ``TensorGuards`` of the last layout seen
+    (``torch._C._dynamo.guards``, the check ``torch.compile`` runs on a compiled
+    function's tensors: each tensor's dtype, device, dimensions, requires-grad, dispatch keys
+    and, as given here, its exact strides, sizes left free), ~0.7 us for the seven inputs
+    where the 14 ``dtype``/``stride()`` reads cost ~1.7 us on this project's CPU machine.
+    When it fails (another layout, or another dispatch state) the layout is read the plain
+    way (:func:`layout_key`, looked up per key) and a guard of it is made; after
+    :attr:`MISSES` failures, or without the class, only the plain way is used.
+
+    Attributes:
+        guard: the ``TensorGuards`` of the last layout read, or None (the hot path of
+            :meth:`.graph_stage.GraphStage.write` runs :meth:`of`'s check itself).
+        lay: that layout's :func:`desc_layout`.
+    """
+
+    MISSES = 8  # failed guard checks before guards are given up (layouts should not churn)
+    KEYS = 64  # distinct layouts remembered (the cache is emptied past that)
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple, tuple | None] = {}
+        self.guard = None  # a TensorGuards of the last layout, or None
+        self.lay: tuple | None = None  # that layout's desc_layout
+        self._misses = 0
+        self._guards = _tensor_guards()  # the class, or None: the plain way only
+
+    def of(self, inputs: tuple) -> tuple | None:
+        """:func:`desc_layout` of ``inputs`` (``(ns, nr, idx, qsl, positions, last, nxt)``)."""
+        guard = self.guard
+        if guard is not None and guard.check(*inputs):
+            return self.lay
+        return self.read(inputs)
+
+    def read(self, inputs: tuple) -> tuple | None:
+        """The plain way, then a guard of the layout read (when guards are in use)."""
+        key = layout_key(inputs)
+        if key in self._by_key:
+            lay = self._by_key[key]
+        else:
+            if len(self._by_key) >= self.KEYS:
+                self._by_key.clear()
+            lay = self._by_key[key] = desc_layout(key)
+        if self.guard is not None:
+            self._misses += 1
+        self.guard, self.lay = None, lay
+        if lay is not None and self._guards is not None and self._misses < self.MISSES:
+            try:
+                self.guard = self._guards(
+                    *inputs,
+                    dynamic_dims_sizes=[[None] * len(st) for st in key[7:]],
+                    dynamic_dims_strides=[list(st) for st in key[7:]],
+                )
+            except Exception:  # another torch's signature: the plain way from now on
+                self._guards = None
+        return lay
+
+
+def _tensor_guards():
+    """``torch._C._dynamo.guards.TensorGuards``, or None where this torch lacks it."""
+    try:
+        import torch
+
+        return torch._C._dynamo.guards.TensorGuards
+    except Exception:
         return None
-    return (*input_ptrs(inputs), ls[0], xs[-1])
 
 
 def input_ptrs(inputs: tuple) -> tuple:

@@ -8,7 +8,7 @@ turns a run of them into the arrays :func:`~.join.join_chunk` takes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -16,29 +16,49 @@ from .ring import Segment
 from .stage import META_COLS
 
 
-class StepRec:
-    """One staged step: ``n`` rows at ``row0`` of ``seg`` (a slots class, not a dataclass:
-    one is made per step on the hot path)."""
+class StepRec(NamedTuple):
+    """One staged step: ``n`` rows at ``row0`` of ``seg``. On the hot path a step enters
+    the stream as a plain tuple of these fields in this order (one tuple build: a named
+    tuple's ``__new__`` is a Python call, ``tuple.__new__`` on a subclass costs ~4x a plain
+    tuple); the tap's drain takes it off as a ``StepRec`` (``_make``), on the join thread.
+    Stream items that are not plain tuples are :class:`ReqEvent`."""
 
-    __slots__ = ("seg", "row0", "n", "ids", "keep", "req_ids", "step", "k_eff", "t_ns")
+    seg: Segment
+    row0: int
+    n: int
+    batch: tuple  # the tap's batch state: (ids, keep, all warmup, req_ids), see below
+    step: int
+    k: Any  # propose's num_speculative_tokens (None or 0: all of the segment's K)
+    t_ns: int
 
-    def __init__(
-        self,
-        seg: Segment,
-        row0: int,
-        n: int,
-        ids,
-        keep,
-        req_ids: list,
-        step: int,
-        k_eff: int,
-        t_ns: int,
-    ) -> None:
-        self.seg, self.row0, self.n = seg, row0, n
-        self.ids = ids  # int64 [n] tap-local request ids
-        self.keep = keep  # bool [n] non-warmup rows, or None for all
-        self.req_ids = req_ids  # the tap's own copy (never the runner's list)
-        self.step, self.k_eff, self.t_ns = step, k_eff, t_ns
+    @property
+    def ids(self) -> Any:
+        """int64 ``[n]`` tap-local request ids."""
+        return self.batch[0]
+
+    @property
+    def keep(self) -> Any:
+        """bool ``[n]`` non-warmup rows, or None for all."""
+        return self.batch[1]
+
+    @property
+    def req_ids(self) -> list:
+        """The request ids: the tap's own copy (never the runner's list)."""
+        return self.batch[3]
+
+    @property
+    def k_eff(self) -> int:
+        """Drafts per row that are proposals: ``k`` capped at the segment's K."""
+        k_all = self.seg.cols - META_COLS
+        return min(int(self.k), k_all) if self.k else k_all
+
+
+class ReqEvent(tuple):
+    """A deferred request event in the stream: ``("add", req id, prompt ids, params)``,
+    ``("finish", req id, final)`` or ``("drop", req id, None)`` (a tuple subclass, so that
+    ``type(item) is tuple`` tells the raw steps apart)."""
+
+    __slots__ = ()
 
 
 def _gather(pieces: list, cols: int) -> tuple[list, list, list, list]:

@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 from ..common import is_warmup, require_attrs
-from ..sampling import trim_output
 from ..session import Session
 from .drainer import Drainer
 from .graph_stage import GraphStage
@@ -23,11 +22,14 @@ from .ring import Segment, make_ring
 from .stage import META_COLS, stage_torch, stage_triton, triton_ok
 from .stream import StepRec
 from .tap_join import TapJoin
+from .tap_requests import TapRequests
 
 _time_ns = time.time_ns  # bound once: the hot path reads the clock once per step
+#: One step's staging inputs: (ns, nr, idx, qsl, positions, last, nxt) (see :mod:`.stage`).
+_Inputs = tuple[Any, Any, Any, Any, Any, Any, Any]
 
 
-class ProposeTap(TapJoin):
+class ProposeTap(TapRequests, TapJoin):
     """Wraps ``speculator.propose`` on one instance and feeds ``session``.
 
     Per recorded step the hot path issues one staging launch (:mod:`.stage`:
@@ -81,7 +83,7 @@ class ProposeTap(TapJoin):
         background_join: bool = True,
     ) -> None:
         self.layout = propose_layout(speculator.propose, type(speculator).__name__)
-        self._args = RecordArgs(self.layout)  # (args, kwargs) -> RECORD_ARGS' values
+        self._args = RecordArgs(self.layout).read  # (args, kwargs) -> RECORD_ARGS' values
         self.session = session
         self.max_model_len = max_model_len
         self._out = EmittedIds()  # tap-local id -> emitted ids, in order
@@ -95,14 +97,20 @@ class ProposeTap(TapJoin):
         self._ring_key: tuple | None = None
         self._next = 0
         self._cur: Segment | None = None
-        self._stream: deque = deque()  # StepRec | ("drop", req id) | ("finish", req id, final)
+        # steps (plain tuples in StepRec's order) and ReqEvents, in order
+        self._stream: deque = deque()
         self._batch_checked = False
         self._ids: dict[str, int] = {}  # request id -> tap-local int id
         self._names: list[str] = []
         self._wrows = None  # int64 [len(_names)]: /requests row per int id (-1: unknown)
         self._prev_req_ids: list | None = None  # None: no batch seen yet
-        # ids (int64 [n]), keep (bool [n] or None: all kept), all warmup
-        self._prev_batch: tuple[np.ndarray | None, np.ndarray | None, bool] = (None, None, False)
+        # ids (int64 [n]), keep (bool [n] or None: all kept), all warmup, the ids' own copy
+        self._prev_batch: tuple[np.ndarray | None, np.ndarray | None, bool, list] = (
+            None,
+            None,
+            False,
+            [],
+        )
         self._carry_req = np.zeros(0, dtype=np.int64)  # requests with an open proposal
         self._carry: Proposals | None = None  # those proposals
         self.background_join = bool(background_join)
@@ -120,10 +128,38 @@ class ProposeTap(TapJoin):
     # -- the wrapper ---------------------------------------------------------------------
 
     def propose(self, *args, **kwargs):
-        """Call the original ``propose`` and record this step (never alters its result)."""
+        """Call the original ``propose`` and record this step (never alters its result).
+
+        Once the drafter stages in its graph (:mod:`.graph_stage`; this path is the hot one,
+        written out here: one Python call less per step), the step's descriptor is written
+        first (rows, or none) and the original call runs the kernel; before that, the step is
+        staged after the call (:meth:`_propose_launch`)."""
         g = self.graph
-        if g is not None and g.armed:
-            return self._propose_graph(g, args, kwargs)
+        if g is None or not g.armed:
+            return self._propose_launch(args, kwargs)
+        captures = g.captures  # see _captured: no capture check per step
+        if self._join_error is not None or g.lost_seen:
+            self._report_lost(g)
+        staged = False
+        if self.session.active:
+            try:
+                staged = self.record(args, kwargs, None)
+            except Exception as exc:
+                self.session.fail(exc, "V2 propose")
+        if not staged:
+            g.write_skip()
+        try:
+            out = self._orig(*args, **kwargs)
+        finally:
+            if g.captures != captures:
+                self._captured(g, staged)
+            g.call_desc = False  # GraphStage.end_call, inlined (the call is over)
+        if self._post is not None or self._flush_after is not None:
+            self._after_call(g, out)
+        return out
+
+    def _propose_launch(self, args: tuple, kwargs: dict):
+        """``propose`` before the drafter stages in its graph: the call, then the step."""
         out = self._orig(*args, **kwargs)
         if self._join_error is not None:  # raised on the drainer's thread: report it here
             exc, self._join_error = self._join_error, None
@@ -135,45 +171,56 @@ class ProposeTap(TapJoin):
                 self.session.fail(exc, "V2 propose")
         return out
 
-    def _propose_graph(self, g: GraphStage, args: tuple, kwargs: dict):
-        """``propose`` once the drafter stages in its graph (:mod:`.graph_stage`): the step's
-        descriptor is written first (rows, or none), then the original call runs the kernel."""
-        if g.capturing():  # no replay runs in this call
-            return self._orig(*args, **kwargs)
-        session = self.session
-        active = session.active
-        if self._join_error is not None or (g.lost_seen and active):
-            exc = self._join_error or RuntimeError(
-                f"in-graph staging lost count: {g.lost} kernel runs without their descriptor"
-            )
-            self._join_error = None
-            session.fail(exc, "V2 join")
-            active = session.active
-        staged = False
-        if active:
-            try:
-                staged = self.record(args, kwargs, None)
-            except Exception as exc:
-                session.fail(exc, "V2 propose")
-        if not staged:
-            g.write_skip()
-        try:
-            out = self._orig(*args, **kwargs)
-        finally:
-            g.end_call()
-        if self._post is not None:  # a layout the kernel does not take: torch ops now
+    def _after_call(self, g: GraphStage, out) -> None:
+        """After an in-graph call: torch-op staging for a layout the kernel does not take,
+        and (once per segment) the segment's copy and a read of the lost count."""
+        if self._post is not None:
             import torch
 
             seg_dev, n, inputs = self._post
             self._post = None
             drafts = out if isinstance(out, torch.Tensor) else getattr(out, "draft_tokens", out)
             stage_torch(seg_dev, n, *inputs, drafts)
-        if self._flush_after is not None:  # once per segment: also read the lost count
+        if self._flush_after is not None:
             seg, self._flush_after = self._flush_after, None
             if seg.state == "fill":
                 self._flush(seg)
             g.lost_seen = g.lost
-        return out
+
+    def _captured(self, g: GraphStage, staged: bool) -> None:
+        """The call captured the staging kernel (:meth:`.graph_stage.GraphStage.launch`).
+        Still capturing now, with the call's descriptor untaken: the whole call ran under a
+        capture (the runner capturing ``propose``), so no kernel runs for it; its descriptor
+        and its step are taken back (what the check at every call did before, now read only
+        after a capture). A capture that ended inside the call leaves them: a replay in the
+        call may have taken the descriptor (a wrong guess fails the session: lost count)."""
+        if not (g.call_desc and g.capturing()):
+            return
+        g.retract()
+        self._post = self._flush_after = None  # nothing to stage or copy from a capture
+        if not staged:
+            return
+        with self._lock:  # the call's own step: the stream's last item (its segment fills)
+            last = self._stream[-1] if self._stream else None
+            if type(last) is not tuple or last[4] != self.session.step - 1:
+                exc = RuntimeError("in-graph staging: a captured call's step is not the last")
+                self.session.fail(exc, "V2 propose")
+                return
+            seg, row0 = self._stream.pop()[:2]
+            seg.used, seg.steps = row0, seg.steps - 1
+            self.session.step -= 1
+
+    def _report_lost(self, g: GraphStage) -> None:
+        """An error from the join thread, or (while recording) kernel runs that found no
+        descriptor: the session fails (never a silent shift)."""
+        session = self.session
+        if self._join_error is None and not session.active:
+            return
+        exc = self._join_error or RuntimeError(
+            f"in-graph staging lost count: {g.lost} kernel runs without their descriptor"
+        )
+        self._join_error = None
+        session.fail(exc, "V2 join")
 
     def stage_in_graph(self, drafts) -> None:
         """The drafter's staging launch (:meth:`.graph_stage.GraphStage.launch`): call it
@@ -224,59 +271,84 @@ class ProposeTap(TapJoin):
         # own copy, made only when the ids change.
         if req_ids != self._prev_req_ids:
             self._new_batch(req_ids)
-        ids, keep, all_warmup = self._prev_batch
-        if all_warmup:
+        bstate = self._prev_batch
+        if bstate[2]:  # all warmup
             return False
-        g = self.graph if out is None else None  # None: staged from the drafter's graph
-        if g is not None:
-            cuda, k_all, device = True, g.k or 0, g.device
-        else:
-            import torch
-
-            drafts = out if isinstance(out, torch.Tensor) else getattr(out, "draft_tokens", out)
-            cuda, k_all, device = drafts.is_cuda, drafts.shape[1], drafts.device
-            if cuda and torch.cuda.is_current_stream_capturing():
+        inputs = (ns, nr, batch.idx_mapping, batch.query_start_loc, batch.positions, last, nxt)
+        g = self.graph if out is None else None
+        if g is None:
+            return self._stage_launch(out, n, inputs, bstate, k_arg)
+        # In-graph (here, not a method of its own: one Python call less per step): the step's
+        # descriptor, its rows land when the call's replay or eager launch runs the kernel.
+        # What touches CUDA (a poll, a new segment) never runs under a capture; the rest of
+        # a step is taken back if the call turns out to be captured (_captured).
+        if self.drainer is None and self._stream:
+            if g.capturing():
                 return False
-        if cuda and self.drainer is None and self._stream:
             self._poll()  # no background joiner: join what is ready here
-        k_eff = min(int(k_arg), k_all) if k_arg else k_all
         t_ns = _time_ns()
         seg = self._cur
-        cols = META_COLS + k_all
+        cols = META_COLS + (g.k or 0)
         if seg is None or seg.used + n > seg.cap or seg.cols != cols:
-            seg = self._segment(n, cols, max(n, int(last.shape[0])), device, cuda, t_ns)
+            if g.capturing():
+                return False
+            seg = self._segment(n, cols, max(n, int(last.shape[0])), g.device, True, t_ns)
         row0 = seg.used
-        inputs = (ns, nr, batch.idx_mapping, batch.query_start_loc, batch.positions, last, nxt)
-        if g is not None:
-            if not g.write(seg.dev, row0, n, inputs):
-                g.write_skip()
-                self._post = (seg.dev[row0 : row0 + n], n, inputs)
-        elif not (cuda and triton_ok(drafts) and stage_triton(seg.dev, row0, n, *inputs, drafts)):
+        if not g.write(seg.dev_ptr, cols, row0, n, inputs):  # dev: contiguous [cap, cols]
+            g.write_skip()
+            self._post = (seg.dev[row0 : row0 + n], n, inputs)
+        if self._staged(seg, row0, n, bstate, k_arg, t_ns):
+            self._flush_after = seg  # after the call: its kernel writes the rows
+        return True
+
+    def _stage_launch(self, out, n: int, inputs: _Inputs, bstate: tuple, k_arg) -> bool:
+        """:meth:`record`'s launched part, after the call: one staging launch (Triton on
+        CUDA, else torch ops) from ``out``'s drafts, then the step's bookkeeping."""
+        import torch
+
+        drafts = out if isinstance(out, torch.Tensor) else getattr(out, "draft_tokens", out)
+        cuda = drafts.is_cuda
+        if cuda:
+            if torch.cuda.is_current_stream_capturing():
+                return False
+            if self.drainer is None and self._stream:
+                self._poll()  # no background joiner: join what is ready here
+        t_ns = _time_ns()
+        seg = self._cur
+        cols = META_COLS + drafts.shape[1]
+        if seg is None or seg.used + n > seg.cap or seg.cols != cols:
+            rows_hint = max(n, int(inputs[5].shape[0]))
+            seg = self._segment(n, cols, rows_hint, drafts.device, cuda, t_ns)
+        row0 = seg.used
+        if not (cuda and triton_ok(drafts) and stage_triton(seg.dev, row0, n, *inputs, drafts)):
             stage_torch(seg.dev[row0 : row0 + n], n, *inputs, drafts)
-        seg.used += n
-        seg.steps += 1
-        seg.pending += 1
-        session = self.session
-        step = session.step
-        session.step = step + 1
-        assert self._prev_req_ids is not None  # set by _new_batch on the first call
-        self._stream.append(StepRec(seg, row0, n, ids, keep, self._prev_req_ids, step, k_eff, t_ns))
+        due = self._staged(seg, row0, n, bstate, k_arg, t_ns)
         if not cuda:
             if seg.steps >= self.cpu_flush_steps:
                 self.drain(wait=True)
-        elif seg.steps >= self.flush_steps or t_ns - seg.t0_ns >= self.SEGMENT_AGE_NS:
-            if g is None:
-                self._flush(seg)
-            else:  # after the call: its kernel writes the rows
-                self._flush_after = seg
+        elif due:
+            self._flush(seg)
         return True
+
+    def _staged(self, seg: Segment, row0: int, n: int, bstate: tuple, k_arg, t_ns: int) -> bool:
+        """The bookkeeping of a step staged at ``seg[row0 : row0 + n]``: the segment's
+        counts, the session's step number, the step's :class:`~.stream.StepRec` in the
+        stream (its ``k_eff`` is worked out when it is joined). Returns True when the segment
+        is due for its copy (``flush_steps`` steps, or :attr:`SEGMENT_AGE_NS` old)."""
+        seg.used = row0 + n
+        steps = seg.steps = seg.steps + 1  # pending: set from steps at the flush
+        session = self.session
+        step = session.step
+        session.step = step + 1
+        self._stream.append((seg, row0, n, bstate, step, k_arg, t_ns))
+        return steps >= self.flush_steps or t_ns - seg.t0_ns >= self.SEGMENT_AGE_NS
 
     def _new_batch(self, req_ids: list) -> None:
         """Request ids changed since the last step: map them to int ids, mark warmup rows."""
-        self._prev_req_ids = list(req_ids)
+        own = self._prev_req_ids = list(req_ids)
         keep = [not is_warmup(r) for r in req_ids]
         ids = np.fromiter((self._id(r) for r in req_ids), dtype=np.int64, count=len(req_ids))
-        self._prev_batch = (ids, None if all(keep) else np.array(keep), not any(keep))
+        self._prev_batch = (ids, None if all(keep) else np.array(keep), not any(keep), own)
 
     def _id(self, req_id: str) -> int:
         i = self._ids.get(req_id)
@@ -321,7 +393,7 @@ class ProposeTap(TapJoin):
         if seg.event is not None and seg.used:
             seg.host[: seg.used].copy_(seg.dev[: seg.used], non_blocking=True)
             seg.event.record()
-        seg.state = "flight"
+        seg.state, seg.pending = "flight", seg.steps  # all staged, none joined yet
         if self._cur is seg:
             self._cur = None
         if self.drainer is not None:
@@ -330,10 +402,10 @@ class ProposeTap(TapJoin):
     def _poll(self) -> None:
         """Join what is ready, if the oldest staged step's copy has completed."""
         head = self._stream[0]
-        if not isinstance(head, StepRec):
+        if type(head) is not tuple:  # a ReqEvent
             self.drain(wait=False)
             return
-        seg = head.seg
+        seg = head[0]  # a raw step: StepRec's fields
         if seg.ready or (seg.state == "flight" and seg.event.query()):
             self.drain(wait=False)
 
@@ -353,8 +425,9 @@ class ProposeTap(TapJoin):
             if max_rows is not None and rows >= max_rows:
                 break
             item = self._stream[0]
-            if isinstance(item, StepRec) and not item.seg.ready:
-                seg = item.seg
+            step = type(item) is tuple  # a raw step (StepRec's fields), else a ReqEvent
+            if step and not item[0].ready:
+                seg = item[0]
                 if seg.state == "fill":
                     if not wait:
                         break
@@ -364,9 +437,11 @@ class ProposeTap(TapJoin):
                         break
                     seg.event.synchronize()
                 seg.ready = True
-            if isinstance(item, StepRec):
+            self._stream.popleft()
+            if step:
+                item = StepRec._make(item)
                 rows += item.n
-            items.append(self._stream.popleft())
+            items.append(item)
         if items:
             self._join(items)
 
@@ -383,74 +458,13 @@ class ProposeTap(TapJoin):
         with self._lock:
             self._drain(wait=False, max_rows=self.PIECE_ROWS)
             head = self._stream[0] if self._stream else None
-            if not isinstance(head, StepRec) or head.seg.state != "flight":
+            if type(head) is not tuple or head[0].state != "flight":  # no raw step in flight
                 return None
-            return Drainer.PIECE_PAUSE_S if head.seg.ready else Drainer.POLL_S
+            return Drainer.PIECE_PAUSE_S if head[0].ready else Drainer.POLL_S
 
     def _join_failed(self, exc: BaseException) -> None:
         # session.fail may raise (strict mode): the runner's thread calls it at the next step.
         self._join_error = exc
-
-    def output_ids(self, req_id: str) -> list[int]:
-        """``req_id``'s emitted ids so far (joined steps only), as a list."""
-        with self._lock:
-            return self._out.ids(self._ids.get(req_id, -1))
-
-    @property
-    def outputs(self) -> dict[str, list[int]]:
-        """Request id -> emitted ids so far (built on each access; for inspection)."""
-        with self._lock:
-            return self._out.by_name(self._names)
-
-    # -- requests ------------------------------------------------------------------------
-
-    def add_request(self, req_id: str, prompt_ids, sampling_params) -> None:
-        """Register a new request (prompt ids, sampling parameters); while the background
-        joiner runs, queued in order with the staged steps (it writes the session)."""
-        if is_warmup(req_id):
-            return
-        if self.drainer is not None:
-            self._stream.append(("add", req_id, list(prompt_ids or []), sampling_params))
-        else:
-            self._register(req_id, prompt_ids, sampling_params)
-
-    def _register(self, req_id: str, prompt_ids, sampling_params) -> None:
-        self.requests[req_id] = (len(prompt_ids or []), sampling_params)
-        self.session.see_request(req_id, prompt_ids, sampling_params)
-
-    def finish(self, req_id: str, final: bool = True) -> None:
-        """Record a finished (``final``) or still running request's trimmed output now (its
-        staged steps must have been joined: :meth:`drain`); its open proposal is written
-        unverified."""
-        self._hand_over(req_id)
-        if is_warmup(req_id) or req_id not in self.requests:
-            return
-        prompt_len, params = self.requests.pop(req_id) if final else self.requests[req_id]
-        ids, reason = trim_output(self.output_ids(req_id), params, prompt_len, self.max_model_len)
-        if final:  # its steps are all joined (finishes are queued after them): free its ids
-            self._out.forget(self._ids.get(req_id, -1))
-        self.session.finish_request(req_id, ids, reason or ("abort" if final else "unfinished"))
-
-    def finish_later(self, req_id: str) -> None:
-        """``req_id`` finished: record it once the steps staged so far are joined (at once
-        on a CPU device with nothing pending; never waits)."""
-        if self._stream or self._device_ring():
-            self._stream.append(("finish", req_id, True))
-        else:
-            self.finish(req_id, final=True)
-
-    def drop_later(self, req_id: str) -> None:
-        """``req_id`` was preempted: its open proposal is written unverified, in order after
-        the steps staged so far (never waits)."""
-        if self._stream or self._device_ring():
-            self._stream.append(("drop", req_id, None))
-        else:
-            self._hand_over(req_id)
-            self.session.joiner.drop(req_id)
-
-    def _device_ring(self) -> bool:
-        # On CUDA, finishes go through the stream too: a synthetic row, not a row-wise write.
-        return bool(self._ring_key and self._ring_key[2])
 
     def finalize_requests(self) -> None:
         """Session close hook: stop the background joiner, drain, then record the requests
