@@ -221,7 +221,7 @@ class Trace:
             why = f"engine, method, k: {sorted(engines, key=str)}"
         elif len(ranks) != len(set(ranks)):
             why = f"data-parallel ranks {sorted(ranks)}: a rank appears twice"
-        elif len(self.metas) > 1:  # one run's ranks serve distinct requests
+        elif len(ranks) < len(self.metas) > 1:  # a file without a rank: its requests tell
             why = shared_request(self.paths, self._files)
         if why is not None:
             self.close()

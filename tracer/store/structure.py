@@ -173,10 +173,9 @@ def _plain(value: object) -> object:
 
 
 def shared_request(paths: list, files: list[h5py.File]) -> str | None:
-    """Why files given as one trace cannot be ranks of one run: a request id held by two of
-    them (a run's ranks serve distinct requests; a copy of one file holds every request
-    twice, and two runs given distinct ``dp_rank`` items share the benchmark's ids), or
-    None. Reads each file's ``requests/req_id``."""
+    """Why files given as one trace cannot be ranks of one run when some carry no rank: a
+    request id held by two of them (a run's ranks serve distinct requests; a copy of one file
+    holds every request twice), or None. Reads each file's ``requests/req_id``."""
     seen: dict[bytes, str] = {}
     for path, f in zip(paths, files):
         ids = set(f["requests"]["req_id"][:].tolist())
