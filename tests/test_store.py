@@ -241,6 +241,23 @@ def test_bulk_rows_wait_for_the_flush_thread_and_keep_their_order(tmp_path):
     assert open_trace(tmp_path / "b.h5").blocks.position.tolist() == list(range(7))
 
 
+def test_bulk_rows_of_different_widths_kept_together_read_back_padded(tmp_path):
+    """Kept rows of a 1-slot and a 3-slot call are appended in one go: the narrow row reads
+    back -1 padded (margins NaN), as when each call was appended to a widened dataset."""
+    w = TraceWriter(tmp_path / "w.h5", {"k": 3}, flush_interval=3600)
+    w.request("r")
+    w.add_blocks({"request": np.zeros(1, np.int32), "position": [0], "k": [1],
+                  "proposed": [[5]], "draft_margin": [[0.5]]})  # fmt: skip
+    w.add_blocks({"request": np.zeros(1, np.int32), "position": [2], "k": [3],
+                  "proposed": [[6, 7, 8]], "draft_margin": [[1.0, 2.0, 3.0]]})  # fmt: skip
+    w.close()
+    b = open_trace(tmp_path / "w.h5").blocks
+    assert b.proposed.tolist() == [[5, -1, -1], [6, 7, 8]]
+    assert b.draft_margin[0, 0] == 0.5 and np.isnan(b.draft_margin[0, 1:]).all()
+    assert b.draft_margin[1].tolist() == [1.0, 2.0, 3.0]
+    assert b.verified.tolist() == [[-1, -1, -1], [-1, -1, -1]]
+
+
 def test_bulk_rows_without_a_flush_thread_are_written_at_once(tmp_path):
     """The twin: flush_interval=0 (no thread to flush later) appends and syncs per call."""
     w = TraceWriter(tmp_path / "b.h5", {"k": 1}, flush_interval=0)

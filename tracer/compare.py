@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .parallel import bounds, chunks, each_chunk
+from .parallel import bounds, chunks, each_chunk, row_order
 from .schema import pad_to
 
 #: Divergence position meaning "the sequences agree on their common length".
@@ -411,10 +411,7 @@ class StreamedComparison:
 
     def __init__(self, pa, rows_b, ka, kb, anchors: tuple, wb: int) -> None:
         self._pa, self._anchors, self._rows_b = pa, anchors, rows_b
-        order = np.argsort(rows_b, kind="stable")
-        self._order = order.astype(np.int32) if len(order) < np.iinfo(np.int32).max else order
-        del order
-        self._sorted = np.asarray(rows_b)[self._order]
+        self._order, self._sorted = row_order(rows_b)
         self._acc = Accumulator(len(rows_b), max(pa.shape[1], wb), lengths(ka), lengths(kb))
 
     def take(self, c: slice, chunk: np.ndarray) -> None:

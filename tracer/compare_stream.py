@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .compare import Accumulator, PairedComparison, lengths
-from .parallel import bounds
+from .parallel import bounds, row_order
 
 
 class _Held:
@@ -71,10 +71,9 @@ class PairedStreams:
         self._order: list[np.ndarray] = []
         self._sorted: list[np.ndarray] = []
         for rows in (ia, ib):
-            order = np.argsort(rows, kind="stable")
-            order = order.astype(np.int32) if len(order) < np.iinfo(np.int32).max else order
+            order, srt = row_order(rows)
             self._order.append(order)
-            self._sorted.append(np.asarray(rows)[order])
+            self._sorted.append(srt)
         self._seen = [0, 0]  # rows taken so far per side (chunks come in row order)
         self._held = [_Held(widths[0]), _Held(widths[1])]
         self._acc = Accumulator(len(ia), max(widths), lengths(ka), lengths(kb))

@@ -56,3 +56,14 @@ def bounds(c: slice, sorted_rows: np.ndarray) -> np.ndarray:
     """``[c.start, c.stop]`` in the dtype of ``sorted_rows``, as needles of a search in it
     (a list would be int64: ``np.searchsorted`` would cast the whole int32 array per call)."""
     return np.array([c.start, c.stop], dtype=sorted_rows.dtype)
+
+
+def row_order(rows) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, sorted_rows)`` of block rows ``rows`` (int [n], any order, repeats
+    allowed): the stable argsort, int32 below 2**31 - 1 rows (half the memory of the
+    kernel's int64), and ``rows[order]``; a streaming pass finds the rows of each chunk in
+    ``sorted_rows`` with :func:`bounds`."""
+    order = np.argsort(rows, kind="stable")
+    if len(order) < np.iinfo(np.int32).max:
+        order = order.astype(np.int32)
+    return order, np.asarray(rows)[order]

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .parallel import bounds
+from .parallel import bounds, row_order
 from .store import Trace
 
 #: Rows per chunk of a streaming pass: 8 MB per int32 [n, 8] matrix, aligned to the store's
@@ -106,10 +106,7 @@ class Gather:
     """
 
     def __init__(self, idx: np.ndarray, w: int | None, dtype, fill) -> None:
-        order = np.argsort(idx, kind="stable")
-        self._order = order.astype(np.int32) if len(order) < np.iinfo(np.int32).max else order
-        del order
-        self._sorted = np.asarray(idx)[self._order]
+        self._order, self._sorted = row_order(idx)
         self.out = np.full((len(idx),) if w is None else (len(idx), w), fill, dtype)
 
     def take(self, c: slice, chunk: np.ndarray) -> None:

@@ -117,16 +117,23 @@ class VaryingRunner(Runner):
         return SimpleNamespace(req_ids=list(b.req_ids), sampled_token_ids=sampled)
 
 
+def _batch_sizes(monkeypatch) -> list[int]:
+    """Steps per same-batch ``ClosedStep.batch`` call, appended as they are made (the
+    columns made at close: FLUSH_S is an hour)."""
+    from spectrace.hooks.vllm.v1_join import ClosedStep
+
+    monkeypatch.setattr(ColumnWriter, "FLUSH_S", 3600.0)
+    sizes: list[int] = []
+    batch = ClosedStep.batch
+    monkeypatch.setattr(ClosedStep, "batch", lambda steps: sizes.append(len(steps)) or batch(steps))
+    return sizes
+
+
 def test_steps_handed_over_together_equal_the_hand_derived_blocks(tmp_path, monkeypatch):
     """Three same-batch steps closed on the fast path are made into columns in one batch
     (at close: FLUSH_S is an hour) with emitted widths that differ per step; the values are
     the per-block ones derived by hand, the not-a-prefix verification is counted."""
-    from spectrace.hooks.vllm.v1_join import ClosedStep
-
-    monkeypatch.setattr(ColumnWriter, "FLUSH_S", 3600.0)
-    sizes = []
-    batch = ClosedStep.batch
-    monkeypatch.setattr(ClosedStep, "batch", lambda steps: sizes.append(len(steps)) or batch(steps))
+    sizes = _batch_sizes(monkeypatch)
     r = VaryingRunner()
     rec = V1Recorder(r, tmp_path / "t.h5", {"k": 2})
     for _ in range(4):
@@ -159,12 +166,7 @@ def test_a_block_open_outside_the_batch_keeps_the_same_batch_path(tmp_path, monk
     removal call is still to come), stays open beside the same-batch steps: they still
     close whole (one batch of 3 steps at close), and every block, z's too, is the one
     derived by hand (the same steps without z: test_step_join_mixed_with_row_drops)."""
-    from spectrace.hooks.vllm.v1_join import ClosedStep
-
-    monkeypatch.setattr(ColumnWriter, "FLUSH_S", 3600.0)
-    sizes = []
-    batch = ClosedStep.batch
-    monkeypatch.setattr(ClosedStep, "batch", lambda steps: sizes.append(len(steps)) or batch(steps))
+    sizes = _batch_sizes(monkeypatch)
     r = Runner()
     rec = V1Recorder(r, tmp_path / "t.h5", {"k": 2})
     rec.joiner.propose("z", 0, 5, 9, [7, 8])

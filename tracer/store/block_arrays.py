@@ -38,6 +38,22 @@ def block_arrays(columns: dict, copy: bool) -> tuple[int, dict[str, np.ndarray]]
     return n, arrays
 
 
+def concat_blocks(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """:func:`block_arrays` results as one set of rows, in order (so that a flush appends
+    each column once, not once per part): matrices padded with their column's fill to the
+    widest part, as the narrower rows read back from a widened dataset."""
+    if len(parts) == 1:
+        return parts[0]
+    out = {}
+    for c in schema.BLOCK_COLUMNS:
+        cols = [p[c.name] for p in parts]
+        if c.width is not None:
+            w = max(x.shape[1] for x in cols)
+            cols = [schema.pad_to(x, w, c.fill) for x in cols]
+        out[c.name] = np.concatenate(cols)
+    return out
+
+
 def derived(g, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The writer-computed block columns of rows about to be appended to ``g`` (column
     name -> dataset).

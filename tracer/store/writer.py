@@ -25,7 +25,7 @@ import numpy as np
 from .. import schema
 from ..errors import InputError
 from .amend import amend_meta as amend_meta  # re-exported: callers of the writer
-from .block_arrays import append_rows, block_arrays, derived
+from .block_arrays import append_rows, block_arrays, concat_blocks, derived
 from .live import announce
 from .paths import final_path, partial_path
 from .vlen import REQUEST_FIELDS, finished_runs, row_runs, write_request_rows
@@ -339,8 +339,7 @@ class TraceWriter:
         wrote = False
         if self._block_parts:  # kept by add_blocks; always older than the row-wise rows
             parts, self._block_parts, self._parts_rows = self._block_parts, [], 0
-            for arrays in parts:
-                self._append_blocks(arrays)
+            self._append_blocks(concat_blocks(parts))
             wrote = True
         if self._blocks["request"]:
             self._flush_table("blocks", schema.BLOCK_COLUMNS, self._blocks)
