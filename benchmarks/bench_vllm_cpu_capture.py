@@ -13,10 +13,11 @@ Two modes, both printing the ratio with its spread; asserts nothing.
   stops). Prints per round each side's wall and process CPU time (all threads) and the load;
   then the on/off ratios per round (median, min, max) and the ratio of each side's fastest
   generate (the least disturbed by other processes: on a loaded machine single generates
-  stall for seconds). ``--breakdown`` adds the thread CPU time per generate of each part:
+  stall for seconds), with the 95% bootstrap interval of each median ratio. ``--breakdown`` adds the thread CPU time per generate of each part:
   the recorder and the scheduler's counting (engine thread), the drafter's
   ``_greedy_sample`` (vLLM's own logits + argmax, plus the margins when on) and the
-  margins alone, the writer's column thread and its 1 s flush thread.
+  margins alone, the writer's column thread and its 1 s flush thread, and the garbage
+  collector's passes on any thread.
 * ``recorder``: the V1 recorder alone (:class:`~spectrace.hooks.vllm.v1.V1Recorder`) on a
   fake runner with the real attribute layout (B rows, k drafts, one step per call), so its
   per-step CPU time (``time.process_time``: all threads, robust to a loaded machine) can be
@@ -52,6 +53,16 @@ def _spread(xs: list[float], unit: str = "") -> str:
         f"median {statistics.median(xs):.4f}{unit}  min {min(xs):.4f}{unit}  "
         f"max {max(xs):.4f}{unit}  (n={len(xs)})"
     )
+
+
+def _median_interval(xs: list[float], resamples: int = 10_000) -> str:
+    """The 95% bootstrap interval of the median of ``xs`` (per-round ratios): how far the
+    median itself may be off on this machine, so that a share under a goal is read as met
+    only when the whole interval is."""
+    rng = np.random.default_rng(0)
+    meds = np.median(rng.choice(np.asarray(xs), (resamples, len(xs))), axis=1)
+    lo, hi = np.percentile(meds, [2.5, 97.5])
+    return f"median 95% interval {lo:.4f}-{hi:.4f}"
 
 
 class FakeRunner:
@@ -164,6 +175,26 @@ class Timers:
         return out
 
 
+def _time_gc(t: Timers) -> None:
+    """Count the cyclic garbage collector's passes (any thread) under their own label: the
+    capture's Python objects can make vLLM's threads collect more often, a cost no wrapped
+    part shows."""
+    import gc
+
+    start = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            start[0] = time.thread_time()
+        else:
+            ms = 1e3 * (time.thread_time() - start[0])
+            t.ms["garbage collector (any thread)"] = (
+                t.ms.get("garbage collector (any thread)", 0.0) + ms
+            )
+
+    gc.callbacks.append(on_gc)
+
+
 def _install_timers(t: Timers) -> None:
     """Wrap the capture's parts (before vLLM builds the runner, so the margins wrapper
     installed on its drafter is timed too)."""
@@ -182,6 +213,7 @@ def _install_timers(t: Timers) -> None:
         t.wrap(margins.MarginTap, "host_top2", "drafter margins alone (per depth)")
     if hasattr(margins.MarginTap, "_resolve"):  # the kept logits reduced after the step
         t.wrap(margins.MarginTap, "_resolve", "drafter margins alone (per depth)")
+    _time_gc(t)
     install = v1.install_margins
 
     def install_timed(drafter):
@@ -288,7 +320,7 @@ def _report(a: argparse.Namespace, res: dict[str, list], loads: list[float]) -> 
             # sides' fastest generates is the least disturbed figure
             best = min(x[k] for x in res[name]) / min(y[k] for y in off)
             print(f"{name}/off {what:4s}: per round {_spread(ratios)}; fastest/fastest "
-                  f"{best:.4f}")  # fmt: skip
+                  f"{best:.4f}; {_median_interval(ratios)}")  # fmt: skip
     if not a.breakdown:
         return
     print("per generate, thread CPU ms (median over rounds; share of the off side's CPU):")
