@@ -255,6 +255,33 @@ def test_by_request_rows_by_hand(capsys, pair, tmp_path):
     assert "per request (matched pairs)" in text and "b / B" in text and "66.7%" in text
 
 
+def test_by_request_reuses_the_diffs_comparison_and_agrees_without_it(pair, monkeypatch):
+    """The table reads the diff's own comparison (no second pass over the matrices); a
+    result without one (rebuilt from JSON) compares again and gives the same rows."""
+    from spectrace.tracer import request_table
+    from spectrace.tracer.align import align
+    from spectrace.tracer.diff import diff_traces, open_pair
+
+    al = align(*open_pair(*pair))
+    r = diff_traces(al)
+    assert r.paired is not None and len(r.paired.ka) == 7  # the 7 paired blocks above
+
+    def no_second_pass(_al):
+        raise AssertionError("compared twice")
+
+    with monkeypatch.context() as m:
+        m.setattr(request_table, "compare_alignment", no_second_pass)
+        reused = request_table.request_rows(al, r)
+    r.paired = None
+    again = request_table.request_rows(al, r)
+    assert reused == again
+    assert [(x.paired_blocks, x.exact_matches, x.first_divergent_slot) for x in again] == [
+        (5, 5, None),
+        (2, 0, 2),
+    ]
+    assert (again[1].ours, again[1].theirs) == ([10, 11, 999], [10, 11, 12])
+
+
 def test_examples_zero_lists_every_divergent_block(capsys, pair):
     one = json.loads(run_cli(capsys, "diff", *pair, "--format", "json", "--examples", "1")[1])
     every = json.loads(run_cli(capsys, "diff", *pair, "--format", "json", "--examples", "0")[1])

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .parallel import bounds, chunks, each_chunk, row_order
+from .parallel import chunks, each_chunk
 from .schema import pad_to
 
 #: Divergence position meaning "the sequences agree on their common length".
@@ -375,7 +375,8 @@ def compare_paired(
             [blocks_a] / [blocks_b] anchor ids (-1 unknown).
     Returns:
         A :class:`PairedComparison` (its ``eq`` is [P, w] in Fortran order, w = max(wa, wb)).
-        For theirs' matrix streamed rather than held, see :class:`StreamedComparison`.
+        For both matrices streamed rather than held, see
+        :class:`~spectrace.tracer.compare_stream.PairedStreams`.
     """
     w = max(prop_a.shape[1], prop_b.shape[1])  # 0 only for two empty traces (P = 0)
     n = len(k_a) if ia is None else len(ia)
@@ -391,42 +392,6 @@ def compare_paired(
 
     acc.counts = sum(each_chunk(n, part), acc.counts)
     return acc.result(anchor_a, anchor_b, ia, ib)
-
-
-class StreamedComparison:
-    """:func:`compare_paired` with theirs' proposal matrix streamed, not held: ours' paired
-    rows are given, and theirs' rows arrive chunk by chunk (:meth:`take`, e.g. from the
-    sweep of theirs' id matrices, :func:`~spectrace.tracer.findings.sweep.sweep`); each
-    chunk compares the paired blocks whose rows it holds. The result is
-    :func:`compare_paired`'s, value for value (counts are sums, the rest per block).
-
-    Args:
-        pa: int32 [P, wa] ours' paired proposals in pair order (-1 padded).
-        rows_b: int [P] theirs' block row of each paired block (``al.ib``).
-        ka, kb: int [P] the paired proposal lengths (tokens).
-        anchors: ``(anchor_a, anchor_b, rows_a)``: both sides' anchor columns (int [blocks]
-            each, -1 unknown) and ours' paired rows (``al.ia``), read at :meth:`result`.
-        wb: slots of theirs' matrix.
-    """
-
-    def __init__(self, pa, rows_b, ka, kb, anchors: tuple, wb: int) -> None:
-        self._pa, self._anchors, self._rows_b = pa, anchors, rows_b
-        self._order, self._sorted = row_order(rows_b)
-        self._acc = Accumulator(len(rows_b), max(pa.shape[1], wb), lengths(ka), lengths(kb))
-
-    def take(self, c: slice, chunk: np.ndarray) -> None:
-        """Compare the paired blocks whose theirs' row lies in ``c`` (``chunk``: theirs'
-        ``proposed[c]``)."""
-        lo, hi = np.searchsorted(self._sorted, bounds(c, self._sorted))
-        if lo < hi:
-            x = self._order[lo:hi]
-            self._acc.counts += self._acc.fill(x, self._pa[x], chunk[self._sorted[lo:hi] - c.start])
-
-    def result(self) -> PairedComparison:
-        """The comparison, once every row of theirs was taken (ours' rows are let go)."""
-        self._pa = self._order = self._sorted = np.zeros((0, 0), np.int32)
-        anchor_a, anchor_b, rows_a = self._anchors
-        return self._acc.result(anchor_a, anchor_b, rows_a, self._rows_b)
 
 
 def lengths(k: np.ndarray) -> np.ndarray:

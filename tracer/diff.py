@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .align import Alignment
-from .compare import NO_DIVERGENCE, PairedComparison, StreamedComparison, count_anchors_known
+from .compare import NO_DIVERGENCE, PairedComparison, count_anchors_known
 from .compare_stream import PairedStreams
 from .diff_result import (
     SCHEMA,
@@ -31,7 +31,7 @@ from .diff_result import (
 )
 from .findings import Finding, TraceData, detect_pair
 from .findings.pair import content_only
-from .findings.sweep import sweep, sweep_pair
+from .findings.sweep import sweep_pair
 from .findings.values import impossible_rows
 from .index import checked_counts, sequence_index
 from .metrics import Acceptance, acceptance_counts, recompute_accepted
@@ -102,22 +102,17 @@ def nothing_compared(al: Alignment) -> str:
 
 def compare_alignment(al: Alignment) -> PairedComparison:
     """The kernel's comparison of ``al``'s paired blocks (see
-    :func:`~spectrace.tracer.compare.compare_paired`): our paired rows, kept by our sweep
-    (:func:`~spectrace.tracer.findings.sweep.sweep`: the id matrices are streamed), against
-    theirs as their sweep streams them (a pass of its own when theirs was swept before)."""
-    streamed = _streamed(al)
-    sweep(al.b, consumer=streamed)
-    return streamed.result()
-
-
-def _streamed(al: Alignment) -> StreamedComparison:
-    """The comparison of ``al``'s paired blocks, fed with theirs' chunks (see
-    :class:`~spectrace.tracer.compare.StreamedComparison`)."""
-    a, b, ia, ib = al.a.blocks, al.b.blocks, al.ia, al.ib
-    pa = sweep(al.a, ia).paired
-    assert pa is not None
-    wb = width(al.b, "proposed")
-    return StreamedComparison(pa, ib, a.k[ia], b.k[ib], (a.anchor, b.anchor, ia), wb)
+    :func:`~spectrace.tracer.compare.compare_paired`), both sides' proposal matrices
+    streamed (:class:`~spectrace.tracer.compare_stream.PairedStreams`; a side swept before
+    is streamed for it alone). A diff's own comparison is :attr:`DiffResult.paired`; this
+    is for an alignment diffed elsewhere."""
+    a, b = al.a, al.b
+    ka, kb = a.blocks.k[al.ia], b.blocks.k[al.ib]
+    widths = (width(a, "proposed"), width(b, "proposed"))
+    streams = PairedStreams(al.ia, al.ib, ka, kb, (a.blocks.anchor, b.blocks.anchor), widths)
+    del ka, kb
+    sweep_pair(a, b, (streams.side(0), streams.side(1)))
+    return streams.result()
 
 
 def _prepare(al: Alignment) -> tuple[TraceData, TraceData, PairedComparison]:
@@ -128,12 +123,8 @@ def _prepare(al: Alignment) -> tuple[TraceData, TraceData, PairedComparison]:
     that neither side's paired rows are held ([P, w] int32 each)."""
     a, b = al.a, al.b
     in_parallel([lambda: sequence_index(a), lambda: sequence_index(b)])
-    ka, kb = a.blocks.k[al.ia], b.blocks.k[al.ib]
-    widths = (width(a, "proposed"), width(b, "proposed"))
-    streams = PairedStreams(al.ia, al.ib, ka, kb, (a.blocks.anchor, b.blocks.anchor), widths)
-    del ka, kb
-    sweep_pair(a, b, (streams.side(0), streams.side(1)))
-    return TraceData.build(a, "ours"), TraceData.build(b, "theirs"), streams.result()
+    pc = compare_alignment(al)
+    return TraceData.build(a, "ours"), TraceData.build(b, "theirs"), pc
 
 
 def diff_traces(
@@ -181,6 +172,7 @@ def diff_traces(
         content_divergence=_content(al),
         examples=ex,
         bad=bad,
+        paired=pc,
     )
 
 

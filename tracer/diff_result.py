@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 import numpy as np
 
+from .compare import PairedComparison
 from .findings.model import Finding
 from .metrics import CONVENTIONS, Acceptance, Count, Rate
 from .typed_json import Constraint, from_json, to_json
@@ -338,6 +339,9 @@ class DiffResult:
     #: bool [P]: paired block whose anchor or proposal differs (not in the JSON; None in a
     #: result rebuilt by :meth:`from_json`).
     bad: np.ndarray | None = field(default=None, metadata={"json": False})
+    #: The kernel's comparison of the paired blocks (:func:`~.diff.diff_traces`'; not in the
+    #: JSON; None in a result rebuilt by :meth:`from_json`): ``--by-request`` reads it.
+    paired: PairedComparison | None = field(default=None, metadata={"json": False})
 
     def to_json(self) -> dict:
         """The ``spectrace.diff/1`` document (JSON-serialisable)."""

@@ -14,9 +14,9 @@ from .compare import NO_DIVERGENCE
 from .diff import compare_alignment
 from .diff_result import DiffResult, RequestRow
 from .findings.model import tok
-from .findings.sweep import sweep
 from .index import checked_counts
 from .metrics import acceptance_counts
+from .rows import gather
 from .store import Trace
 from .tokens import Decoder
 
@@ -43,7 +43,8 @@ def request_rows(al: Alignment, r: DiffResult, decoder: Decoder | None = None) -
         where a side verified nothing).
     """
     m = al.pairs
-    pc = compare_alignment(al)
+    pc = r.paired if r.paired is not None and len(r.paired.ka) == len(al.ia) else None
+    pc = pc if pc is not None else compare_alignment(al)
     pair = al.pair_of_block_a[al.ia].astype(np.int64)
     paired = np.bincount(pair, minlength=m)
     exact = np.bincount(pair, weights=pc.blocks.exact, minlength=m).astype(np.int64)
@@ -52,14 +53,16 @@ def request_rows(al: Alignment, r: DiffResult, decoder: Decoder | None = None) -
     rates_a = _rates(al.a, al.pair_of_block_a, al.comparable_a, m)
     rates_b = _rates(al.b, al.pair_of_block_b, al.comparable_b, m)
     errors = [f for f in r.findings if f.severity == "error" and f.request is not None]
-    pa, pb = sweep(al.a, al.ia).paired, sweep(al.b, al.ib).paired
-    assert pa is not None and pb is not None
+    # The proposals of each pair's first divergent block only (a few rows, not [P, w]).
+    xs = np.array([div[first_div[p]] for p in range(m) if p in first_div], np.int64)
+    got_a, got_b = gather(al.a, "proposed", al.ia[xs]), gather(al.b, "proposed", al.ib[xs])
+    at = {int(x): e for e, x in enumerate(xs.tolist())}
     rows = []
     for p in range(m):
         ida, idb = al.a.requests.req_id[al.req_a[p]], al.b.requests.req_id[al.req_b[p]]
         first = next((f.kind for f in errors if f.request in (ida, idb)), None)
         d = int(al.divergence[p])
-        x = div[first_div[p]] if p in first_div else None
+        x = int(div[first_div[p]]) if p in first_div else None
         i = int(al.ia[x]) if x is not None else -1
         slot = int(pc.blocks.first_slot[x]) if x is not None else -1
         rows.append(
@@ -72,8 +75,8 @@ def request_rows(al: Alignment, r: DiffResult, decoder: Decoder | None = None) -
                 content_divergence=None if d == NO_DIVERGENCE else d,
                 first_divergent_position=None if x is None else int(al.a.blocks.position[i]),
                 first_divergent_slot=slot if slot >= 0 else None,
-                ours=[] if x is None else tok(decoder, pa[x, : pc.ka[x]]),
-                theirs=[] if x is None else tok(decoder, pb[x, : pc.kb[x]]),
+                ours=[] if x is None else tok(decoder, got_a[at[x], : pc.ka[x]]),
+                theirs=[] if x is None else tok(decoder, got_b[at[x], : pc.kb[x]]),
                 first_error=first,
                 acceptance_ours=rates_a[p],
                 acceptance_theirs=rates_b[p],

@@ -4,7 +4,6 @@ import numpy as np
 
 from spectrace.tracer.compare import (
     NO_DIVERGENCE,
-    StreamedComparison,
     anchors_known,
     comparable,
     comparable_limit,
@@ -167,24 +166,6 @@ def test_compare_paired_of_nothing():
     got = compare_paired(empty, empty, none, none, none, none, none, none)
     assert got.blocks.eq.shape == (0, 4) and got.counts.present.tolist() == [0, 0, 0, 0]
     assert got.counts.shift_plus.tolist() == [0, 0, 0]
-
-
-def test_streamed_comparison_gives_compare_paireds_values_by_hand():
-    # Theirs stored in another order with an unpaired row, fed in chunks of 2 rows out of
-    # pair order: the values are the hand-derived ones of the kernel's test above.
-    store_b = np.array([2, 0, 3, 1])  # theirs' row r holds pair store_b[r]
-    prop_b = np.vstack([PB[store_b], [[7, 7, 7]]]).astype(np.int32)
-    ib = np.argsort(store_b)  # pair x lies at theirs' row ib[x]
-    anchor_a, anchor_b = np.array([10, -1, 7, 3]), np.array([10, 5, 8, 3])[store_b]
-    s = StreamedComparison(PA, ib, KA, KB, (anchor_a, anchor_b, np.arange(4)), 3)
-    for lo in (4, 2, 0):  # any chunk order
-        s.take(slice(lo, min(lo + 2, 5)), prop_b[lo : lo + 2])
-    got = s.result()
-    n = got.counts
-    assert got.ka.dtype == np.int16 and got.ka.tolist() == [3, 4, 2, 2]
-    assert got.kb.tolist() == [3, 3, 1, 2]
-    _assert_hand_values(got)
-    assert n.shift_plus.tolist() == [1, 0, 0] and n.shift_minus.tolist() == [1, 0, 0]
 
 
 def test_count_anchors_known_counts_rows_with_both_anchors():

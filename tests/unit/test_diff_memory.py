@@ -12,26 +12,25 @@ import numpy as np
 from spectrace.tracer.align import align
 from spectrace.tracer.diff import diff_traces, open_pair
 from spectrace.tracer.findings.data import TraceData, paired_row
-from spectrace.tracer.findings.sweep import release_paired, sweep
+from spectrace.tracer.findings.sweep import sweep
 from spectrace.tracer.index import sequence_index
 from spectrace.tracer.store import open_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
 
 
-def test_released_paired_rows_are_gathered_again_with_the_same_values():
+def test_paired_rows_kept_or_read_from_the_store_have_the_same_values():
     whole = open_trace(TRACES / "reference.h5").blocks.proposed  # 139 x 4 (traces/README.md)
     t = open_trace(TRACES / "reference.h5")
     rows = np.array([5, 0, 138, 5, 71])
-    first = sweep(t, rows).paired.copy()
+    kept = sweep(t, rows).paired.copy()
     td = TraceData.build(t, "ours", rows)
     assert paired_row(td, rows, 2).tolist() == whole[138].tolist()  # from the kept rows
-    release_paired(t)
-    assert sweep(t).paired is None
-    assert paired_row(td, rows, 3).tolist() == whole[5].tolist()  # one row from the store
-    again = sweep(t, rows).paired
-    assert np.array_equal(again, whole[rows]) and np.array_equal(again, first)
-    assert t.blocks.loaded("proposed") is None  # never loaded whole
+    assert np.array_equal(kept, whole[rows])
+    bare = open_trace(TRACES / "reference.h5")
+    assert sweep(bare).paired is None  # no rows asked for: none kept
+    assert paired_row(TraceData.build(bare, "ours"), rows, 3).tolist() == whole[5].tolist()
+    assert bare.blocks.loaded("proposed") is None  # one row from the store, never the whole
 
 
 def _mismatching_copy(tmp_path: Path) -> Path:

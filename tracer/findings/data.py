@@ -296,8 +296,8 @@ def paired_proposals(td: TraceData, rows: np.ndarray) -> np.ndarray:
 
 def paired_row(td: TraceData, rows: np.ndarray, x: int) -> np.ndarray:
     """int32 [w] the proposal of block row ``rows[x]``: from the rows the side's sweep keeps
-    when it keeps ``rows``, else one row read from the store (the same values; the paired
-    rows are dropped after the comparison, see :func:`~.sweep.release_paired`)."""
+    when it keeps ``rows``, else one row read from the store (the same values; a diff's
+    comparison streams both matrices and keeps no paired rows)."""
     sw = td.t.cache.get("sweep")
     if sw is not None and sw.paired is not None and sw.rows is rows:
         return sw.paired[x]

@@ -84,7 +84,7 @@ def sweep(
     Args:
         paired_rows: int [P] block rows whose proposals to keep (a diff's ``ia`` / ``ib``).
         consumer: is given every chunk of ``proposed`` (``consumer.take(rows, chunk)``; a
-            diff's :class:`~spectrace.tracer.compare.StreamedComparison`): in this sweep's
+            diff's :class:`~spectrace.tracer.compare_stream.PairedStreams` side): in this sweep's
             pass, or in a pass of its own when the sweep was memoised before.
     Raises:
         TraceFormatError: a damaged chunk of either matrix.
@@ -99,16 +99,6 @@ def sweep(
     ):
         sw.paired, sw.rows = gather(t, "proposed", paired_rows), paired_rows
     return sw
-
-
-def release_paired(t: Trace) -> None:
-    """Drop the paired rows the sweep of ``t`` kept (a diff's ``ia`` / ``ib``: [P, w] int32,
-    the largest arrays of a diff) once the comparison kernel has consumed them; a later
-    :func:`sweep` with rows gathers them again in a pass of its own (only the detectors that
-    look at the ids of many paired blocks do, and only when their gates pass)."""
-    sw = t.cache.get("sweep")
-    if sw is not None:
-        sw.paired = sw.rows = None
 
 
 def sweep_pair(ta: Trace, tb: Trace, consumers: tuple[Consumer, Consumer]) -> None:
