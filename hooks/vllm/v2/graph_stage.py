@@ -39,10 +39,11 @@ import struct
 import time
 
 from .row_layout import DESC_FIELDS
-from .stage import InputLayouts, input_ptrs
+from .stage import InputLayouts
 
 _PACK = struct.Struct(f"<{len(DESC_FIELDS)}q")  # one descriptor, as the kernel reads it
 _SIZE = _PACK.size
+_data_ptr = None  # torch.Tensor.data_ptr, bound at the first GraphStage (torch on first use)
 
 
 class GraphStage:
@@ -69,6 +70,8 @@ class GraphStage:
     def __init__(self, device) -> None:
         import torch
 
+        global _data_ptr
+        _data_ptr = torch.Tensor.data_ptr
         self.device = device
         # Bound once: torch.cuda.is_current_stream_capturing only calls this C function.
         self.capturing = getattr(
@@ -149,7 +152,7 @@ class GraphStage:
             out_ptr,
             out_stride,
             row0,
-            *input_ptrs(inputs),
+            *map(_data_ptr, inputs),  # input_ptrs, inlined: no Python call, no tuple
             *lay,
         )
         self.call_desc = True
