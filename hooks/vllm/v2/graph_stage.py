@@ -43,7 +43,6 @@ from .stage import InputLayouts
 
 _PACK = struct.Struct(f"<{len(DESC_FIELDS)}q")  # one descriptor, as the kernel reads it
 _SIZE = _PACK.size
-_data_ptr = None  # torch.Tensor.data_ptr, bound at the first GraphStage (torch on first use)
 
 
 class GraphStage:
@@ -70,8 +69,6 @@ class GraphStage:
     def __init__(self, device) -> None:
         import torch
 
-        global _data_ptr
-        _data_ptr = torch.Tensor.data_ptr
         self.device = device
         # Bound once: torch.cuda.is_current_stream_capturing only calls this C function.
         self.capturing = getattr(
@@ -144,6 +141,7 @@ class GraphStage:
             self._wait_room(h)
         self._room -= 1
         self.seq = h + 1
+        ns, nr, idx, qsl, pos, last, nxt = inputs  # .stage.input_ptrs, inlined: no call
         _PACK.pack_into(
             self._buf,
             (h % self.SLOTS) * _SIZE,
@@ -152,7 +150,13 @@ class GraphStage:
             out_ptr,
             out_stride,
             row0,
-            *map(_data_ptr, inputs),  # input_ptrs, inlined: no Python call, no tuple
+            ns.data_ptr(),
+            nr.data_ptr(),
+            idx.data_ptr(),
+            qsl.data_ptr(),
+            pos.data_ptr(),
+            last.data_ptr(),
+            nxt.data_ptr(),
             *lay,
         )
         self.call_desc = True
