@@ -642,16 +642,18 @@ def _timed_tap(runner: Runner, session, mode: str, args):
     inner = [runner.propose]  # the hooked propose in mode capture, once the tap exists
     cpu_ns = time.thread_time_ns if args.profile else None
 
+    perf = time.perf_counter  # bound once: the wrappers' own time is counted as the tap's
+
     @functools.wraps(runner.propose)  # the signature the tap resolves
     def timed_inner(*a, **kw):  # the original propose, timed (subtracted)
+        t0 = perf()  # first and last: the wrapper's bookkeeping falls inside (subtracted)
         c0 = cpu_ns() if cpu_ns else 0
-        t0 = time.perf_counter()
         try:
             return inner[0](*a, **kw)
         finally:
-            host[2] += time.perf_counter() - t0
             if cpu_ns:
                 host[6] += cpu_ns() - c0
+            host[2] += perf() - t0
 
     spec = SimpleNamespace(propose=timed_inner)
     mod = vllm_v2
@@ -665,13 +667,13 @@ def _timed_tap(runner: Runner, session, mode: str, args):
 
     def timed_propose(*a, **kw):
         _PROFILED[0] = host
+        inner0, cin0 = host[2], host[6]  # read before the clock: not the tap's time
         c0 = cpu_ns() if cpu_ns else 0
-        t0 = time.perf_counter()
-        inner0, cin0 = host[2], host[6]
+        t0 = perf()
         try:
             return tap.propose(*a, **kw)
         finally:
-            dt = time.perf_counter() - t0
+            dt = perf() - t0
             host[0] += dt
             host[1] += 1
             host[3].append(dt - (host[2] - inner0))
