@@ -49,19 +49,26 @@ op's launch costs about as much there, ``torch`` in the staging micro benchmark:
 launch) the tap is one Python call chain per step: the arguments (one getter per call shape),
 the batch's request ids compared, the layout checked in one C call
 (:class:`spectrace.hooks.vllm.v2.stage.InputLayouts`), seven ``data_ptr()``, one ``struct``
-pack, one tuple into the stream (the join thread does the rest), and no CUDA call. Last full
-run (qwen3-8b, h5 sink, batch 1/8/32/64, medians): 16.5 / 21.7 / 15.3 / 31.0 us, against
-22.9 / 33.4 / 18.9 / 48.1 us for the tap before these cuts interleaved in the same process
-(``--before``); another process gave 14.8 against 18.1 us at batch 64, and 38.1 against 47.4
-us with the interpreter's default switch interval (``--switch-us 5000``: the join thread then
-keeps the GIL longer). ``--profile`` splits the tap into the descriptor ``write`` (5-10 us),
-the rest of ``record`` (6-16 us) and the wrapper around it (5-9 us, the bench's own timing
-wrappers included). The same code runs 2-3x slower in some processes, and at some batch
-sizes, than in others (14.8 or 31.0 us at batch 64 in two processes of one machine), with or
-without the h5 writer thread: a state of the machine (cold caches after the step's wait),
-which is why the tap's time is also given in ``data_ptr()`` calls measured beside each run;
-the ratio to the ``--before`` tap in one process is steady (0.65-0.85). On this project's CPU
-machine the in-graph tap takes ~6.5 us (7.9 us before).
+pack, one tuple into the stream (the join thread does the rest), and no CUDA call. Nothing
+in it grows with the batch but the request-id comparison (a C list compare, identity first:
+~50 ns at 64 ids on this project's CPU machine); the join thread's work and the h5 writer's grow
+with it, off the runner's thread. Last full run (qwen3-8b, h5 sink, batch 1/8/32/64, medians,
+2026-12-02): 20.0 / 18.1 / 12.9 / 11.7 us, against 22.1 / 16.5 / 12.9 / 12.0 us for main's tap
+interleaved in the same process (``--before``; this cut: the seven ``data_ptr()`` as plain
+method calls inside the pack, the step's bookkeeping inlined, the bench's wrappers reading the
+clock first and last); a second process gave 31.5 / 20.0 / 13.5 / 16.9 against
+29.9 / 24.9 / 14.6 / 18.9 us, so the per-batch spread of one process (here the first batch is
+the slow one, in others batch 64) is larger than the cut. ``--profile`` splits the tap into
+the descriptor ``write`` (4.4-6.8 us), the rest of ``record`` (5.4-6.8 us) and the wrapper
+around it (4.8-7.4 us, the bench's timing wrappers included); the tap's thread CPU time is
+nearly its wall time (14.6 / 21.0 us CPU at batch 1 / 64 against 12.6 / 18.2 wall), so what
+varies is how fast the same code runs after the step's wait (cold caches), not a wait on the
+join thread. The same code runs 2-3x slower in some processes, and at some batch sizes, than
+in others, with or without the h5 writer thread (``--sink null``: 11.1 / 11.2 us at batch 1 /
+64 in one process), which is why the tap's time is also given in ``data_ptr()`` calls measured
+beside each run; the ratio to the ``--before`` tap in one process stays within 0.8-1.1 for
+this cut. On this project's CPU machine the descriptor write takes 1.7 us in a hot loop
+(3.0 us before: the seven pointers read through ``input_ptrs``), the whole in-graph tap ~7 us.
 
 The in-graph kernel reads its descriptor from pinned host memory: 4.85-5.7 us of device time
 per launch at batch 64 against 2.92 us with the same descriptor in device memory, i.e. ~1.9 us
@@ -642,16 +649,18 @@ def _timed_tap(runner: Runner, session, mode: str, args):
     inner = [runner.propose]  # the hooked propose in mode capture, once the tap exists
     cpu_ns = time.thread_time_ns if args.profile else None
 
+    perf = time.perf_counter  # bound once: the wrappers' own time is counted as the tap's
+
     @functools.wraps(runner.propose)  # the signature the tap resolves
     def timed_inner(*a, **kw):  # the original propose, timed (subtracted)
+        t0 = perf()  # first and last: the wrapper's bookkeeping falls inside (subtracted)
         c0 = cpu_ns() if cpu_ns else 0
-        t0 = time.perf_counter()
         try:
             return inner[0](*a, **kw)
         finally:
-            host[2] += time.perf_counter() - t0
             if cpu_ns:
                 host[6] += cpu_ns() - c0
+            host[2] += perf() - t0
 
     spec = SimpleNamespace(propose=timed_inner)
     mod = vllm_v2
@@ -665,13 +674,13 @@ def _timed_tap(runner: Runner, session, mode: str, args):
 
     def timed_propose(*a, **kw):
         _PROFILED[0] = host
+        inner0, cin0 = host[2], host[6]  # read before the clock: not the tap's time
         c0 = cpu_ns() if cpu_ns else 0
-        t0 = time.perf_counter()
-        inner0, cin0 = host[2], host[6]
+        t0 = perf()
         try:
             return tap.propose(*a, **kw)
         finally:
-            dt = time.perf_counter() - t0
+            dt = perf() - t0
             host[0] += dt
             host[1] += 1
             host[3].append(dt - (host[2] - inner0))

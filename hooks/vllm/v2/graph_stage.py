@@ -39,7 +39,7 @@ import struct
 import time
 
 from .row_layout import DESC_FIELDS
-from .stage import InputLayouts, input_ptrs
+from .stage import InputLayouts
 
 _PACK = struct.Struct(f"<{len(DESC_FIELDS)}q")  # one descriptor, as the kernel reads it
 _SIZE = _PACK.size
@@ -141,6 +141,7 @@ class GraphStage:
             self._wait_room(h)
         self._room -= 1
         self.seq = h + 1
+        ns, nr, idx, qsl, pos, last, nxt = inputs  # .stage.input_ptrs, inlined: no call
         _PACK.pack_into(
             self._buf,
             (h % self.SLOTS) * _SIZE,
@@ -149,7 +150,13 @@ class GraphStage:
             out_ptr,
             out_stride,
             row0,
-            *input_ptrs(inputs),
+            ns.data_ptr(),
+            nr.data_ptr(),
+            idx.data_ptr(),
+            qsl.data_ptr(),
+            pos.data_ptr(),
+            last.data_ptr(),
+            nxt.data_ptr(),
             *lay,
         )
         self.call_desc = True
