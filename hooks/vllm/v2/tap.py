@@ -297,14 +297,7 @@ class ProposeTap(TapRequests, TapJoin):
         if not g.write(seg.dev_ptr, cols, row0, n, inputs):  # dev: contiguous [cap, cols]
             g.write_skip()
             self._post = (seg.dev[row0 : row0 + n], n, inputs)
-        # _staged, inlined (one Python call less per step): the same bookkeeping
-        seg.used = row0 + n
-        steps = seg.steps = seg.steps + 1
-        session = self.session
-        step = session.step
-        session.step = step + 1
-        self._stream.append((seg, row0, n, bstate, step, k_arg, t_ns))
-        if steps >= self.flush_steps or t_ns - seg.t0_ns >= self.SEGMENT_AGE_NS:
+        if self._staged(seg, row0, n, bstate, k_arg, t_ns):
             self._flush_after = seg  # after the call: its kernel writes the rows
         return True
 
