@@ -1,0 +1,79 @@
+"""The seventh new user's defects, each with its clean twin (expected values derived by hand
+from the bundled traces: ``traces/README.md``).
+
+1. A speculative run that recorded no block at all (its /meta naming ``method`` draft_model,
+   k 4: every draft lost, as when drafts are never installed or the hook drops them all)
+   passed ``diff`` against a run that drafts (exit 0, "no divergence in content"): it was
+   read as a vanilla baseline (``content_only``). Only a side whose /meta names no
+   speculative method (or k 0) is a vanilla run; the other side's requests never draft:
+   ``unverified_drafts``, exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import h5py
+import pytest
+from inproc import run_inproc
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE, VLLM = ROOT / "traces" / "reference.h5", ROOT / "traces" / "vllm.h5"
+#: the bundled vLLM trace's request ids, in its /requests order
+VLLM_IDS = ["0-baad9995", "1-bfcb47c7", "2-9f89bbd7", "3-b7ce7833", "4-af469d6f"]
+
+
+def _edited(src: Path, dst: Path, meta: dict | None = None, drop_blocks: bool = False) -> Path:
+    """A copy of ``src`` with /meta items replaced by ``meta`` and, with ``drop_blocks``,
+    every /blocks column cut to 0 rows (the dtype and width kept)."""
+    shutil.copyfile(src, dst)
+    with h5py.File(dst, "r+") as f:
+        if meta:
+            m = json.loads(f["meta"][()])
+            m.update(meta)
+            del f["meta"]
+            f["meta"] = json.dumps(m)
+        if drop_blocks:
+            g = f["blocks"]
+            for name in list(g):
+                a = g[name][:0]
+                del g[name]
+                g.create_dataset(name, data=a, maxshape=(None, *a.shape[1:]), chunks=True)
+    return dst
+
+
+def _diff(a: Path, b: Path) -> tuple[int, dict]:
+    r = run_inproc("diff", a, b, "--format", "json")
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+# -- 1. a speculative run without a block is no vanilla baseline ------------------------------
+
+
+@pytest.mark.parametrize("spec_side", ["theirs", "ours"])
+def test_a_speculative_run_that_lost_every_draft_diverges(tmp_path, spec_side):
+    lost = _edited(VLLM, tmp_path / "lost.h5", drop_blocks=True)  # meta: draft_model, k=4
+    a, b = (REFERENCE, lost) if spec_side == "theirs" else (lost, REFERENCE)
+    code, doc = _diff(a, b)
+    assert code == 1 and doc["diverged"] is True
+    errors = [f for f in doc["findings"] if f["severity"] == "error"]
+    assert [(f["kind"], f["side"]) for f in errors] == [("unverified_drafts", spec_side)]
+    # the reference drafts first from position 10 in request 0 (its first /blocks row)
+    assert (errors[0]["request"], errors[0]["position"]) == ("0-baad9995", 10)
+    assert errors[0]["evidence"]["requests_never_drafting"] == VLLM_IDS
+    assert all(f["kind"] != "content_only" for f in doc["findings"])
+
+
+@pytest.mark.parametrize("meta", [{"method": None, "k": 0}, {"method": None}, {"k": 0}])
+def test_a_vanilla_run_without_blocks_is_still_a_content_only_pass(tmp_path, meta):
+    """Twin: the same trace whose /meta names no method, or k 0 (what the vLLM hook writes
+    without a speculative config): a vanilla baseline, identical outputs pass."""
+    vanilla = _edited(VLLM, tmp_path / "vanilla.h5", meta=meta, drop_blocks=True)
+    code, doc = _diff(REFERENCE, vanilla)
+    assert code == 0 and doc["diverged"] is False
+    assert [(f["kind"], f["side"]) for f in doc["findings"] if f["severity"] != "warning"] == [
+        ("content_only", "theirs")
+    ]
