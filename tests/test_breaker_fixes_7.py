@@ -7,6 +7,11 @@ from the bundled traces: ``traces/README.md``).
    read as a vanilla baseline (``content_only``). Only a side whose /meta names no
    speculative method (or k 0) is a vanilla run; the other side's requests never draft:
    ``unverified_drafts``, exit 1.
+2. A trace holding verified blocks twice (the bundled vLLM trace with its first 10 rows
+   appended again: a record written twice) passed ``diff`` (exit 0, "no divergence") and
+   ``check``, ``validate`` called it valid and ``info`` counted 149 verified blocks where
+   vLLM counted 139: no engine verifies from one anchor position of a request twice.
+   ``impossible_values`` (the repeats left out of the figures) and a ``validate`` problem.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import shutil
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 from inproc import run_inproc
 
@@ -25,9 +31,12 @@ REFERENCE, VLLM = ROOT / "traces" / "reference.h5", ROOT / "traces" / "vllm.h5"
 VLLM_IDS = ["0-baad9995", "1-bfcb47c7", "2-9f89bbd7", "3-b7ce7833", "4-af469d6f"]
 
 
-def _edited(src: Path, dst: Path, meta: dict | None = None, drop_blocks: bool = False) -> Path:
+def _edited(
+    src: Path, dst: Path, meta: dict | None = None, drop_blocks: bool = False, again: int = 0
+) -> Path:
     """A copy of ``src`` with /meta items replaced by ``meta`` and, with ``drop_blocks``,
-    every /blocks column cut to 0 rows (the dtype and width kept)."""
+    every /blocks column cut to 0 rows (the dtype and width kept); ``again``: its first
+    ``again`` /blocks rows appended once more."""
     shutil.copyfile(src, dst)
     with h5py.File(dst, "r+") as f:
         if meta:
@@ -35,10 +44,10 @@ def _edited(src: Path, dst: Path, meta: dict | None = None, drop_blocks: bool = 
             m.update(meta)
             del f["meta"]
             f["meta"] = json.dumps(m)
-        if drop_blocks:
+        if drop_blocks or again:
             g = f["blocks"]
             for name in list(g):
-                a = g[name][:0]
+                a = g[name][:0] if drop_blocks else np.concatenate([g[name][:], g[name][:again]])
                 del g[name]
                 g.create_dataset(name, data=a, maxshape=(None, *a.shape[1:]), chunks=True)
     return dst
@@ -77,3 +86,44 @@ def test_a_vanilla_run_without_blocks_is_still_a_content_only_pass(tmp_path, met
     assert [(f["kind"], f["side"]) for f in doc["findings"] if f["severity"] != "warning"] == [
         ("content_only", "theirs")
     ]
+
+
+# -- 2. a block verified twice ----------------------------------------------------------------
+
+
+def test_blocks_verified_twice_are_impossible_values(tmp_path):
+    twice = _edited(VLLM, tmp_path / "twice.h5", again=10)  # rows 144..153 repeat 0..9
+    code, doc = _diff(REFERENCE, twice)
+    assert code == 1
+    errors = [f for f in doc["findings"] if f["severity"] == "error"]
+    assert [(f["kind"], f["side"]) for f in errors] == [("impossible_values", "theirs")]
+    ev = errors[0]["evidence"]
+    assert (ev["rules"], ev["row"], ev["value"]) == (
+        {"verified twice at one position": 10},
+        144,
+        10,
+    )
+    # row 0 of the bundled trace: request 0-baad9995 drafting from position 10
+    assert (errors[0]["request"], errors[0]["position"]) == ("0-baad9995", 10)
+    # the repeats are left out: theirs' figures are the bundled 185/556 again
+    acc = doc["acceptance"]["theirs"]["all_content"]["recorded"]
+    assert (acc["blocks"], acc["accepted_tokens"], acc["verified_tokens"]) == (139, 185, 556)
+    assert run_inproc("check", twice).returncode == 1
+    r = run_inproc("validate", twice)
+    assert r.returncode == 1
+    assert r.stdout.splitlines() == [
+        f"{twice}: a second verified block at one request position (a record written "
+        f"twice?) at row 144 (10 rows) (field=blocks/position, value=10)"
+    ]
+
+
+def test_one_position_in_two_requests_is_no_repeat(tmp_path):
+    """Twin: the bundled trace has blocks of requests 0 and 3 both at position 10 (and of
+    2 and 4 at 12), and each request's final proposal is unverified: valid, exit 0."""
+    with h5py.File(VLLM) as f:
+        req, pos = f["blocks/request"][:], f["blocks/position"][:]
+    assert set(req[pos == 10].tolist()) >= {0, 3}
+    assert run_inproc("validate", VLLM).returncode == 0
+    assert run_inproc("check", VLLM).returncode == 0
+    code, doc = _diff(REFERENCE, VLLM)
+    assert code == 0 and doc["diverged"] is False
