@@ -12,6 +12,11 @@ from the bundled traces: ``traces/README.md``).
    ``check``, ``validate`` called it valid and ``info`` counted 149 verified blocks where
    vLLM counted 139: no engine verifies from one anchor position of a request twice.
    ``impossible_values`` (the repeats left out of the figures) and a ``validate`` problem.
+3. A ``VT_SPEC_TRACE`` log cut short (its first 300 of 697 lines: no request has printed
+   ``finished=1`` yet), imported with the run's complete requests file, passed ``check``
+   (exit 0): the file's finish reasons hid that the log lost its tail (79 of 139 blocks).
+   Each request the file says finished and the log never finished is counted
+   (``ends before finished=1``): ``capture_incomplete``.
 """
 
 from __future__ import annotations
@@ -25,8 +30,11 @@ import numpy as np
 import pytest
 from inproc import run_inproc
 
+from spectrace.tracer.store import open_trace
+
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE, VLLM = ROOT / "traces" / "reference.h5", ROOT / "traces" / "vllm.h5"
+LOG, REQUESTS = ROOT / "traces" / "reference.vt.log", ROOT / "traces" / "reference.requests.jsonl"
 #: the bundled vLLM trace's request ids, in its /requests order
 VLLM_IDS = ["0-baad9995", "1-bfcb47c7", "2-9f89bbd7", "3-b7ce7833", "4-af469d6f"]
 
@@ -127,3 +135,57 @@ def test_one_position_in_two_requests_is_no_repeat(tmp_path):
     assert run_inproc("check", VLLM).returncode == 0
     code, doc = _diff(REFERENCE, VLLM)
     assert code == 0 and doc["diverged"] is False
+
+
+# -- 3. a log cut short beside a complete requests file ----------------------------------------
+
+
+def _import_head(tmp_path: Path, lines: int | None, requests: Path = REQUESTS) -> Path:
+    """``import vt`` of the bundled log's first ``lines`` lines (None: all 697)."""
+    log = tmp_path / "run.vt.log"
+    log.write_text("".join(LOG.read_text().splitlines(keepends=True)[:lines]))
+    out = tmp_path / "run.h5"
+    r = run_inproc("import", "vt", log, "-o", out, "--requests", requests)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def _check(path: Path) -> tuple[int, list[dict]]:
+    r = run_inproc("check", path, "--format", "json")
+    errors = [f for f in json.loads(r.stdout)["findings"] if f["severity"] == "error"]
+    return r.returncode, errors
+
+
+def test_a_log_cut_short_beside_its_requests_file_is_missing_work(tmp_path):
+    # the bundled log's first finished=1 is on line 539 (request 3): none before line 300
+    assert "finished=1" not in "".join(LOG.read_text().splitlines(keepends=True)[:300])
+    code, errors = _check(_import_head(tmp_path, 300))
+    assert code == 1 and [f["kind"] for f in errors] == ["capture_incomplete"]
+    ev = errors[0]["evidence"]
+    assert ev["violations"] == {"ends before finished=1": 5}
+    assert ev["first_violation"] == (
+        f"{tmp_path / 'run.vt.log'}:300: ends before finished=1: the log ends before 5 "
+        f"request(s) that the requests file says finished printed finished=1 (first: req=0): "
+        f"their last blocks are missing"
+    )
+
+
+def test_a_whole_log_beside_its_requests_file_passes(tmp_path):
+    """Twin: the whole log (every request prints finished=1) and the same file: clean, and
+    the import counts no violation."""
+    out = _import_head(tmp_path, None)
+    assert _check(out) == (0, [])
+    with open_trace(out) as t:
+        assert t.meta["import"]["violations"] == {}
+
+
+def test_a_cut_log_beside_a_file_without_finish_reasons_is_unfinished(tmp_path):
+    """Twin: without finish reasons in the file the requests are marked ``unfinished``, as
+    before (requests_incomplete in a diff), and nothing is counted twice."""
+    bare = tmp_path / "bare.jsonl"
+    rows = [json.loads(x) for x in REQUESTS.read_text().splitlines() if x.strip()]
+    bare.write_text("".join(json.dumps({**r, "finish_reason": ""}) + "\n" for r in rows))
+    out = _import_head(tmp_path, 300, bare)
+    with open_trace(out) as t:
+        assert t.meta["import"]["violations"] == {}
+        assert list(t.requests.finish_reason) == ["unfinished"] * 5
