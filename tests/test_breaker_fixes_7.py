@@ -17,6 +17,11 @@ from the bundled traces: ``traces/README.md``).
    (exit 0): the file's finish reasons hid that the log lost its tail (79 of 139 blocks).
    Each request the file says finished and the log never finished is counted
    (``ends before finished=1``): ``capture_incomplete``.
+4. A vLLM-hook trace closed with /meta ``checks`` still ``pending`` (the hook's close
+   raised before it flushed the last blocks and cross-checked them: ``Session.close``
+   closes the file complete in a ``finally``), and one whose ``checks`` say ``mismatch``
+   without naming the counters, passed ``check`` and ``diff`` (exit 0):
+   ``capture_incomplete``.
 """
 
 from __future__ import annotations
@@ -189,3 +194,38 @@ def test_a_cut_log_beside_a_file_without_finish_reasons_is_unfinished(tmp_path):
     with open_trace(out) as t:
         assert t.meta["import"]["violations"] == {}
         assert list(t.requests.finish_reason) == ["unfinished"] * 5
+
+
+# -- 4. /meta checks pending in a closed file, or a mismatch that names nothing -----------------
+
+
+def _checked(tmp_path: Path, checks: dict) -> tuple[int, list[dict]]:
+    return _check(_edited(VLLM, tmp_path / "checked.h5", meta={"checks": checks}))
+
+
+@pytest.mark.parametrize(
+    "checks, pending, names",
+    [
+        ({"status": "pending", "note": "replaced when the trace closes"}, True, []),
+        ({"status": "mismatch", "mismatch": []}, False, ["counters not named"]),
+        ({"status": "mismatch"}, False, ["counters not named"]),
+    ],
+)
+def test_checks_pending_or_unnamed_mismatch_is_missing_work(tmp_path, checks, pending, names):
+    code, errors = _checked(tmp_path, checks)
+    assert code == 1 and [f["kind"] for f in errors] == ["capture_incomplete"]
+    ev = errors[0]["evidence"]
+    assert (ev["checks_pending"], ev["counters_mismatch"]) == (pending, names)
+    assert run_inproc("diff", REFERENCE, tmp_path / "checked.h5").returncode == 1
+
+
+@pytest.mark.parametrize(
+    "checks",
+    [
+        {"status": "ok", "mismatch": []},
+        {"status": "unavailable", "mismatch": []},  # not cross-checked: nothing says missing
+    ],
+)
+def test_checks_ok_or_unavailable_pass(tmp_path, checks):
+    """Twins: the statuses a finished close writes, with nothing else wrong: exit 0."""
+    assert _checked(tmp_path, checks) == (0, [])
