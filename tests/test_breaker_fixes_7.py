@@ -22,6 +22,10 @@ from the bundled traces: ``traces/README.md``).
    closes the file complete in a ``finally``), and one whose ``checks`` say ``mismatch``
    without naming the counters, passed ``check`` and ``diff`` (exit 0):
    ``capture_incomplete``.
+5. A recorder error of the vLLM hook (``Session.fail``: ``SPECTRACE_STRICT=0`` stops the
+   recording, strict mode raises into vLLM) left no mark in the trace: with vLLM's counters
+   out of reach (``checks`` ``unavailable``) the trace that lost every later block passed
+   ``check`` (exit 0). /meta ``aborted`` now names the error: ``capture_incomplete``.
 """
 
 from __future__ import annotations
@@ -229,3 +233,46 @@ def test_checks_pending_or_unnamed_mismatch_is_missing_work(tmp_path, checks, pe
 def test_checks_ok_or_unavailable_pass(tmp_path, checks):
     """Twins: the statuses a finished close writes, with nothing else wrong: exit 0."""
     assert _checked(tmp_path, checks) == (0, [])
+
+
+# -- 5. a recorder error of the vLLM hook is in the trace ---------------------------------------
+
+
+def _session(tmp_path: Path, monkeypatch, error: bool) -> Path:
+    """A hook session of request r-1 (prompt [5, 6], output [7, 8, 9]) with one verified
+    block at position 1 (drafts [7, 8, 1, 2], 2 accepted); with ``error``, a recorder error
+    in non-strict mode before the request's second proposal (which is then not recorded).
+    No vLLM counters reach the close: checks ``unavailable``."""
+    from spectrace.hooks.vllm.session import Session
+
+    monkeypatch.setenv("SPECTRACE_STRICT", "0")
+    path = tmp_path / "hook.h5"
+    s = Session(path, {"k": 4, "dp_rank": 0, "source": "vllm-hook"})
+    s.see_request("r-1", [5, 6], None)
+    s.joiner.propose("r-1", 0, 1, 6, [7, 8, 1, 2])
+    s.joiner.verdict("r-1", [7, 8, 1, 2], [7, 8, 9])
+    if error:
+        s.fail(RuntimeError("boom"), "V1 propose")
+    if s.active:
+        s.joiner.propose("r-1", 1, 4, 9, [3, 3, 3, 3])
+    s.finish_request("r-1", [7, 8, 9], "length")
+    s.close()
+    return path
+
+
+def test_a_recorder_error_is_missing_work(tmp_path, monkeypatch):
+    path = _session(tmp_path, monkeypatch, error=True)
+    with open_trace(path) as t:
+        assert t.meta["checks"]["status"] == "unavailable"
+        assert t.meta["aborted"].startswith("a recorder error: V1 propose: RuntimeError: boom")
+    code, errors = _check(path)
+    assert code == 1 and [f["kind"] for f in errors] == ["capture_incomplete"]
+    assert errors[0]["evidence"]["aborted"].startswith("a recorder error: V1 propose")
+
+
+def test_a_session_without_errors_passes(tmp_path, monkeypatch):
+    """Twin: the same session without the error: no ``aborted``, exit 0."""
+    path = _session(tmp_path, monkeypatch, error=False)
+    with open_trace(path) as t:
+        assert "aborted" not in t.meta and t.meta["checks"]["status"] == "unavailable"
+    assert _check(path) == (0, [])
