@@ -26,6 +26,9 @@ from the bundled traces: ``traces/README.md``).
    recording, strict mode raises into vLLM) left no mark in the trace: with vLLM's counters
    out of reach (``checks`` ``unavailable``) the trace that lost every later block passed
    ``check`` (exit 0). /meta ``aborted`` now names the error: ``capture_incomplete``.
+6. ``validate`` called a file valid whose /requests holds one request id on two rows
+   (the bundled vLLM trace with its first request row appended again): no writer writes
+   that (``TraceWriter.request`` keeps one row per id); a problem naming the row.
 """
 
 from __future__ import annotations
@@ -276,3 +279,29 @@ def test_a_session_without_errors_passes(tmp_path, monkeypatch):
     with open_trace(path) as t:
         assert "aborted" not in t.meta and t.meta["checks"]["status"] == "unavailable"
     assert _check(path) == (0, [])
+
+
+# -- 6. one request id on two rows --------------------------------------------------------------
+
+
+def test_validate_reports_a_request_id_on_two_rows(tmp_path):
+    twice = tmp_path / "ids.h5"
+    shutil.copyfile(VLLM, twice)
+    with h5py.File(twice, "r+") as f:
+        for name in list(f["requests"]):
+            a, dt = f["requests"][name][:], f["requests"][name].dtype
+            del f["requests"][name]
+            f["requests"].create_dataset(name, data=np.concatenate([a, a[:1]]), dtype=dt)
+    r = run_inproc("validate", twice)
+    assert r.returncode == 1
+    assert r.stdout.splitlines() == [
+        f"{twice}: a request id on a second row (one row per request) at row 5 "
+        f"(field=requests/req_id, value='0-baad9995')"
+    ]
+
+
+def test_validate_takes_distinct_request_ids(tmp_path):
+    """Twin: the bundled traces (ids 0..4, and 0-baad9995..4-af469d6f) are valid."""
+    r = run_inproc("validate", VLLM, REFERENCE)
+    assert r.returncode == 0
+    assert r.stdout.splitlines() == [f"{VLLM}: valid", f"{REFERENCE}: valid"]

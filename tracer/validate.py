@@ -14,6 +14,7 @@ invariants of :mod:`spectrace.tracer.schema`:
   flushed requests); a verified block's ``position`` lies within the request's prompt +
   output when its output ids are known, and no two verified blocks of one request share a
   position; ids are token ids (``>= 0``) or the ``-1`` pad;
+* one row per request id in a file (``TraceWriter.request`` keeps one);
 * batch rows within the batch, ``proposal_source`` and ``verified_same`` in their sets, phase
   names within the ``names`` attribute.
 
@@ -220,6 +221,15 @@ def _request_problems(path: str, req: dict[str, np.ndarray]) -> list[Problem]:
     problems = []
     for name in ("req_id", "finish_reason"):
         problems += text_problems(path, f"requests/{name}", req[name].tolist())
+    # One row per request id (TraceWriter.request keeps one): a second row of an id is
+    # another request under its name (two runs in one file, or a copied row).
+    ids, seen = req["req_id"].tolist(), set()
+    again = [i for i, x in enumerate(ids) if x in seen or seen.add(x)]
+    if again:
+        first = ids[again[0]]
+        value = first.decode(errors="replace") if isinstance(first, bytes) else str(first)
+        what = "a request id on a second row (one row per request)"
+        problems.append(Problem(path, "requests/req_id", what, value, again[0], len(again)))
     for name in ("prompt_ids", "output_ids"):
         bad = np.array([bool(len(x)) and bool((x < 0).any()) for x in req[name]], dtype=bool)
         if bad.any():
