@@ -223,13 +223,14 @@ def _request_problems(path: str, req: dict[str, np.ndarray]) -> list[Problem]:
         problems += text_problems(path, f"requests/{name}", req[name].tolist())
     # One row per request id (TraceWriter.request keeps one): a second row of an id is
     # another request under its name (two runs in one file, or a copied row).
-    ids, seen = req["req_id"].tolist(), set()
-    again = [i for i, x in enumerate(ids) if x in seen or seen.add(x)]
+    ids = req["req_id"].tolist()
+    first_row: dict[object, int] = {}
+    again = [i for i, x in enumerate(ids) if first_row.setdefault(x, i) != i]
     if again:
-        first = ids[again[0]]
-        value = first.decode(errors="replace") if isinstance(first, bytes) else str(first)
+        rid = ids[again[0]]
+        shown = rid.decode(errors="replace") if isinstance(rid, bytes) else str(rid)
         what = "a request id on a second row (one row per request)"
-        problems.append(Problem(path, "requests/req_id", what, value, again[0], len(again)))
+        problems.append(Problem(path, "requests/req_id", what, shown, again[0], len(again)))
     for name in ("prompt_ids", "output_ids"):
         bad = np.array([bool(len(x)) and bool((x < 0).any()) for x in req[name]], dtype=bool)
         if bad.any():
