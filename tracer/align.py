@@ -233,6 +233,22 @@ def is_replay(t: Trace) -> bool:
     return t.meta.get("source") == SOURCE_REPLAY
 
 
+#: /meta ``method`` values that name no speculative method (a vanilla run).
+NO_METHOD = frozenset({"", "none", "null", "off", "vanilla"})
+
+
+def drafts_configured(t: Trace) -> bool:
+    """Whether ``t``'s /meta says the run decoded speculatively: ``method`` names a method
+    (vLLM's ``speculative_config.method``, as the vLLM hook and ``--meta method=`` record
+    it) and ``k`` (``num_speculative_tokens``) is not 0. A vanilla run records no method
+    (or ``k`` 0), so a trace of such a run without blocks compares its outputs alone; a
+    speculative run without blocks lost its drafts."""
+    method, k = t.meta.get("method"), t.meta.get("k")
+    if not isinstance(method, str) or method.strip().lower() in NO_METHOD:
+        return False
+    return not (isinstance(k, int) and k <= 0)
+
+
 def _pair_of_block(t: Trace, req: np.ndarray) -> np.ndarray:
     r = t.blocks.request  # first: may add placeholder request rows
     dtype = np.int32 if len(req) < np.iinfo(np.int32).max else np.int64

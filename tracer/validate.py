@@ -12,7 +12,9 @@ invariants of :mod:`spectrace.tracer.schema`:
   golden and llama-dump importers record what the output shows), and ``<= width(emitted)``;
 * ``blocks/request`` indexes a request of the same file (a live file may point past its
   flushed requests); a verified block's ``position`` lies within the request's prompt +
-  output when its output ids are known; ids are token ids (``>= 0``) or the ``-1`` pad;
+  output when its output ids are known, and no two verified blocks of one request share a
+  position; ids are token ids (``>= 0``) or the ``-1`` pad;
+* one row per request id in a file (``TraceWriter.request`` keeps one);
 * batch rows within the batch, ``proposal_source`` and ``verified_same`` in their sets, phase
   names within the ``names`` attribute.
 
@@ -28,6 +30,7 @@ import h5py
 import numpy as np
 
 from . import schema
+from .findings.values import verified_again
 from .store import resolve_paths
 from .store.reader import open_h5
 from .store.structure import (
@@ -178,12 +181,18 @@ def _position_problems(
     that finishes it, and the returned output is trimmed at stop/max_tokens. Anchors inside
     the prompt (prompt known), before its last token: a block drafts from the last verified
     token, at the earliest the last prompt token (every engine and importer anchors the
-    first block on the first output token, at ``len(prompt)``)."""
+    first block on the first output token, at ``len(prompt)``). A second verified block at
+    one request position (``findings.values.verified_again``): no engine verifies from an
+    anchor twice."""
     seq, prompt = _sequence_lengths(b, req, nreq)
     pos = b["position"]
     past = (seq >= 0) & (b["num_verified"] >= 0) & (pos >= seq)
     before = pos < prompt - 1
+    again = verified_again(b["request"], pos, b["num_verified"], b["accepted"])
     out = []
+    if again.any():
+        what = "a second verified block at one request position (a record written twice?)"
+        out.append(_rows(path, "blocks/position", what, pos, again))
     if past.any():
         what = "verified block's position past the end of the request's prompt + output"
         out.append(_rows(path, "blocks/position", what, pos, past))
@@ -212,6 +221,16 @@ def _request_problems(path: str, req: dict[str, np.ndarray]) -> list[Problem]:
     problems = []
     for name in ("req_id", "finish_reason"):
         problems += text_problems(path, f"requests/{name}", req[name].tolist())
+    # One row per request id (TraceWriter.request keeps one): a second row of an id is
+    # another request under its name (two runs in one file, or a copied row).
+    ids = req["req_id"].tolist()
+    first_row: dict[object, int] = {}
+    again = [i for i, x in enumerate(ids) if first_row.setdefault(x, i) != i]
+    if again:
+        rid = ids[again[0]]
+        shown = rid.decode(errors="replace") if isinstance(rid, bytes) else str(rid)
+        what = "a request id on a second row (one row per request)"
+        problems.append(Problem(path, "requests/req_id", what, shown, again[0], len(again)))
     for name in ("prompt_ids", "output_ids"):
         bad = np.array([bool(len(x)) and bool((x < 0).any()) for x in req[name]], dtype=bool)
         if bad.any():

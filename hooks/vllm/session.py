@@ -189,8 +189,15 @@ class Session:
         return not (self.closed or self.disabled)
 
     def fail(self, exc: BaseException, where: str) -> None:
-        """A recording error: raise in strict mode, else disable this session (one line)."""
+        """A recording error: raise in strict mode, else disable this session (one line);
+        either way /meta ``aborted`` names it (the trace lacks the blocks from here on)."""
         msg = f"{where}: {type(exc).__name__}: {exc} (vLLM {vllm_version()}, trace {self.path})"
+        # In /meta ``aborted`` (capture_incomplete): blocks from here on are missing, also
+        # when vLLM's counters never reach the close to show it (checks ``unavailable``).
+        try:
+            self.update_meta(aborted=f"a recorder error: {msg}")
+        except Exception as meta_exc:  # the error path: never raise from here
+            say(f"ERROR noting the error in {self.path}: {type(meta_exc).__name__}: {meta_exc}")
         if strict():
             say(f"ERROR {msg}")
             raise exc

@@ -34,7 +34,7 @@ from .blocks import (
 )
 from .level import FAMILY_LEVEL, phase_level
 from .lines import Ids, MalformedLine, Record, parse_line, phase_rows
-from .requests import RequestRecord, mark_unfinished
+from .requests import RequestRecord, mark_unfinished, note_cut_before_finish
 from .stats import ImportStats, check_requests
 
 SOURCE = "vt_spec_trace"
@@ -186,6 +186,7 @@ class VtTraceParser:
         self._close_section()
         self._write_not_installed(final=True)
         mark_unfinished(self.writer, self._done, self._reqs, self._requests)
+        note_cut_before_finish(self.stats, self._done, self._requests, self._lineno)
         if self._proposal is not None:
             self.stats.joins["not_verified"] += 1  # the log ended before the next step
             self._proposal = None

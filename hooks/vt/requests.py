@@ -57,6 +57,42 @@ def mark_unfinished(
     return out
 
 
+#: The import violation of :func:`note_cut_before_finish`.
+CUT_BEFORE_FINISH = "ends before finished=1"
+
+
+def note_cut_before_finish(
+    stats, done: dict[str, bool], requests: dict[str, RequestRecord] | None, lineno: int
+) -> list[str]:
+    """Count, as the import violation :data:`CUT_BEFORE_FINISH`, the requests the requests
+    file gives a finish reason for whose ``[spec-update] req=`` lines never said
+    ``finished=1``: the engine finished them and the log ended first (a copy cut short, a
+    log that lost its tail), so their last blocks are missing (``capture_incomplete``; the
+    finish reason stays the file's). A log without update lines says nothing about
+    finishing (``done`` is empty).
+
+    Args:
+        stats: the import's :class:`~.stats.ImportStats` (``violations``, ``note``).
+        done: request id -> whether one of its update lines said ``finished=1``.
+        requests: the requests file's records (None: no file).
+        lineno: the log's last line number (the example's line).
+    Returns:
+        The request ids counted, in ``done``'s order.
+    """
+    given = {r for r, rec in (requests or {}).items() if rec.finish_reason}
+    cut = [r for r, fin in done.items() if not fin and r in given]
+    if cut:
+        stats.violations[CUT_BEFORE_FINISH] += len(cut)
+        stats.note(
+            CUT_BEFORE_FINISH,
+            lineno,
+            f"{CUT_BEFORE_FINISH}: the log ends before {len(cut)} request(s) that the "
+            f"requests file says finished printed finished=1 (first: req={cut[0]}): their "
+            f"last blocks are missing",
+        )
+    return cut
+
+
 def read_requests(path: str | os.PathLike) -> dict[str, RequestRecord]:
     """Read a requests JSONL file: one ``{"req_id", "prompt_ids", "output_ids",
     "finish_reason"}`` object per line (blank lines skipped; ``finish_reason`` optional).

@@ -36,6 +36,8 @@ def capture_end(meta: dict, status: str = schema.STATUS_COMPLETE) -> CaptureEvid
     aborted = meta.get("aborted")
     checks = meta["checks"] if isinstance(meta.get("checks"), dict) else {}
     bad = checks.get("mismatch") if checks.get("status") == "mismatch" else None
+    if checks.get("status") == "mismatch" and not (isinstance(bad, list) and bad):
+        bad = ["counters not named"]  # a mismatch whatever lists it (or not)
     dropped, first = import_dropped(meta)
     breaks, first_break = import_chain_breaks(meta)
     broken, first_broken = import_violations(meta)
@@ -46,6 +48,7 @@ def capture_end(meta: dict, status: str = schema.STATUS_COMPLETE) -> CaptureEvid
         interrupted=bool(meta.get("interrupted")) or cap.get("ended") == "interrupted",
         aborted=str(aborted) if aborted else None,
         counters_mismatch=[str(x) for x in bad] if isinstance(bad, list) else [],
+        checks_pending=checks.get("status") == "pending" and status == schema.STATUS_COMPLETE,
         empty=False,
         dropped_lines=dropped,
         first_dropped=first,
@@ -153,6 +156,11 @@ def _how(ev: CaptureEvidence) -> list[str]:
     if ev["counters_mismatch"]:
         names = ", ".join(ev["counters_mismatch"])
         out.append(f"the trace's totals differ from the engine's own counters ({names})")
+    if ev["checks_pending"]:
+        out.append(
+            "the recorder's close stopped before it flushed and cross-checked the blocks "
+            "(/meta checks still pending)"
+        )
     return out
 
 
@@ -184,7 +192,8 @@ def _log_how(ev: CaptureEvidence) -> list[str]:
 def capture(s: SideInput) -> Finding | None:
     """capture_incomplete: the engine did not exit cleanly (non-zero exit status, a signal),
     the capture was interrupted or aborted, the trace disagrees with the engine's own
-    counters (/meta ``checks`` status ``mismatch``), an import dropped trace lines, found
+    counters (/meta ``checks`` status ``mismatch``) or was closed before the vLLM hook
+    cross-checked it (status still ``pending``), an import dropped trace lines, found
     blocks at positions their request had passed (chain breaks) or other broken invariants
     (:func:`import_violations`), or the trace holds nothing
     at all (no block, no request; whoever wrote it): work is missing from the trace."""

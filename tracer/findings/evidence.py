@@ -261,6 +261,10 @@ class CaptureEvidence(TypedDict):
     #: Counters on which the trace disagrees with the engine's own (/meta ``checks``: vLLM's
     #: spec-decode counters, per-request metrics); empty when they agree or nothing says.
     counters_mismatch: list[str]
+    #: /meta ``checks`` says ``pending`` in a closed file: the vLLM hook writes that when
+    #: recording starts and replaces it when its close has flushed every block and
+    #: cross-checked them, so its close stopped before that (blocks may be missing).
+    checks_pending: bool
     #: The capture recorded nothing at all: no draft block and no request.
     empty: bool
     #: Trace lines an import dropped (/meta ``import``: malformed lines, out-of-range values

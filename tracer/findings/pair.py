@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..align import Alignment
+from ..align import Alignment, drafts_configured
 from ..compare import NO_DIVERGENCE, count_anchors_known, shift_equal, shift_present
 from ..fmt import pct
 from ..tokens import Decoder
@@ -162,8 +162,14 @@ def mismatch(pd: PairData) -> Finding | None:
 def content_only(al: Alignment) -> bool:
     """A side has no draft blocks (a vanilla run) while both have outputs: every request of
     each side is matched and every matched pair's content is known. Only the outputs are
-    then compared (identical outputs pass)."""
+    then compared (identical outputs pass). A side whose /meta says it decoded
+    speculatively (:func:`~spectrace.tracer.align.drafts_configured`) while the other
+    drafts lost its drafts: no content_only pair (``unverified_drafts`` names it)."""
     if len(al.a.blocks) and len(al.b.blocks):
+        return False
+    if any(not len(t.blocks) and drafts_configured(t) for t in (al.a, al.b)) and (
+        len(al.a.blocks) or len(al.b.blocks)
+    ):
         return False
     every = len(al.unmatched_a) == 0 and len(al.unmatched_b) == 0
     return al.pairs > 0 and every and bool(al.content_known.all())

@@ -83,6 +83,9 @@ RULES: tuple[Rule, ...] = (
         lambda b, n, sw: b.position < b.prompt_floor,
         lambda b, n, sw, i: n.floor,
     ),
+    # The target verifies from an anchor once: the request then moves past it (a block at
+    # a position its request passed is a record written twice, or two runs in one file).
+    ("verified twice at one position", "position", lambda b, n, sw: b.verified_again, None),
     ("batch_row < -1", "batch_row", lambda b, n, sw: b.batch_row < -1, None),
     ("batch_size < -1", "batch_size", lambda b, n, sw: b.batch_size < -1, None),
     (
@@ -143,6 +146,27 @@ def _prompt_lengths(td: TraceData) -> np.ndarray:
     return np.fromiter(map(len, prompts), np.int64, len(prompts))
 
 
+def verified_again(
+    request: np.ndarray, position: np.ndarray, num_verified: np.ndarray, accepted: np.ndarray
+) -> np.ndarray:
+    """bool [n]: verified blocks (``num_verified`` or ``accepted`` known) at a (request,
+    position) an earlier verified block holds (block row order: the first stays), from the
+    /blocks columns of that name (int [n] each). An engine verifies from one anchor
+    position once per request: vLLM's scheduler advances ``num_computed_tokens`` past it
+    (``Scheduler.update_from_output``); an unverified proposal, re-drafted after a
+    preemption, is no repeat. ``validate`` (``_position_problems``) reports the same rows."""
+    out = np.zeros(len(request), bool)
+    rows = np.flatnonzero((num_verified >= 0) | (accepted >= 0))
+    if len(rows) < 2:
+        return out
+    pos = position[rows].astype(np.int64) & 0xFFFFFFFF  # int32 positions, as unsigned
+    key = (request[rows].astype(np.int64) << 32) | pos
+    order = np.argsort(key, kind="stable")
+    again = np.flatnonzero(key[order][1:] == key[order][:-1]) + 1
+    out[rows[order[again]]] = True
+    return out
+
+
 @dataclass(frozen=True)
 class _Bounds:
     """One block's position bounds, for a rule's limit: ``room`` (one past the largest
@@ -168,6 +192,8 @@ class _Rows:
 
     #: int64 [rows] of blocks: :func:`_prompt_floor` (set by the caller; no column holds it).
     prompt_floor: np.ndarray
+    #: bool [rows] of blocks: :func:`verified_again` (set by the caller).
+    verified_again: np.ndarray
 
     def __init__(self, whole, c: slice) -> None:
         self._whole, self._c = whole, c
@@ -184,12 +210,13 @@ def _hits(td: TraceData) -> _Hits:
 def _rule_hits(td: TraceData) -> _Hits:
     """Every rule over the blocks, chunk by chunk (the rules' temporaries stay small)."""
     b, sw = td.t.blocks, sweep(td.t)
+    again = verified_again(b.request, b.position, b.num_verified, b.accepted)
     bad = np.zeros(len(b), bool)
     counts: dict[str, int] = {}
     firsts: dict[str, int] = {}
     for c in chunks(len(b)):
         room, bc, swc = _position_room(td, c), _Rows(b, c), _Rows(sw, c)
-        bc.prompt_floor = _prompt_floor(td, c)
+        bc.prompt_floor, bc.verified_again = _prompt_floor(td, c), again[c]
         for name, _, test, _ in RULES:
             broken = test(bc, room, swc)
             if broken.any():
@@ -223,7 +250,8 @@ def _value(v: np.ndarray) -> int:
 def impossible(s: SideInput) -> Finding | None:
     """impossible_values: accepted > k or > num_verified, counts below -1 (unknown), k < 0
     or wider than the stored proposals, proposed ids or anchors below -1, num_emitted > k + 1,
-    positions outside the sequence or inside the prompt, batch rows outside the batch."""
+    positions outside the sequence or inside the prompt, a position verified twice in one
+    request, batch rows outside the batch."""
     td = s.td
     b = td.t.blocks
     if not len(b):

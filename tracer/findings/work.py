@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..align import Alignment, is_replay
+from ..align import Alignment, drafts_configured, is_replay
 from ..fmt import counted
 from ..parallel import chunks
 from .data import SideInput, TraceData
@@ -185,12 +185,16 @@ def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
         request (its last block when none is verified; sorted); never, ``(request row
         here, the other side's first block row)``
         per request without a block here (sorted by request row). Both empty when either
-        side has no blocks at all (a vanilla run: no draft comparison) or either side is
+        side has no blocks at all (a vanilla run: no draft comparison; but this side's
+        /meta naming a speculative method, ``drafts_configured``, means it lost them all:
+        every request it shares with the drafting side never drafts) or either side is
         a replay (``spectrace replay`` drafts only from chosen positions: the others are
         not dropped drafts).
     """
     td, ref, al = s.td, s.ref, s.al
-    if al is None or ref is None or not len(td.t.blocks) or not len(ref.t.blocks):
+    if al is None or ref is None or not len(ref.t.blocks):
+        return [], []
+    if not len(td.t.blocks) and not drafts_configured(td.t):
         return [], []
     if is_replay(td.t) or is_replay(ref.t):
         return [], []  # a replay drafts only from the positions it was given
