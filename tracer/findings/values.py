@@ -147,23 +147,34 @@ def _prompt_lengths(td: TraceData) -> np.ndarray:
 
 
 def verified_again(
-    request: np.ndarray, position: np.ndarray, num_verified: np.ndarray, accepted: np.ndarray
+    request: np.ndarray,
+    position: np.ndarray,
+    num_verified: np.ndarray,
+    accepted: np.ndarray,
+    order: np.ndarray | None = None,
 ) -> np.ndarray:
     """bool [n]: verified blocks (``num_verified`` or ``accepted`` known) at a (request,
     position) an earlier verified block holds (block row order: the first stays), from the
     /blocks columns of that name (int [n] each). An engine verifies from one anchor
     position once per request: vLLM's scheduler advances ``num_computed_tokens`` past it
     (``Scheduler.update_from_output``); an unverified proposal, re-drafted after a
-    preemption, is no repeat. ``validate`` (``_position_problems``) reports the same rows."""
+    preemption, is no repeat. ``validate`` (``_position_problems``) reports the same rows.
+
+    Args:
+        order: int [n] the rows stably sorted by (request, position)
+            (:func:`~spectrace.tracer.index.block_order`, memoised by a diff), or None (sorted
+            here).
+    """
     out = np.zeros(len(request), bool)
-    rows = np.flatnonzero((num_verified >= 0) | (accepted >= 0))
+    verified = (num_verified >= 0) | (accepted >= 0)
+    if order is None:
+        order = np.lexsort((position, request))  # stable: ties stay in row order
+    rows = order[verified[order]]  # verified rows by (request, position), ties in row order
     if len(rows) < 2:
         return out
-    pos = position[rows].astype(np.int64) & 0xFFFFFFFF  # int32 positions, as unsigned
-    key = (request[rows].astype(np.int64) << 32) | pos
-    order = np.argsort(key, kind="stable")
-    again = np.flatnonzero(key[order][1:] == key[order][:-1]) + 1
-    out[rows[order[again]]] = True
+    r, p = request[rows], position[rows]
+    again = (r[1:] == r[:-1]) & (p[1:] == p[:-1])
+    out[rows[1:][again]] = True
     return out
 
 
@@ -210,7 +221,7 @@ def _hits(td: TraceData) -> _Hits:
 def _rule_hits(td: TraceData) -> _Hits:
     """Every rule over the blocks, chunk by chunk (the rules' temporaries stay small)."""
     b, sw = td.t.blocks, sweep(td.t)
-    again = verified_again(b.request, b.position, b.num_verified, b.accepted)
+    again = verified_again(b.request, b.position, b.num_verified, b.accepted, td.order)
     bad = np.zeros(len(b), bool)
     counts: dict[str, int] = {}
     firsts: dict[str, int] = {}
