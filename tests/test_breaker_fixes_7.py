@@ -305,3 +305,32 @@ def test_validate_takes_distinct_request_ids(tmp_path):
     r = run_inproc("validate", VLLM, REFERENCE)
     assert r.returncode == 0
     assert r.stdout.splitlines() == [f"{VLLM}: valid", f"{REFERENCE}: valid"]
+
+
+def test_a_pass_that_ignores_missing_work_says_so(tmp_path):
+    """--ignore may let missing work pass (by design), but the passing verdict names what it
+    left out: the cut log's one capture_incomplete (check), and with the diff's
+    unverified_drafts two error findings (diff against the whole reference run)."""
+    cut = _import_head(tmp_path, 300)
+    r = run_inproc("check", cut, "--ignore", "capture_incomplete")
+    assert r.returncode == 0
+    assert "gate: passed, with 1 error finding ignored (capture_incomplete)" in r.stdout
+    r = run_inproc("check", cut, "--ignore", "capture_incomplete", "--format", "json")
+    assert json.loads(r.stdout)["gate"]["ignored"] == ["capture_incomplete"]
+    ignore = ("--ignore", "capture_incomplete", "--ignore", "unverified_drafts")
+    r = run_inproc("diff", cut, REFERENCE, *ignore)
+    assert r.returncode == 0
+    assert (
+        "no divergence on comparable blocks, with 2 error findings ignored "
+        "(capture_incomplete, unverified_drafts)"
+    ) in r.stdout
+
+
+def test_a_pass_with_nothing_ignored_says_nothing_more(tmp_path):
+    """Twin: the whole log with the same --ignore: nothing was left out, the plain verdict."""
+    whole = _import_head(tmp_path, None)
+    r = run_inproc("check", whole, "--ignore", "capture_incomplete")
+    assert r.returncode == 0 and "gate: passed\n" in r.stdout
+    r = run_inproc("diff", whole, REFERENCE, "--ignore", "capture_incomplete")
+    assert r.returncode == 0
+    assert "no divergence on comparable blocks\n" in r.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -20,17 +21,34 @@ class Verdict:
         return self.word + self.detail
 
 
-def verdict(diverged: bool, reasons: list[str], content_only: bool = False) -> Verdict:
+def verdict(
+    diverged: bool, reasons: list[str], content_only: bool = False, ignored: Sequence[str] = ()
+) -> Verdict:
     """The verdict sentence of a diff (``DiffResult.diverged``, ``.reasons``, and whether a
     ``content_only`` finding says one side has no drafts: a vanilla baseline).
 
     ``DIVERGED: reason; reason``, ``no divergence on comparable blocks``, or for a vanilla
     baseline ``no divergence in content (no drafts on one side: no draft comparison)``.
+    ``ignored``: the kinds of the error findings a gate left out (``--ignore``), one entry
+    per finding; a passing verdict says them, so that ignored missing work is never silent.
     """
     if diverged:
         return Verdict(True, "DIVERGED", ": " + "; ".join(reasons))
+    note = ignored_note(ignored)
     if content_only:
         return Verdict(
-            False, "no divergence", " in content (no drafts on one side: no draft comparison)"
+            False,
+            "no divergence",
+            " in content (no drafts on one side: no draft comparison)" + note,
         )
-    return Verdict(False, "no divergence", " on comparable blocks")
+    return Verdict(False, "no divergence", " on comparable blocks" + note)
+
+
+def ignored_note(ignored: Sequence[str]) -> str:
+    """``, with 2 error findings ignored (capture_incomplete, unverified_drafts)``, or ``""``
+    when ``ignored`` (error finding kinds, one per finding) is empty."""
+    if not ignored:
+        return ""
+    n = len(ignored)
+    kinds = ", ".join(sorted(set(ignored)))
+    return f", with {n} error finding{'s' if n > 1 else ''} ignored ({kinds})"

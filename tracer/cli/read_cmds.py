@@ -177,19 +177,20 @@ def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None, **gate: Any) 
         found, problems = check_gate(check_trace(t, decoder_for(tokenizer, t.meta)), th, sel, t)
     summary = explained_summary(t)
     gated = not (sel.everything and th.default)
+    ignored = [f.kind for f in found if f.severity == "error" and f.kind in th.ignore]
     if fmt == "json":
         doc: dict[str, object] = {
             "schema": "spectrace.check/1",
             "findings": [f.to_json() for f in found],
         }
         if gated:
-            doc["gate"] = {"passed": not problems, "problems": problems}
+            doc["gate"] = {"passed": not problems, "problems": problems, "ignored": ignored}
         output.out(json.dumps({**doc, "summary": summary}, indent=2))
     else:
         con = output.console()
         report.print_findings(con, found)
         if gated:
-            report.print_check_gate(con, problems)
+            report.print_check_gate(con, problems, ignored)
         report.print_info(con, summary)
     exit_verdict(bool(problems))
 

@@ -6,6 +6,7 @@ Pure presentation: takes the dict built by :func:`metrics.trace_summary` and the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from rich.console import Console
@@ -23,7 +24,7 @@ from ..diff_result import (
 from ..fmt import SEVERITY_STYLE, num, pct
 from ..metrics import CONVENTIONS
 from ..schema import SOURCE_REPLAY, capture_end
-from ..verdict import verdict
+from ..verdict import ignored_note, verdict
 
 #: Content divergences listed one per line in the text report (JSON lists all).
 CONTENT_LINES = 10
@@ -207,12 +208,13 @@ def _print_gate(con: Console, g: GateSummary) -> None:
     )
 
 
-def print_check_gate(con: Console, problems: list[str]) -> None:
-    """``check``'s threshold verdict (one line)."""
+def print_check_gate(con: Console, problems: list[str], ignored: Sequence[str] = ()) -> None:
+    """``check``'s threshold verdict (one line); ``ignored``: the kinds of the error
+    findings ``--ignore`` left out, one per finding (said when it passed)."""
     if problems:
         con.print(f"gate: [red]FAILED[/red]: {escape('; '.join(problems))}")
     else:
-        con.print("gate: [green]passed[/green]")
+        con.print(f"gate: [green]passed[/green]{escape(ignored_note(ignored))}")
 
 
 def print_by_request(con: Console, rows: list[RequestRow]) -> None:
@@ -292,7 +294,9 @@ def _print_sides(con: Console, r: DiffResult) -> None:
             f"differ (within the thresholds)"
         )
         return
-    v = verdict(r.diverged, r.reasons, any(f.kind == "content_only" for f in r.findings))
+    ignore = set(g.ignore) if g is not None else set()
+    ignored = [f.kind for f in r.findings if f.severity == "error" and f.kind in ignore]
+    v = verdict(r.diverged, r.reasons, any(f.kind == "content_only" for f in r.findings), ignored)
     style = "bold red" if v.diverged else "bold green"
     con.print(f"[{style}]{v.word}[/{style}]{escape(v.detail)}")
 
