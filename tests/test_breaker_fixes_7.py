@@ -334,3 +334,24 @@ def test_a_pass_with_nothing_ignored_says_nothing_more(tmp_path):
     r = run_inproc("diff", whole, REFERENCE, "--ignore", "capture_incomplete")
     assert r.returncode == 0
     assert "no divergence on comparable blocks\n" in r.stdout
+
+
+def test_strict_import_refuses_a_log_cut_before_finished(tmp_path):
+    """--strict refuses every broken invariant: the cut log beside its requests file is exit
+    2 naming the log's last line, and leaves no trace behind (a strict import is all or
+    nothing)."""
+    log = tmp_path / "cut.vt.log"
+    log.write_text("".join(LOG.read_text().splitlines(keepends=True)[:300]))
+    out = tmp_path / "cut.h5"
+    r = run_inproc("import", "vt", log, "-o", out, "--requests", REQUESTS, "--strict")
+    assert r.returncode == 2 and not out.exists()
+    assert f"{log}:300: ends before finished=1: the log ends before 5 request(s)" in r.stderr
+
+
+def test_strict_import_of_the_whole_log_with_its_requests_passes(tmp_path):
+    """Twin: the whole log (every request prints finished=1), strict, imports all 139."""
+    out = tmp_path / "whole.h5"
+    r = run_inproc("import", "vt", LOG, "-o", out, "--requests", REQUESTS, "--strict")
+    assert r.returncode == 0, r.stderr
+    with open_trace(out) as t:
+        assert len(t.blocks) == 139

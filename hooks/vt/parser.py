@@ -178,7 +178,7 @@ class VtTraceParser:
         store stats in /meta. Idempotent; returns the :class:`ImportStats`.
 
         Raises:
-            InputError: strict mode, when the requests file does not match the log.
+            InputError: strict mode: the requests file does not match the log or finished more.
         """
         if self._finished:
             return self.stats
@@ -186,7 +186,7 @@ class VtTraceParser:
         self._close_section()
         self._write_not_installed(final=True)
         mark_unfinished(self.writer, self._done, self._reqs, self._requests)
-        note_cut_before_finish(self.stats, self._done, self._requests, self._lineno)
+        cut = note_cut_before_finish(self.stats, self._done, self._requests, self._lineno)
         if self._proposal is not None:
             self.stats.joins["not_verified"] += 1  # the log ended before the next step
             self._proposal = None
@@ -197,8 +197,8 @@ class VtTraceParser:
             check = check_requests(self._requests_source, self.stats.source, reached, lengths)
             self.stats.requests_check = check
         self._update_meta()
-        if self.strict and self.stats.requests_warning():
-            raise InputError(self.stats.requests_warning())
+        if self.strict and (self.stats.requests_warning() or cut):  # every broken invariant
+            raise InputError(self.stats.requests_warning() or cut)
         return self.stats
 
     def abort(self) -> ImportStats:

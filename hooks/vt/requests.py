@@ -63,7 +63,7 @@ CUT_BEFORE_FINISH = "ends before finished=1"
 
 def note_cut_before_finish(
     stats, done: dict[str, bool], requests: dict[str, RequestRecord] | None, lineno: int
-) -> list[str]:
+) -> str | None:
     """Count, as the import violation :data:`CUT_BEFORE_FINISH`, the requests the requests
     file gives a finish reason for whose ``[spec-update] req=`` lines never said
     ``finished=1``: the engine finished them and the log ended first (a copy cut short, a
@@ -77,20 +77,21 @@ def note_cut_before_finish(
         requests: the requests file's records (None: no file).
         lineno: the log's last line number (the example's line).
     Returns:
-        The request ids counted, in ``done``'s order.
+        The violation as strict mode's one-line error (``LOG:LINE: ...``), None when no
+        request was cut.
     """
     given = {r for r, rec in (requests or {}).items() if rec.finish_reason}
     cut = [r for r, fin in done.items() if not fin and r in given]
-    if cut:
-        stats.violations[CUT_BEFORE_FINISH] += len(cut)
-        stats.note(
-            CUT_BEFORE_FINISH,
-            lineno,
-            f"{CUT_BEFORE_FINISH}: the log ends before {len(cut)} request(s) that the "
-            f"requests file says finished printed finished=1 (first: req={cut[0]}): their "
-            f"last blocks are missing",
-        )
-    return cut
+    if not cut:
+        return None
+    msg = (
+        f"{CUT_BEFORE_FINISH}: the log ends before {len(cut)} request(s) that the requests "
+        f"file says finished printed finished=1 (first: req={cut[0]}): their last blocks "
+        f"are missing"
+    )
+    stats.violations[CUT_BEFORE_FINISH] += len(cut)
+    stats.note(CUT_BEFORE_FINISH, lineno, msg)
+    return f"{stats.source}:{lineno}: {msg}"
 
 
 def read_requests(path: str | os.PathLike) -> dict[str, RequestRecord]:
