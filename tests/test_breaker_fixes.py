@@ -202,9 +202,11 @@ def test_check_positions_selecting_nothing_fail(pair, capsys):
     assert json.loads(out)["gate"] == {
         "passed": False,
         "problems": ["nothing selected: no block of the trace lies in positions 1000:"],
+        "ignored": [],
     }
     code, out, _ = run_cli(capsys, "check", pair[0], "--positions", "0:3", "--format", "json")
-    assert code == 0 and json.loads(out)["gate"] == {"passed": True, "problems": []}
+    gate = json.loads(out)["gate"]
+    assert code == 0 and gate == {"passed": True, "problems": [], "ignored": []}
 
 
 # -- 3. explicit agreement against a vanilla run; the headline ------------------------------
