@@ -5,11 +5,18 @@
    counters"), so a golden short of its own draft counter passed ``check`` (exit 0); a
    counter that is no count (``"3"``, ``true``) was dropped the same silent way. Integral
    floats are counts now, and any other value is bad input naming the file, line and field.
+2. The pytest fixtures wrote every capture of a test to ``tmp_path/ours.h5`` (and every
+   log import to ``LOG.h5``): a second capture replaced the first one's file, so the
+   failure's ``spectrace view`` line named one file twice (the second run against itself)
+   and a regression golden taken from the first trace copied the second run's file. A
+   second capture or import of one name now writes ``NAME-2.h5``.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 from pathlib import Path
 
 import h5py
@@ -17,6 +24,7 @@ from inproc import run_inproc
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data_importers" / "golden_small.json"
+LOG = ROOT / "traces" / "reference.vt.log"
 
 # -- 1. golden counters written as floats, or not as counts ------------------------------------
 
@@ -86,3 +94,56 @@ def test_a_per_position_counter_that_is_no_list_of_counts_is_bad_input(tmp_path)
     r = run_inproc("import", "golden", _golden(tmp_path, bad), "-o", tmp_path / "g.h5")
     assert r.returncode == 2
     assert "'vllm:spec_decode_num_accepted_tokens_per_pos' is not a count" in r.stderr
+
+
+# -- 2. a second capture or import of one name in a test -----------------------------------------
+
+
+def _engine(log: Path) -> list[str]:
+    """A command that prints LOG on its stderr, as our engine prints its trace lines."""
+    return [sys.executable, "-c", f"import sys; sys.stderr.write(open({str(log)!r}).read())"]
+
+
+def _blocks_in(log: Path) -> int:
+    return sum(line.startswith("[SPECTRACE]") for line in log.read_text().splitlines())
+
+
+def _blocks_on_disk(path: Path) -> int:
+    with h5py.File(path, "r", locking=False) as f:  # the fixture's Trace holds it open
+        return len(f["blocks/position"])
+
+
+def _first_lines(tmp_path: Path, n: int) -> Path:
+    cut = tmp_path / "cut.log"
+    cut.write_text("".join(LOG.read_text().splitlines(keepends=True)[:n]))
+    return cut
+
+
+def test_a_second_capture_keeps_the_first_ones_file(tmp_path, spectrace_capture_cmd):
+    cut = _first_lines(tmp_path, 300)
+    whole, part = _blocks_in(LOG), _blocks_in(cut)
+    assert (whole, part) == (139, 60)  # the bundled log's 139 blocks; 60 in its 300 lines
+    first = spectrace_capture_cmd(_engine(LOG))
+    second = spectrace_capture_cmd(_engine(cut))
+    assert (first.paths, second.paths) == ([tmp_path / "ours.h5"], [tmp_path / "ours-2.h5"])
+    assert _blocks_on_disk(tmp_path / "ours.h5") == whole
+    assert _blocks_on_disk(tmp_path / "ours-2.h5") == part
+
+
+def test_one_capture_writes_its_name(tmp_path, spectrace_capture_cmd):
+    """Twin: one capture per name is NAME.h5, as documented."""
+    t = spectrace_capture_cmd(_engine(LOG), name="mine")
+    assert t.paths == [tmp_path / "mine.h5"]
+    assert _blocks_on_disk(tmp_path / "mine.h5") == 139
+
+
+def test_two_logs_of_one_name_load_as_two_traces(tmp_path, spectrace_load):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    shutil.copy(LOG, tmp_path / "a" / "run.log")
+    shutil.copy(_first_lines(tmp_path, 300), tmp_path / "b" / "run.log")
+    first = spectrace_load(tmp_path / "a" / "run.log")
+    second = spectrace_load(tmp_path / "b" / "run.log")
+    assert first.paths == [tmp_path / "run.log.h5"]
+    assert second.paths == [tmp_path / "run.log-2.h5"]
+    assert (_blocks_on_disk(first.paths[0]), _blocks_on_disk(second.paths[0])) == (139, 60)
