@@ -10,6 +10,11 @@
    failure's ``spectrace view`` line named one file twice (the second run against itself)
    and a regression golden taken from the first trace copied the second run's file. A
    second capture or import of one name now writes ``NAME-2.h5``.
+3. Naming the plugin as its module docstring offers (``pytest_plugins =
+   ["spectrace.tracer.pytest_plugin"]`` in a conftest, or ``-p spectrace.tracer.pytest_plugin``)
+   stopped pytest before any test: the ``pytest11`` entry point had already registered that
+   module as ``spectrace`` ("Plugin already registered under a different name"). The entry
+   point now names a module that only lists the plugin in ``pytest_plugins``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ import sys
 from pathlib import Path
 
 import h5py
+import pytest
 from inproc import run_inproc
+
+pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data_importers" / "golden_small.json"
@@ -147,3 +155,36 @@ def test_two_logs_of_one_name_load_as_two_traces(tmp_path, spectrace_load):
     assert first.paths == [tmp_path / "run.log.h5"]
     assert second.paths == [tmp_path / "run.log-2.h5"]
     assert (_blocks_on_disk(first.paths[0]), _blocks_on_disk(second.paths[0])) == (139, 60)
+
+
+# -- 3. the plugin named in a conftest or with -p -------------------------------------------------
+
+_USES_A_FIXTURE = """
+def test_it(spectrace_load):
+    assert callable(spectrace_load)
+"""
+
+
+@pytest.mark.parametrize(
+    ("conftest", "args"),
+    [
+        ('pytest_plugins = ["spectrace.tracer.pytest_plugin"]\n', ()),
+        (None, ("-p", "spectrace.tracer.pytest_plugin")),
+    ],
+    ids=["conftest", "dash-p"],
+)
+def test_the_plugin_named_by_its_module_runs_the_tests(pytester, conftest, args):
+    if conftest:
+        pytester.makeconftest(conftest)
+    pytester.makepyfile(_USES_A_FIXTURE)
+    r = pytester.runpytest_subprocess("-q", *args)
+    assert r.ret == 0, r.stderr.str()
+    r.assert_outcomes(passed=1)
+
+
+def test_the_plugin_loads_by_its_entry_point_alone(pytester):
+    """Twin: no conftest, no -p: the entry point alone gives the fixtures, and
+    ``-p no:spectrace`` still keeps them out (the fixture is then unknown: an error)."""
+    pytester.makepyfile(_USES_A_FIXTURE)
+    pytester.runpytest_subprocess("-q").assert_outcomes(passed=1)
+    pytester.runpytest_subprocess("-q", "-p", "no:spectrace").assert_outcomes(errors=1)
