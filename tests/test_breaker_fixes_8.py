@@ -15,6 +15,10 @@
    stopped pytest before any test: the ``pytest11`` entry point had already registered that
    module as ``spectrace`` ("Plugin already registered under a different name"). The entry
    point now names a module that only lists the plugin in ``pytest_plugins``.
+4. ``replay --engine cmd`` (and vllm) whose engine exited 0 but drafted at only some of the
+   positions exited 2, bad input, though the input was sound: the engine dropped its work.
+   It is an engine failure now (exit 3, as a failed or timed-out engine), with how many
+   positions lack a block.
 """
 
 from __future__ import annotations
@@ -188,3 +192,50 @@ def test_the_plugin_loads_by_its_entry_point_alone(pytester):
     pytester.makepyfile(_USES_A_FIXTURE)
     pytester.runpytest_subprocess("-q").assert_outcomes(passed=1)
     pytester.runpytest_subprocess("-q", "-p", "no:spectrace").assert_outcomes(errors=1)
+
+
+# -- 4. a replayed engine that drafts at only some positions -----------------------------------
+
+_FAKE_ENGINE = """
+import json, sys
+prompts, requests, skip = sys.argv[1], sys.argv[2], sys.argv[3:]
+with open(requests, "w") as out:
+    for line in open(prompts):
+        d = json.loads(line)
+        n = len(d["prompt_ids"])
+        if d["id"] not in skip:
+            print(f"[SPECTRACE] req={d['id']} pos={n + 1} k=2 ns=1 acc=0 draft=[ 5 6 ] "
+                  f"emit=[ 7 ]", file=sys.stderr)
+        out.write(json.dumps({"req_id": d["id"], "prompt_ids": d["prompt_ids"],
+                              "output_ids": [4, 7]}) + "\\n")
+"""
+
+
+def _replay_fake(tmp_path: Path, *skip: str):
+    """Replay a 3-token prompt + 4-token output: 3 positions (3, 4, 5: sites 0, 1, 2)."""
+    engine = tmp_path / "engine.py"
+    engine.write_text(_FAKE_ENGINE)
+    ref = tmp_path / "ref.jsonl"
+    ref.write_text('{"req_id": "a", "prompt_ids": [1, 2, 3], "output_ids": [4, 5, 6, 7]}\n')
+    out = tmp_path / "replay.h5"
+    cmd = " ".join([sys.executable, str(engine), "{prompts}", "{requests}", *skip])
+    r = run_inproc("replay", ref, "-o", out, "--engine", "cmd", "--k", "2", "--command", cmd)
+    return r, out
+
+
+def test_an_engine_that_skips_a_position_failed(tmp_path):
+    r, out = _replay_fake(tmp_path, "1")
+    assert (r.returncode, r.stdout) == (3, "")
+    assert r.stderr.splitlines()[-1] == (
+        "spectrace: error: engine left no block at 1 of 3 replayed positions (first: request "
+        "a position 4, site 1): its drafts there are missing"
+    )
+    assert not out.exists()
+
+
+def test_an_engine_that_drafts_every_position_replays(tmp_path):
+    """Twin: the same engine drafting at all 3 positions: 3 blocks, at 3, 4 and 5."""
+    r, out = _replay_fake(tmp_path)
+    assert r.returncode == 0, r.stderr
+    with h5py.File(out) as f:
+        assert [int(x) for x in f["blocks/position"][()]] == [3, 4, 5]
