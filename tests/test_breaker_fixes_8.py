@@ -19,18 +19,26 @@
    positions exited 2, bad input, though the input was sound: the engine dropped its work.
    It is an engine failure now (exit 3, as a failed or timed-out engine), with how many
    positions lack a block.
+5. ``capture`` never finished while a process the command started held its stderr open
+   (``sleep &`` in a script, a daemon, the child of a shell that SIGTERM killed): it read
+   the pipe until EOF, so even a forwarded SIGTERM left it hanging and the exit status and
+   the trace's end record were never written. It now stops reading once the command has
+   exited and the pipe stayed silent for 2 s (one warning line), keeping every line read.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import h5py
 import pytest
-from inproc import run_inproc
+from inproc import SPECTRACE, run_inproc
 
 pytest_plugins = ["pytester"]
 
@@ -239,3 +247,49 @@ def test_an_engine_that_drafts_every_position_replays(tmp_path):
     assert r.returncode == 0, r.stderr
     with h5py.File(out) as f:
         assert [int(x) for x in f["blocks/position"][()]] == [3, 4, 5]
+
+
+# -- 5. a process the command left behind holds its stderr -------------------------------------
+
+
+def _capture_leaving(tmp_path: Path, script: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """``spectrace capture`` of ``sh -c SCRIPT`` ($1: the pid file, $2: the 300-line log);
+    the process SCRIPT leaves behind is killed afterwards (by the pid it wrote)."""
+    out, pid_file = tmp_path / "t.h5", tmp_path / "pid"
+    cmd = ["sh", "-c", script, "sh", str(pid_file), str(_first_lines(tmp_path, 300))]
+    err = tmp_path / "stderr"
+    try:
+        with open(err, "w") as fh:  # a file, not a pipe: the sleeper holds what it inherits
+            rc = subprocess.run(
+                [SPECTRACE, "capture", "-o", str(out), "--", *cmd],
+                stdout=subprocess.DEVNULL,
+                stderr=fh,
+                timeout=60,  # on main the capture waited for the 600 s sleeper: a hang
+            ).returncode
+    finally:
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    run = subprocess.CompletedProcess(cmd, rc, "", err.read_text())
+    return run, out
+
+
+def test_a_left_behind_process_holding_stderr_does_not_hold_the_capture(tmp_path):
+    run, out = _capture_leaving(tmp_path, 'cat "$2" >&2; sleep 600 & echo $! > "$1"; exit 0')
+    assert run.returncode == 0, run.stderr
+    assert (
+        "spectrace: warning: the command exited but a process it started still holds its "
+        "stderr open; stopped reading it 2 s later"
+    ) in run.stderr.splitlines()
+    assert _blocks_on_disk(out) == 60  # every block of the 300 lines it printed
+
+
+def test_lines_a_left_behind_process_prints_soon_are_captured(tmp_path):
+    """Twin: a child that prints the log 0.5 s after the command exited (then exits):
+    all 60 blocks are captured, with no warning."""
+    run, out = _capture_leaving(tmp_path, '(sleep 0.5; cat "$2" >&2) & echo $! > "$1"; exit 0')
+    assert run.returncode == 0, run.stderr
+    assert "holds its stderr open" not in run.stderr
+    assert _blocks_on_disk(out) == 60
