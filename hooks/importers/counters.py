@@ -41,7 +41,7 @@ def _count(v: object) -> int | None:
     floats, ``5.0``), within ``[0, 2**62]``; None when it is not one."""
     if isinstance(v, float) and v.is_integer():
         v = int(v)
-    return v if is_int(v, 0, 2**62) else None
+    return v if isinstance(v, int) and is_int(v, 0, 2**62) else None
 
 
 def _counter(name: str, v: object) -> int | list[int] | None:
