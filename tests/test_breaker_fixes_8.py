@@ -24,6 +24,10 @@
    the pipe until EOF, so even a forwarded SIGTERM left it hanging and the exit status and
    the trace's end record were never written. It now stops reading once the command has
    exited and the pipe stayed silent for 2 s (one warning line), keeping every line read.
+6. ``capture vllm -o run.h5`` checked only ``run.h5`` (and its ``.partial``): the plugin
+   writes DP rank r to ``run.dp<r>.h5``, so an earlier capture's rank file was overwritten
+   without ``--force`` (or, beside a new one-rank run, read with it by ``'run*.h5'``). Such
+   a rank file is now refused like ``-o`` itself (exit 2, naming it).
 """
 
 from __future__ import annotations
@@ -293,3 +297,33 @@ def test_lines_a_left_behind_process_prints_soon_are_captured(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "holds its stderr open" not in run.stderr
     assert _blocks_on_disk(out) == 60
+
+
+# -- 6. capture vllm and an earlier capture's rank files --------------------------------------
+
+
+def test_an_earlier_rank_file_is_not_overwritten_without_force(tmp_path):
+    for name in ("run.dp1.h5", "run.dp1.h5.partial"):
+        earlier = tmp_path / name
+        earlier.write_bytes(b"an earlier capture's rank 1")
+        r = run_inproc("capture", "vllm", "-o", tmp_path / "run.h5", "--", "true")
+        assert (r.returncode, r.stdout) == (2, "")
+        assert r.stderr == (
+            f"spectrace: error: {earlier}: a data-parallel rank file of an earlier capture to "
+            f"{tmp_path / 'run.h5'} exists (the plugin writes rank r to run.dp<r>.h5); pass "
+            f"--force to overwrite it\n"
+        )
+        assert earlier.read_bytes() == b"an earlier capture's rank 1"
+        earlier.unlink()
+
+
+def test_a_capture_beside_other_files_runs(tmp_path):
+    """Twin: files that are no rank of -o (another stem, no digits) do not stop it, nor
+    does a rank file with --force: the command runs (``true``: exit status 0)."""
+    for name in ("runx.dp1.h5", "run.dpx.h5", "run.h5.log"):
+        (tmp_path / name).write_bytes(b"x")
+    r = run_inproc("capture", "vllm", "-o", tmp_path / "run.h5", "--", "true")
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "run.dp1.h5").write_bytes(b"x")
+    r = run_inproc("capture", "vllm", "-o", tmp_path / "run.h5", "--force", "--", "true")
+    assert r.returncode == 0, r.stderr
