@@ -28,6 +28,9 @@
    writes DP rank r to ``run.dp<r>.h5``, so an earlier capture's rank file was overwritten
    without ``--force`` (or, beside a new one-rank run, read with it by ``'run*.h5'``). Such
    a rank file is now refused like ``-o`` itself (exit 2, naming it).
+7. ``replay`` of a reference whose capture was killed (or never closed, or lost lines)
+   said nothing: the replay covered only what the reference recorded. It now warns, with
+   the reasons ``capture_incomplete`` gives.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ from pathlib import Path
 import h5py
 import pytest
 from inproc import SPECTRACE, run_inproc
+
+from spectrace.hooks.replay.positions import read_references
+from spectrace.tracer.store import TraceWriter, open_trace
 
 pytest_plugins = ["pytester"]
 
@@ -327,3 +333,40 @@ def test_a_capture_beside_other_files_runs(tmp_path):
     (tmp_path / "run.dp1.h5").write_bytes(b"x")
     r = run_inproc("capture", "vllm", "-o", tmp_path / "run.h5", "--force", "--", "true")
     assert r.returncode == 0, r.stderr
+
+
+# -- 7. replaying a reference whose capture is missing work --------------------------------------
+
+
+def _reference_with(tmp_path: Path, **meta) -> Path:
+    """The bundled reference's first two requests (no block) under ``meta``."""
+    src = open_trace(ROOT / "traces" / "reference.h5")
+    out = tmp_path / "ref.h5"
+    with TraceWriter(out, {"k": 4, "method": "draft_model", **meta}, flush_interval=0) as w:
+        for i in range(2):
+            w.request(
+                str(src.requests.req_id[i]),
+                prompt_ids=[int(x) for x in src.requests.prompt_ids[i]],
+                output_ids=[int(x) for x in src.requests.output_ids[i]],
+                finish_reason="length",
+            )
+    return out
+
+
+def test_a_killed_reference_is_said_to_be_missing_work(tmp_path, capsys):
+    killed = {"ended": "engine-signal", "exit_status": 137, "signal": 9}
+    refs, _ = read_references(_reference_with(tmp_path, capture=killed))
+    assert [r.req_id for r in refs] == ["0", "1"]
+    assert capsys.readouterr().err == (
+        f"spectrace: warning: {tmp_path / 'ref.h5'}: the reference's capture is missing work "
+        f"(ended engine-signal; the engine was killed by signal 9): only the sequences it "
+        f"recorded are replayed\n"
+    )
+
+
+def test_a_cleanly_ended_reference_replays_without_a_word(tmp_path, capsys):
+    """Twin: the same requests from a capture that ended clean (exit status 0)."""
+    clean = {"ended": "clean", "exit_status": 0, "signal": None}
+    refs, _ = read_references(_reference_with(tmp_path, capture=clean))
+    assert [r.req_id for r in refs] == ["0", "1"]
+    assert capsys.readouterr().err == ""
