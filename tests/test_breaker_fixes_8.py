@@ -31,6 +31,10 @@
 7. ``replay`` of a reference whose capture was killed (or never closed, or lost lines)
    said nothing: the replay covered only what the reference recorded. It now warns, with
    the reasons ``capture_incomplete`` gives.
+8. ``spectrace_regression`` named goldens after the test with ``/``, ``[`` and ``]``
+   replaced, so ``test_x[a/b]`` and ``test_x[a_b]`` (or ``test_x[1]`` and ``test_x_1``)
+   shared one golden: the second was judged against the first's trace (and ``--spectrace-
+   regen`` let the last overwrite the others). The second such test now fails, naming both.
 """
 
 from __future__ import annotations
@@ -370,3 +374,38 @@ def test_a_cleanly_ended_reference_replays_without_a_word(tmp_path, capsys):
     refs, _ = read_references(_reference_with(tmp_path, capture=clean))
     assert [r.req_id for r in refs] == ["0", "1"]
     assert capsys.readouterr().err == ""
+
+
+# -- 8. two tests whose golden names coincide ----------------------------------------------------
+
+_REGRESSION = """
+import pytest
+
+@pytest.mark.parametrize("which", [{ids}])
+def test_reg(which, spectrace_regression):
+    spectrace_regression.check({trace!r})
+"""
+
+
+def test_two_tests_of_one_golden_name_are_refused(pytester):
+    trace = str(ROOT / "traces" / "reference.h5")
+    pytester.makepyfile(test_g=_REGRESSION.format(ids='"a/b", "a_b"', trace=trace))
+    r = pytester.runpytest_subprocess("-q")
+    r.assert_outcomes(failed=1, errors=1)  # a/b: its golden written; a_b: refused
+    r.stdout.fnmatch_lines(
+        [
+            "*spectrace: test_g.py::test_reg[[]a_b[]] and test_g.py::test_reg[[]a/b[]] have one "
+            "golden trace *test_g/test_reg_a_b.h5; give the tests*"
+        ]
+    )
+    assert sorted(p.name for p in (pytester.path / "test_g").iterdir()) == ["test_reg_a_b.h5"]
+
+
+def test_tests_of_distinct_golden_names_each_have_theirs(pytester):
+    """Twin: ids "a" and "b": two goldens, written on the first run, passing on the next."""
+    trace = str(ROOT / "traces" / "reference.h5")
+    pytester.makepyfile(test_g=_REGRESSION.format(ids='"a", "b"', trace=trace))
+    pytester.runpytest_subprocess("-q").assert_outcomes(failed=2)
+    names = sorted(p.name for p in (pytester.path / "test_g").iterdir())
+    assert names == ["test_reg_a.h5", "test_reg_b.h5"]
+    pytester.runpytest_subprocess("-q").assert_outcomes(passed=2)

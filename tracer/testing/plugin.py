@@ -174,13 +174,30 @@ class Regression:
             self.obtained.unlink()
 
 
+#: Golden path -> the node id that uses it, in this session (two tests must not share one).
+_GOLDEN_OWNERS = pytest.StashKey[dict]()
+
+
 @pytest.fixture
 def spectrace_regression(request) -> Regression:
-    """The golden-trace checker of this test (see :class:`Regression`)."""
+    """The golden-trace checker of this test (see :class:`Regression`). Fails the test when
+    another test of the session has the same golden file (``test_x[a/b]`` and
+    ``test_x[a_b]``, or ``test_x[1]`` and ``test_x_1``): each would be judged against the
+    other's trace."""
     path = Path(request.node.path)
     name = request.node.name.replace("/", "_").replace("[", "_").replace("]", "")
+    golden = path.parent / path.stem / f"{name}.h5"
+    owner = request.config.stash.setdefault(_GOLDEN_OWNERS, {}).setdefault(
+        golden, request.node.nodeid
+    )
+    if owner != request.node.nodeid:
+        pytest.fail(
+            f"spectrace: {request.node.nodeid} and {owner} have one golden trace {golden}; "
+            f"give the tests (or their parameters) names that stay distinct",
+            pytrace=False,
+        )
     return Regression(
-        path.parent / path.stem / f"{name}.h5",
+        golden,
         request.config.getoption("spectrace_regen"),
         _workdir(request.getfixturevalue("tmp_path"), "obtained"),
     )
