@@ -18,6 +18,7 @@ keeps it. Diagnostics are one line on stderr prefixed ``spectrace:``.
 from __future__ import annotations
 
 import os
+import select
 import shlex
 import signal
 import subprocess
@@ -81,11 +82,48 @@ class _Forwarder:
             self.ok = False  # our stderr is gone; keep recording anyway
 
 
-def _pump(proc: subprocess.Popen, parser: VtTraceParser, fwd: _Forwarder, log) -> None:
-    # A buffered pipe's readline returns each line as soon as the child has written it
-    # (reads return what is available), without a syscall per byte.
+#: Seconds the stderr pipe may stay silent after CMD exited before the capture stops reading
+#: it: a process CMD started (a daemon, ``sleep &``, a child left behind by a SIGTERM'd
+#: shell) may hold it open for ever, and the capture must still finish and say how CMD ended.
+DRAIN_S = 2.0
+
+
+def _stderr_lines(proc: subprocess.Popen, drain_s: float = DRAIN_S):
+    """CMD's stderr, line by line (bytes, the newline kept; a last line without one too),
+    until EOF, or until CMD has exited and the pipe stayed silent for ``drain_s`` seconds
+    (then one warning line; what was read is kept). Reads whatever is available (no
+    syscall per byte)."""
     assert proc.stderr is not None  # started with stderr=PIPE
-    for raw in iter(proc.stderr.readline, b""):
+    fd = proc.stderr.fileno()
+    buf, quiet_since = b"", None
+    while True:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            buf += chunk
+            quiet_since = None
+            start = 0
+            while (nl := buf.find(b"\n", start)) >= 0:
+                yield buf[start : nl + 1]
+                start = nl + 1
+            buf = buf[start:]
+        elif proc.poll() is not None:
+            now = time.monotonic()
+            quiet_since = quiet_since or now
+            if now - quiet_since >= drain_s:
+                say(
+                    f"warning: the command exited but a process it started still holds its "
+                    f"stderr open; stopped reading it {drain_s:g} s later"
+                )
+                break
+    if buf:
+        yield buf
+
+
+def _pump(proc: subprocess.Popen, parser: VtTraceParser, fwd: _Forwarder, log) -> None:
+    for raw in _stderr_lines(proc):
         if fwd.trace_lines:
             fwd.write(raw)
         if log is not None:

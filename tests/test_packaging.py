@@ -97,7 +97,7 @@ def test_entry_points_are_declared():
     assert (
         proj["entry-points"]["vllm.general_plugins"]["spectrace"] == "spectrace.hooks.vllm:register"
     )
-    assert proj["entry-points"]["pytest11"]["spectrace"] == "spectrace.tracer.pytest_plugin"
+    assert proj["entry-points"]["pytest11"]["spectrace"] == "spectrace.tracer.testing.entry"
     assert set(proj["optional-dependencies"]) >= {"engine", "vllm", "test"}
 
 

@@ -173,8 +173,8 @@ def test_loading_the_plugin_is_light():
 
 
 def test_entry_point_module_exposes_the_whole_plugin():
-    """pytest registers ``spectrace.tracer.pytest_plugin`` (the pytest11 entry point) and finds
-    hooks and fixtures by attribute: it must carry every one of ``testing.plugin``'s."""
+    """pytest registers ``spectrace.tracer.pytest_plugin`` (named by the pytest11 entry point)
+    and finds hooks and fixtures by attribute: it must carry every one of ``testing.plugin``'s."""
     from spectrace.tracer import pytest_plugin
     from spectrace.tracer.testing import plugin
 

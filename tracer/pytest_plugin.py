@@ -1,10 +1,11 @@
-"""The ``pytest11`` entry point of spectrace's pytest plugin (``spectrace.tracer.pytest_plugin``).
+"""The module pytest registers as spectrace's pytest plugin (``spectrace.tracer.pytest_plugin``).
 
-Why this module exists: installed packages name this path in their entry-point metadata, and
-engine teams may list it in ``-p``/``pytest_plugins``, so it keeps working after the plugin
-moved to :mod:`spectrace.tracer.testing.plugin`. pytest finds hooks and fixtures by attribute
-on the registered module, so the hook and every fixture are re-exported here; nothing else
-lives here.
+Why this module exists: the ``pytest11`` entry point (:mod:`spectrace.tracer.testing.entry`)
+names it in ``pytest_plugins``, and engine teams may list it in ``-p``/``pytest_plugins``
+themselves (pytest then registers it once, under this name), so it keeps working after the
+plugin moved to :mod:`spectrace.tracer.testing.plugin`. pytest finds hooks and fixtures by
+attribute on the registered module, so the hook and every fixture are re-exported here;
+nothing else lives here.
 """
 
 from __future__ import annotations

@@ -36,17 +36,44 @@ def placed_totals(placed: Sequence[PlacedBlock], k: int | None) -> dict:
     }
 
 
+def _count(v: object) -> int | None:
+    """``v`` as a count: a JSON integer, or an integral float (Prometheus exports counters as
+    floats, ``5.0``), within ``[0, 2**62]``; None when it is not one."""
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return v if isinstance(v, int) and is_int(v, 0, 2**62) else None
+
+
+def _counter(name: str, v: object) -> int | list[int] | None:
+    """A golden counter's value (a count, or a list of counts for the per-position one)."""
+    if name != "accepted_per_pos":
+        return _count(v)
+    if not isinstance(v, list):
+        return None
+    counts = [_count(x) for x in v]
+    return None if None in counts else counts  # type: ignore[return-value]
+
+
+def unreadable_counter(metrics: object) -> tuple[str, object] | None:
+    """The first spec-decode counter the golden's ``metrics`` holds that is not a count
+    (``"5"``, ``true``, ``-1``, ``2.5``), as ``(vLLM name, value)``; None when every one
+    present reads (a counter left out is fine: it is not compared)."""
+    if not isinstance(metrics, dict):
+        return None
+    for ours, theirs in GOLDEN_COUNTERS.items():
+        if theirs in metrics and _counter(ours, metrics[theirs]) is None:
+            return theirs, metrics[theirs]
+    return None
+
+
 def _golden_counters(metrics: object) -> dict | None:
     """The golden's counters under our names (None when it has none that read as counts)."""
     if not isinstance(metrics, dict):
         return None
     out: dict = {}
     for ours, theirs in GOLDEN_COUNTERS.items():
-        v = metrics.get(theirs)
-        if ours == "accepted_per_pos":
-            if isinstance(v, list) and all(is_int(x, 0, 2**62) for x in v):
-                out[ours] = v
-        elif is_int(v, 0, 2**62):
+        v = _counter(ours, metrics.get(theirs))
+        if v is not None:
             out[ours] = v
     return out or None
 

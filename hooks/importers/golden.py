@@ -25,7 +25,13 @@ from spectrace.tracer.errors import InputError
 from spectrace.tracer.store import TraceWriter
 
 from .common import JsonLines, Problems, id_list, is_int, load_json, read_text, write_trace
-from .counters import GOLDEN_COUNTERS, check_status, counters_check, placed_totals
+from .counters import (
+    GOLDEN_COUNTERS,
+    check_status,
+    counters_check,
+    placed_totals,
+    unreadable_counter,
+)
 from .placement import UNPLACED_REASONS, PlacedBlock, place
 
 SOURCE = "golden"
@@ -98,8 +104,9 @@ def import_golden(
         ``meta["checks"]["golden_counters"]``).
     Raises:
         InputError: missing, empty or binary file, not JSON (``FILE:LINE``), no ``records``
-            list, or no draft block in any record; ParseError: strict mode. The ``.partial``
-            file is removed.
+            list, no draft block in any record, or a spec-decode counter in ``metrics``
+            that is not a count (integral floats such as ``5.0`` are counts); ParseError:
+            strict mode. The ``.partial`` file is removed.
     """
     source = str(path)
     text = read_text(path, "golden JSON file")
@@ -108,6 +115,12 @@ def import_golden(
         raise InputError(f"{source}:1: not an oracle-capture golden (no 'records' list)")
     _refuse_blockless(doc["records"], source)
     lines = JsonLines(text, source)
+    bad = unreadable_counter(doc.get("metrics"))
+    if bad is not None:  # read as no counter, a golden short of its blocks would pass
+        raise InputError(
+            f"{source}:{lines.line('metrics') or 1}: metrics field {bad[0]!r} is not a count "
+            f"(value {bad[1]!r})"
+        )
     problems = Problems(source, strict)
     stats = GoldenStats(source, problems=problems)
     base = {**_run_meta(doc, problems, lines), **(meta or {})}

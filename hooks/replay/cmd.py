@@ -62,8 +62,8 @@ def replay_cmd(
     seconds (:mod:`.deadline`).
 
     Raises:
-        InputError: the command has no ``{requests}`` placeholder, or left a site without a
-            block. EngineFailed: it exited non-zero or ran past ``opts.timeout_s``.
+        InputError: the command has no ``{requests}`` placeholder. EngineFailed: it exited
+            non-zero, ran past ``opts.timeout_s`` or left a site without a block.
     """
     template = opts.command or default_command(opts)
     if not any("{requests}" in a for a in template):

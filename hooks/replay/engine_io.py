@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spectrace.tracer.errors import InputError, SpectraceError
+from spectrace.tracer.errors import SpectraceError
 from spectrace.tracer.store import Trace
 
 from .positions import Reference, Site
@@ -43,7 +43,8 @@ def drafts_of(t: Trace, refs: list[Reference], sites: list[Site], by: str) -> li
         by: how requests of ``t`` name their site: ``prompt`` (by prompt ids; vLLM) or
             ``id`` (the request id is the site's ident; the ``cmd`` contract).
     Raises:
-        InputError: a site without a block at its position (the engine did not draft there).
+        EngineFailed: a site without a block at its position (the engine did not draft
+            there: dropped work, never bad input), naming the first and how many.
     """
     req, pos, k = t.blocks.request, t.blocks.position, t.blocks.k
     first: dict[int, int] = {}
@@ -52,14 +53,13 @@ def drafts_of(t: Trace, refs: list[Reference], sites: list[Site], by: str) -> li
     index = _site_index(t, refs, sites, by)
     margins = t.blocks.draft_margin
     out: list[Draft] = []
+    missing: list[Site] = []
     for s in sites:
         r = index.get(s.ident)
         row = first.get(r) if r is not None else None
         if row is None or int(pos[row]) != s.position:
-            raise InputError(
-                f"engine left no block at request {refs[s.request].req_id} position "
-                f"{s.position} (site {s.ident})"
-            )
+            missing.append(s)
+            continue
         n = int(k[row])
         dm = [float(x) for x in margins[row, :n]]
         out.append(
@@ -70,6 +70,13 @@ def drafts_of(t: Trace, refs: list[Reference], sites: list[Site], by: str) -> li
                 None if all(math.isnan(x) for x in dm) else dm,
                 float(t.blocks.target_margin[row]),
             )
+        )
+    if missing:
+        s = missing[0]
+        raise EngineFailed(
+            f"engine left no block at {len(missing)} of {len(sites)} replayed positions "
+            f"(first: request {refs[s.request].req_id} position {s.position}, site {s.ident}): "
+            f"its drafts there are missing"
         )
     return out
 

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from spectrace.tracer.cli.output import say
 from spectrace.tracer.errors import InputError
+from spectrace.tracer.findings.capture import incomplete_reasons
 from spectrace.tracer.store import Trace, open_trace
 
 #: ``--positions`` words (or an integer N: N positions per request, evenly spaced).
@@ -77,6 +79,12 @@ def read_references(path: str | os.PathLike) -> tuple[list[Reference], Trace | N
             raise InputError(
                 f"{p}: request {ref.req_id} has no prompt or output ids: nothing to replay"
             )
+    why = incomplete_reasons(t.meta, t.status)
+    if why:  # the replay covers what it recorded only: say so, never silently
+        say(
+            f"warning: {p}: the reference's capture is missing work ({'; '.join(why)}): "
+            f"only the sequences it recorded are replayed"
+        )
     return refs, t
 
 

@@ -45,8 +45,8 @@ def replay_vllm(
     """Draft at every site with vLLM. Returns (drafts in site order, the /meta items).
 
     Raises:
-        InputError: it left a site without a block. EngineFailed: the vLLM run failed
-            (a non-zero exit status, or stopped by ``opts.timeout_s``).
+        InputError: ``--fault`` given. EngineFailed: the vLLM run failed (a non-zero exit
+            status, or stopped by ``opts.timeout_s``), or it left a site without a block.
     """
     if opts.faults:
         raise InputError("--fault is for --engine reference only")

@@ -189,6 +189,14 @@ def _log_how(ev: CaptureEvidence) -> list[str]:
     return out
 
 
+def incomplete_reasons(meta: dict, status: str = schema.STATUS_COMPLETE) -> list[str]:
+    """Why a trace's capture or import is missing work, in words, from /meta and the file
+    status alone (what ``capture_incomplete`` says, but for an empty trace); empty when it
+    ended cleanly or nothing says (e.g. for a replay's reference)."""
+    ev = capture_end(meta, status)
+    return _how(ev) + _log_how(ev)
+
+
 def capture(s: SideInput) -> Finding | None:
     """capture_incomplete: the engine did not exit cleanly (non-zero exit status, a signal),
     the capture was interrupted or aborted, the trace disagrees with the engine's own

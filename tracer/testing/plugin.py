@@ -22,6 +22,7 @@ this module is a composition root and may reach ``spectrace.hooks`` inside fixtu
 from __future__ import annotations
 
 import shutil
+from glob import escape as glob_escape
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,18 @@ def pytest_addoption(parser) -> None:
         default=False,
         help="rewrite spectrace golden traces (the tests still fail once)",
     )
+
+
+def _unused(folder: Path, stem: str) -> Path:
+    """``folder/STEM.h5``, or ``STEM-2.h5``, ``STEM-3.h5``... when a file of that stem is
+    there already (``STEM.h5``, its ``.partial``, its ``.dpN.h5`` ranks): a second capture or
+    import of one name in a test never replaces the first one's file, which an earlier
+    Trace, a golden copy or the ``spectrace view`` line still names."""
+    name, n = stem, 1
+    while (folder / f"{name}.h5").exists() or any(folder.glob(f"{glob_escape(name)}.*")):
+        n += 1
+        name = f"{stem}-{n}"
+    return folder / f"{name}.h5"
 
 
 def _load(path, requests=None, workdir=None):
@@ -57,7 +70,7 @@ def _load(path, requests=None, workdir=None):
         if not is_hdf5:
             from spectrace.hooks.vt.importer import import_log
 
-            out = Path(workdir or p.parent) / (p.name + ".h5")
+            out = _unused(Path(workdir or p.parent), p.name)
             import_log(str(p), str(out), requests_path=str(requests) if requests else None)
             return open_trace(out)
     return open_trace(path)
@@ -161,13 +174,30 @@ class Regression:
             self.obtained.unlink()
 
 
+#: Golden path -> the node id that uses it, in this session (two tests must not share one).
+_GOLDEN_OWNERS = pytest.StashKey[dict]()
+
+
 @pytest.fixture
 def spectrace_regression(request) -> Regression:
-    """The golden-trace checker of this test (see :class:`Regression`)."""
+    """The golden-trace checker of this test (see :class:`Regression`). Fails the test when
+    another test of the session has the same golden file (``test_x[a/b]`` and
+    ``test_x[a_b]``, or ``test_x[1]`` and ``test_x_1``): each would be judged against the
+    other's trace."""
     path = Path(request.node.path)
     name = request.node.name.replace("/", "_").replace("[", "_").replace("]", "")
+    golden = path.parent / path.stem / f"{name}.h5"
+    owner = request.config.stash.setdefault(_GOLDEN_OWNERS, {}).setdefault(
+        golden, request.node.nodeid
+    )
+    if owner != request.node.nodeid:
+        pytest.fail(
+            f"spectrace: {request.node.nodeid} and {owner} have one golden trace {golden}; "
+            f"give the tests (or their parameters) names that stay distinct",
+            pytrace=False,
+        )
     return Regression(
-        path.parent / path.stem / f"{name}.h5",
+        golden,
         request.config.getoption("spectrace_regen"),
         _workdir(request.getfixturevalue("tmp_path"), "obtained"),
     )
@@ -177,14 +207,16 @@ def spectrace_regression(request) -> Regression:
 def spectrace_capture_cmd(tmp_path):
     """``capture(cmd, requests=None, name="ours") -> Trace``: run our engine's command under
     ``spectrace capture`` (VT_SPEC_TRACE=1) and open the trace. ``requests`` is the JSONL the
-    command writes with prompt/output ids. Fails the test if the command fails."""
+    command writes with prompt/output ids. Fails the test if the command fails. The trace is
+    ``tmp_path/NAME.h5``; a second capture of one NAME writes ``NAME-2.h5`` (never over the
+    first)."""
 
     def capture(cmd, requests=None, name: str = "ours"):
         from spectrace.hooks.capture import capture_command
 
         from ..store import open_trace
 
-        out = tmp_path / f"{name}.h5"
+        out = _unused(tmp_path, name)
         rc = capture_command(
             [str(c) for c in cmd],
             str(out),
@@ -201,14 +233,15 @@ def spectrace_capture_cmd(tmp_path):
 @pytest.fixture
 def spectrace_capture_vllm(tmp_path):
     """``capture(cmd, name="theirs") -> Trace``: run a vLLM script under spectrace's vLLM
-    plugin (``SPECTRACE_OUT``) and open the trace. Fails the test if the script fails."""
+    plugin (``SPECTRACE_OUT``) and open the trace. Fails the test if the script fails. A
+    second capture of one NAME writes ``NAME-2.h5`` (never over the first)."""
 
     def capture(cmd, name: str = "theirs"):
         from spectrace.hooks.capture import capture_vllm
 
         from ..store import open_trace
 
-        out = tmp_path / f"{name}.h5"
+        out = _unused(tmp_path, name)
         rc = capture_vllm([str(c) for c in cmd], str(out))
         if rc != 0:
             pytest.fail(f"spectrace: vLLM script exited with {rc}: {cmd}", pytrace=False)
