@@ -166,15 +166,20 @@ def verified_again(
             here).
     """
     out = np.zeros(len(request), bool)
-    verified = (num_verified >= 0) | (accepted >= 0)
     if order is None:
         order = np.lexsort((position, request))  # stable: ties stay in row order
-    rows = order[verified[order]]  # verified rows by (request, position), ties in row order
-    if len(rows) < 2:
-        return out
-    r, p = request[rows], position[rows]
-    again = (r[1:] == r[:-1]) & (p[1:] == p[:-1])
-    out[rows[1:][again]] = True
+    last: tuple[int, int] | None = None  # the previous chunk's last verified (request, position)
+    for c in chunks(len(order)):  # in chunks of the order: no whole-trace temporaries
+        rows = order[c]
+        rows = rows[(num_verified[rows] >= 0) | (accepted[rows] >= 0)]
+        if not len(rows):
+            continue
+        r, p = request[rows], position[rows]
+        again = np.empty(len(rows), bool)
+        again[0] = last is not None and last == (int(r[0]), int(p[0]))
+        np.logical_and(r[1:] == r[:-1], p[1:] == p[:-1], out=again[1:])
+        out[rows[again]] = True
+        last = int(r[-1]), int(p[-1])
     return out
 
 
