@@ -163,6 +163,19 @@ def test_k_reason_by_hand():
     )
 
 
+def test_k_reason_of_runs_configured_alike_names_the_side_that_drafts_less():
+    # /meta k 4 on both sides, theirs proposes 0 (drafts never installed) or 2 (dropped):
+    # not "configured with different k" (breaker 7: the old clause quoted k 4 vs 4)
+    assert k_reason(4, 0, 4, 4) == (
+        "both runs are configured with k=4, but theirs proposes 0: its drafter proposes "
+        "fewer drafts than configured (0: none installed; else dropped or trimmed before "
+        "verification), not a k setting"
+    )
+    assert k_reason(2, 4, 4, 4).startswith("both runs are configured with k=4, but ours proposes 2")
+    # twin: configured differently, the clause is unchanged
+    assert "configured with different k" in k_reason(4, 0, 4, 8)
+
+
 def write(path, k: int):
     """One request; at every position a block of k wrong drafts 1000, 1001, ... (nothing
     accepted): both sides draft from every anchor, their first slots agree, k differs."""

@@ -31,22 +31,34 @@ def k_reason(ka: int, kb: int, meta_ka: int | None, meta_kb: int | None) -> str:
         f" (/meta k: ours {meta_ka if meta_ka is not None else '?'}, theirs "
         f"{meta_kb if meta_kb is not None else '?'})"
     )
+    if meta_ka is not None and meta_ka == meta_kb:  # configured alike: one side drafts less
+        name, k = ("ours", ka) if ka < kb else ("theirs", kb)
+        return _counts_anchor(ka, kb, meta_ka, meta_kb) or (
+            f"both runs are configured with k={meta_ka}, but {name} proposes {k}: its drafter "
+            f"proposes fewer drafts than configured (0: none installed; else dropped or "
+            f"trimmed before verification), not a k setting"
+        )
     if abs(ka - kb) >= 2:
         return (
             f"the runs draft {min(ka, kb)} and {max(ka, kb)} tokens per block{cfg}: they are "
             f"configured with different k (num_speculative_tokens), not off by the anchor "
             f"(that shifts k by one); compare runs of one k"
         )
+    return _counts_anchor(ka, kb, meta_ka, meta_kb) or (
+        f"a difference of one draft{cfg}: either one side counts the anchor in k (k - 1 "
+        f"drafts) or the runs are configured with k={min(ka, kb)} and k={max(ka, kb)}"
+    )
+
+
+def _counts_anchor(ka: int, kb: int, meta_ka: int | None, meta_kb: int | None) -> str:
+    """The clause for a side proposing k - 1 drafts of its configured k ("" if neither)."""
     for name, k, cfg_k in (("ours", ka, meta_ka), ("theirs", kb, meta_kb)):
         if cfg_k is not None and k == cfg_k - 1:
             return (
                 f"{name} proposes {k} = k - 1 drafts although configured with k={cfg_k}: it "
                 f"counts the anchor in k"
             )
-    return (
-        f"a difference of one draft{cfg}: either one side counts the anchor in k (k - 1 "
-        f"drafts) or the runs are configured with k={min(ka, kb)} and k={max(ka, kb)}"
-    )
+    return ""
 
 
 def k_pairs(pd: PairData) -> Finding | None:
