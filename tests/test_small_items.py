@@ -172,6 +172,10 @@ def test_k_reason_of_runs_configured_alike_names_the_side_that_drafts_less():
         "verification), not a k setting"
     )
     assert k_reason(2, 4, 4, 4).startswith("both runs are configured with k=4, but ours proposes 2")
+    assert k_reason(5, 4, 4, 4) == (
+        "both runs are configured with k=4, but ours proposes 5: more drafts than configured "
+        "(its drafter does not read num_speculative_tokens)"
+    )
     # twin: configured differently, the clause is unchanged
     assert "configured with different k" in k_reason(4, 0, 4, 8)
 

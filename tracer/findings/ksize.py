@@ -33,6 +33,12 @@ def k_reason(ka: int, kb: int, meta_ka: int | None, meta_kb: int | None) -> str:
     )
     if meta_ka is not None and meta_ka == meta_kb:  # configured alike: one side drafts less
         name, k = ("ours", ka) if ka < kb else ("theirs", kb)
+        if k >= meta_ka:  # the other side proposes more than configured
+            name, k = ("ours", ka) if ka > kb else ("theirs", kb)
+            return (
+                f"both runs are configured with k={meta_ka}, but {name} proposes {k}: more "
+                f"drafts than configured (its drafter does not read num_speculative_tokens)"
+            )
         return _counts_anchor(ka, kb, meta_ka, meta_kb) or (
             f"both runs are configured with k={meta_ka}, but {name} proposes {k}: its drafter "
             f"proposes fewer drafts than configured (0: none installed; else dropped or "
