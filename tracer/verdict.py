@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .findings.model import Finding
 
 
 @dataclass(frozen=True)
@@ -52,3 +56,11 @@ def ignored_note(ignored: Sequence[str]) -> str:
     n = len(ignored)
     kinds = ", ".join(sorted(set(ignored)))
     return f", with {n} error finding{'s' if n > 1 else ''} ignored ({kinds})"
+
+
+def ignored_errors(findings: Sequence[Finding], ignore: Iterable[str]) -> list[str]:
+    """The kinds of the error findings a gate leaves out (``ignore``, its ``--ignore``
+    kinds), one per finding: what :func:`~spectrace.tracer.gate.counted_errors` does not
+    count, for :func:`verdict` and ``check``'s gate line to name."""
+    left_out = frozenset(ignore)
+    return [f.kind for f in findings if f.severity == "error" and f.kind in left_out]

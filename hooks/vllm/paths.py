@@ -5,7 +5,9 @@ only."""
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 from pathlib import Path
 
 #: The trace file the plugin writes (its per-rank siblings: :func:`trace_path`). Set by
@@ -30,6 +32,15 @@ def trace_path(out: str | os.PathLike, dp_rank: int = 0) -> Path:
         return p
     stem = p.with_suffix("") if p.suffix == ".h5" else p
     return stem.with_name(f"{stem.name}.dp{int(dp_rank)}.h5")
+
+
+def rank_files(out: str | os.PathLike) -> list[Path]:
+    """The files the plugin writes for DP ranks above 0 of ``out`` (:func:`trace_path`:
+    ``<stem>.dp<r>.h5``) that exist, and their ``.partial`` forms; sorted."""
+    p = Path(out)
+    stem = trace_path(p, 1).name[: -len(".dp1.h5")]  # the stem as trace_path names it
+    rank = re.compile(re.escape(stem) + r"\.dp\d+\.h5(\.partial)?")
+    return sorted(q for q in p.parent.glob(glob.escape(stem) + ".dp*") if rank.fullmatch(q.name))
 
 
 def counters_handoff_path(trace: str | os.PathLike) -> Path:

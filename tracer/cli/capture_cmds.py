@@ -105,26 +105,22 @@ def capture_vllm_cmd(out: str, timeout: float | None, force: bool, cmd: tuple[st
 
 
 def _refuse_rank_files(out: str) -> None:
-    """The plugin writes DP rank r (r > 0) of ``-o OUT.h5`` to ``OUT.dp<r>.h5``: an earlier
-    capture's rank file there would be overwritten (or, left beside a new one-rank run, read
-    with it as one trace by ``'OUT*.h5'``).
+    """The plugin writes DP rank r (r > 0) of ``-o OUT.h5`` to ``OUT.dp<r>.h5``
+    (:func:`~spectrace.hooks.vllm.paths.rank_files`): an earlier capture's rank file there
+    would be overwritten (or, left beside a new one-rank run, read with it as one trace by
+    ``'OUT*.h5'``).
 
     Raises:
         InputError: naming the first such file (``.partial`` too).
     """
-    import re
-    from pathlib import Path
+    from spectrace.hooks.vllm.paths import rank_files, trace_path
 
     from ..errors import InputError
 
-    p = Path(out)
-    stem = p.name[:-3] if p.name.endswith(".h5") else p.name
-    rank = re.compile(re.escape(stem) + r"\.dp\d+\.h5(\.partial)?")
-    if not p.parent.is_dir():
-        return
-    for q in sorted(p.parent.iterdir()):
-        if rank.fullmatch(q.name):
-            raise InputError(
-                f"{q}: a data-parallel rank file of an earlier capture to {out} exists (the "
-                f"plugin writes rank r to {stem}.dp<r>.h5); pass --force to overwrite it"
-            )
+    found = rank_files(out)
+    if found:
+        pattern = trace_path(out, 1).name.replace(".dp1.h5", ".dp<r>.h5")
+        raise InputError(
+            f"{found[0]}: a data-parallel rank file of an earlier capture to {out} exists (the "
+            f"plugin writes rank r to {pattern}); pass --force to overwrite it"
+        )

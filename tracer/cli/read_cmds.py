@@ -169,6 +169,7 @@ def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None, **gate: Any) 
     from ..gate import check_gate
     from ..store import open_trace
     from ..tokens import decoder_for
+    from ..verdict import ignored_errors
     from . import report
 
     sel, th = gate_from_options(**gate)
@@ -177,7 +178,7 @@ def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None, **gate: Any) 
         found, problems = check_gate(check_trace(t, decoder_for(tokenizer, t.meta)), th, sel, t)
     summary = explained_summary(t)
     gated = not (sel.everything and th.default)
-    ignored = [f.kind for f in found if f.severity == "error" and f.kind in th.ignore]
+    ignored = ignored_errors(found, th.ignore)
     if fmt == "json":
         doc: dict[str, object] = {
             "schema": "spectrace.check/1",

@@ -24,7 +24,7 @@ from ..diff_result import (
 from ..fmt import SEVERITY_STYLE, num, pct
 from ..metrics import CONVENTIONS
 from ..schema import SOURCE_REPLAY, capture_end
-from ..verdict import ignored_note, verdict
+from ..verdict import ignored_errors, ignored_note, verdict
 
 #: Content divergences listed one per line in the text report (JSON lists all).
 CONTENT_LINES = 10
@@ -294,8 +294,7 @@ def _print_sides(con: Console, r: DiffResult) -> None:
             f"differ (within the thresholds)"
         )
         return
-    ignore = set(g.ignore) if g is not None else set()
-    ignored = [f.kind for f in r.findings if f.severity == "error" and f.kind in ignore]
+    ignored = ignored_errors(r.findings, g.ignore if g is not None else ())
     v = verdict(r.diverged, r.reasons, any(f.kind == "content_only" for f in r.findings), ignored)
     style = "bold red" if v.diverged else "bold green"
     con.print(f"[{style}]{v.word}[/{style}]{escape(v.detail)}")

@@ -21,7 +21,7 @@ from ..store import Trace
 from ..tokens import Decoder
 from .evidence import ProposalPair
 from .model import Side, tok
-from .sweep import Consumer, Sweep, sweep
+from .sweep import Sweep, sweep
 
 
 @dataclass
@@ -76,29 +76,25 @@ class TraceData:
         t: Trace,
         side: Side,
         paired_rows: np.ndarray | None = None,
-        consumer: Consumer | None = None,
     ) -> TraceData:
         """Build (once per trace and side; memoised in ``t.cache``).
 
         Args:
             paired_rows: int [P] the rows whose proposals a diff compares (kept by the
                 sweep: ``td.sweep.paired``), or None.
-            consumer: takes the chunks of ``proposed`` (see :func:`~.sweep.sweep`), or None.
         """
         key = f"TraceData.{side}"
         if key not in t.cache:
-            t.cache[key] = cls._build(t, side, paired_rows, consumer)
-        elif paired_rows is not None or consumer is not None:
-            t.cache[key].sweep = sweep(t, paired_rows, consumer)
+            t.cache[key] = cls._build(t, side, paired_rows)
+        elif paired_rows is not None:
+            t.cache[key].sweep = sweep(t, paired_rows)
         return t.cache[key]
 
     @classmethod
-    def _build(
-        cls, t: Trace, side: Side, paired_rows: np.ndarray | None, consumer: Consumer | None
-    ) -> TraceData:
+    def _build(cls, t: Trace, side: Side, paired_rows: np.ndarray | None) -> TraceData:
         order = block_order(t)
         flat, start, length = sequence_index(t)
-        sw = sweep(t, paired_rows, consumer)  # before recompute_accepted: the sweep computes it
+        sw = sweep(t, paired_rows)  # before recompute_accepted: the sweep computes it
         return cls(
             t=t,
             side=side,

@@ -25,7 +25,7 @@ from ..store import Trace
 
 
 class Consumer(Protocol):
-    """Takes the chunks of a sweep's ``proposed`` matrix (see :func:`sweep`)."""
+    """Takes the chunks of a sweep's ``proposed`` matrix (see :func:`sweep_pair`)."""
 
     def take(self, c: slice, chunk: np.ndarray) -> None:
         """Take block rows ``c`` (``chunk``: int32 [rows, w], ``proposed[c]``)."""
@@ -75,25 +75,17 @@ class Sweep:
     rows: np.ndarray | None = None
 
 
-def sweep(
-    t: Trace, paired_rows: np.ndarray | None = None, consumer: Consumer | None = None
-) -> Sweep:
+def sweep(t: Trace, paired_rows: np.ndarray | None = None) -> Sweep:
     """The :class:`Sweep` of trace ``t`` (memoised in ``t.cache``; the first call decides
     which rows are gathered: a later call with other rows gathers them in a pass of its own).
+    A diff's comparison streams the chunks of both sides instead (:func:`sweep_pair`).
 
     Args:
         paired_rows: int [P] block rows whose proposals to keep (a diff's ``ia`` / ``ib``).
-        consumer: is given every chunk of ``proposed`` (``consumer.take(rows, chunk)``; a
-            diff's :class:`~spectrace.tracer.compare_stream.PairedStreams` side): in this sweep's
-            pass, or in a pass of its own when the sweep was memoised before.
     Raises:
         TraceFormatError: a damaged chunk of either matrix.
     """
-    fresh = "sweep" not in t.cache
-    sw = memo(t, "sweep", lambda: _sweep(t, paired_rows, consumer))
-    if consumer is not None and not fresh:
-        for c, cols in row_chunks(t, ("proposed",), ahead=True):
-            consumer.take(c, cols["proposed"])
+    sw = memo(t, "sweep", lambda: _sweep(t, paired_rows))
     if paired_rows is not None and not (
         sw.rows is paired_rows or (sw.rows is not None and np.array_equal(sw.rows, paired_rows))
     ):
@@ -130,9 +122,9 @@ def _steps(t: Trace, consumer: Consumer) -> Iterator[None]:
     memo(t, "sweep", lambda: sw)
 
 
-def _sweep(t: Trace, paired_rows: np.ndarray | None, consumer: Consumer | None) -> Sweep:
+def _sweep(t: Trace, paired_rows: np.ndarray | None) -> Sweep:
     """The :class:`Sweep` of ``t`` in one pass (see :func:`sweep`)."""
-    it = _chunked(t, paired_rows, consumer)
+    it = _chunked(t, paired_rows, None)
     while True:
         try:
             next(it)
