@@ -375,3 +375,27 @@ def test_inspector_imports_no_torch():
         "assert 'torch' not in sys.modules and 'safetensors' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("vocab", [None, 0, "drop"])
+def test_a_target_config_without_vocab_size_is_an_error_not_a_self_comparison(tmp_path, vocab):
+    """A ``--target`` whose config names no vocabulary was compared with the draft's own
+    input vocabulary ("full vocabulary 256 (= target, target config)"): the check could not
+    fail. It is an error now, naming the target's config; the clean twin is
+    :func:`test_clean_checkpoint_has_no_warning`."""
+    ckpt = build(tmp_path)
+    target = write_target(tmp_path / "t")
+    cfg = json.loads((target / "config.json").read_text())
+    if vocab == "drop":
+        del cfg["vocab_size"]
+    else:
+        cfg["vocab_size"] = vocab
+    (target / "config.json").write_text(json.dumps(cfg))
+    msg = only_problem(verdicts(ckpt, target), "vocab")
+    assert msg.startswith(f"the target config ({target}) has no vocab_size > 0")
+    p = subprocess.run(
+        [SPECTRACE, "inspect-draft", str(ckpt), "--target", str(target)],
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 1, p.stdout + p.stderr

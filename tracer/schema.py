@@ -287,7 +287,12 @@ META_TYPES: dict[str, tuple[str, ...]] = {
     "import": ("object",),
     "checks": ("object",),
     "replay": ("object",),
+    "capture": ("object",),
 }
+
+#: The smallest valid value of the /meta integers that count or index something (a rank
+#: below 0 names no process: ``hooks.vllm.common.dp_rank_of`` never gives one).
+META_MINIMUM: dict[str, int] = {"k": 0, "tp_rank": 0, "tp_size": 1, "dp_rank": 0}
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "str": (str,),
@@ -315,10 +320,25 @@ def meta_type_error(key: str, value: object) -> str | None:
         return None
     for kind in kinds:
         if isinstance(value, _JSON_TYPES[kind]) and (kind == "bool" or not isinstance(value, bool)):
-            if kind == "int" and key == "k" and isinstance(value, int) and value < 0:
-                return "expected an integer >= 0"
-            return None
+            low = META_MINIMUM.get(key)
+            if kind == "int" and low is not None and value < low:  # type: ignore[operator]
+                return f"expected an integer >= {low}"
+            return _capture_error(value) if isinstance(value, dict) and key == "capture" else None
     return "expected " + " or ".join(_TYPE_WORDS[k] for k in kinds)
+
+
+def _capture_error(cap: dict) -> str | None:
+    """Why a /meta ``capture`` object is not one :func:`capture_end` can read, or None: its
+    ``ended`` must be a :data:`CAPTURE_END` value (or null: still recording), its
+    ``exit_status`` and ``signal`` integers or null."""
+    ended = cap.get("ended")
+    if ended is not None and ended not in CAPTURE_END:
+        return "capture.ended: expected one of " + ", ".join(CAPTURE_END)
+    for name in ("exit_status", "signal"):
+        v = cap.get(name)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+            return f"capture.{name}: expected an integer"
+    return None
 
 
 def describe() -> str:

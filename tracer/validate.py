@@ -44,6 +44,7 @@ from .store.structure import (
     read_meta,
     request_index_problems,
     text_problems,
+    too_wide,
 )
 
 
@@ -165,6 +166,10 @@ def _block_problems(
     if "proposal_source" in b:
         src = b["proposal_source"]
         checks.append(("blocks/proposal_source", "not -1, 0 or 1", src, (src < -1) | (src > 1)))
+    for name in ("draft_margin", "target_margin"):
+        if name in b:
+            what = "finite value beyond the float32 range"
+            checks.append((f"blocks/{name}", what, b[name], too_wide(b[name])))
     if "verified_same" in b:
         same = b["verified_same"]
         checks.append(("blocks/verified_same", "not 0 or 1", same, (same < 0) | (same > 1)))

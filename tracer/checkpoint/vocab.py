@@ -27,8 +27,20 @@ def check_vocab(rep: Report, dr: Draft) -> Vocab:
     if not isinstance(v_in, int) or not isinstance(v_draft, int):
         rep.add("vocab", "error", "no vocab_size in the layer config: vocabularies unknown")
         return Vocab(None, None, None)
-    v_target = (dr.target or {}).get("vocab_size") or v_in
+    t_vocab = (dr.target or {}).get("vocab_size")
+    known = isinstance(t_vocab, int) and t_vocab > 0
+    v_target = t_vocab if isinstance(t_vocab, int) and t_vocab > 0 else v_in
     src = "target config" if dr.target else "draft config (no target given)"
+    if dr.target is not None and not known:
+        # Without it the draft would be compared with itself and always pass.
+        rep.add(
+            "vocab",
+            "error",
+            f"the target config ({dr.target_path}) has no vocab_size > 0: the draft's "
+            f"vocabularies cannot be checked against the target's (the checks below assume "
+            f"the draft's input vocabulary {v_in})",
+        )
+        src = "draft config (the target's has no vocab_size)"
     if v_in < v_target:
         rep.add(
             "vocab",

@@ -146,7 +146,9 @@ def _chunked(
     vs: VerifiedStats | None = None
     g: Gather | None = None
     width, max_id = 0, -1
-    for c, cols in row_chunks(t, ("proposed", "verified"), ahead=True):
+    # ``step`` is read for its value check only (a negative step is a damaged trace, exit 2):
+    # no detector needs the column, and streaming it costs no memory.
+    for c, cols in row_chunks(t, ("proposed", "verified", "step"), ahead=True):
         p, v = cols["proposed"], cols["verified"]
         if g is None:
             width = p.shape[1]

@@ -296,27 +296,27 @@ class Trace:
             parts = [schema.pad_to(p, w, c.fill) for p in parts]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def _checked(self, i: int, name: str, arr: np.ndarray) -> np.ndarray:
+    def _checked(self, i: int, name: str, arr: np.ndarray, base: int = 0) -> np.ndarray:
         """File ``i``'s cells of block column ``name`` after the value checks that keep the
-        analysis sound (never clamped); ``request`` re-based onto the joined /requests.
-
-        Impossible counts (:data:`COUNT_COLUMNS`) are kept: the
-        ``impossible_values`` finding names them, and ``spectrace validate`` reports them.
+        analysis sound (never clamped); ``request`` re-based onto the joined /requests;
+        ``base``: the file's block row of ``arr[0]`` (named by a problem). Impossible counts
+        (:data:`COUNT_COLUMNS`) are kept: ``impossible_values`` and ``validate`` name them.
 
         Raises:
             TraceFormatError: a value below the column's minimum, a request index that
                 is negative or (complete file) out of range.
         """
-        problems = [] if name in COUNT_COLUMNS else value_problems(str(self.paths[i]), name, arr)
+        path = str(self.paths[i])
+        problems = [] if name in COUNT_COLUMNS else value_problems(path, name, arr, base)
         if problems:
             raise problems[0].error()
-        return self._rebase_requests(i, arr) if name == "request" else arr
+        return self._rebase_requests(i, arr, base) if name == "request" else arr
 
-    def _rebase_requests(self, i: int, arr: np.ndarray) -> np.ndarray:
+    def _rebase_requests(self, i: int, arr: np.ndarray, base: int = 0) -> np.ndarray:
         """File ``i``'s ``request`` cells as rows of the concatenated /requests table; rows
         flushed before their request row was point at placeholder requests (kept, not lost)."""
         problems = request_index_problems(
-            str(self.paths[i]), arr, self._nreq_per_file[i], self._complete[i]
+            str(self.paths[i]), arr, self._nreq_per_file[i], self._complete[i], base
         )
         if problems:
             raise problems[0].error()
@@ -391,7 +391,7 @@ class Trace:
             )
             if width is not None and arr.shape[1] < width:
                 arr = schema.pad_to(arr, width, c.fill)
-            parts.append(self._checked(i, name, arr))
+            parts.append(self._checked(i, name, arr, lo))
         if not parts:
             return _filled(c, 0, width)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)

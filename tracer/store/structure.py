@@ -250,7 +250,17 @@ BLOCK_MINIMUM: dict[str, int] = {
 
 
 def value_problems(path: str, name: str, arr: np.ndarray, base: int = 0) -> list[Problem]:
-    """Cells of 1-D block column ``name`` below its minimum (:data:`BLOCK_MINIMUM`)."""
+    """Cells of 1-D block column ``name`` below its minimum (:data:`BLOCK_MINIMUM`), or of a
+    float column (stored wider than its float32) that float32 cannot hold (:func:`too_wide`).
+    ``base``: the block row of ``arr[0]`` (for the row in the message)."""
+    if arr.dtype.kind == "f":
+        bad = too_wide(arr)
+        if not bad.any():
+            return []
+        rows = np.flatnonzero(bad.reshape(len(bad), -1).any(axis=1))
+        v = float(arr[rows[0]][bad[rows[0]]].flat[0]) if arr.ndim > 1 else float(arr[rows[0]])
+        what = "finite value beyond the float32 range (it would read as infinite)"
+        return [Problem(path, f"blocks/{name}", what, v, base + int(rows[0]), rows.size)]
     lo = BLOCK_MINIMUM.get(name)
     if lo is None or arr.ndim != 1:
         return []
@@ -259,6 +269,14 @@ def value_problems(path: str, name: str, arr: np.ndarray, base: int = 0) -> list
         return []
     what = f"value below {lo}"
     return [Problem(path, f"blocks/{name}", what, int(arr[bad[0]]), base + int(bad[0]), bad.size)]
+
+
+def too_wide(arr: np.ndarray) -> np.ndarray:
+    """bool (``arr``'s shape): finite cells of a float array beyond float32's range, which
+    the float32 columns (margins) would turn into infinities (all False for float32)."""
+    if arr.dtype.itemsize <= 4:
+        return np.zeros(arr.shape, bool)
+    return np.isfinite(arr) & (np.abs(arr) > np.finfo(np.float32).max)
 
 
 def accepted_problems(
