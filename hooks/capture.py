@@ -11,8 +11,9 @@
 Both return CMD's exit status (``128+N`` when a signal N killed it, 130 after Ctrl-C, which is
 forwarded to CMD as SIGINT; 124 when ``capture vllm --timeout`` stopped it). How CMD ended is
 recorded in ``meta["capture"]`` (:data:`spectrace.tracer.schema.CAPTURE_END`). A capture that
-fails (strict parse error, a bug) removes its ``.partial`` file; an interrupted or killed one
-keeps it. Diagnostics are one line on stderr prefixed ``spectrace:``.
+fails (strict parse error, a bug), is interrupted or is killed keeps its ``.partial`` file: CMD's
+stderr is gone once read, so the blocks before the failure exist nowhere else (an import, whose
+log stays on disk, removes its own). Diagnostics are one line on stderr prefixed ``spectrace:``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from .child import (
     stop,
 )
 from .vllm.paths import ENV_OUT, written_traces
-from .vt.importer import UNKNOWN_META, discard_failed
+from .vt.importer import UNKNOWN_META
 from .vt.level import ENV_VAR, trace_level
 from .vt.parser import VtTraceParser
 from .vt.requests import read_requests
@@ -154,7 +155,8 @@ def capture_command(
             (older than CMD) file, or one that does not match the log, is a warning (an
             error in strict mode): the trace keeps those anchors ``-1``.
         strict: stop at the first malformed/edited line or broken invariant: CMD is
-            terminated, the ``.partial`` file is removed, ParseError is raised.
+            terminated, the ``.partial`` file is kept (the blocks before that line, /meta
+            ``capture`` ended ``capture-failed``), ParseError is raised.
         meta: extra /meta items (``method``, ``k``, ``target_model``, ...).
         log_path: also write CMD's raw stderr bytes to this file (for ``import vt``).
         forward_trace_lines: False forwards only CMD's other stderr lines (quiet test runs).
@@ -215,7 +217,7 @@ def _run_parsing(
     meanwhile (SIGINT after Ctrl-C, SIGTERM), None when none did.
 
     On an exception (strict ParseError, a bug) CMD is stopped and the ``.partial`` file is
-    removed (:func:`discard_failed`); on a KeyboardInterrupt/SystemExit it is kept."""
+    kept (:func:`_keep_failed`); on a KeyboardInterrupt/SystemExit too."""
     try:
         with SignalForwarder(proc) as sigint:
             # After Ctrl-C too: CMD's last lines.
@@ -227,7 +229,7 @@ def _run_parsing(
         parser.abort()
         why = f"{type(exc).__name__}: {exc}"[:300]
         if isinstance(exc, Exception):
-            raise discard_failed(writer, exc) from None
+            raise _keep_failed(writer, exc, proc.returncode) from None
         # KeyboardInterrupt/SystemExit outside the forwarder: keep what was recorded.
         writer.update_meta(
             **exit_meta(proc.returncode, interrupted=int(signal.SIGINT)), aborted=why
@@ -235,6 +237,22 @@ def _run_parsing(
         writer.close(complete=False)
         say(f"partial trace kept in {writer.partial_path}")
         raise
+
+
+def _keep_failed(
+    writer: TraceWriter, exc: Exception, returncode: int | None, sig: int | None = None
+) -> Exception:
+    """Close a failed capture's ``.partial`` file without completing it, /meta ``capture``
+    ended ``capture-failed`` with the error; return the error to raise, which names the kept
+    file (a :class:`SpectraceError` gets `` (partial trace FILE kept)`` added: one line)."""
+    why = (str(exc) if isinstance(exc, SpectraceError) else f"{type(exc).__name__}: {exc}")[:300]
+    writer.update_meta(**exit_meta(returncode, interrupted=sig, error=why), aborted=why)
+    writer.close(complete=False)
+    note = f"partial trace {writer.partial_path} kept"
+    if isinstance(exc, SpectraceError):
+        return type(exc)(f"{exc} ({note})")
+    say(note)
+    return exc
 
 
 def _read_fresh_requests(path: str | os.PathLike, started: float):
@@ -255,14 +273,14 @@ def _finish_capture(
 ) -> None:
     """Read the requests file, finish the parse, close OUT; say one summary line (plus one
     warning line each for a requests problem and a trace without blocks). In strict mode a
-    requests problem removes the ``.partial`` file and raises InputError."""
+    requests problem keeps the ``.partial`` file (:func:`_keep_failed`) and raises InputError."""
     items: dict = exit_meta(returncode, interrupted=sig)
     try:
         if requests_path is not None:
             _apply_requests(parser, requests_path, started, items)
         stats = parser.finish()
     except Exception as exc:
-        raise discard_failed(writer, exc) from None
+        raise _keep_failed(writer, exc, returncode, sig) from None
     writer.update_meta(**items)
     path = writer.close(complete=True)
     patched = len(parser.late_patches)
@@ -315,7 +333,8 @@ def capture_vllm(
     Returns:
         CMD's exit status (``128+N`` if killed by signal N, 130 after Ctrl-C),
         :data:`TIMEOUT_STATUS` (124) after a timeout, or after the watchdog ``128+N`` for an
-        EngineCore killed by signal N (1 when the signal is unknown).
+        EngineCore killed by signal N (1 when the signal is unknown); 1 when CMD exited 0
+        but no trace file appeared (the plugin never loaded: missing work).
     Raises:
         InputError: CMD cannot be started.
     """
@@ -334,6 +353,10 @@ def capture_vllm(
     if "watchdog" in record:
         say(f"watchdog: {record['watchdog']}")
     say(summarize_traces(files, out) + f"; command exit status {status}")
+    if not files and status == 0:
+        # Missing work: a CI step reading only this exit status must not pass.
+        say("error: the command exited 0 but recorded no trace: exit status 1")
+        return 1
     return status
 
 

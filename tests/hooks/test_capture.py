@@ -189,7 +189,9 @@ def test_stale_requests_file_is_ignored(tmp_path, capfd):
     assert t.blocks.anchor.tolist() == [-1] and t.requests.prompt_ids[0].tolist() == []
 
 
-def test_strict_stops_the_command_and_removes_partial(tmp_path):
+def test_strict_stops_the_command_and_keeps_what_it_captured(tmp_path):
+    """A strict capture stopped by a malformed line keeps its ``.partial`` (CMD's stderr is
+    gone: the block before that line exists nowhere else), marked ``capture-failed``."""
     child = _child(
         tmp_path,
         """
@@ -198,15 +200,18 @@ def test_strict_stops_the_command_and_removes_partial(tmp_path):
         time.sleep(30)
     """,
     )
+    partial = tmp_path / "t.h5.partial"
     t0 = time.monotonic()
-    with pytest.raises(
-        ParseError,
-        match=rf"^{Path(PY).name} stderr:2: malformed trace line: "
-        rf"pos=x is not an integer \(partial trace {tmp_path / 't.h5.partial'} removed\)$",
-    ):
+    why = f"{Path(PY).name} stderr:2: malformed trace line: pos=x is not an integer"
+    with pytest.raises(ParseError) as e:
         capture_command([PY, str(child)], tmp_path / "t.h5", strict=True)
+    assert str(e.value) == f"{why} (partial trace {partial} kept)"
     assert time.monotonic() - t0 < 15  # the child was terminated, not waited for
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["child.py"]  # no leftovers
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["child.py", "t.h5.partial"]
+    t = open_trace(partial)
+    assert len(t.blocks) == 1 and int(t.blocks.position[0]) == 9  # block(0): pos=10, anchor 9
+    assert t.meta["capture"]["ended"] == "capture-failed"
+    assert t.meta["capture"]["error"] == why and t.meta["aborted"] == why
 
 
 def _signalled(tmp_path, sig: int, on_signal: str) -> tuple[subprocess.Popen, str]:
@@ -371,11 +376,23 @@ def test_capture_vllm_sets_out_and_reports_files(tmp_path, capfd, monkeypatch):
     assert written_traces(tmp_path / "run.h5") == [tmp_path / "run.dp1.h5", tmp_path / "run.h5"]
 
 
-def test_capture_vllm_without_plugin_output_warns(tmp_path, capfd):
+def test_capture_vllm_without_plugin_output_fails(tmp_path, capfd):
+    """A command that exits 0 without the plugin recording anything (spectrace not in its
+    Python) captured nothing: exit 1, not the command's 0. The twin with a trace is
+    :func:`test_capture_vllm_sets_out_and_reports_files` (the command's own status kept)."""
     child = _child(tmp_path, "sys.exit(0)\n")
-    assert capture_vllm([PY, str(child)], tmp_path / "run.h5") == 0
-    err = capfd.readouterr().err
-    assert err.startswith(f"spectrace: warning: no trace was written to {tmp_path / 'run.h5'}")
+    assert capture_vllm([PY, str(child)], tmp_path / "run.h5") == 1
+    err = capfd.readouterr().err.splitlines()
+    assert err[0].startswith(f"spectrace: warning: no trace was written to {tmp_path / 'run.h5'}")
+    assert err[0].endswith("; command exit status 0")
+    assert err[1:] == [
+        "spectrace: error: the command exited 0 but recorded no trace: exit status 1"
+    ]
+
+
+def test_capture_vllm_without_plugin_output_keeps_a_failing_status(tmp_path):
+    child = _child(tmp_path, "sys.exit(5)\n")
+    assert capture_vllm([PY, str(child)], tmp_path / "run.h5") == 5
 
 
 def test_capture_vllm_forwards_sigint(tmp_path):
@@ -473,9 +490,11 @@ def test_capture_requests_mismatch_warns_or_fails_strict(tmp_path):
     r = _spectrace(*args[:5], "--strict", *args[5:])
     assert r.returncode == 2
     assert r.stderr.splitlines()[-1] == (
-        f"spectrace: error: {text} (partial trace {out}.partial removed)"
+        f"spectrace: error: {text} (partial trace {out}.partial kept)"
     )
-    assert not out.exists() and not Path(f"{out}.partial").exists()
+    assert not out.exists()
+    kept = open_trace(f"{out}.partial")  # the captured block is not lost
+    assert len(kept.blocks) == 1 and kept.meta["capture"]["ended"] == "capture-failed"
 
 
 # -- capture vllm --timeout ----------------------------------------------------------------------
