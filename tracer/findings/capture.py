@@ -14,6 +14,7 @@ from .. import schema
 from ..fmt import counted
 from .data import SideInput
 from .evidence import CaptureEvidence
+from .ksize import drafts_k_always
 from .model import Finding
 
 
@@ -70,8 +71,9 @@ def _gaps_are_lost(imp: dict, method: object) -> bool:
     running request each step (a model drafter: /meta ``method`` names one, or the log
     printed ``[spec-propose]`` lines). Prompt-lookup (n-gram) legitimately skips steps
     without a match: its gaps are steps without drafts."""
-    if isinstance(method, str) and method:
-        return not any(w in method.lower() for w in ("ngram", "n-gram", "lookup", "suffix"))
+    every_step = drafts_k_always(method)
+    if every_step is not None:
+        return every_step
     return bool(_dict(imp, "families").get("spec-propose"))
 
 

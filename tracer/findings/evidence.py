@@ -125,7 +125,10 @@ class VocabEvidence(TypedDict, total=False):
 
 
 class KEvidence(TypedDict):
-    """k_mismatch: how the proposal lengths differ."""
+    """k_mismatch: how the proposal lengths differ. Between two runs: ``ours_k`` and
+    ``theirs_k`` are each side's k values; of one trace (a model drafter proposing other
+    than its /meta k): ``ours_k`` the trace's k values, ``theirs_k`` ``[configured k]``,
+    ``typical_difference`` the trace's k minus the configured one."""
 
     blocks: int
     typical_difference: int

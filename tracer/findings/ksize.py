@@ -11,10 +11,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from .data import PairData
+from .data import PairData, SideInput
 from .evidence import KEvidence
 from .model import Finding
 from .thresholds import MIN_BLOCKS, SYSTEMATIC
+
+#: Words of /meta ``method`` for drafters whose proposal length varies by design: prompt
+#: lookup (n-gram) drafts only where the context matches, suffix decoding as far as its tree
+#: reaches. Every other method (a model drafter: draft_model, EAGLE, MTP, DSpark) proposes
+#: k ids at every step (vLLM's ``SpecDecodeBaseProposer.propose`` returns [batch, k]).
+VARIABLE_K_WORDS = ("ngram", "n-gram", "lookup", "suffix")
+
+
+def drafts_k_always(method: object) -> bool | None:
+    """Whether /meta ``method`` names a drafter that proposes k ids at every step (None:
+    unknown, no method named)."""
+    if not isinstance(method, str) or not method:
+        return None
+    return not any(w in method.lower() for w in VARIABLE_K_WORDS)
 
 
 def _meta_k(meta: dict) -> int | None:
@@ -98,3 +112,54 @@ def k_pairs(pd: PairData) -> Finding | None:
             theirs_k=np.unique(pd.kb).tolist(),
         ),
     )
+
+
+def k_configured(s: SideInput) -> Finding | None:
+    """k_mismatch of one trace: a model drafter (:func:`drafts_k_always`) whose blocks propose
+    another number of ids than its /meta k in at least :data:`~.thresholds.MIN_BLOCKS` and
+    :data:`~.thresholds.SYSTEMATIC` of them (k=0 everywhere: the drafts were never installed);
+    located at the first. In a diff whose paired blocks differ in k, :func:`k_pairs` names it
+    between the runs instead."""
+    td = s.td
+    cfg_k, k = _meta_k(td.t.meta), td.t.blocks.k
+    if cfg_k is None or not drafts_k_always(td.t.meta.get("method")) or not len(k):
+        return None
+    bad = (k >= 0) & (k != cfg_k)
+    if bad.sum() < MIN_BLOCKS or bad.mean() < SYSTEMATIC or _pairs_differ(s):
+        return None
+    first = int(np.flatnonzero(bad)[0])
+    vals, cnt = np.unique(k[bad].astype(np.int64) - cfg_k, return_counts=True)
+    typical = int(vals[cnt.argmax()])
+    kf = int(k[first])
+    if not k[bad].any():
+        what, why = "no draft", ": its drafts were never installed"
+    else:
+        what = f"{kf} draft{'s' if kf != 1 else ''} (the first)"
+        why = ": dropped or trimmed before verification" if kf < cfg_k else ""
+    return Finding(
+        "k_mismatch",
+        "error",
+        side=td.side,
+        **td.at(first),
+        message=(
+            f"{td.side}: {int(bad.sum())} of {len(k)} blocks propose {what} although its "
+            f"{td.t.meta.get('method')} drafter is configured with k={cfg_k} and proposes k "
+            f"at every step{why}"
+        ),
+        evidence=KEvidence(
+            blocks=int(bad.sum()),
+            typical_difference=typical,
+            ours_k=np.unique(k).tolist(),
+            theirs_k=[cfg_k],
+        ),
+    )
+
+
+def _pairs_differ(s: SideInput) -> bool:
+    """In a diff, whether the paired blocks' k differ as :func:`k_pairs` requires (it then
+    names the difference between the runs)."""
+    al = s.al
+    if al is None or not len(al.ia):
+        return False
+    bad = al.a.blocks.k[al.ia] != al.b.blocks.k[al.ib]
+    return bool(bad.sum() >= MIN_BLOCKS and bad.mean() >= SYSTEMATIC)

@@ -79,6 +79,7 @@ SINGLE_TRACE: tuple[SingleDetector, ...] = (
     SingleDetector("verified_differs", single.verified_vs_proposed),
     SingleDetector("constant_drafts", single.constant_drafts, reads_other_side=True),
     SingleDetector("unverified_drafts", work.unverified),
+    SingleDetector("k_mismatch", ksize.k_configured),
     SingleDetector("trimmed_drafts", values.trimmed),
     SingleDetector("acceptance_bookkeeping", single.bookkeeping),
     SingleDetector("vocab_mapping", single.vocab_range),
