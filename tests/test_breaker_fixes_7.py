@@ -89,17 +89,25 @@ def test_a_speculative_run_that_lost_every_draft_diverges(tmp_path, spec_side):
     code, doc = _diff(a, b)
     assert code == 1 and doc["diverged"] is True
     errors = [f for f in doc["findings"] if f["severity"] == "error"]
-    assert [(f["kind"], f["side"]) for f in errors] == [("unverified_drafts", spec_side)]
+    # The trace itself says it lost them (its recorder counted 144 blocks; breaker 10), and
+    # against the drafting side every request never drafts.
+    assert [(f["kind"], f["side"]) for f in errors] == [
+        ("capture_incomplete", spec_side),
+        ("unverified_drafts", spec_side),
+    ]
+    assert errors[0]["evidence"]["recorded_blocks"] == 144
     # the reference drafts first from position 10 in request 0 (its first /blocks row)
-    assert (errors[0]["request"], errors[0]["position"]) == ("0-baad9995", 10)
-    assert errors[0]["evidence"]["requests_never_drafting"] == VLLM_IDS
+    assert (errors[1]["request"], errors[1]["position"]) == ("0-baad9995", 10)
+    assert errors[1]["evidence"]["requests_never_drafting"] == VLLM_IDS
     assert all(f["kind"] != "content_only" for f in doc["findings"])
 
 
 @pytest.mark.parametrize("meta", [{"method": None, "k": 0}, {"method": None}, {"k": 0}])
 def test_a_vanilla_run_without_blocks_is_still_a_content_only_pass(tmp_path, meta):
     """Twin: the same trace whose /meta names no method, or k 0 (what the vLLM hook writes
-    without a speculative config): a vanilla baseline, identical outputs pass."""
+    without a speculative config): a vanilla baseline, identical outputs pass. Its /meta
+    checks go too (a vanilla run's recorder counts no block; 144 would say blocks were lost)."""
+    meta = {**meta, "checks": None}
     vanilla = _edited(VLLM, tmp_path / "vanilla.h5", meta=meta, drop_blocks=True)
     code, doc = _diff(REFERENCE, vanilla)
     assert code == 0 and doc["diverged"] is False
@@ -116,7 +124,12 @@ def test_blocks_verified_twice_are_impossible_values(tmp_path):
     code, doc = _diff(REFERENCE, twice)
     assert code == 1
     errors = [f for f in doc["findings"] if f["severity"] == "error"]
-    assert [(f["kind"], f["side"]) for f in errors] == [("impossible_values", "theirs")]
+    # and 154 blocks where the recorder counted 144 at close (breaker 10)
+    assert [(f["kind"], f["side"]) for f in errors] == [
+        ("impossible_values", "theirs"),
+        ("capture_incomplete", "theirs"),
+    ]
+    assert errors[1]["evidence"]["recorded_blocks"] == 144
     ev = errors[0]["evidence"]
     assert (ev["rules"], ev["row"], ev["value"]) == (
         {"verified twice at one position": 10},

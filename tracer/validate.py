@@ -173,6 +173,12 @@ def _block_problems(
     if "verified_same" in b:
         same = b["verified_same"]
         checks.append(("blocks/verified_same", "not 0 or 1", same, (same < 0) | (same > 1)))
+        # check and diff trust the column (it spares them the verified matrix): prove it.
+        w = max(width["proposed"], width["verified"])
+        equal = (schema.pad_to(b["proposed"], w) == schema.pad_to(b["verified"], w)).all(axis=1)
+        lie = ((same == 1) & ~equal) | ((same == 0) & equal)
+        what = "verified_same contradicts verified and proposed (1: the rows are equal)"
+        checks.append(("blocks/verified_same", what, same, lie))
     problems += [_rows(path, field, what, v, bad) for field, what, v, bad in checks if bad.any()]
     problems += _position_problems(path, b, req, nreq)
     return problems

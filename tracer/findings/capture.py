@@ -1,9 +1,12 @@
-"""capture_incomplete: how a capture or an import ended and what its log lost, from /meta.
+"""capture_incomplete: how a capture or an import ended and what its log lost, from /meta
+and from what the blocks themselves show missing.
 
-A comparison of the blocks that exist cannot see a killed engine, lines an import dropped
-or lines that contradict each other. This detector reads a side's /meta only (the capture's
-end, the engine's counters check, the VT import's statistics: hooks/vt/stats.py
-``ImportStats``) and the emptiness of the trace; it returns at most one error finding.
+A comparison of the blocks that exist cannot see a killed engine, lines an import dropped,
+lines that contradict each other or blocks removed from a request's middle. This detector
+reads a side's /meta (the capture's end, the engine's counters check, the recorder's block
+count, the VT import's statistics: hooks/vt/stats.py ``ImportStats``), the emptiness of the
+trace and, for a drafter that drafts every step, the gaps in each request's anchor chain
+(:attr:`~.data.TraceData.chain_gaps`); it returns at most one error finding.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import schema
+from ..align import drafts_configured, is_replay
 from ..fmt import counted
+from ..store import Trace
 from .data import SideInput
 from .evidence import CaptureEvidence
 from .ksize import drafts_k_always
@@ -57,6 +62,10 @@ def capture_end(meta: dict, status: str = schema.STATUS_COMPLETE) -> CaptureEvid
         first_chain_break=first_break,
         violations=broken,
         first_violation=first_broken,
+        recorded_blocks=None,
+        chain_gaps=0,
+        first_chain_gap=None,
+        undrafted_requests=0,
     )
 
 
@@ -191,6 +200,69 @@ def _log_how(ev: CaptureEvidence) -> list[str]:
     return out
 
 
+def _recorded_blocks(t: Trace) -> int | None:
+    """The blocks the vLLM hook's recorder counted at close (/meta ``checks`` ``trace``
+    ``blocks``, hooks/vllm/crosscheck.py ``file_totals``), summed over a trace's files;
+    None when a file says nothing."""
+    total = 0
+    for m in t.metas:
+        n = _int_or_none(_dict(_dict(m, "checks"), "trace").get("blocks"))
+        if n is None:
+            return None
+        total += n
+    return total
+
+
+def _block_evidence(s: SideInput, ev: CaptureEvidence) -> None:
+    """Fill ``ev``'s block-level items: the recorder's block count, chain gaps of a model
+    drafter (steps it drafted with no block in the trace; an import's own count stands for
+    a VT log) and, in a trace without blocks, the requests such a drafter served."""
+    td = s.td
+    t, b = td.t, td.t.blocks
+    ev["recorded_blocks"] = _recorded_blocks(t)
+    model = drafts_configured(t) and bool(drafts_k_always(t.meta.get("method")))
+    if not model or is_replay(t):
+        return
+    if not len(b):
+        out = t.requests.output_ids
+        ev["undrafted_requests"] = sum(1 for i in range(len(out)) if len(out[i]) >= 2)
+        return
+    if "chain_gaps" in _dict(t.meta, "import"):
+        return  # the VT import counted its own gaps (dropped_lines)
+    rows, expected = td.chain_gaps
+    ev["chain_gaps"] = len(rows)
+    if len(rows):
+        r, p = int(rows[0]), int(td.prev[rows[0]])
+        ev["first_chain_gap"] = (
+            f"request {td.req_id(r)}: the block at position {int(b.position[p])} accepted "
+            f"{int(b.accepted[p])}, the next drafts from position {int(b.position[r])}, not "
+            f"{int(expected[0])}"
+        )
+
+
+def _blocks_how(ev: CaptureEvidence, held: int, method: object) -> list[str]:
+    """What the blocks themselves show missing, in words (empty: nothing)."""
+    out = []
+    rec = ev["recorded_blocks"]
+    if rec is not None and rec != held:
+        out.append(
+            f"the trace holds {counted(held, 'block')} where its recorder counted {rec} at "
+            f"close (/meta checks.trace.blocks): blocks were lost or added since"
+        )
+    if ev["chain_gaps"]:
+        out.append(
+            f"{counted(ev['chain_gaps'], 'gap')} in the anchor chain although its {method} "
+            f"drafter drafts at every step (first: {ev['first_chain_gap']}): the blocks "
+            f"between are missing"
+        )
+    if ev["undrafted_requests"]:
+        out.append(
+            f"no block although its {method} drafter drafts at every step and "
+            f"{counted(ev['undrafted_requests'], 'request')} emitted 2 or more tokens"
+        )
+    return out
+
+
 def incomplete_reasons(meta: dict, status: str = schema.STATUS_COMPLETE) -> list[str]:
     """Why a trace's capture or import is missing work, in words, from /meta and the file
     status alone (what ``capture_incomplete`` says, but for an empty trace); empty when it
@@ -205,17 +277,21 @@ def capture(s: SideInput) -> Finding | None:
     counters (/meta ``checks`` status ``mismatch``) or was closed before the vLLM hook
     cross-checked it (status still ``pending``), an import dropped trace lines, found
     blocks at positions their request had passed (chain breaks) or other broken invariants
-    (:func:`import_violations`), or the trace holds nothing
+    (:func:`import_violations`), the blocks show work missing (another block count than
+    the recorder's, gaps in a model drafter's anchor chain, no block at all while such a
+    drafter's requests emitted tokens: :func:`_block_evidence`), or the trace holds nothing
     at all (no block, no request; whoever wrote it): work is missing from the trace."""
     td = s.td
     ev = capture_end(td.t.meta, td.t.status)
     # No block and no request: whatever wrote the trace (a capture, an import, the plugin
     # or the API) recorded no work, and a verdict on nothing would read as agreement.
     ev["empty"] = len(td.t.blocks) == 0 and len(td.t.requests) == 0
+    _block_evidence(s, ev)
     how, log = _how(ev), _log_how(ev)
+    blk = _blocks_how(ev, len(td.t.blocks), td.t.meta.get("method"))
     if how:
         message = (
-            f"{td.side}: the capture did not end cleanly ({'; '.join(how + log)}): requests "
+            f"{td.side}: the capture did not end cleanly ({'; '.join(how + log + blk)}): requests "
             f"and blocks after that point are missing, agreement of the rest proves nothing"
         )
     elif log:
@@ -227,9 +303,11 @@ def capture(s: SideInput) -> Finding | None:
             else "not a consistent record"
         )
         message = (
-            f"{td.side}: {'; '.join(log)}: the blocks on those lines are {what}, agreement "
+            f"{td.side}: {'; '.join(log + blk)}: the blocks on those lines are {what}, agreement "
             f"of the rest proves nothing"
         )
+    elif blk:
+        message = f"{td.side}: {'; '.join(blk)}: agreement of the rest proves nothing"
     elif ev["empty"]:
         message = (
             f"{td.side}: the trace recorded nothing: no draft block and no request reached "

@@ -119,6 +119,29 @@ class TraceData:
         return self._neighbours[1]
 
     @functools.cached_property
+    def chain_gaps(self) -> tuple[np.ndarray, np.ndarray]:
+        """Gaps in each request's anchor chain: blocks whose position lies past the previous
+        verified block's anchor + accepted + 1 (the engine emitted tokens from there without
+        a block drafting from them), found in row chunks.
+
+        Returns:
+            ``(rows, expected)``: int64 [g] block rows after a gap (row order), int64 [g] the
+            anchor position each gap skipped (where the next block should have drafted).
+        """
+        b = self.t.blocks
+        gaps, exp = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+        for c in chunks(len(b)):
+            pv = self.prev[c]
+            has = pv >= 0
+            pv = np.maximum(pv, 0)
+            acc = b.accepted[pv]
+            expected = b.position[pv].astype(np.int64) + acc + 1
+            gap = np.flatnonzero(has & (acc >= 0) & (b.position[c] > expected))
+            gaps.append(gap + c.start)
+            exp.append(expected[gap])
+        return np.concatenate(gaps), np.concatenate(exp)
+
+    @functools.cached_property
     def _neighbours(self) -> tuple[np.ndarray, np.ndarray]:
         order, n, req = self.order, len(self.order), self.t.blocks.request
         last, prev = np.zeros(n, bool), np.full(n, -1, order.dtype)

@@ -287,6 +287,18 @@ class CaptureEvidence(TypedDict):
     violations: dict[str, int]
     #: The first of them, ``FILE:LINE: what``; null when none.
     first_violation: str | None
+    #: Blocks the recorder counted when it closed the file (/meta ``checks`` ``trace``
+    #: ``blocks``, summed over the files of a trace); null when it says nothing.
+    recorded_blocks: int | None
+    #: Gaps in the anchor chain of a model drafter's requests (a block at a position past
+    #: the previous verified block's anchor + accepted + 1: steps drafted without a block
+    #: in the trace; a VT import counts its own, in ``dropped_lines``); 0 when none.
+    chain_gaps: int
+    #: The first gap, ``request R: ...``; null when none.
+    first_chain_gap: str | None
+    #: Requests a model drafter served with at least 2 output tokens in a trace that holds
+    #: no block at all (each such request drafted at least once); 0 otherwise.
+    undrafted_requests: int
 
 
 class IncompleteRef(TypedDict):

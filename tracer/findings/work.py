@@ -22,8 +22,11 @@ from .evidence import IncompleteRef, RequestsEvidence, UnverifiedEvidence
 from .model import Finding
 from .thresholds import MIN_BLOCKS
 
-#: Finish reasons of a request the engine did not complete.
-NOT_COMPLETED = ("abort", "unfinished")
+#: Finish reasons of a request the engine did not complete: aborted, still running when
+#: the trace closed, or vLLM's ``FinishReason.ERROR`` (vllm/v1/engine/__init__.py: a
+#: retryable request-level internal error, e.g. a KV load failure; the client gets a 500).
+#: ``repetition`` (vLLM stopped a repetitive output) is the engine's decision, like ``stop``.
+NOT_COMPLETED = ("abort", "unfinished", "error")
 
 
 def _incomplete(s: SideInput) -> tuple[list[tuple[int, int | None]], list[str]]:
@@ -112,8 +115,9 @@ def requests(s: SideInput) -> Finding | None:
 
 
 def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) -> np.ndarray:
-    """Blocks of ``td`` that follow a gap: the engine emitted up to anchor position q without
-    drafting from q, although ``ref`` drafted from q on matched content.
+    """Blocks of ``td`` that follow a gap (:attr:`~.data.TraceData.chain_gaps`): the engine
+    emitted up to anchor position q without drafting from q, although ``ref`` drafted from q
+    on matched content.
 
     Args:
         side_a: ``td`` is the alignment's ours (``al.a``).
@@ -127,17 +131,9 @@ def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) 
     pob = al.pair_of_block_a if side_a else al.pair_of_block_b
     rpob = al.pair_of_block_b if side_a else al.pair_of_block_a
     rcomp = al.comparable_b if side_a else al.comparable_a
-    gaps, exp = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-    for c in chunks(len(b)):
-        pv = td.prev[c]
-        has = pv >= 0
-        pv = np.maximum(pv, 0)
-        acc = b.accepted[pv]
-        expected = b.position[pv].astype(np.int64) + acc + 1
-        gap = np.flatnonzero(has & (acc >= 0) & (b.position[c] > expected) & (pob[c] >= 0))
-        gaps.append(gap + c.start)
-        exp.append(expected[gap])
-    idx, expected = np.concatenate(gaps), np.concatenate(exp)
+    idx, expected = td.chain_gaps
+    paired = pob[idx] >= 0
+    idx, expected = idx[paired], expected[paired]
     if not len(idx):
         return idx
     stride = (
