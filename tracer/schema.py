@@ -294,6 +294,14 @@ META_TYPES: dict[str, tuple[str, ...]] = {
 #: below 0 names no process: ``hooks.vllm.common.dp_rank_of`` never gives one).
 META_MINIMUM: dict[str, int] = {"k": 0, "tp_rank": 0, "tp_size": 1, "dp_rank": 0}
 
+#: The largest valid value of the /meta integers that size something. ``k`` is vLLM's
+#: ``num_speculative_tokens``: a handful in practice (EAGLE, MTP, n-gram and block drafters
+#: are run with 1 to about 16), and every draft matrix of the trace is k wide in every block
+#: row, so a k far past any drafter (``--meta k=40000`` built 40000-wide columns, 1.3 GB for
+#: a 139-block log; one past int64 broke HDF5's chunking and the k-size detector) is a typo,
+#: not a config. 1024 is 64x the widest of those and keeps one matrix row at 4 KiB.
+META_MAXIMUM: dict[str, int] = {"k": 1024}
+
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "str": (str,),
     "int": (int,),
@@ -313,8 +321,9 @@ _TYPE_WORDS = {
 
 
 def meta_type_error(key: str, value: object) -> str | None:
-    """Why ``value`` is not a valid /meta ``key`` (``"expected an int"``), or None when it
-    is (keys outside :data:`META_TYPES` take any value; ``None`` means unknown)."""
+    """Why ``value`` is not a valid /meta ``key`` (``"expected an int"``, an integer outside
+    :data:`META_MINIMUM` .. :data:`META_MAXIMUM`), or None when it is (keys outside
+    :data:`META_TYPES` take any value; ``None`` means unknown)."""
     kinds = META_TYPES.get(key)
     if kinds is None or value is None:
         return None
@@ -323,6 +332,9 @@ def meta_type_error(key: str, value: object) -> str | None:
             low = META_MINIMUM.get(key)
             if kind == "int" and low is not None and value < low:  # type: ignore[operator]
                 return f"expected an integer >= {low}"
+            high = META_MAXIMUM.get(key)
+            if kind == "int" and high is not None and value > high:  # type: ignore[operator]
+                return f"expected an integer <= {high}"
             return _capture_error(value) if isinstance(value, dict) and key == "capture" else None
     return "expected " + " or ".join(_TYPE_WORDS[k] for k in kinds)
 

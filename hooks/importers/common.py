@@ -18,7 +18,7 @@ from json.decoder import JSONObject  # type: ignore[attr-defined]
 from json.scanner import py_make_scanner  # type: ignore[attr-defined]
 from pathlib import Path
 
-from spectrace.hooks.vt.importer import discard_failed
+from spectrace.hooks.vt.importer import discard_failed, new_writer
 from spectrace.tracer.errors import InputError, ParseError
 from spectrace.tracer.store import TraceWriter
 
@@ -218,12 +218,12 @@ def write_trace(out: str | os.PathLike, meta: dict, fill: Callable[[TraceWriter]
     Raises:
         InputError / ParseError: from ``fill``, with `` (partial trace FILE removed)``.
     """
-    writer = TraceWriter(out, meta, flush_interval=0)
+    writer = new_writer(out, meta, flush_interval=0)
     try:
         writer.update_meta(**fill(writer))
+        writer.close()  # its last flush writes the blocks: a failure there is a failure
     except Exception as exc:
         raise discard_failed(writer, exc) from None
     except BaseException:
         writer.close(complete=False)
         raise
-    writer.close()

@@ -10,7 +10,9 @@ The golden is one JSON object: run metadata (``oracle_version``, ``pin``, ``targ
 anchor, drafts}`` in call order. Blocks are placed as the gate does (:mod:`.placement`), and
 the placed totals are checked against the golden's own counters (``meta["checks"]["golden
 _counters"]``): blocks whose bonus token falls past ``max_tokens`` keep their visible
-acceptance and explain an accepted-token shortfall, unplaced blocks a drafts shortfall.
+acceptance and explain an accepted-token shortfall of at most their drafts past the end
+(vLLM counts acceptance before it trims the output; :mod:`.counters`), unplaced blocks a
+drafts shortfall; any other difference is a ``mismatch`` (``capture_incomplete``).
 """
 
 from __future__ import annotations
@@ -154,7 +156,7 @@ def _refuse_blockless(records: list, source: str) -> None:
 def _run_meta(doc: dict, problems: Problems, lines: JsonLines) -> dict:
     """The /meta of the trace from the golden's run metadata (bad types are problems)."""
     k = doc.get("num_speculative_tokens")
-    if k is not None and not is_int(k, 0, 2**15 - 1):
+    if k is not None and not is_int(k, schema.META_MINIMUM["k"], schema.META_MAXIMUM["k"]):
         problems.add("invalid_meta", lines.line, "not a draft count", "num_speculative_tokens", k)
         k = None
     mns = doc.get("max_num_seqs")

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from spectrace.tracer.cli.output import say
 from spectrace.tracer.errors import InputError, SpectraceError
 from spectrace.tracer.store import TraceWriter
+from spectrace.tracer.store.paths import final_path, partial_path
 
 from .bulk import bulk_feed
 from .parser import SOURCE, VtTraceParser
@@ -73,7 +74,7 @@ def import_log(
     requests = read_requests(requests_path) if requests_path is not None else None
     lines, name, close = _open_log(log)
     try:
-        writer = TraceWriter(out, {**UNKNOWN_META, **(meta or {})})
+        writer = new_writer(out, {**UNKNOWN_META, **(meta or {})})
         parser = VtTraceParser(writer, strict=strict, source_name=name)
         try:
             if requests is not None:
@@ -82,6 +83,7 @@ def import_log(
             binary = _feed(parser, lines, progress) if binary is None else binary
             _refuse_non_log(parser.stats, name, binary)
             stats = parser.finish()
+            writer.close()  # its last flush writes the blocks: a failure there is a failure
         except Exception as exc:
             raise discard_failed(writer, exc) from None
         except BaseException:  # Ctrl-C: keep every block parsed so far, say where
@@ -89,7 +91,6 @@ def import_log(
             writer.close(complete=False)
             say(f"partial trace kept in {writer.partial_path}")
             raise
-        writer.close()
     finally:
         close()
     return stats
@@ -183,14 +184,42 @@ def _refuse_non_log(stats: ImportStats, name: str, binary: bool) -> None:
     )
 
 
+def new_writer(out: str | os.PathLike, meta: dict, **kwargs) -> TraceWriter:
+    """An import's :class:`TraceWriter` (the VT, golden and llama-dump importers); one that
+    fails after creating its ``.partial`` file (an unexpected error laying out the columns)
+    removes that file first.
+
+    Args:
+        kwargs: :class:`TraceWriter`'s options (``flush_interval``).
+    Raises:
+        InputError: the file cannot be created (nothing of this import's to remove);
+            anything else the writer raised, after one line saying what was removed.
+    """
+    try:
+        return TraceWriter(out, meta, **kwargs)
+    except SpectraceError:
+        raise
+    except Exception:
+        path = partial_path(final_path(out))
+        if path.exists():
+            path.unlink(missing_ok=True)
+            say(f"partial trace {path} removed")
+        raise
+
+
 def discard_failed(writer: TraceWriter, exc: Exception) -> Exception:
     """Remove the ``.partial`` file of a failed import or capture; return the error to raise.
 
     A :class:`SpectraceError` comes back with `` (partial trace FILE removed)`` added, so the
     user still sees one line; another exception (a bug) is returned as is after one line
-    saying what was removed.
+    saying what was removed. A writer whose close fails again (the flush that failed) has
+    its file removed all the same.
     """
-    path = writer.discard()
+    try:
+        path = writer.discard()
+    except Exception:  # the close re-ran the failing flush: remove the file regardless
+        path = writer.partial_path
+        path.unlink(missing_ok=True)
     note = f"partial trace {path} removed"
     if isinstance(exc, SpectraceError):
         return type(exc)(f"{exc} ({note})")

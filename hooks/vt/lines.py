@@ -98,11 +98,13 @@ PHASE_MS = ("pre", "backbone", "sample", "sequential")
 
 # Value ranges: a field stored in a trace column must fit that column (pos - 1 is the int32
 # ``position``, k/ns/acc/drafts-per-row size int16 columns, ids are int32 token ids); any
-# other integer must fit int64. Out of range is a malformed line: never clamped or wrapped.
+# other integer must fit int64; k at most the schema's /meta bound (the import writes the
+# largest k as /meta k, which every reader checks). Out of range is a malformed line: never
+# clamped or wrapped.
 _I16 = (0, 2**15 - 1)
 RANGES: dict[str, tuple[int, int]] = {
     "pos": (1, 2**31 - 1),
-    "k": _I16,
+    "k": (0, schema.META_MAXIMUM["k"]),
     "ns": _I16,
     "acc": _I16,
     "drafts/row": _I16,
