@@ -185,7 +185,9 @@ def test_positions_selecting_nothing_fail_the_gate(pair, capsys, spectrace_asser
 def test_positions_tuple_is_an_open_range_or_refused():
     assert Selection.of(positions=(1000, None)).positions == slice(1000, None)
     assert Selection.of(positions=(None, 7)).positions == slice(None, 7)
-    assert Selection.of(positions=(3, 7)).positions == frozenset({3, 7})  # ints: those
+    # a 2-tuple is the range A:B like (A, None) and range(A, B), not the set {A, B}
+    assert Selection.of(positions=(3, 7)).positions == slice(3, 7)
+    assert Selection.of(positions=[3, 7]).positions == frozenset({3, 7})  # a list: those
     for bad, why in (
         ((-1, None), "positions: expected A:B with positions >= 0, e.g. 5:20 or 40: (got (-1, None))"),
         ((9, None, 3), "positions: None is not an int"),

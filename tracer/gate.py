@@ -53,8 +53,8 @@ class GateError(InputError, ValueError):
         self.what = what
 
 
-#: Positions as given: a ``slice``/``range`` (half-open, ends may be None), a pair
-#: ``(A, None)`` / ``(None, B)`` (an open end, as ``--positions A:`` / ``:B``) or ints.
+#: Positions as given: a ``slice``/``range`` or a pair ``(A, B)`` (half-open ``A:B``; an end
+#: may be None: ``(A, None)`` = ``A:``, ``(None, B)`` = ``:B``), or other ints (a set).
 PositionSpec = slice | range | tuple[int | None, int | None] | Iterable[int] | None
 
 
@@ -73,7 +73,7 @@ class Selection:
 
     @classmethod
     def of(cls, requests: Iterable[str] | None = None, positions: PositionSpec = None):
-        """A validated selection (``requests``: ids; ``positions``: slice, range or ints).
+        """A validated selection (``requests``: ids; ``positions``: slice, range, (A, B) or ints).
 
         Raises:
             GateError: a non-integer position or a slice with a step.
@@ -113,8 +113,8 @@ def _positions(p: PositionSpec) -> slice | frozenset[int] | None:
         return None
     if isinstance(p, range) and p.step == 1:
         return _checked_slice(p.start, p.stop, repr(p))
-    if isinstance(p, tuple) and len(p) == 2 and None in p:
-        return _checked_slice(p[0], p[1], repr(p))  # (A, None) = A:, (None, B) = :B
+    if isinstance(p, tuple) and len(p) == 2:  # (A, B) = A:B, as range(A, B); never {A, B}
+        return _checked_slice(p[0], p[1], repr(p))
     if isinstance(p, slice):
         if p.step not in (None, 1):
             raise GateError("positions", f"a slice with step {p.step} is not supported")
@@ -131,11 +131,11 @@ def _positions(p: PositionSpec) -> slice | frozenset[int] | None:
 
 
 def _checked_slice(start: object, stop: object, given: str) -> slice:
-    """``slice(start, stop)`` of positions >= 0 with stop >= start, as ``--positions``
+    """``slice(start, stop)`` of positions >= 0 with stop > start, as ``--positions``
     requires (one rule for the CLI and the fixture).
 
     Raises:
-        GateError: an end that is not an int >= 0 (None: open), or stop before start.
+        GateError: an end that is not an int >= 0 (None: open), or stop <= start (empty).
     """
     ends: list[int | None] = []
     for end in (start, stop):
@@ -147,8 +147,9 @@ def _checked_slice(start: object, stop: object, given: str) -> slice:
             )
         ends.append(None if end is None else int(end))
     lo, hi = ends
-    if lo is not None and hi is not None and hi < lo:
-        raise GateError("positions", f"end {hi} is before start {lo} (got {given})")
+    if lo is not None and hi is not None and hi <= lo:
+        how = "before" if hi < lo else "not after"
+        raise GateError("positions", f"end {hi} is {how} start {lo} (got {given})")
     return slice(lo, hi)
 
 
@@ -156,7 +157,7 @@ def parse_positions(text: str) -> slice:
     """``A:B`` (half-open, tokens; either end may be left out) as a slice.
 
     Raises:
-        GateError: not ``A:B`` with non-negative ints, or B < A.
+        GateError: not ``A:B`` with non-negative ints, or B <= A.
     """
     lo, sep, hi = text.partition(":")
     try:

@@ -15,13 +15,14 @@ checked, against vLLM 0.32 (``transformers_utils/configs/speculators/algos.py:up
 * ``method``: ``speculators_model_type`` (or a dense DSpark config) and the architecture vLLM
   loads it as; or a plain draft model (a standalone ``*ForCausalLM``, vLLM's
   ``method="draft_model"``), for which ``tokenizer`` (``tokenizer.json`` equal to the
-  target's) and ``context`` (``max_position_embeddings`` at least the target's) are checked
+  target's; one there but unreadable or not a tokenizer is an error, an absent one is not
+  compared) and ``context`` (``max_position_embeddings`` at least the target's) are checked
   (:mod:`.plain`) and no aux layers are expected.
 * ``layout``: ``sample_from_anchor``. A speculators checkpoint without it is drafted in the
   anchor layout by speculators (default true) but loaded in the 1+N layout by vLLM
   (``config_dict.get("sample_from_anchor", False)``): every draft shifts one slot.
 * ``vocab``: input vocabulary (``transformer_layer_config.vocab_size``) and draft vocabulary
-  against the target's.
+  against the target's (a size that is not an int > 0 is an error naming the field).
 * ``d2t`` / ``t2d``: present when the draft vocabulary is reduced; ``target = i + d2t[i]`` in
   range and without duplicates; ``t2d`` marks exactly those targets. A ``d2t`` in a
   full-vocabulary checkpoint has no parameter in vLLM (the load fails).

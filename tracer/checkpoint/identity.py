@@ -176,6 +176,8 @@ def check_mask_token(rep: Report, dr: Draft, vocab: Vocab) -> None:
     mask = d.get("mask_token_id", d.get("dspark_noise_token_id"))
     if mask is None:
         rep.add("mask_token", "error", "no mask_token_id: vLLM has no id for the mask query slots")
+    elif isinstance(mask, int) and not isinstance(mask, bool) and mask >= 0 and v_in is None:
+        rep.add("mask_token", "info", f"mask_token_id {mask}; input vocabulary unknown (see vocab)")
     elif not isinstance(mask, int) or v_in is None or not 0 <= mask < v_in:
         rep.add(
             "mask_token",

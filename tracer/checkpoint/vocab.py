@@ -19,14 +19,22 @@ def check_vocab(rep: Report, dr: Draft) -> Vocab:
     """``vocab``: the input vocabulary (``transformer_layer_config.vocab_size``) and the draft
     vocabulary against the target's.
 
+    A ``vocab_size`` (or ``draft_vocab_size``) given but not an int > 0 is bad input: an
+    error naming the field, never compared as a vocabulary.
+
     Returns:
-        The vocabularies (all None when the layer config has none).
+        The vocabularies (all None when the layer config has none, or a bad one).
     """
-    v_in = dr.layer.get("vocab_size")
-    v_draft = dr.config.get("draft_vocab_size") or v_in
-    if not isinstance(v_in, int) or not isinstance(v_draft, int):
+    v_in, v_draft = dr.layer.get("vocab_size"), dr.config.get("draft_vocab_size")
+    if v_in is None:
         rep.add("vocab", "error", "no vocab_size in the layer config: vocabularies unknown")
         return Vocab(None, None, None)
+    nested = "transformer_layer_config." if dr.transformer_layer_config is not None else ""
+    for name, size in ((f"{nested}vocab_size", v_in), ("draft_vocab_size", v_draft)):
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            rep.add("vocab", "error", f"{name} is {size!r}, not an int > 0: vocabularies unknown")
+            return Vocab(None, None, None)
+    v_draft = v_in if v_draft is None else v_draft
     t_vocab = (dr.target or {}).get("vocab_size")
     known = isinstance(t_vocab, int) and t_vocab > 0
     v_target = t_vocab if isinstance(t_vocab, int) and t_vocab > 0 else v_in
@@ -77,7 +85,9 @@ def check_d2t(rep: Report, dr: Draft, vocab: Vocab) -> np.ndarray | None:
         ``t2d`` with, else None.
     """
     d2t_ti, v_draft = dr.tensors.get("d2t"), vocab.v_draft
-    if vocab.reduced and d2t_ti is None:
+    if v_draft is None or vocab.v_target is None:
+        rep.add("d2t", "info", "vocabularies unknown (see vocab): d2t not checked")
+    elif vocab.reduced and d2t_ti is None:
         rep.add(
             "d2t",
             "error",
@@ -150,7 +160,7 @@ def check_t2d(rep: Report, dr: Draft, vocab: Vocab, targets: np.ndarray | None) 
     """``t2d``: a bool [v_target] mask marking exactly d2t's targets (``targets``, from
     :func:`check_d2t`). Training only: vLLM drops it."""
     t2d_ti, v_target = dr.tensors.get("t2d"), vocab.v_target
-    if t2d_ti is None:
+    if t2d_ti is None or v_target is None:  # an unknown vocabulary: check_d2t says so
         if vocab.reduced:
             rep.add("t2d", "info", "no t2d (training only; vLLM does not need it)")
         return
@@ -184,7 +194,9 @@ def check_embed_tokens(rep: Report, dr: Draft, vocab: Vocab) -> None:
     """``embed_tokens``: own ([input vocab, hidden]) or shared from the target (same hidden
     size; not possible with an input vocabulary larger than the target's)."""
     emb, v_in, hidden = dr.tensors.get("embed_tokens.weight"), vocab.v_in, dr.hidden
-    if emb is not None:
+    if emb is not None and v_in is None:
+        _own_unknown_vocab(rep, "embed_tokens", emb, hidden, "input")
+    elif emb is not None:
         want = (v_in, hidden)
         rep.add(
             "embed_tokens",
@@ -207,7 +219,9 @@ def check_lm_head(rep: Report, dr: Draft, vocab: Vocab) -> None:
     """``lm_head``: own ([draft vocab, hidden]) or shared from the target (same hidden size;
     not possible with a reduced vocabulary)."""
     head, v_draft, hidden = dr.tensors.get("lm_head.weight"), vocab.v_draft, dr.hidden
-    if head is not None:
+    if head is not None and v_draft is None:
+        _own_unknown_vocab(rep, "lm_head", head, hidden, "draft")
+    elif head is not None:
         want = (v_draft, hidden)
         rep.add(
             "lm_head",
@@ -224,6 +238,20 @@ def check_lm_head(rep: Report, dr: Draft, vocab: Vocab) -> None:
         )
     else:
         _shared_from_target(rep, dr, "lm_head")
+
+
+def _own_unknown_vocab(rep: Report, check: str, ti: TensorInfo, hidden, which: str) -> None:
+    """An own weight when the vocabulary is unknown (the ``vocab`` error says why): only its
+    hidden size is checked, never rows against a vocabulary of None."""
+    ok = len(ti.shape) == 2 and ti.shape[1] == hidden
+    rep.add(
+        check,
+        "info" if ok else "error",
+        f"own {list(ti.shape)}"
+        + (
+            f", {which} vocabulary unknown: rows not checked" if ok else f" != [?, hidden {hidden}]"
+        ),
+    )
 
 
 def _shared_from_target(rep: Report, dr: Draft, check: str) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from . import output
@@ -37,7 +35,7 @@ def inspect_draft_cmd(ckpt_dir: str, target_dir: str | None, k: int | None, fmt:
 
     rep = inspect_draft(ckpt_dir, target_dir, k)
     if fmt == "json":
-        output.out(json.dumps(rep.to_json(), indent=2))
+        output.out_json(rep.to_json())
     else:
         output.out(rep.text())
     exit_verdict(bool(rep.errors))

@@ -7,9 +7,12 @@ the CLI, the demo, the capture runners and the vLLM plugin. Loads rich only insi
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import sys
-from typing import TYPE_CHECKING, TextIO
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -60,6 +63,31 @@ def out(text: str) -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         stdout_to_devnull()
+
+
+def finite(doc: Any) -> Any:
+    """``doc`` with every non-finite float (NaN, +-inf; numpy's too) replaced by None, through
+    dicts, lists and tuples (a tuple becomes a list, as JSON writes it); the rest as it is."""
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {k: finite(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [finite(v) for v in doc]
+    return doc
+
+
+def json_text(doc: Any, default: Callable[[Any], Any] | None = None) -> str:
+    """``doc`` as strict JSON (indent 2): a non-finite number is ``null``, never the bare
+    ``NaN``/``Infinity`` that ``json.dumps`` writes by default and JSON parsers refuse.
+    ``default`` converts what JSON has no type for (as ``json.dumps``'s)."""
+    return json.dumps(finite(doc), indent=2, allow_nan=False, default=default)
+
+
+def out_json(doc: Any, default: Callable[[Any], Any] | None = None) -> None:
+    """Print a JSON document on stdout (``--format json``): strict JSON, see
+    :func:`json_text`. Every command's JSON goes through here."""
+    out(json_text(doc, default))
 
 
 def console() -> Console:

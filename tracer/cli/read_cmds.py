@@ -5,7 +5,6 @@ Each imports what it needs inside its body, so none loads textual, torch or vllm
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,7 +35,7 @@ def schema(diff_json: bool) -> None:
     if diff_json:
         from ..diff_schema import SCHEMA
 
-        output.out(json.dumps(SCHEMA, indent=2))
+        output.out_json(SCHEMA)
         return
     from .. import schema as _schema
 
@@ -58,7 +57,7 @@ def info(trace: tuple[str, ...], fmt: str) -> None:
     t = open_trace(list(trace))
     summary = explained_summary(t)
     if fmt == "json":
-        output.out(json.dumps({"schema": "spectrace.info/1", **summary}, indent=2))
+        output.out_json({"schema": "spectrace.info/1", **summary})
     else:
         report.print_info(output.console(), summary)
 
@@ -133,7 +132,7 @@ def diff(
         results.append(r)
     doc = results[0] if len(results) == 1 else RunsResult.of(results)
     if fmt == "json":
-        output.out(json.dumps(doc.to_json(), indent=2))
+        output.out_json(doc.to_json())
     elif len(results) == 1:
         report.print_diff(output.console(), results[0])
     else:
@@ -186,7 +185,7 @@ def check(trace: tuple[str, ...], fmt: str, tokenizer: str | None, **gate: Any) 
         }
         if gated:
             doc["gate"] = {"passed": not problems, "problems": problems, "ignored": ignored}
-        output.out(json.dumps({**doc, "summary": summary}, indent=2))
+        output.out_json({**doc, "summary": summary})
     else:
         con = output.console()
         report.print_findings(con, found)
@@ -224,7 +223,7 @@ def validate_cmd(trace: tuple[str, ...], fmt: str) -> None:
                 for path, problems in results
             ],
         }
-        output.out(json.dumps(doc, indent=2, default=str))
+        output.out_json(doc, default=str)
     else:
         for path, problems in results:
             for p in problems:

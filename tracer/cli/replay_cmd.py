@@ -3,7 +3,6 @@ sequences (:mod:`spectrace.hooks.replay`), and with ``--vs`` diff two engines' r
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 
@@ -190,7 +189,7 @@ def _diff(ours: str, theirs: str, fmt: str, tokenizer: str | None) -> None:
     a, b = open_pair(ours, theirs)
     result = diff_traces(align(a, b), decoder=decoder_for(tokenizer, a.meta, b.meta))
     if fmt == "json":
-        output.out(json.dumps(result.to_json(), indent=2))
+        output.out_json(result.to_json())
     else:
         report.print_diff(output.console(), result)
     exit_verdict(result.diverged)

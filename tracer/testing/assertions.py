@@ -58,9 +58,10 @@ def drafts_match_report(
             None: 1.0, not asked for (a vanilla side's content_only pair still passes; given,
             ``agreement 0/0`` fails it, as ``--min-agreement`` does).
         max_error_findings: most error findings tolerated (kinds in ``ignore`` not counted).
-        positions: restrict the comparison to these anchor positions: a range or slice
-            (half-open), ``(A, None)`` / ``(None, B)`` for an open end (``--positions A:`` /
-            ``:B``), the text ``"A:B"``, or an iterable of ints (those positions).
+        positions: restrict the comparison to these anchor positions: a range, slice or
+            pair ``(A, B)`` (half-open ``A:B``, B > A; ``(A, None)`` / ``(None, B)`` for an
+            open end, ``--positions A:`` / ``:B``), the text ``"A:B"``, or another iterable
+            of ints (a list or set: those positions).
         ignore: finding kinds to ignore (e.g. ``{"degenerate_output"}``; one string is one
             kind).
         requests: restrict the comparison to these request ids (ours or theirs; one string
