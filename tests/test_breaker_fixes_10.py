@@ -52,7 +52,7 @@ def _copy(dst: Path, keep=None, meta: dict | None = None, drop_meta: tuple[str, 
 
 
 def _column(name: str) -> np.ndarray:
-    with h5py.File(VLLM, "r") as f:
+    with h5py.File(VLLM, "r", locking=False) as f:  # as spectrace opens it (one process)
         return f["blocks"][name][:]
 
 

@@ -102,11 +102,13 @@ def test_a_speculative_run_that_lost_every_draft_diverges(tmp_path, spec_side):
     assert all(f["kind"] != "content_only" for f in doc["findings"])
 
 
-@pytest.mark.parametrize("meta", [{"method": None, "k": 0}, {"method": None}, {"k": 0}])
+@pytest.mark.parametrize("meta", [{"method": None, "k": 0}, {"method": "none"}, {"k": 0}])
 def test_a_vanilla_run_without_blocks_is_still_a_content_only_pass(tmp_path, meta):
     """Twin: the same trace whose /meta names no method, or k 0 (what the vLLM hook writes
-    without a speculative config): a vanilla baseline, identical outputs pass. Its /meta
-    checks go too (a vanilla run's recorder counts no block; 144 would say blocks were lost)."""
+    without a speculative config): a vanilla baseline, identical outputs pass. (An unknown
+    method with k 4 is a speculative run since breaker 11: an import of a run whose drafts
+    were never installed records its lookahead as k.) Its /meta checks go too (a vanilla
+    run's recorder counts no block; 144 would say blocks were lost)."""
     meta = {**meta, "checks": None}
     vanilla = _edited(VLLM, tmp_path / "vanilla.h5", meta=meta, drop_blocks=True)
     code, doc = _diff(REFERENCE, vanilla)

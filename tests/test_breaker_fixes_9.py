@@ -50,7 +50,7 @@ def _copy(dst: Path, meta: dict | None = None, drop: tuple[str, ...] = (), **col
 
 
 def _blocks() -> dict[str, np.ndarray]:
-    with h5py.File(VLLM, "r") as f:
+    with h5py.File(VLLM, "r", locking=False) as f:  # as spectrace opens it (one process)
         return {n: f["blocks"][n][:] for n in f["blocks"]}
 
 

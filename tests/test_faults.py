@@ -315,6 +315,12 @@ def test_anchor_shift(runs, diffs):
     assert f["evidence"]["checked"] == len(r.blocks)
     assert f["evidence"]["blocks"] == len(bad)
     assert (f["request"], f["position"]) == (bad[0].req, bad[0].pos - 1)
+    # Every anchor_shift names the faulty side, the cross-trace one too (it named ours
+    # whatever the order: breaker 11); the clean twin (clean/clean) has none.
+    for name, faulty in (("anchor_shift", "ours"),):
+        found = [x for x in diffs[name]["findings"] if x["kind"] == "anchor_shift"]
+        assert len(found) == 2 and {x["side"] for x in found} == {faulty}
+    assert not [x for x in diffs["clean/clean"]["findings"] if x["kind"] == "anchor_shift"]
 
 
 def test_verify_overwrite(runs, diffs):

@@ -174,7 +174,8 @@ def test_capture_that_recorded_nothing_is_incomplete(tmp_path, clean):
     rc, doc = diff_json(out, clean)
     assert first_error(rc, doc, "capture_incomplete")["side"] == "ours"
     # Clean twin: a run without speculative decoding records its requests, not blocks.
-    vanilla = write_trace(tmp_path / "vanilla.h5", complete(), [], {"capture": {"ended": "clean"}})
+    meta = {"capture": {"ended": "clean"}, "k": 0}
+    vanilla = write_trace(tmp_path / "vanilla.h5", complete(), [], meta)
     rc, doc = check_json(vanilla)
     assert "capture_incomplete" not in [f["kind"] for f in doc["findings"]]
 
@@ -490,7 +491,9 @@ def test_other_impossible_values(tmp_path, clean, row, block, rule, position):
 
 
 def test_spec_against_vanilla_with_identical_text_passes(tmp_path, clean):
-    vanilla = write_trace(tmp_path / "vanilla.h5", complete(), [], {"exit_status": 0})
+    # k 0: what a vanilla run records (the vLLM hook without a speculative config; a VT
+    # import of a log without drafts); an unknown method with k >= 1 is a speculative run.
+    vanilla = write_trace(tmp_path / "vanilla.h5", complete(), [], {"exit_status": 0, "k": 0})
     rc, doc = diff_json(clean, vanilla)
     assert_clean(rc, doc)
     assert doc["diverged"] is False and doc["reasons"] == []
@@ -513,7 +516,10 @@ def test_spec_against_vanilla_with_other_text_diverges(tmp_path, clean):
     out = list(OUTPUTS["c"])
     out[4] = 999
     vanilla = write_trace(
-        tmp_path / "vanilla.h5", {**complete(), "c": (out, "length")}, [], {"exit_status": 0}
+        tmp_path / "vanilla.h5",
+        {**complete(), "c": (out, "length")},
+        [],
+        {"exit_status": 0, "k": 0},
     )
     rc, doc = diff_json(clean, vanilla)
     f = first_error(rc, doc, "content_divergence")

@@ -240,10 +240,14 @@ NO_METHOD = frozenset({"", "none", "null", "off", "vanilla"})
 def drafts_configured(t: Trace) -> bool:
     """Whether ``t``'s /meta says the run decoded speculatively: ``method`` names a method
     (vLLM's ``speculative_config.method``, as the vLLM hook and ``--meta method=`` record
-    it) and ``k`` (``num_speculative_tokens``) is not 0. A vanilla run records no method
-    (or ``k`` 0), so a trace of such a run without blocks compares its outputs alone; a
-    speculative run without blocks lost its drafts."""
+    it) and ``k`` (``num_speculative_tokens``) is not 0, or no method is recorded (null or
+    absent: unknown) and ``k`` is at least 1 (a VT import takes k from the engine's
+    lookahead or its blocks; the vLLM hook writes k 0 without a speculative config). A
+    vanilla run records no method (or ``k`` 0), so a trace of such a run without blocks
+    compares its outputs alone; a speculative run without blocks lost its drafts."""
     method, k = t.meta.get("method"), t.meta.get("k")
+    if method is None:  # unknown (an import without --meta method): a k >= 1 says it drafted
+        return isinstance(k, int) and not isinstance(k, bool) and k >= 1
     if not isinstance(method, str) or method.strip().lower() in NO_METHOD:
         return False
     return not (isinstance(k, int) and k <= 0)

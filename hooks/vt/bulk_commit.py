@@ -167,6 +167,8 @@ def _count(plan: Any) -> None:
     ks = [int(plan.k.max())] if plan.n else []
     ks += [int(plan.per_row.max())] if len(plan.per_row) else []
     st.k_max = max([st.k_max] + ks)
+    look = plan.f(CODE["spec-install", ""]).ints("lookahead")
+    st.lookahead_max = max(st.lookahead_max, int(look.max()) if len(look) else 0)
     st.blocks = plan.n
     st.requests = int(plan.vreq.max()) + 1 if plan.n else 0  # V requests rank first (_requests)
 

@@ -190,7 +190,6 @@ _UNUSED = {
     CODE["spec-sched", ""]: ("num_new", "computed", "NumTokens", "placeholders"),
     CODE["spec-update", "req"]: ("found",),
     CODE["spec-update", "called"]: ("n",),
-    CODE["spec-install", ""]: ("lookahead",),
     CODE["spec-post_step", ""]: ("pulled", "rows"),
     CODE["spec-propose", ""]: ("rows",),
 }

@@ -325,7 +325,7 @@ class VtTraceParser:
         key = {"spec-post_step": "post_step", "spec-install": "install"}.get(
             f, "update_called" if rec.variant == "called" else "update_rows"
         )
-        self.stats.probes[key] += 1
+        self.stats.probe(key, v)
         if key == "install":
             self._not_installed(v["req"], v["installed"], self._step, self._payload)
         if key != "update_rows":

@@ -42,6 +42,9 @@ class ImportStats:
     requests: int = 0
     steps: int = 0
     k_max: int = 0
+    #: The largest ``lookahead`` of ``[spec-install]`` lines: the draft slots the engine
+    #: reserves per request (k, or k + 1 where the drafter counts the anchor), drafts or not.
+    lookahead_max: int = 0
     chain_gaps: int = 0
     malformed: int = 0
     edited: int = 0
@@ -112,6 +115,13 @@ class ImportStats:
         lines = [ex[0][0] for k, ex in self.examples.items() if k in self.violations and ex]
         return min(lines, default=0)
 
+    def probe(self, key: str, values: dict) -> None:
+        """Count one runner probe line (``post_step``, ``install``, ``update_*``) with its
+        parsed ``values``; an install line's ``lookahead`` raises :attr:`lookahead_max`."""
+        self.probes[key] += 1
+        if key == "install":
+            self.lookahead_max = max(self.lookahead_max, int(values.get("lookahead", 0)))
+
     def to_meta(self) -> dict:
         """The statistics as a JSON-ready dict (stored as ``meta["import"]``)."""
         return {
@@ -122,6 +132,7 @@ class ImportStats:
             "requests": self.requests,
             "steps": self.steps,
             "k_max": self.k_max,
+            "lookahead_max": self.lookahead_max,
             "chain_gaps": self.chain_gaps,
             "malformed": self.malformed,
             "edited": self.edited,
@@ -138,7 +149,8 @@ class ImportStats:
 
     def meta_items(self, configured: int | None, levels_seen: set[int], meta: dict) -> dict:
         """The /meta items an import writes: ``import`` (these statistics), ``k`` (when the
-        meta has none: the widest block seen) and ``trace_level`` (configured, else the
+        meta has none: the widest block seen, else the install lines' lookahead) and
+        ``trace_level`` (configured, else the
         highest level evidenced by the lines; a lower bound). Sets :attr:`trace_level`."""
         seen = max(levels_seen) if levels_seen else (0 if self.trace_lines else None)
         self.trace_level = configured if configured is not None else seen
@@ -146,7 +158,10 @@ class ImportStats:
         imp["trace_level_source"] = (
             "configured" if configured is not None else "inferred (lower bound)"
         )
-        items = {"import": imp, "k": meta.get("k") or self.k_max}
+        # k: the widest block; without blocks (drafts never installed), the engine's
+        # lookahead (its draft slots; not k itself where the drafter counts the anchor in
+        # them, as DFlash's block does: lookahead 4, 3 drafts).
+        items = {"import": imp, "k": meta.get("k") or self.k_max or self.lookahead_max}
         if meta.get("trace_level") is None and self.trace_level is not None:
             items["trace_level"] = self.trace_level
         return items

@@ -19,7 +19,7 @@ from ..fmt import counted
 from ..store import Trace
 from .data import SideInput
 from .evidence import CaptureEvidence
-from .ksize import drafts_k_always
+from .ksize import drafter_name, drafts_every_step
 from .model import Finding
 
 
@@ -75,17 +75,6 @@ def _dict(d: dict, key: str) -> dict:
     return v if isinstance(v, dict) else {}
 
 
-def _gaps_are_lost(imp: dict, method: object) -> bool:
-    """Whether the import's chain gaps are lost trace lines: the drafter drafts for every
-    running request each step (a model drafter: /meta ``method`` names one, or the log
-    printed ``[spec-propose]`` lines). Prompt-lookup (n-gram) legitimately skips steps
-    without a match: its gaps are steps without drafts."""
-    every_step = drafts_k_always(method)
-    if every_step is not None:
-        return every_step
-    return bool(_dict(imp, "families").get("spec-propose"))
-
-
 def import_dropped(meta: dict) -> tuple[int, str | None]:
     """``(dropped lines, the first as FILE:LINE: what or None)``: the trace lines a VT
     import lost, from /meta ``import`` (hooks/vt/stats.py ImportStats): malformed lines
@@ -95,7 +84,7 @@ def import_dropped(meta: dict) -> tuple[int, str | None]:
     ``(0, None)`` without an import."""
     imp = _dict(meta, "import")
     kinds = {"malformed": _int_or_none(imp.get("malformed")) or 0}
-    if _gaps_are_lost(imp, meta.get("method")):
+    if drafts_every_step(meta):
         kinds["chain gap"] = _int_or_none(imp.get("chain_gaps")) or 0
     first = _first_example(imp, kinds)
     lost = _dict(imp, "lost")  # hooks/importers/llama_dump.py DumpStats.lost
@@ -220,7 +209,7 @@ def _block_evidence(s: SideInput, ev: CaptureEvidence) -> None:
     td = s.td
     t, b = td.t, td.t.blocks
     ev["recorded_blocks"] = _recorded_blocks(t)
-    model = drafts_configured(t) and bool(drafts_k_always(t.meta.get("method")))
+    model = drafts_configured(t) and drafts_every_step(t.meta)
     if not model or is_replay(t):
         return
     if not len(b):
@@ -240,7 +229,7 @@ def _block_evidence(s: SideInput, ev: CaptureEvidence) -> None:
         )
 
 
-def _blocks_how(ev: CaptureEvidence, held: int, method: object) -> list[str]:
+def _blocks_how(ev: CaptureEvidence, held: int, drafter: str) -> list[str]:
     """What the blocks themselves show missing, in words (empty: nothing)."""
     out = []
     rec = ev["recorded_blocks"]
@@ -251,13 +240,13 @@ def _blocks_how(ev: CaptureEvidence, held: int, method: object) -> list[str]:
         )
     if ev["chain_gaps"]:
         out.append(
-            f"{counted(ev['chain_gaps'], 'gap')} in the anchor chain although its {method} "
-            f"drafter drafts at every step (first: {ev['first_chain_gap']}): the blocks "
+            f"{counted(ev['chain_gaps'], 'gap')} in the anchor chain although its {drafter} "
+            f"drafts at every step (first: {ev['first_chain_gap']}): the blocks "
             f"between are missing"
         )
     if ev["undrafted_requests"]:
         out.append(
-            f"no block although its {method} drafter drafts at every step and "
+            f"no block although its {drafter} drafts at every step and "
             f"{counted(ev['undrafted_requests'], 'request')} emitted 2 or more tokens"
         )
     return out
@@ -288,7 +277,7 @@ def capture(s: SideInput) -> Finding | None:
     ev["empty"] = len(td.t.blocks) == 0 and len(td.t.requests) == 0
     _block_evidence(s, ev)
     how, log = _how(ev), _log_how(ev)
-    blk = _blocks_how(ev, len(td.t.blocks), td.t.meta.get("method"))
+    blk = _blocks_how(ev, len(td.t.blocks), drafter_name(td.t.meta))
     if how:
         message = (
             f"{td.side}: the capture did not end cleanly ({'; '.join(how + log + blk)}): requests "

@@ -31,6 +31,25 @@ def drafts_k_always(method: object) -> bool | None:
     return not any(w in method.lower() for w in VARIABLE_K_WORDS)
 
 
+def drafts_every_step(meta: dict) -> bool:
+    """Whether the trace's drafter proposes k ids for every running request each step: its
+    /meta ``method`` names a model drafter (:func:`drafts_k_always`), or, with no method
+    named, its VT import saw ``[spec-propose]`` lines (only a model drafter prints them)."""
+    every = drafts_k_always(meta.get("method"))
+    if every is not None:
+        return every
+    imp = meta.get("import")
+    families = imp.get("families") if isinstance(imp, dict) else None
+    return isinstance(families, dict) and bool(families.get("spec-propose"))
+
+
+def drafter_name(meta: dict) -> str:
+    """``"draft_model drafter"`` (the /meta method's words), or ``"drafter"`` when none is
+    recorded."""
+    method = meta.get("method")
+    return f"{method} drafter" if isinstance(method, str) and method else "drafter"
+
+
 def _meta_k(meta: dict) -> int | None:
     """The configured k in /meta (an int >= 1), or None."""
     k = meta.get("k")
@@ -122,7 +141,7 @@ def k_configured(s: SideInput) -> Finding | None:
     between the runs instead."""
     td = s.td
     cfg_k, k = _meta_k(td.t.meta), td.t.blocks.k
-    if cfg_k is None or not drafts_k_always(td.t.meta.get("method")) or not len(k):
+    if cfg_k is None or not drafts_every_step(td.t.meta) or not len(k):
         return None
     bad = (k >= 0) & (k != cfg_k)
     if bad.sum() < MIN_BLOCKS or bad.mean() < SYSTEMATIC or _pairs_differ(s):
@@ -143,7 +162,7 @@ def k_configured(s: SideInput) -> Finding | None:
         **td.at(first),
         message=(
             f"{td.side}: {int(bad.sum())} of {len(k)} blocks propose {what} although its "
-            f"{td.t.meta.get('method')} drafter is configured with k={cfg_k} and proposes k "
+            f"{drafter_name(td.t.meta)} is configured with k={cfg_k} and proposes k "
             f"at every step{why}"
         ),
         evidence=KEvidence(

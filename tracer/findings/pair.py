@@ -22,7 +22,7 @@ from .evidence import (
     MismatchEvidence,
 )
 from .model import Finding, Severity, Side, tok
-from .single import constant_rate
+from .single import constant_rate, token_at
 from .thresholds import MIN_BLOCKS, MISMATCH_ERROR_RATE, SYSTEMATIC
 
 
@@ -107,15 +107,16 @@ def anchor_pairs(pd: PairData) -> Finding | None:
         return None
     first = int(np.flatnonzero(bad)[0])
     i, j = int(pd.al.ia[first]), int(pd.al.ib[first])
+    side, whose = _wrong_anchors(pd, bad)
     return Finding(
         "anchor_shift",
         "error",
-        side="ours",
+        side=side,
         **pd.at(first),
         message=(
             f"anchors differ at the same position on matched content in {int(bad.sum())} "
             f"of {known} paired blocks: the block recorded at position p is "
-            f"not drafted from the token at p"
+            f"not drafted from the token at p{whose}"
         ),
         evidence=AnchorEvidence(
             blocks=int(bad.sum()),
@@ -126,6 +127,23 @@ def anchor_pairs(pd: PairData) -> Finding | None:
             ),
         ),
     )
+
+
+def _wrong_anchors(pd: PairData, bad: np.ndarray) -> tuple[Side, str]:
+    """Which side's anchors contradict its own sequence in the paired blocks ``bad`` (bool
+    [P]): ``(side, clause for the message)``; ``both`` with no clause when both do, or
+    neither (the sequences differ there)."""
+    rows = np.flatnonzero(bad)
+    wrong = []
+    for td, blocks in ((pd.oa, pd.al.ia[rows]), (pd.ob, pd.al.ib[rows])):
+        b = td.t.blocks
+        req, pos = b.request[blocks], b.position[blocks].astype(np.int64)
+        wrong.append(int((token_at(td, req, pos) != b.anchor[blocks]).sum()))
+    if wrong[0] and not wrong[1]:
+        return "ours", f" (ours' anchor is not its own sequence's token in {wrong[0]})"
+    if wrong[1] and not wrong[0]:
+        return "theirs", f" (theirs' anchor is not its own sequence's token in {wrong[1]})"
+    return "both", ""
 
 
 def mismatch(pd: PairData) -> Finding | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..align import is_replay
 from ..compare import anchors_equal
 from ..fmt import pct
 from ..index import memo
@@ -29,7 +30,7 @@ from .sweep import sweep
 from .thresholds import MIN_BLOCKS, SYSTEMATIC
 
 
-def _token_at(td: TraceData, req: np.ndarray, pos: np.ndarray) -> np.ndarray:
+def token_at(td: TraceData, req: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """int64 [n] the token of request ``req`` at position ``pos`` (-1 outside the sequence)."""
     length = td.length[req]
     ok = (pos >= 0) & (pos < length)
@@ -39,7 +40,11 @@ def _token_at(td: TraceData, req: np.ndarray, pos: np.ndarray) -> np.ndarray:
 
 
 def anchor_consistency(s: SideInput) -> Finding | None:
-    """anchor_shift within a trace: the recorded anchor is not the sequence at its position."""
+    """anchor_shift within a trace: the recorded anchor is not the sequence's token at its
+    position, in any block (no engine drafts from a token its output does not hold there: a
+    single one is a corrupt record; in a replay, in a systematic share); the shift that
+    explains them is named when it holds in at least :data:`~.thresholds.SYSTEMATIC` of
+    them."""
     td = s.td
     b = td.t.blocks
     n = len(b)
@@ -47,15 +52,21 @@ def anchor_consistency(s: SideInput) -> Finding | None:
     for c in chunks(n):
         req, anchor, pos = b.request[c], b.anchor[c], b.position[c].astype(np.int64)
         known[c] = (anchor >= 0) & (pos >= 0) & (pos < td.length[req])
-        bad[c] = known[c] & ~anchors_equal(_token_at(td, req, pos), anchor)
+        bad[c] = known[c] & ~anchors_equal(token_at(td, req, pos), anchor)
     nknown, nbad = int(known.sum()), int(bad.sum())
-    if nknown < MIN_BLOCKS or nbad < SYSTEMATIC * nknown or nbad < MIN_BLOCKS:
+    if is_replay(td.t):
+        # A replay's anchor is what its target sampled at a given prefix: it differs from
+        # the reference sequence wherever the targets disagree. Only a systematic share
+        # says the recording is shifted.
+        if nknown < MIN_BLOCKS or nbad < SYSTEMATIC * nknown or nbad < MIN_BLOCKS:
+            return None
+    elif not nbad:
         return None
     # Which neighbouring position holds the recorded anchor, over the bad blocks only.
     idx = np.flatnonzero(bad)
     req, pos, anchor = b.request[idx], b.position[idx].astype(np.int64), b.anchor[idx]
     shifts = {
-        d: float((_token_at(td, req, pos + d) == anchor).mean()) for d in range(-4, 5) if d != 0
+        d: float((token_at(td, req, pos + d) == anchor).mean()) for d in range(-4, 5) if d != 0
     }
     best = max(shifts, key=lambda d: shifts[d])
     first = int(idx[0])

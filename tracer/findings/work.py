@@ -20,7 +20,6 @@ from ..parallel import chunks
 from .data import SideInput, TraceData
 from .evidence import IncompleteRef, RequestsEvidence, UnverifiedEvidence
 from .model import Finding
-from .thresholds import MIN_BLOCKS
 
 #: Finish reasons of a request the engine did not complete: aborted, still running when
 #: the trace closed, or vLLM's ``FinishReason.ERROR`` (vllm/v1/engine/__init__.py: a
@@ -91,8 +90,11 @@ def requests(s: SideInput) -> Finding | None:
         )
     else:
         verb = "is" if len(missing) == 1 else "are"
+        named = ", ".join(missing[:3]) + (", .." if len(missing) > 3 else "")
+        other_side = "theirs" if td.side == "ours" else "ours"
         what = (
-            f"{counted(len(missing), 'request')} of the other side {verb} absent ({missing[0]}, ..)"
+            f"{counted(len(missing), 'request')} of the other side {verb} absent "
+            f"({other_side}' id{'s' if len(missing) > 1 else ''} {named})"
         )
         where = {"request": missing[0]}  # the first absent request, by the other side's id
     return Finding(
@@ -116,8 +118,8 @@ def requests(s: SideInput) -> Finding | None:
 
 def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) -> np.ndarray:
     """Blocks of ``td`` that follow a gap (:attr:`~.data.TraceData.chain_gaps`): the engine
-    emitted up to anchor position q without drafting from q, although ``ref`` drafted from q
-    on matched content.
+    emitted from anchor position q up to this block without drafting, although ``ref``
+    drafted from an anchor in that span on matched content.
 
     Args:
         side_a: ``td`` is the alignment's ours (``al.a``).
@@ -140,9 +142,14 @@ def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) 
         int(max(b.position.max(initial=0), ref.t.blocks.position.max(initial=0), expected.max()))
         + 2
     )
-    want = pob[idx].astype(np.int64) * stride + expected
+    # A gap skips anchors expected .. (next block's position - 1): did ref draft from any?
+    # (An n-gram drafter's own steps without a match leave gaps too, on both sides alike.)
+    base = pob[idx].astype(np.int64) * stride
     have = rpob[rcomp].astype(np.int64) * stride + ref.t.blocks.position[rcomp].astype(np.int64)
-    return idx[np.isin(want, have)]
+    have.sort()
+    lo = np.searchsorted(have, base + expected)
+    hi = np.searchsorted(have, base + b.position[idx].astype(np.int64))
+    return idx[hi > lo]
 
 
 def _last_verified(td: TraceData) -> np.ndarray:
@@ -269,7 +276,10 @@ def _unverified_message(
     first_bad = int(np.flatnonzero(bad)[0]) if bad.any() else -1
     said = {
         "bad": f"{int(bad.sum())} of {len(bad)} draft blocks were proposed but never verified",
-        "stops": f"{counted(len(stops), 'request')} stop drafting where the other engine goes on",
+        "stops": (
+            f"{counted(len(stops), 'request')} stop{'s' if len(stops) == 1 else ''} drafting "
+            f"where the other engine goes on"
+        ),
     }
     if never:
         r, o = never[0]
@@ -295,9 +305,10 @@ def _unverified_message(
     else:
         where = td.at(int(skipped[0]))
         head = (
-            f"{len(skipped)} times a request went on without drafting from an anchor the "
-            f"other engine drafted from (first: request {td.req_id(int(skipped[0]))} before "
-            f"position {int(b.position[skipped[0]])}): drafts dropped before verification"
+            f"{counted(len(skipped), 'time')} a request went on without drafting from an "
+            f"anchor the other engine drafted from (first: request "
+            f"{td.req_id(int(skipped[0]))} before position {int(b.position[skipped[0]])}): "
+            f"drafts dropped before verification"
         )
     rest = [said[k] for k, hit in (("bad", bad.any()), ("stops", bool(stops))) if hit and k in said]
     return where, f"{td.side}: " + "; ".join([head, *rest])
@@ -315,7 +326,9 @@ def unverified(s: SideInput) -> Finding | None:
         bad[c] = (b.num_verified[c] < 0) & (b.accepted[c] < 0) & ~td.last[c]
     stops, never = drafting_ends(s)
     skipped = np.zeros(0, np.int64) if s.skipped is None else s.skipped
-    if not bad.any() and not stops and not never and len(skipped) < MIN_BLOCKS:
+    # One skipped anchor is enough: on identical content the same drafter drafts from the
+    # same anchors (an n-gram drafter too: its match depends on the context alone).
+    if not bad.any() and not stops and not never and not len(skipped):
         return None
     where, msg = _unverified_message(td, bad, stops, never, skipped, s)
     return Finding(
