@@ -105,3 +105,52 @@ def test_clean_twin_the_full_ngram_log_passes(ngram):
     assert _json("diff", tmp / "full.h5", tmp / "full.h5")[0] == 0
     code, found = _json("check", tmp / "full.h5")
     assert code == 0 and not [f for f in found if f["severity"] == "error"]
+
+
+def test_runs_configured_to_draft_without_a_verify_step_are_no_vanilla_runs(
+    tmp_path, capture_reference
+):
+    # max_tokens 1: the prefill emits the only token, no proposal is ever verified.
+    for name, args in (("m1", []), ("m1_shift", ["--fault", "layout_shift"])):
+        assert capture_reference(tmp_path, name, args, 4, 1).returncode == 0
+    code, found = _json("diff", tmp_path / "m1.h5", tmp_path / "m1_shift.h5")
+    assert code == 0
+    [f] = found
+    assert f["kind"] == "content_only"
+    assert f["message"] == (
+        "ours and theirs have no draft blocks (configured to draft, none verified): no draft "
+        "comparison was possible; the outputs were compared, identical in 5 of 5 matched "
+        "requests"
+    )
+
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory, capture_reference):
+    """A 200-token run (3 of its 5 outputs loop) and its log cut at line 1400, imported
+    without the requests file (4 requests never print finished=1 there)."""
+    tmp = tmp_path_factory.mktemp("long")
+    assert capture_reference(tmp, "long", [], 4, 200).returncode == 0
+    lines = (tmp / "long.log").read_text().splitlines(True)
+    (tmp / "cut.log").write_text("".join(lines[:1400]))
+    cmd = [SPECTRACE, "import", "vt", str(tmp / "cut.log"), "-o", str(tmp / "cut.h5")]
+    assert subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0
+    return tmp
+
+
+def test_a_loop_against_a_run_cut_short_is_no_one_sided_loop(long_run):
+    code, found = _json("diff", long_run / "long.h5", long_run / "cut.h5")
+    assert code == 1
+    by_kind = {f["kind"]: f for f in found}
+    loop = by_kind["degenerate_output"]
+    assert (loop["severity"], loop["side"]) == ("warning", "ours")
+    assert "it ends before the loop starts" in loop["message"]
+    # theirs knows neither prompt nor output of its unfinished requests: no position
+    req = by_kind["requests_incomplete"]
+    assert (req["side"], req["request"], req["position"]) == ("theirs", "0", None)
+
+
+def test_clean_twin_a_loop_both_runs_share_is_a_warning(long_run):
+    code, found = _json("diff", long_run / "long.h5", long_run / "long.h5")
+    assert code == 0
+    [loop] = [f for f in found if f["kind"] == "degenerate_output"]
+    assert loop["severity"] == "warning" and "both engines loop identically" in loop["message"]

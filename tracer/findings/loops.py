@@ -158,7 +158,13 @@ def _split(
     one_sided = [
         lp for lp in loops if lp.request in partner and partner[lp.request] not in other_looping
     ]
-    unknown = [lp for lp in one_sided if other.output_unknown(partner[lp.request])]
+    # Unknown also where the partner's sequence ends before the loop starts (a run cut
+    # short: requests_incomplete names it): nothing says whether it would loop there.
+    unknown = [
+        lp
+        for lp in one_sided
+        if other.output_unknown(p := partner[lp.request]) or other.length[p] <= lp.start
+    ]
     one_sided = [lp for lp in one_sided if lp not in unknown]
     later = [lp for lp in one_sided if lp.start > div.get(lp.request, NO_DIVERGENCE)]
     return _SideLoops(
@@ -182,8 +188,8 @@ _REASONS: tuple[tuple[str, Severity, str], ...] = (
     (
         "unknown",
         "warning",
-        "the other trace's output is unknown there (no output ids, no finish reason), so "
-        "nothing says whether it loops too",
+        "the other trace's output is unknown there (no output ids and no finish reason, or "
+        "it ends before the loop starts), so nothing says whether it loops too",
     ),
     (
         "later",

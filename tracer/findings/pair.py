@@ -200,14 +200,20 @@ def vanilla(al: Alignment) -> Finding | None:
     sides = [s for s, t in (("ours", al.a), ("theirs", al.b)) if not len(t.blocks)]
     side: Side = "both" if len(sides) == 2 else ("ours" if sides[0] == "ours" else "theirs")
     same = int((al.divergence == NO_DIVERGENCE).sum())
+    # Both sides configured to draft and neither has a block: no request reached a verify
+    # step (e.g. max_tokens 1), not a vanilla run.
+    configured = [t for t in (al.a, al.b) if not len(t.blocks) and drafts_configured(t)]
+    why = (
+        "configured to draft, none verified" if configured else "a run without speculative decoding"
+    )
     return Finding(
         "content_only",
         "info",
         side=side,
         message=(
-            f"{' and '.join(sides)} {'has' if len(sides) == 1 else 'have'} no draft blocks (a "
-            f"run without speculative decoding): no draft comparison was possible; the "
-            f"outputs were compared, identical in {same} of {al.pairs} matched requests"
+            f"{' and '.join(sides)} {'has' if len(sides) == 1 else 'have'} no draft blocks "
+            f"({why}): no draft comparison was possible; the outputs were compared, "
+            f"identical in {same} of {al.pairs} matched requests"
         ),
         evidence=ContentOnlyEvidence(without_drafts=sides, requests=al.pairs, identical=same),
     )

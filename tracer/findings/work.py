@@ -76,7 +76,10 @@ def requests(s: SideInput) -> Finding | None:
             other_finish_reason=None if j is None or oreq is None else oreq.finish_reason[j],
             other_output_tokens=None if j is None or oreq is None else len(oreq.output_ids[j]),
         )
-        where = {"request": req.req_id[i], "position": len(req.prompt_ids[i]) + len(out[i])}
+        # The end of its work, where the prompt is known (a VT import without its requests
+        # file knows neither prompt nor output: no position then).
+        end = len(req.prompt_ids[i]) + len(out[i]) if len(req.prompt_ids[i]) else None
+        where = {"request": req.req_id[i], "position": end}
         other = ""
         if j is not None:
             name = "theirs" if td.side == "ours" else "ours"
