@@ -13,6 +13,14 @@ its clean twin (expected values derived by hand from the engine's own log lines)
    and the gap after anchor 27 (accepted 3: next expected 31, a step without a match in
    both runs) hid the skip at 32. Now each gap counts when the other side drafted from any
    anchor inside it: 2 skips, the first before position 37.
+3. Two runs configured to draft that never reached a verify step (max_tokens 1) were called
+   runs "without speculative decoding" (content_only's words).
+4. A one-sided loop against a run cut short (its requests never finished, imported without
+   the requests file) was an error claiming the other output does not loop there; and the
+   requests_incomplete finding sat at position 0 (inside the unknown prompt).
+5. A llama.cpp dump that lost one step read as the engine's miscount
+   (acceptance_bookkeeping): the placement after it is off the output (accepted drafts
+   differ from it), which a healthy dump never is: ``capture_incomplete``.
 """
 
 from __future__ import annotations
@@ -154,3 +162,38 @@ def test_clean_twin_a_loop_both_runs_share_is_a_warning(long_run):
     assert code == 0
     [loop] = [f for f in found if f["kind"] == "degenerate_output"]
     assert loop["severity"] == "warning" and "both engines loop identically" in loop["message"]
+
+
+DATA = Path(__file__).parent / "data_importers"
+
+
+def _dump(tmp_path: Path, keep: list[int]) -> Path:
+    """The bundled mini llama.cpp dump's clean steps (lines 1-4 and 6: steps 1/seq 0, 1/1,
+    2/0, 2/1, 3/0, every one placed), those at ``keep``, imported on its requests file."""
+    lines = (DATA / "llama_spec_dump.jsonl").read_text().splitlines()
+    clean = lines[:4] + lines[5:6]
+    src = tmp_path / "dump.jsonl"
+    src.write_text("\n".join(clean[i] for i in keep) + "\n")
+    out = tmp_path / "dump.h5"
+    cmd = [SPECTRACE, "import", "llama-dump", str(src), "-o", str(out)]
+    cmd += ["--requests", str(DATA / "llama.requests.jsonl")]
+    assert subprocess.run(cmd, capture_output=True, timeout=120).returncode == 0
+    return out
+
+
+def test_a_llama_dump_that_lost_a_step_is_missing_work(tmp_path):
+    # Step 1 of seq 0 lost: step 2 (drafts 9 10 12, 2 accepted) is placed at request a's
+    # first anchor (position 2), where a's output holds 6 7 at positions 3 and 4.
+    lost = _dump(tmp_path, [1, 2, 3, 4])
+    code, found = _json("check", lost)
+    assert code == 1
+    [f] = [f for f in found if f["kind"] == "capture_incomplete"]
+    assert (
+        f"first: {tmp_path / 'dump.jsonl'}:2: accepted drafts differ from req=a's output at "
+        "position 3" in f["message"]
+    )
+
+
+def test_clean_twin_the_whole_llama_dump_is_no_missing_work(tmp_path):
+    code, found = _json("check", _dump(tmp_path, [0, 1, 2, 3, 4]))
+    assert "capture_incomplete" not in [f["kind"] for f in found]

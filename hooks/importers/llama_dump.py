@@ -40,9 +40,11 @@ from .common import Problems, is_int, jsonl_objects, read_text, write_trace
 
 SOURCE = "llama-spec-dump"
 #: Problem classes that lose a verification step: a line that is no step (not JSON, not a
-#: readable step) or a step that was not placed (no request of its sequence, past the end
-#: of its requests). Duplicated steps are the file's repeats, not lost steps.
-LOST_STEPS = ("bad_json", "invalid_step", "unknown_seq", "past_end")
+#: readable step), a step that was not placed (no request of its sequence, past the end
+#: of its requests) or one placed where its accepted drafts are not the output (a step
+#: lost before it shifted the sequence's placement: a healthy run's accepted drafts are
+#: its output). Duplicated steps are the file's repeats, not lost steps.
+LOST_STEPS = ("bad_json", "invalid_step", "unknown_seq", "past_end", "accepted_mismatch")
 _I16 = 2**15 - 1
 _I32 = 2**31 - 1
 

@@ -171,7 +171,8 @@ def _log_how(ev: CaptureEvidence) -> list[str]:
         first = f"; first: {ev['first_dropped']}" if ev["first_dropped"] else ""
         lost = counted(ev["dropped_lines"], "trace line")
         out.append(
-            f"the log lost {lost} (dropped as malformed or unplaceable, or a chain gap){first}"
+            f"the log lost {lost} (dropped as malformed or unplaceable, placed off its output "
+            f"after a lost step, or a chain gap){first}"
         )
     if ev["chain_breaks"]:
         first = f"; first: {ev['first_chain_break']}" if ev["first_chain_break"] else ""
