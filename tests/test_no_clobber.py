@@ -166,6 +166,24 @@ def test_demo_refuses_an_earlier_demo_without_force(tmp_path):
     assert (tmp_path / "reference.h5").read_text() == "earlier"
 
 
+@pytest.mark.parametrize(
+    ("name", "label"),
+    [
+        ("reference.requests.jsonl", "reference requests"),
+        ("reference.capture.log", "reference capture log"),
+        ("vllm.capture.log", "vLLM capture log"),
+    ],
+)
+def test_demo_refuses_every_file_of_an_earlier_demo(tmp_path, name, label):
+    # The demo writes these too (breaker 12: it overwrote them without --force).
+    (tmp_path / name).write_text("earlier")
+    _refused(
+        _run("demo", "--out", tmp_path),
+        f"{tmp_path / name}: the output ({label}) exists; pass --force to overwrite it",
+    )
+    assert (tmp_path / name).read_text() == "earlier"
+
+
 def test_check_outputs_clean_twin(tmp_path):
     (tmp_path / "in.log").write_text(LOG)
     (tmp_path / "old.h5").write_text("x")

@@ -124,6 +124,29 @@ def test_no_vacuous_pass_when_content_diverged_first(tester):
     )
 
 
+def test_a_golden_named_like_another_tests_obtained_trace_fails(tester):
+    """test_x[a]'s mismatch writes test_x_a.obtained.h5, test_x[a.obtained]'s golden: a
+    regressed engine would overwrite that golden and pass there (breaker 12)."""
+    tester.makepyfile(
+        test_engine="""
+        import pytest
+        from conftest import make, good
+        @pytest.mark.parametrize("case", ["a", "a.obtained"])
+        def test_x(case, tmp_path, spectrace_regression):
+            spectrace_regression.check(make(tmp_path / "run.h5", good))
+    """
+    )
+    r = tester.runpytest_subprocess("-q", "-p", "no:randomly")
+    r.stdout.fnmatch_lines(
+        [
+            "*spectrace: test_engine.py::test_x?a.obtained? and test_engine.py::test_x?a? have "
+            "one golden trace file *test_x_a.obtained.h5 (a golden or the obtained trace beside "
+            "it)*"
+        ]
+    )
+    assert not (tester.path / "test_engine" / "test_x_a.obtained.h5").exists()
+
+
 def test_golden_cycle(tester, monkeypatch):
     tester.makepyfile(
         test_engine="""

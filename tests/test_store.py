@@ -466,7 +466,7 @@ def test_files_of_two_runs_are_an_input_error(tmp_path):
         open_trace([tmp_path / "a.dp0.h5", tmp_path / "b.dp0.h5"])
     with TraceWriter(tmp_path / "d.dp1.h5", {"k": 3, "dp_rank": 1}, flush_interval=0) as w:
         w.add_block("r", 0, 0, 1, [1, 2, 3], accepted=0)
-    with pytest.raises(InputError, match=r"engine, method, k: .*one run"):
+    with pytest.raises(InputError, match=r"engine, engine_version, method, k, .*one run"):
         open_trace([tmp_path / "a.dp0.h5", tmp_path / "d.dp1.h5"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # ranks 0 and 1: one run, no warning

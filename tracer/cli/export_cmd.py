@@ -56,6 +56,10 @@ def export_cmd(trace: tuple[str, ...], fmt: str, out: str, runs: tuple[str, ...]
         raise InputError(f"--run given {len(runs)} times for {len(trace)} traces")
     check_outputs({"-o": out}, {f"TRACE {t}": t for t in trace}, force=force, traces=())
     target = Path(out)
+    here = Path.cwd().resolve()
+    if target.resolve() == here or target.resolve() in here.parents:
+        # --force replaces the folder OUT whole: never the folder this runs in or one above
+        raise InputError(f"{out}: the current folder or one above it; name a new folder")
     partial = target.with_name(target.name + ".partial")
     _refuse_inputs_inside(trace, (target, partial))
     for p in (target, partial):

@@ -22,7 +22,7 @@ from .options import tokenizer_option
 )
 @click.option("--max-tokens", default=64, show_default=True)
 @click.option("--k", "k", default=4, show_default=True, help="num_speculative_tokens")
-@click.option("--force", is_flag=True, help="Replace the traces and log of an earlier demo.")
+@click.option("--force", is_flag=True, help="Replace the traces and logs of an earlier demo.")
 def demo(out_dir: str, max_tokens: int, k: int, force: bool) -> None:
     """Run real vLLM and the reference engine on the bundled models, then diff them."""
     from ..store.paths import check_outputs, partial_path
@@ -33,6 +33,9 @@ def demo(out_dir: str, max_tokens: int, k: int, force: bool) -> None:
         "reference trace": out / "reference.h5",
         "vLLM trace": out / "vllm.h5",
         "reference log": out / "reference.vt.log",
+        "reference requests": out / "reference.requests.jsonl",
+        "reference capture log": out / "reference.capture.log",
+        "vLLM capture log": out / "vllm.capture.log",
     }
     check_outputs(written, {}, force=force, traces=("reference trace", "vLLM trace"))
     for p in written.values():  # --force: the demo's own captures refuse existing files

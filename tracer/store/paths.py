@@ -52,12 +52,18 @@ def resolve_paths(spec: TraceSpec) -> list[Path]:
 
     Raises:
         InputError: a path or glob that matches nothing; a file given twice (it would count
-            every block twice, as a copy would: the reader refuses those).
+            every block twice, as a copy would: the reader refuses those); a spec of another
+            type (None, a number).
     """
-    specs = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
+    one = (str, bytes, os.PathLike)
+    if not isinstance(spec, one) and not isinstance(spec, list | tuple):
+        raise InputError(f"expected a trace path, glob or list of them, got {type(spec).__name__}")
+    specs = [spec] if isinstance(spec, one) else list(spec)
     out: list[Path] = []
     for s in specs:
-        out += _expand(str(s))
+        if not isinstance(s, one):
+            raise InputError(f"expected a trace path or glob, got {type(s).__name__}: {s!r}")
+        out += _expand(os.fsdecode(s))
     if not out:
         raise InputError("no trace file given")
     first: dict[Path, Path] = {}
@@ -136,6 +142,8 @@ def check_outputs(
     """
     traces = tuple(traces)
     ins = [(k, Path(v)) for k, v in inputs.items() if v is not None and str(v) != "-"]
+    # A quoted glob (a trace of rank files) is an input in each file it matches.
+    ins += [(k, Path(m)) for k, v in ins if _glob.has_magic(str(v)) for m in _glob.glob(str(v))]
     seen: list[tuple[str, Path]] = []
     for label, value in outputs.items():
         if value is None:

@@ -35,6 +35,7 @@ from .structure import (
     phase_name_column,
     read_meta,
     request_index_problems,
+    runs_differ,
     scanned_request_index_problems,
     shared_request,
     value_problems,
@@ -214,15 +215,10 @@ class Trace:
     def _one_run(self) -> None:
         """Raise :class:`InputError` when the files are not one run (blocks merged from two
         runs are data no engine produced: no verdict on them is honest)."""
-        engines = {(m.get("engine"), m.get("method"), m.get("k")) for m in self.metas}
-        ranks = [m["dp_rank"] for m in self.metas if m.get("dp_rank") is not None]
-        why = None  # one trace = one run split over processes, a file per rank
-        if len(engines) > 1:
-            why = f"engine, method, k: {sorted(engines, key=str)}"
-        elif len(ranks) != len(set(ranks)):
-            why = f"data-parallel ranks {sorted(ranks)}: a rank appears twice"
-        elif len(ranks) < len(self.metas) > 1:  # a file without a rank: its requests tell
-            why = shared_request(self.paths, self._files)
+        why = runs_differ(self.metas)  # one trace = one run split over processes
+        if why is None and len(self.metas) > 1:  # ranks serve distinct requests
+            ranked = all(m.get("dp_rank") is not None for m in self.metas)
+            why = shared_request(self.paths, self._files, ranked)
         if why is not None:
             self.close()
             msg = f"{self.name}: files of different runs given as one trace ({why})"

@@ -172,21 +172,53 @@ def _plain(value: object) -> object:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def shared_request(paths: list, files: list[h5py.File]) -> str | None:
-    """Why files given as one trace cannot be ranks of one run when some carry no rank: a
-    request id held by two of them (a run's ranks serve distinct requests; a copy of one file
-    holds every request twice), or None. Reads each file's ``requests/req_id``."""
-    seen: dict[bytes, str] = {}
+#: /meta items every rank file of one run holds alike (the vLLM hook writes each rank's from
+#: the same engine config).
+RUN_KEYS = ("engine", "engine_version", "method", "k", "target_model", "draft_model")
+
+
+def runs_differ(metas: list[dict]) -> str | None:
+    """Why files given as one trace are not the ranks of one run, from their /meta: a
+    :data:`RUN_KEYS` item that differs, or a data-parallel rank twice; None otherwise."""
+    runs = {tuple(str(m.get(key)) for key in RUN_KEYS) for m in metas}
+    if len(runs) > 1:
+        return f"{', '.join(RUN_KEYS)}: {sorted(runs)}"
+    ranks = [m["dp_rank"] for m in metas if m.get("dp_rank") is not None]
+    if len(ranks) != len(set(ranks)):
+        return f"data-parallel ranks {sorted(ranks)}: a rank appears twice"
+    return None
+
+
+def shared_request(paths: list, files: list[h5py.File], ranked: bool) -> str | None:
+    """Why files given as one trace cannot be ranks of one run: a request id held by two of
+    them (a run's ranks serve distinct requests; a copy of one file holds every request
+    twice), or None. With every file ``ranked`` (a /meta dp_rank each), only a request id
+    whose prompt ids are the same (and known) in both counts: engines that number each
+    rank's requests from 0 reuse ids across ranks, a copy under another rank number
+    repeats the prompts too. Reads each file's ``requests/req_id`` (and the prompts of
+    the first shared id).
+    """
+    seen: dict[bytes, tuple[str, h5py.File]] = {}
     for path, f in zip(paths, files):
-        ids = set(f["requests"]["req_id"][:].tolist())
-        both = ids & seen.keys()
+        ids = f["requests"]["req_id"][:].tolist()
+        both = set(ids) & seen.keys()
         if both:
             r = min(both)
-            return (
-                f"request {_decode(r)!r} in {seen[r]} and {path}: a copy of one file, or two runs"
-            )
-        seen.update(dict.fromkeys(ids, str(path)))
+            where, g = seen[r]
+            if not ranked or _same_prompt(g, f, r):
+                rid = _decode(r)
+                return f"request {rid!r} in {where} and {path}: a copy of one file, or two runs"
+        seen.update(dict.fromkeys(ids, (str(path), f)))
     return None
+
+
+def _same_prompt(a: h5py.File, b: h5py.File, req_id: bytes) -> bool:
+    """Whether request ``req_id`` has the same, non-empty prompt ids in files ``a`` and ``b``."""
+    prompts = []
+    for f in (a, b):
+        row = f["requests"]["req_id"][:].tolist().index(req_id)
+        prompts.append(np.asarray(f["requests"]["prompt_ids"][row]))
+    return len(prompts[0]) > 0 and np.array_equal(prompts[0], prompts[1])
 
 
 def request_index_problems(

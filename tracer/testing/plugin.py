@@ -138,9 +138,15 @@ class Regression:
 
     def __init__(self, golden: Path, regen: bool, workdir: Path | None = None) -> None:
         self.golden = golden
-        self.obtained = golden.with_name(golden.stem + ".obtained.h5")
+        self.obtained = self.obtained_of(golden)
         self.regen = regen
         self.workdir = workdir  # where a log given to check() is imported (None: beside it)
+
+    @staticmethod
+    def obtained_of(golden: Path) -> Path:
+        """Where a mismatch leaves the obtained trace: ``NAME.obtained.h5`` beside the
+        golden ``NAME.h5``."""
+        return golden.with_name(golden.stem + ".obtained.h5")
 
     def check(self, trace) -> None:
         """Compare ``trace`` (a path or Trace) with the golden; see the class docstring."""
@@ -187,15 +193,18 @@ def spectrace_regression(request) -> Regression:
     path = Path(request.node.path)
     name = request.node.name.replace("/", "_").replace("[", "_").replace("]", "")
     golden = path.parent / path.stem / f"{name}.h5"
-    owner = request.config.stash.setdefault(_GOLDEN_OWNERS, {}).setdefault(
-        golden, request.node.nodeid
-    )
-    if owner != request.node.nodeid:
-        pytest.fail(
-            f"spectrace: {request.node.nodeid} and {owner} have one golden trace {golden}; "
-            f"give the tests (or their parameters) names that stay distinct",
-            pytrace=False,
-        )
+    owners = request.config.stash.setdefault(_GOLDEN_OWNERS, {})
+    # A test owns its golden and the .obtained.h5 beside it (written on a mismatch,
+    # removed on a pass): test_x[a]'s obtained trace is test_x[a.obtained]'s golden.
+    for mine in (golden, Regression.obtained_of(golden)):
+        owner = owners.setdefault(mine, request.node.nodeid)
+        if owner != request.node.nodeid:
+            pytest.fail(
+                f"spectrace: {request.node.nodeid} and {owner} have one golden trace file "
+                f"{mine} (a golden or the obtained trace beside it); give the tests (or "
+                f"their parameters) names that stay distinct",
+                pytrace=False,
+            )
     return Regression(
         golden,
         request.config.getoption("spectrace_regen"),
