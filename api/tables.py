@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from spectrace.tracer import export
+from spectrace.tracer.errors import InputError
 from spectrace.tracer.metrics import trace_summary
 from spectrace.tracer.store import Trace, TraceSpec, open_trace
 
@@ -84,9 +85,14 @@ class TraceTables:
 
 
 def as_trace(x: TraceSpec | TraceTables | Trace) -> Trace:
-    """The reader of ``x``: an opened :class:`TraceTables` or :class:`Trace`, or a spec."""
-    if isinstance(x, TraceTables):
-        return x.trace
-    if isinstance(x, Trace):
-        return x
-    return open_trace(x)
+    """The reader of ``x``: an opened :class:`TraceTables` or :class:`Trace`, or a spec.
+
+    Raises:
+        InputError: ``x`` is a trace already closed (its blocks can no longer be read).
+    """
+    if not isinstance(x, TraceTables | Trace):
+        return open_trace(x)
+    t = x.trace if isinstance(x, TraceTables) else x
+    if t.closed:
+        raise InputError(f"{', '.join(map(str, t.paths))}: the trace is closed; open it again")
+    return t

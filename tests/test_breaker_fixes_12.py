@@ -110,3 +110,33 @@ def test_the_api_names_a_spec_of_the_wrong_type():
         assert str(e.value) == why
     # twin: a bytes path is a path (os.fsdecode), not a list of byte values
     assert len(spectrace.open(str(vllm).encode()).trace.blocks) == 144
+
+
+def test_runs_that_diverge_without_an_error_say_why():
+    # diff GOLDEN RUN RUN with a selection that leaves nothing: every row DIVERGED, first
+    # error "-", and no reason anywhere (one THEIRS prints it). The bundled pair pairs
+    # 139 blocks at positions 10..75.
+    traces = Path(__file__).resolve().parents[1] / "traces"
+    ref, vllm = traces / "reference.h5", traces / "vllm.h5"
+    r = run_inproc("diff", ref, vllm, vllm, "--positions", "0:5")
+    assert r.returncode == 1
+    why = (
+        f"run {vllm}: nothing selected: positions 0:5 leaves none of the 139 paired blocks "
+        "(paired at positions 10..75)"
+    )
+    assert r.stdout.count(why) == 2
+    ok = run_inproc("diff", ref, vllm, vllm)  # twin: both runs agree, no reason lines
+    assert ok.returncode == 0 and f"run {vllm}:" not in ok.stdout
+
+
+def test_the_api_refuses_a_closed_trace():
+    import spectrace
+    from spectrace.tracer.errors import InputError
+
+    vllm = Path(__file__).resolve().parents[1] / "traces" / "vllm.h5"
+    t = spectrace.open(vllm)
+    assert spectrace.diff(t, vllm).diverged is False  # twin: an open trace diffs
+    t.trace.close()
+    with pytest.raises(InputError) as e:
+        spectrace.diff(t, vllm)
+    assert str(e.value) == f"{vllm}: the trace is closed; open it again"

@@ -264,6 +264,9 @@ def print_runs(con: Console, results: list[DiffResult]) -> None:
             pct(row.run_acceptance),
         )
     con.print(t)
+    for r in results:  # a run that diverged with no error finding: say why (its gate)
+        if r.diverged and not RunSummary.of(r).first_error and r.reasons:
+            con.print(escape(f"run {', '.join(r.theirs.files)}: {r.reasons[0]}"))
     n = sum(r.diverged for r in results)
     style = "bold red" if n else "bold green"
     con.print(f"[{style}]{n} of {len(results)} runs diverge[/{style}]")

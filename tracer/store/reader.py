@@ -96,9 +96,8 @@ class Trace:
         return self._requests
 
     def _add_placeholders(self) -> None:
-        # A live or killed writer's blocks may index requests it had not flushed: their
-        # placeholder rows exist before anyone sizes an array by len(requests). Reading the
-        # request column first adds them itself (and would wait for itself here).
+        # A live or killed writer's blocks may index requests it had not flushed: placeholder
+        # rows first (unless this reads the request column: that load adds them itself).
         if not all(self._complete) and not self.blocks.reading_here("request"):
             self.blocks.request  # noqa: B018 - loading the column adds the placeholders
 
@@ -434,6 +433,11 @@ class Trace:
         for f in self._files:
             f.close()
         self._files = []
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (columns not read yet can no longer be)."""
+        return not self._files
 
     def __enter__(self) -> Trace:
         return self
