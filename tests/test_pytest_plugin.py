@@ -140,8 +140,9 @@ def test_a_golden_named_like_another_tests_obtained_trace_fails(tester):
     r.stdout.fnmatch_lines(
         [
             "*spectrace: test_engine.py::test_x?a.obtained? and test_engine.py::test_x?a? have "
-            "one golden trace file *test_x_a.obtained.h5 (a golden or the obtained trace beside "
-            "it)*"
+            "one golden trace *test_x_a.obtained.h5; give the tests (or their parameters) names "
+            "that stay distinct (a test owns its golden NAME.h5 and the NAME.obtained.h5 a "
+            "mismatch writes)"
         ]
     )
     assert not (tester.path / "test_engine" / "test_x_a.obtained.h5").exists()

@@ -200,9 +200,9 @@ def spectrace_regression(request) -> Regression:
         owner = owners.setdefault(mine, request.node.nodeid)
         if owner != request.node.nodeid:
             pytest.fail(
-                f"spectrace: {request.node.nodeid} and {owner} have one golden trace file "
-                f"{mine} (a golden or the obtained trace beside it); give the tests (or "
-                f"their parameters) names that stay distinct",
+                f"spectrace: {request.node.nodeid} and {owner} have one golden trace {mine}; "
+                f"give the tests (or their parameters) names that stay distinct (a test owns "
+                f"its golden NAME.h5 and the NAME.obtained.h5 a mismatch writes)",
                 pytrace=False,
             )
     return Regression(
