@@ -44,11 +44,16 @@ class TraceTables:
         return len(self.trace.blocks)
 
     def blocks(self) -> dict[str, object]:
-        """The blocks table as name -> numpy array or list of lists (no pandas/pyarrow)."""
+        """The blocks table as name -> numpy array (one value per block), a list (the string
+        columns ``run``, ``req_id``) or, for the id and margin lists (``proposed``,
+        ``verified``, ``emitted``, ``draft_margin``), :class:`spectrace.tracer.export.Ragged`
+        (row i is ``values[offsets[i]:offsets[i + 1]]``, null where ``valid`` is False); no
+        pandas/pyarrow needed."""
         return export.block_columns(self.trace, self.run)
 
     def requests(self) -> dict[str, object]:
-        """The requests table as name -> numpy array or list of lists."""
+        """The requests table as name -> numpy array (``rank``, ``request``) or list (the
+        strings, and ``prompt_ids``/``output_ids``: one token-id sequence per request)."""
         return export.request_columns(self.trace, self.run)
 
     def blocks_arrow(self) -> pa.Table:
