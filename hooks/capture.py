@@ -47,7 +47,7 @@ from .child import (
     stop,
 )
 from .vllm.paths import ENV_OUT, written_traces
-from .vt.importer import UNKNOWN_META
+from .vt.importer import UNKNOWN_META, with_note
 from .vt.level import ENV_VAR, trace_level
 from .vt.parser import VtTraceParser
 from .vt.requests import read_requests
@@ -244,15 +244,10 @@ def _keep_failed(
 ) -> Exception:
     """Close a failed capture's ``.partial`` file without completing it, /meta ``capture``
     ended ``capture-failed`` with the error; return the error to raise, which names the kept
-    file (a :class:`SpectraceError` gets `` (partial trace FILE kept)`` added: one line)."""
+    file (:func:`~.vt.importer.with_note`: `` (partial trace FILE kept)``)."""
     why = (str(exc) if isinstance(exc, SpectraceError) else f"{type(exc).__name__}: {exc}")[:300]
     writer.update_meta(**exit_meta(returncode, interrupted=sig, error=why), aborted=why)
-    writer.close(complete=False)
-    note = f"partial trace {writer.partial_path} kept"
-    if isinstance(exc, SpectraceError):
-        return type(exc)(f"{exc} ({note})")
-    say(note)
-    return exc
+    return with_note(exc, f"partial trace {writer.close(complete=False)} kept")
 
 
 def _read_fresh_requests(path: str | os.PathLike, started: float):

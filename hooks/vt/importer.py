@@ -185,42 +185,36 @@ def _refuse_non_log(stats: ImportStats, name: str, binary: bool) -> None:
 
 
 def new_writer(out: str | os.PathLike, meta: dict, **kwargs) -> TraceWriter:
-    """An import's :class:`TraceWriter` (the VT, golden and llama-dump importers); one that
-    fails after creating its ``.partial`` file (an unexpected error laying out the columns)
-    removes that file first.
+    """An import's :class:`TraceWriter` (the VT, golden and llama-dump importers), saying
+    that the ``.partial`` file is gone when the writer fails laying it out (it removes the
+    file itself).
 
     Args:
         kwargs: :class:`TraceWriter`'s options (``flush_interval``).
     Raises:
-        InputError: the file cannot be created (nothing of this import's to remove);
-            anything else the writer raised, after one line saying what was removed.
+        InputError: the file cannot be created; anything else the writer raised (a bug),
+            after that line.
     """
     try:
         return TraceWriter(out, meta, **kwargs)
     except SpectraceError:
         raise
     except Exception:
-        path = partial_path(final_path(out))
-        if path.exists():
-            path.unlink(missing_ok=True)
-            say(f"partial trace {path} removed")
+        say(f"partial trace {partial_path(final_path(out))} removed")
         raise
 
 
 def discard_failed(writer: TraceWriter, exc: Exception) -> Exception:
-    """Remove the ``.partial`` file of a failed import or capture; return the error to raise.
+    """Remove the ``.partial`` file of a failed import (its log is still on disk; a failed
+    capture keeps its file instead); return the error to raise (:func:`with_note`:
+    `` (partial trace FILE removed)``)."""
+    return with_note(exc, f"partial trace {writer.discard()} removed")
 
-    A :class:`SpectraceError` comes back with `` (partial trace FILE removed)`` added, so the
-    user still sees one line; another exception (a bug) is returned as is after one line
-    saying what was removed. A writer whose close fails again (the flush that failed) has
-    its file removed all the same.
-    """
-    try:
-        path = writer.discard()
-    except Exception:  # the close re-ran the failing flush: remove the file regardless
-        path = writer.partial_path
-        path.unlink(missing_ok=True)
-    note = f"partial trace {path} removed"
+
+def with_note(exc: Exception, note: str) -> Exception:
+    """``exc`` to raise after a failed import or capture, with ``note`` (what became of its
+    ``.partial`` file): a :class:`SpectraceError` comes back with `` (NOTE)`` added, one
+    line for the user; another exception (a bug) as it is, after ``note`` on its own line."""
     if isinstance(exc, SpectraceError):
         return type(exc)(f"{exc} ({note})")
     say(note)

@@ -36,10 +36,11 @@ def check_vocab(rep: Report, dr: Draft) -> Vocab:
             return Vocab(None, None, None)
     v_draft = v_in if v_draft is None else v_draft
     t_vocab = (dr.target or {}).get("vocab_size")
-    known = isinstance(t_vocab, int) and t_vocab > 0
-    v_target = t_vocab if isinstance(t_vocab, int) and t_vocab > 0 else v_in
+    if not isinstance(t_vocab, int) or t_vocab < 1:
+        t_vocab = None  # none, or not a size
+    v_target = t_vocab or v_in
     src = "target config" if dr.target else "draft config (no target given)"
-    if dr.target is not None and not known:
+    if dr.target is not None and t_vocab is None:
         # Without it the draft would be compared with itself and always pass.
         rep.add(
             "vocab",

@@ -214,8 +214,9 @@ def _block_evidence(s: SideInput, ev: CaptureEvidence) -> None:
     if not model or is_replay(t):
         return
     if not len(b):
-        out = t.requests.output_ids
-        ev["undrafted_requests"] = sum(1 for i in range(len(out)) if len(out[i]) >= 2)
+        # td.length: prompt + output tokens, 0 where the output is unknown (no row reads)
+        prompt = np.fromiter(map(len, t.requests.prompt_ids), np.int64, len(td.length))
+        ev["undrafted_requests"] = int(((td.length > 0) & (td.length - prompt >= 2)).sum())
         return
     if "chain_gaps" in _dict(t.meta, "import"):
         return  # the VT import counted its own gaps (dropped_lines)

@@ -23,24 +23,29 @@ from .thresholds import MIN_BLOCKS, SYSTEMATIC
 VARIABLE_K_WORDS = ("ngram", "n-gram", "lookup", "suffix")
 
 
-def drafts_k_always(method: object) -> bool | None:
-    """Whether /meta ``method`` names a drafter that proposes k ids at every step (None:
-    unknown, no method named)."""
-    if not isinstance(method, str) or not method:
-        return None
-    return not any(w in method.lower() for w in VARIABLE_K_WORDS)
-
-
 def drafts_every_step(meta: dict) -> bool:
     """Whether the trace's drafter proposes k ids for every running request each step: its
-    /meta ``method`` names a model drafter (:func:`drafts_k_always`), or, with no method
-    named, its VT import saw ``[spec-propose]`` lines (only a model drafter prints them)."""
-    every = drafts_k_always(meta.get("method"))
-    if every is not None:
-        return every
+    /meta ``method`` names a model drafter (none of :data:`VARIABLE_K_WORDS`), or, with no
+    method named, its VT import saw ``[spec-propose]`` lines (only a model drafter prints
+    them)."""
+    method = meta.get("method")
+    if isinstance(method, str) and method:
+        return not any(w in method.lower() for w in VARIABLE_K_WORDS)
     imp = meta.get("import")
     families = imp.get("families") if isinstance(imp, dict) else None
     return isinstance(families, dict) and bool(families.get("spec-propose"))
+
+
+def _systematic(bad: np.ndarray) -> bool:
+    """Whether the k difference ``bad`` (bool [n]) holds in at least
+    :data:`~.thresholds.MIN_BLOCKS` and :data:`~.thresholds.SYSTEMATIC` of the blocks."""
+    return bool(bad.sum() >= MIN_BLOCKS and bad.mean() >= SYSTEMATIC)
+
+
+def _typical(d: np.ndarray) -> int:
+    """The most frequent k difference of ``d`` (int [n], n >= 1)."""
+    vals, cnt = np.unique(d, return_counts=True)
+    return int(vals[cnt.argmax()])
 
 
 def drafter_name(meta: dict) -> str:
@@ -105,12 +110,10 @@ def k_pairs(pd: PairData) -> Finding | None:
     :data:`~.thresholds.MIN_BLOCKS` and :data:`~.thresholds.SYSTEMATIC` of them; located
     at the first, explained by :func:`k_reason`."""
     bad = pd.ka != pd.kb
-    if bad.sum() < MIN_BLOCKS or bad.mean() < SYSTEMATIC:
+    if not _systematic(bad):
         return None
     first = int(np.flatnonzero(bad)[0])
-    d = pd.ka[bad] - pd.kb[bad]
-    vals, cnt = np.unique(d, return_counts=True)
-    typical = int(vals[cnt.argmax()])
+    typical = _typical(pd.ka[bad] - pd.kb[bad])
     ka, kb = int(pd.ka[first]), int(pd.kb[first])
     why = k_reason(ka, kb, _meta_k(pd.al.a.meta), _meta_k(pd.al.b.meta))
     return Finding(
@@ -134,7 +137,7 @@ def k_pairs(pd: PairData) -> Finding | None:
 
 
 def k_configured(s: SideInput) -> Finding | None:
-    """k_mismatch of one trace: a model drafter (:func:`drafts_k_always`) whose blocks propose
+    """k_mismatch of one trace: a model drafter (:func:`drafts_every_step`) whose blocks propose
     another number of ids than its /meta k in at least :data:`~.thresholds.MIN_BLOCKS` and
     :data:`~.thresholds.SYSTEMATIC` of them (k=0 everywhere: the drafts were never installed);
     located at the first. In a diff whose paired blocks differ in k, :func:`k_pairs` names it
@@ -144,11 +147,10 @@ def k_configured(s: SideInput) -> Finding | None:
     if cfg_k is None or not drafts_every_step(td.t.meta) or not len(k):
         return None
     bad = (k >= 0) & (k != cfg_k)
-    if bad.sum() < MIN_BLOCKS or bad.mean() < SYSTEMATIC or _pairs_differ(s):
+    if not _systematic(bad) or _pairs_differ(s):
         return None
     first = int(np.flatnonzero(bad)[0])
-    vals, cnt = np.unique(k[bad].astype(np.int64) - cfg_k, return_counts=True)
-    typical = int(vals[cnt.argmax()])
+    typical = _typical(k[bad].astype(np.int64) - cfg_k)
     kf = int(k[first])
     if not k[bad].any():
         what, why = "no draft", ": its drafts were never installed"
@@ -180,5 +182,4 @@ def _pairs_differ(s: SideInput) -> bool:
     al = s.al
     if al is None or not len(al.ia):
         return False
-    bad = al.a.blocks.k[al.ia] != al.b.blocks.k[al.ib]
-    return bool(bad.sum() >= MIN_BLOCKS and bad.mean() >= SYSTEMATIC)
+    return _systematic(al.a.blocks.k[al.ia] != al.b.blocks.k[al.ib])

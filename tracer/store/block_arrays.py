@@ -54,17 +54,19 @@ def concat_blocks(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return out
 
 
-def derived(g, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The writer-computed block columns of rows about to be appended to ``g`` (column
-    name -> dataset).
+def same_rows(proposed: np.ndarray, verified: np.ndarray) -> np.ndarray:
+    """bool [n]: each block's ``verified`` row equals its ``proposed`` row (int [n, w] each,
+    any widths: both padded with -1 to the wider, as they read back), what the stored
+    ``verified_same`` column says."""
+    w = max(proposed.shape[1], verified.shape[1])
+    return (schema.pad_to(proposed, w) == schema.pad_to(verified, w)).all(axis=1)
 
-    ``verified_same`` compares the rows as they will read back: both matrices padded
-    with -1 to the wider of the two stored widths.
-    """
-    p, v = arrays["proposed"], arrays["verified"]
-    w = max(p.shape[1], v.shape[1], g["proposed"].shape[1], g["verified"].shape[1])
-    same = schema.pad_to(p, w) == schema.pad_to(v, w)
-    return {"verified_same": same.all(axis=1).astype(np.int8)}
+
+def derived(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The writer-computed block columns of rows about to be appended: ``verified_same``
+    (:func:`same_rows`; the -1 padding to a wider stored width changes no row's
+    equality)."""
+    return {"verified_same": same_rows(arrays["proposed"], arrays["verified"]).astype(np.int8)}
 
 
 def append_rows(ds: h5py.Dataset, arr: np.ndarray, c: schema.Column) -> None:

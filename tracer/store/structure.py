@@ -198,27 +198,25 @@ def shared_request(paths: list, files: list[h5py.File], ranked: bool) -> str | N
     repeats the prompts too. Reads each file's ``requests/req_id`` (and the prompts of
     the first shared id).
     """
-    seen: dict[bytes, tuple[str, h5py.File]] = {}
+    seen: dict[bytes, tuple[str, h5py.File, int]] = {}  # id -> (path, file, its row)
     for path, f in zip(paths, files):
         ids = f["requests"]["req_id"][:].tolist()
         both = set(ids) & seen.keys()
         if both:
             r = min(both)
-            where, g = seen[r]
-            if not ranked or _same_prompt(g, f, r):
+            where, g, row = seen[r]
+            if not ranked or _same_prompt(g["requests"], row, f["requests"], ids.index(r)):
                 rid = _decode(r)
                 return f"request {rid!r} in {where} and {path}: a copy of one file, or two runs"
-        seen.update(dict.fromkeys(ids, (str(path), f)))
+        seen.update({r: (str(path), f, i) for i, r in enumerate(ids)})
     return None
 
 
-def _same_prompt(a: h5py.File, b: h5py.File, req_id: bytes) -> bool:
-    """Whether request ``req_id`` has the same, non-empty prompt ids in files ``a`` and ``b``."""
-    prompts = []
-    for f in (a, b):
-        row = f["requests"]["req_id"][:].tolist().index(req_id)
-        prompts.append(np.asarray(f["requests"]["prompt_ids"][row]))
-    return len(prompts[0]) > 0 and np.array_equal(prompts[0], prompts[1])
+def _same_prompt(a: h5py.Group, row_a: int, b: h5py.Group, row_b: int) -> bool:
+    """Whether /requests row ``row_a`` of ``a`` and ``row_b`` of ``b`` hold the same,
+    non-empty prompt ids."""
+    pa, pb = np.asarray(a["prompt_ids"][row_a]), np.asarray(b["prompt_ids"][row_b])
+    return len(pa) > 0 and np.array_equal(pa, pb)
 
 
 def request_index_problems(

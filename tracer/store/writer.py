@@ -10,6 +10,7 @@ so no importer reopens a closed file. The file layout is :mod:`spectrace.tracer.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -85,7 +86,12 @@ class TraceWriter:
             self._file = h5py.File(self.partial_path, "w", locking=False)
         except OSError as exc:
             raise InputError(f"{self.partial_path}: cannot create trace file ({exc})") from None
-        self._init_file()
+        try:
+            self._init_file()
+        except BaseException:  # a file it could not lay out holds nothing: leave none behind
+            self._file.close()
+            self.partial_path.unlink(missing_ok=True)
+            raise
         #: table -> column -> dataset (h5py's group lookup costs about 0.1 ms per call)
         self._tables = {t: {c.name: self._file[t][c.name] for c in cols}
                         for t, cols in schema.TABLES.items()}  # fmt: skip
@@ -305,7 +311,7 @@ class TraceWriter:
 
     def _append_blocks(self, arrays: dict[str, np.ndarray]) -> None:
         g = self._tables["blocks"]
-        arrays.update(derived(g, arrays))
+        arrays.update(derived(arrays))
         for c in schema.BLOCK_COLUMNS:
             append_rows(g[c.name], arrays[c.name], c)
         self.rows_written += len(arrays["request"])
@@ -382,7 +388,7 @@ class TraceWriter:
                 arrays[c.name] = arr
             buf[c.name] = []
         if table == "blocks":
-            arrays.update(derived(g, arrays))
+            arrays.update(derived(arrays))
         for c in cols:
             append_rows(g[c.name], arrays[c.name], c)
         if table == "blocks":
@@ -467,12 +473,14 @@ class TraceWriter:
 
     def discard(self) -> Path:
         """Close without completing and delete the ``.partial`` file: a failed import or
-        capture leaves nothing behind. Idempotent.
+        capture leaves nothing behind. Idempotent; the file goes even when the close's flush
+        fails again (what failed before, the reason for discarding).
 
         Returns:
             The removed path.
         """
-        self.close(complete=False)
+        with contextlib.suppress(Exception):
+            self.close(complete=False)
         self.partial_path.unlink(missing_ok=True)
         return self.partial_path
 
