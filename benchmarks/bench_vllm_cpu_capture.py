@@ -17,7 +17,9 @@ Two modes, both printing the ratio with its spread; asserts nothing.
   the recorder and the scheduler's counting (engine thread), the drafter's
   ``_greedy_sample`` (vLLM's own logits + argmax, plus the margins when on) and the
   margins alone, the writer's column thread and its 1 s flush thread, and the garbage
-  collector's passes on any thread.
+  collector's passes on any thread, each as a share of the off side's wall time (the
+  engine thread's time is the wall time; vLLM's spinning OpenMP worker doubles the
+  process CPU on 2 cores, so a share of that would halve every part).
 * ``recorder``: the V1 recorder alone (:class:`~spectrace.hooks.vllm.v1.V1Recorder`) on a
   fake runner with the real attribute layout (B rows, k drafts, one step per call), so its
   per-step CPU time (``time.process_time``: all threads, robust to a loaded machine) can be
@@ -323,14 +325,19 @@ def _report(a: argparse.Namespace, res: dict[str, list], loads: list[float]) -> 
                   f"{best:.4f}; {_median_interval(ratios)}")  # fmt: skip
     if not a.breakdown:
         return
-    print("per generate, thread CPU ms (median over rounds; share of the off side's CPU):")
+    # vLLM's CPU worker keeps its OpenMP thread spinning beside the engine thread, so the
+    # process CPU is about twice the wall time on 2 cores: a part's cost on the engine
+    # thread is a share of the wall time, not of the process CPU (half of it).
     base = statistics.median(x[1] for x in off) * 1e3
+    wall = statistics.median(x[0] for x in off) * 1e3
+    print(f"per generate, thread CPU ms (median over rounds; share of the off side's wall "
+          f"time {wall:.0f} ms; its process CPU is {base / wall:.2f}x the wall):")  # fmt: skip
     labels = sorted({k for rs in res.values() for r in rs for k in r[2]})
     for label in labels:
         cells = []
         for name, rs in res.items():
             ms = statistics.median(r[2].get(label, 0.0) for r in rs)
-            cells.append(f"{name} {ms:7.1f} ({100 * ms / base:5.2f}%)")
+            cells.append(f"{name} {ms:7.1f} ({100 * ms / wall:5.2f}%)")
         print(f"  {label:44s} " + "  ".join(cells))
 
 
