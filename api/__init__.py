@@ -39,21 +39,29 @@ def open(path_or_glob: TraceSpec, *, run: str | None = None) -> TraceTables:  # 
     return TraceTables.open(path_or_glob, run=run)
 
 
-def diff(a: TraceSpec | TraceTables, b: TraceSpec | TraceTables, *, examples: int = 5):
+def diff(a: TraceSpec | TraceTables, b: TraceSpec | TraceTables, *, examples: int | None = 5):
     """Align two traces per anchor and compare them: what ``spectrace diff`` reports.
 
     Args:
         a, b: ours and theirs, as paths/globs or opened traces.
-        examples: how many divergent blocks to keep as examples.
+        examples: how many divergent blocks to keep as examples; 0 or None keeps every one
+            (as ``spectrace diff --examples 0``).
     Returns:
         The typed :class:`spectrace.tracer.diff_result.DiffResult` (``.diverged``,
         ``.agreement``, ``.acceptance``, ``.findings``, ``.to_json()``).
+    Raises:
+        InputError: ``examples`` negative or not an integer; as :func:`open` for the traces.
     """
     from spectrace.tables import as_trace
     from spectrace.tracer.align import align
     from spectrace.tracer.diff import diff_traces
+    from spectrace.tracer.errors import InputError
 
-    result: DiffResult = diff_traces(align(as_trace(a), as_trace(b)), examples=examples)
+    if examples is not None and (type(examples) is bool or not isinstance(examples, int)):
+        raise InputError(f"examples: expected an integer or None, not {type(examples).__name__}")
+    if examples is not None and examples < 0:
+        raise InputError(f"examples: expected 0 (every one) or more, not {examples}")
+    result: DiffResult = diff_traces(align(as_trace(a), as_trace(b)), examples=examples or None)
     return result
 
 

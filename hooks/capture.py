@@ -93,23 +93,26 @@ def _stderr_lines(proc: subprocess.Popen, drain_s: float = DRAIN_S):
     """CMD's stderr, line by line (bytes, the newline kept; a last line without one too),
     until EOF, or until CMD has exited and the pipe stayed silent for ``drain_s`` seconds
     (then one warning line; what was read is kept). Reads whatever is available (no
-    syscall per byte)."""
+    syscall per byte). Only each new chunk is searched for newlines and a long line's
+    pieces are joined once, so a line of any length costs time linear in its bytes."""
     assert proc.stderr is not None  # started with stderr=PIPE
     fd = proc.stderr.fileno()
-    buf, quiet_since = b"", None
+    pending: list[bytes] = []  # the pieces of the line read so far (no newline yet)
+    quiet_since = None
     while True:
         ready, _, _ = select.select([fd], [], [], 0.2)
         if ready:
             chunk = os.read(fd, 1 << 16)
             if not chunk:
                 break
-            buf += chunk
             quiet_since = None
             start = 0
-            while (nl := buf.find(b"\n", start)) >= 0:
-                yield buf[start : nl + 1]
-                start = nl + 1
-            buf = buf[start:]
+            while (nl := chunk.find(b"\n", start)) >= 0:
+                piece = chunk[start : nl + 1]
+                yield b"".join([*pending, piece]) if pending else piece
+                pending, start = [], nl + 1
+            if start < len(chunk):
+                pending.append(chunk[start:])
         elif proc.poll() is not None:
             now = time.monotonic()
             quiet_since = quiet_since or now
@@ -119,8 +122,8 @@ def _stderr_lines(proc: subprocess.Popen, drain_s: float = DRAIN_S):
                     f"stderr open; stopped reading it {drain_s:g} s later"
                 )
                 break
-    if buf:
-        yield buf
+    if pending:
+        yield b"".join(pending)
 
 
 def _pump(proc: subprocess.Popen, parser: VtTraceParser, fwd: _Forwarder, log) -> None:

@@ -244,8 +244,8 @@ def test_info_says_when_it_reads_the_partial(tmp_path, log):
     r = _run("info", out, "--format", "json")
     assert r.returncode == 0
     assert (
-        f"{out}: no such file; reading {out}.partial instead (its writer is still running or "
-        f"was killed)"
+        f"{out}: no such file; reading {out}.partial instead (its writer is still running, "
+        f"was killed or stopped on an error: info's capture row says which)"
     ) in r.stderr
     assert json.loads(r.stdout)["files"] == [f"{out}.partial"]
 

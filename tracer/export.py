@@ -26,6 +26,8 @@ import numpy as np
 
 from . import schema
 from .errors import InputError
+from .findings import TraceData
+from .findings.values import impossible_rows
 from .metrics import recompute_accepted
 from .store import Trace
 
@@ -57,6 +59,7 @@ BLOCK_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("proposal_source", "int8", "1 drafter output, 0 copy of verified, -1 unknown"),
     ("draft_margin", "list<float32>", "k drafter top-1 minus top-2 margins (NaN unknown)"),
     ("target_margin", "float32", "target top-1 minus top-2 margin at the anchor (NaN unknown)"),
+    ("impossible", "bool", "values no engine produces (impossible_values): info leaves it out"),
 )
 #: Requests table, same conventions.
 REQUEST_FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -150,6 +153,8 @@ def block_columns(trace: Trace, run: str) -> dict[str, object]:
         "accepted_recomputed": recompute_accepted(trace),
         "emitted": Ragged.from_matrix(b.emitted, ne, ne >= 0),
         "draft_margin": Ragged.from_matrix(b.draft_margin, k, fill=math.nan),
+        # the blocks spectrace info leaves out of its figures (RUN_FIGURES does too)
+        "impossible": impossible_rows(TraceData.build(trace, "trace")),
     }
     for name, _, _ in BLOCK_FIELDS:
         if name not in cols:
@@ -200,6 +205,7 @@ def arrow_schema(table: str) -> pa.Schema:
 
     types = {
         "string": pa.string(),
+        "bool": pa.bool_(),
         "int8": pa.int8(),
         "int16": pa.int16(),
         "int32": pa.int32(),
@@ -285,12 +291,28 @@ def _plain(v):
     return v
 
 
+#: Run names that start with a letter but read as a date in DuckDB's hive partitions.
+_TYPED_WORDS = frozenset({"inf", "infinity", "epoch"})
+
+
 def check_run_names(names: list[str]) -> None:
     """Raises InputError when a run name is not a plain directory name (letters, digits,
-    ``._-``) or two runs share a name (their partitions would mix)."""
+    ``._-``), does not start with a letter or is a word DuckDB reads as a date (readers
+    would type it as a number or a date), or two runs share a name (their partitions would
+    mix)."""
     bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9._-]+", n) or n in (".", "..")]
     if bad:
         raise InputError(f"run name {bad[0]!r}: use letters, digits, '.', '_' and '-' only")
+    # Readers of hive partitions infer a key's type from the folder names: DuckDB and
+    # pyarrow read "123" back as an integer (two runs "007" and "7" merge) and DuckDB
+    # reads "2026-12-03", "inf" or "epoch" as a date.
+    typed = [n for n in names if not n[0].isalpha() or n.lower() in _TYPED_WORDS]
+    if typed:
+        raise InputError(
+            f"run name {typed[0]!r}: DuckDB and pyarrow would read it back as a number or a "
+            f"date, not the string it is (hive partitioning infers a key's type from its "
+            f"folder names): start it with a letter, e.g. --run run-{typed[0]}"
+        )
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise InputError(f"two traces are both run {dup[0]!r}: name them with --run NAME")

@@ -17,7 +17,7 @@ from __future__ import annotations
 #: curve over max(k) slots): ``spectrace info``'s ``blocks`` and ``recorded`` figures.
 RUN_FIGURES = """
 WITH b AS (
-  SELECT run, rank, k, accepted,
+  SELECT run, rank, k, CASE WHEN impossible THEN -1 ELSE accepted END AS accepted,
          CASE WHEN num_verified >= 0 THEN num_verified ELSE k END AS checked
   FROM read_parquet('{out}/blocks/*/*/*.parquet', hive_partitioning = true)
 )

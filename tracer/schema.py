@@ -335,7 +335,8 @@ def meta_type_error(key: str, value: object) -> str | None:
             high = META_MAXIMUM.get(key)
             if kind == "int" and high is not None and value > high:  # type: ignore[operator]
                 return f"expected an integer <= {high}"
-            return _capture_error(value) if isinstance(value, dict) and key == "capture" else None
+            sub = _OBJECT_CHECKS.get(key)
+            return sub(value) if sub is not None and isinstance(value, dict) else None
     return "expected " + " or ".join(_TYPE_WORDS[k] for k in kinds)
 
 
@@ -351,6 +352,29 @@ def _capture_error(cap: dict) -> str | None:
         if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
             return f"capture.{name}: expected an integer"
     return None
+
+
+def _checks_error(checks: dict) -> str | None:
+    """Why a /meta ``checks`` object is not one ``capture_incomplete`` can read, or None: its
+    ``status`` a string, its ``trace`` an object whose ``blocks`` (the rows the vLLM
+    recorder counted at close, hooks/vllm/crosscheck.py ``file_totals``) is an integer >= 0
+    (a count of 143.0 or "143" would silence the recorder-count check)."""
+    status = checks.get("status")
+    if status is not None and not isinstance(status, str):
+        return "checks.status: expected a string"
+    trace = checks.get("trace")
+    if trace is None:
+        return None
+    if not isinstance(trace, dict):
+        return "checks.trace: expected a JSON object"
+    n = trace.get("blocks")
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
+        return "checks.trace.blocks: expected an integer >= 0"
+    return None
+
+
+#: The /meta objects whose items are checked too (their readers trust them).
+_OBJECT_CHECKS = {"capture": _capture_error, "checks": _checks_error}
 
 
 def describe() -> str:

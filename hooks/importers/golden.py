@@ -88,6 +88,20 @@ class GoldenStats:
             "unplaced": dict(self.unplaced),
             "past_max_tokens": self.past_max_tokens,
             "problems": self.problems.to_meta() if self.problems else {},
+            "lost": self.lost(),
+        }
+
+    def lost(self) -> dict:
+        """The golden's blocks the trace lacks (``meta["import"]["lost"]``, which the
+        ``capture_incomplete`` finding reads, as for a llama.cpp dump): every block not
+        placed, with the first problem that ended a walk or made a block unreadable.
+        ``{"count", "first": "FILE:LINE: what"}``."""
+        classes = self.problems.classes if self.problems else {}
+        hits = [p for c, p in classes.items() if c in (*UNPLACED_REASONS, "invalid_record")]
+        first = min(hits, key=lambda p: int(p.where.rsplit(":", 1)[1]), default=None)
+        return {
+            "count": sum(self.unplaced.values()),
+            "first": f"{first.where}: {first.what}" if first else None,
         }
 
 
@@ -163,6 +177,9 @@ def _run_meta(doc: dict, problems: Problems, lines: JsonLines) -> dict:
     if mns is not None and not is_int(mns, 0):
         problems.add("invalid_meta", lines.line, "not a batch limit", "max_num_seqs", mns)
         mns = None
+    mt = doc.get("max_tokens")
+    if mt is not None and not is_int(mt, 1):  # read as no limit (_max_tokens)
+        problems.add("invalid_meta", lines.line, "not a token limit", "max_tokens", mt)
     out: dict = {"source": SOURCE, "engine": "vllm", "k": k, "max_num_seqs": mns}
     for key, dest in (("target", "target_model"), ("draft", "draft_model")):
         if isinstance(doc.get(key), str):

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from spectrace.hooks.capture import capture_command
 from spectrace.tracer.errors import InputError
+from spectrace.tracer.findings.capture import incomplete_reasons
 from spectrace.tracer.store import open_trace
 
 from .deadline import TIMEOUT_STATUS, wrap
@@ -84,6 +85,9 @@ def replay_cmd(
             status = capture_command(run, out, requests, meta=meta, forward_trace_lines=False)
         _check_status(status, cmd[0], opts.timeout_s, time.monotonic() - began)
         t = open_trace(out)
+        broken = incomplete_reasons(t.meta, t.status)
+        if broken:  # the capture's own verdict on the engine's lines (a repeated block, ...)
+            raise EngineFailed(f"--engine cmd: {cmd[0]}'s trace lines: {'; '.join(broken)}")
         drafts = drafts_of(t, refs, sites, by="id")
         meta = {key: t.meta[key] for key in ("engine", "method", "k", "command") if key in t.meta}
     if progress is not None:

@@ -44,7 +44,9 @@ def drafts_of(t: Trace, refs: list[Reference], sites: list[Site], by: str) -> li
             ``id`` (the request id is the site's ident; the ``cmd`` contract).
     Raises:
         EngineFailed: a site without a block at its position (the engine did not draft
-            there: dropped work, never bad input), naming the first and how many.
+            there: dropped work, never bad input), or whose block's anchor is unknown (no
+            requests record holds the request: its result is lost, not another sample),
+            naming the first and how many.
     """
     req, pos, k = t.blocks.request, t.blocks.position, t.blocks.k
     first: dict[int, int] = {}
@@ -54,11 +56,17 @@ def drafts_of(t: Trace, refs: list[Reference], sites: list[Site], by: str) -> li
     margins = t.blocks.draft_margin
     out: list[Draft] = []
     missing: list[Site] = []
+    unknown: list[Site] = []
+    if by == "id":
+        _answers_what_was_asked(t, refs, sites, index)
     for s in sites:
         r = index.get(s.ident)
         row = first.get(r) if r is not None else None
         if row is None or int(pos[row]) != s.position:
             missing.append(s)
+            continue
+        if int(t.blocks.anchor[row]) < 0:
+            unknown.append(s)
             continue
         n = int(k[row])
         dm = [float(x) for x in margins[row, :n]]
@@ -78,7 +86,41 @@ def drafts_of(t: Trace, refs: list[Reference], sites: list[Site], by: str) -> li
             f"(first: request {refs[s.request].req_id} position {s.position}, site {s.ident}): "
             f"its drafts there are missing"
         )
+    if unknown:
+        s = unknown[0]
+        raise EngineFailed(
+            f"engine left no anchor at {len(unknown)} of {len(sites)} replayed positions "
+            f"(first: request {refs[s.request].req_id} position {s.position}, site {s.ident}: "
+            f"no requests record holds it): its results there are missing"
+        )
     return out
+
+
+def _answers_what_was_asked(
+    t: Trace, refs: list[Reference], sites: list[Site], index: dict[str, int]
+) -> None:
+    """Raises EngineFailed when the ``cmd`` engine drafted for a request it was not given,
+    or its requests record holds another prompt than the prefix it was given."""
+    rq, asked = t.requests, {s.ident for s in sites}
+    drafted = {str(rq.req_id[int(r)]) for r in np.unique(t.blocks.request)}
+    extra = sorted(drafted - asked)
+    if extra:
+        raise EngineFailed(
+            f"engine drafted for {len(extra)} request(s) it was not given (first: id "
+            f"{extra[0]}): its trace is not this replay's"
+        )
+    for s in sites:
+        r = index.get(s.ident)
+        got = rq.prompt_ids[r] if r is not None else ()
+        if len(got) and tuple(int(x) for x in got) != refs[s.request].sequence[: s.position]:
+            raise EngineFailed(
+                f"engine's requests record for site {s.ident} (request "
+                f"{refs[s.request].req_id} position {s.position}) holds another prompt than "
+                f"the prefix it was given ({len(got)} tokens, not {s.position})"
+                if len(got) != s.position
+                else f"engine's requests record for site {s.ident} holds another prompt than "
+                f"the prefix it was given"
+            )
 
 
 def _site_index(t: Trace, refs: list[Reference], sites: list[Site], by: str) -> dict[str, int]:

@@ -132,6 +132,11 @@ def _request_from_json(line: str, where: str) -> RequestRecord:
     if not isinstance(obj, dict) or "req_id" not in obj:
         raise InputError(f"{where}: expected an object with req_id, prompt_ids, output_ids")
     ids = {key: _token_ids(obj, key, where) for key in ("prompt_ids", "output_ids")}
+    if not isinstance(obj.get("finish_reason"), str | None):
+        got = json.dumps(obj["finish_reason"])
+        raise InputError(
+            f"{where}: finish_reason must be a string (field=finish_reason, value={got})"
+        )
     req_id, reason = str(obj["req_id"]), str(obj.get("finish_reason") or "")
     for key, text in (("req_id", req_id), ("finish_reason", reason)):
         if "\x00" in text:

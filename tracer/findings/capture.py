@@ -17,7 +17,7 @@ from .. import schema
 from ..align import drafts_configured, is_replay
 from ..fmt import counted
 from ..store import Trace
-from .data import SideInput
+from .data import SideInput, TraceData
 from .evidence import CaptureEvidence
 from .ksize import drafter_name, drafts_every_step
 from .model import Finding
@@ -65,7 +65,10 @@ def capture_end(meta: dict, status: str = schema.STATUS_COMPLETE) -> CaptureEvid
         recorded_blocks=None,
         chain_gaps=0,
         first_chain_gap=None,
+        tail_gaps=0,
+        first_tail_gap=None,
         undrafted_requests=0,
+        first_undrafted=None,
     )
 
 
@@ -204,20 +207,23 @@ def _recorded_blocks(t: Trace) -> int | None:
 
 
 def _block_evidence(s: SideInput, ev: CaptureEvidence) -> None:
-    """Fill ``ev``'s block-level items: the recorder's block count, chain gaps of a model
-    drafter (steps it drafted with no block in the trace; an import's own count stands for
-    a VT log) and, in a trace without blocks, the requests such a drafter served."""
+    """Fill ``ev``'s block-level items: the recorder's block count and, for a model drafter
+    (it drafts at every step), the requests it served without a block, the requests whose
+    output goes on past their last block and the gaps in the anchor chain (steps it drafted
+    with no block in the trace; an import's own count stands for a VT log)."""
     td = s.td
     t, b = td.t, td.t.blocks
     ev["recorded_blocks"] = _recorded_blocks(t)
     model = drafts_configured(t) and drafts_every_step(t.meta)
     if not model or is_replay(t):
         return
+    _undrafted(td, ev)
     if not len(b):
-        # td.length: prompt + output tokens, 0 where the output is unknown (no row reads)
-        prompt = np.fromiter(map(len, t.requests.prompt_ids), np.int64, len(td.length))
-        ev["undrafted_requests"] = int(((td.length > 0) & (td.length - prompt >= 2)).sum())
         return
+    # A VT log whose drafts were not installed at some steps says the engine decoded plain
+    # tokens there (unverified_drafts names them): a request's end without blocks is no loss.
+    if not (_int_or_none(_dict(_dict(t.meta, "import"), "joins").get("not_installed")) or 0):
+        _tail_evidence(td, ev)
     if "chain_gaps" in _dict(t.meta, "import"):
         return  # the VT import counted its own gaps (dropped_lines)
     rows, expected = td.chain_gaps
@@ -228,6 +234,34 @@ def _block_evidence(s: SideInput, ev: CaptureEvidence) -> None:
             f"request {td.req_id(r)}: the block at position {int(b.position[p])} accepted "
             f"{int(b.accepted[p])}, the next drafts from position {int(b.position[r])}, not "
             f"{int(expected[0])}"
+        )
+
+
+def _undrafted(td: TraceData, ev: CaptureEvidence) -> None:
+    """Requests with 2 or more output tokens and no block: the first output token comes
+    from the prefill, the second from a step verifying drafts made from the first."""
+    t = td.t
+    # td.length: prompt + output tokens, 0 where the output is unknown (no row reads)
+    prompt = np.fromiter(map(len, t.requests.prompt_ids), np.int64, len(td.length))
+    served = np.bincount(t.blocks.request[t.blocks.request >= 0], minlength=len(td.length))
+    none = np.flatnonzero(
+        (td.length > 0) & (td.length - prompt >= 2) & (served[: len(td.length)] == 0)
+    )
+    ev["undrafted_requests"] = len(none)
+    if len(none):
+        ev["first_undrafted"] = t.requests.req_id[int(none[0])]
+
+
+def _tail_evidence(td: TraceData, ev: CaptureEvidence) -> None:
+    rows, reach = td.tail_gaps
+    ev["tail_gaps"] = len(rows)
+    if len(rows):
+        r = int(rows[0])
+        end = int(td.length[int(td.t.blocks.request[r])]) - 1
+        ev["first_tail_gap"] = (
+            f"request {td.req_id(r)}: its last block, at position "
+            f"{int(td.t.blocks.position[r])}, reaches position {int(reach[0])}; its output "
+            f"goes on to position {end}"
         )
 
 
@@ -246,10 +280,23 @@ def _blocks_how(ev: CaptureEvidence, held: int, drafter: str) -> list[str]:
             f"drafts at every step (first: {ev['first_chain_gap']}): the blocks "
             f"between are missing"
         )
-    if ev["undrafted_requests"]:
+    if ev["tail_gaps"]:
+        out.append(
+            f"{counted(ev['tail_gaps'], 'request')} whose output goes on past its last block "
+            f"although its {drafter} drafts at every step (first: {ev['first_tail_gap']}): "
+            f"the blocks at the end are missing"
+        )
+    if ev["undrafted_requests"] and not held:
         out.append(
             f"no block although its {drafter} drafts at every step and "
             f"{counted(ev['undrafted_requests'], 'request')} emitted 2 or more tokens"
+        )
+    elif ev["undrafted_requests"]:
+        n = ev["undrafted_requests"]
+        out.append(
+            f"{counted(n, 'request')} emitted 2 or more tokens without a block although its "
+            f"{drafter} drafts at every step (first: request {ev['first_undrafted']}): "
+            f"{'its blocks are' if n == 1 else 'their blocks are'} missing"
         )
     return out
 

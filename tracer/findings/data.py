@@ -142,6 +142,30 @@ class TraceData:
         return np.concatenate(gaps), np.concatenate(exp)
 
     @functools.cached_property
+    def tail_gaps(self) -> tuple[np.ndarray, np.ndarray]:
+        """Requests whose output goes on past their last block: the last block's anchor
+        position + accepted + 1 (the recomputed count where a verified block's is unknown;
+        + 0 when never verified) lies before the sequence's last token, so the engine
+        emitted tokens after it without a block drafting from them. Requests whose output
+        is unknown are left out.
+
+        Returns:
+            ``(rows, reach)``: int64 [g] the last block rows (row order), int64 [g] the last
+            position each reaches.
+        """
+        b = self.t.blocks
+        rows = np.flatnonzero(self.last)
+        req = b.request[rows].astype(np.int64)
+        known = (req >= 0) & (req < len(self.length))
+        rows, req = rows[known], req[known]
+        acc, nv = b.accepted[rows].astype(np.int64), b.num_verified[rows]
+        took = np.where(acc >= 0, acc, np.where(nv > 0, self.recomputed[rows], -1))
+        reach = b.position[rows].astype(np.int64) + np.where(took >= 0, took + 1, 0)
+        end = self.length[req] - 1
+        gap = (end >= 0) & (reach < end)
+        return rows[gap], reach[gap]
+
+    @functools.cached_property
     def _neighbours(self) -> tuple[np.ndarray, np.ndarray]:
         order, n, req = self.order, len(self.order), self.t.blocks.request
         last, prev = np.zeros(n, bool), np.full(n, -1, order.dtype)

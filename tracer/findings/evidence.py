@@ -296,9 +296,17 @@ class CaptureEvidence(TypedDict):
     chain_gaps: int
     #: The first gap, ``request R: ...``; null when none.
     first_chain_gap: str | None
-    #: Requests a model drafter served with at least 2 output tokens in a trace that holds
-    #: no block at all (each such request drafted at least once); 0 otherwise.
+    #: Requests whose output goes on past what their last block reaches (its anchor
+    #: position + accepted + 1; its position when never verified) although a model drafter
+    #: drafts at every step: the blocks at the request's end are missing; 0 when none.
+    tail_gaps: int
+    #: The first such request, ``request R: ...``; null when none.
+    first_tail_gap: str | None
+    #: Requests a model drafter served with at least 2 output tokens that hold no block
+    #: (each such request drafted at least once); 0 when none.
     undrafted_requests: int
+    #: The first of them, by request id; null when none.
+    first_undrafted: str | None
 
 
 class IncompleteRef(TypedDict):

@@ -23,6 +23,7 @@ from ..rows import row as read_row
 from ..store import Blocks
 from .data import SideInput, TraceData
 from .evidence import ImpossibleEvidence, TrimmedEvidence
+from .ksize import _meta_k
 from .model import Finding
 from .sweep import Sweep, sweep
 from .thresholds import MIN_BLOCKS
@@ -41,6 +42,8 @@ Rule = tuple[str, str, Test, Limit | None]
 RULES: tuple[Rule, ...] = (
     ("k < 0", "k", lambda b, n, sw: b.k < 0, None),
     ("k > proposed width", "k", lambda b, n, sw: b.k > sw.width, lambda b, n, sw, i: sw.width),
+    # vLLM never drafts past num_speculative_tokens; an engine's k is its drafts' bound
+    ("k > /meta k", "k", lambda b, n, sw: b.k > b.kcfg, lambda b, n, sw, i: n.kcfg),
     ("proposed id < -1", "proposed", lambda b, n, sw: sw.below_pad, None),
     ("anchor < -1", "anchor", lambda b, n, sw: b.anchor < -1, None),
     ("num_verified < -1", "num_verified", lambda b, n, sw: b.num_verified < -1, None),
@@ -186,10 +189,12 @@ def verified_again(
 @dataclass(frozen=True)
 class _Bounds:
     """One block's position bounds, for a rule's limit: ``room`` (one past the largest
-    possible position, 0 unknown) and ``floor`` (the smallest, -1 unknown)."""
+    possible position, 0 unknown) and ``floor`` (the smallest, -1 unknown); ``kcfg`` the
+    trace's configured k."""
 
     room: int
     floor: int
+    kcfg: int
 
 
 @dataclass
@@ -210,6 +215,8 @@ class _Rows:
     prompt_floor: np.ndarray
     #: bool [rows] of blocks: :func:`verified_again` (set by the caller).
     verified_again: np.ndarray
+    #: The trace's configured k (/meta ``k``; no bound when unknown; set by the caller).
+    kcfg: int
 
     def __init__(self, whole, c: slice) -> None:
         self._whole, self._c = whole, c
@@ -227,12 +234,13 @@ def _rule_hits(td: TraceData) -> _Hits:
     """Every rule over the blocks, chunk by chunk (the rules' temporaries stay small)."""
     b, sw = td.t.blocks, sweep(td.t)
     again = verified_again(b.request, b.position, b.num_verified, b.accepted, td.order)
+    kcfg = _meta_k(td.t.meta) or np.iinfo(np.int16).max  # k is int16
     bad = np.zeros(len(b), bool)
     counts: dict[str, int] = {}
     firsts: dict[str, int] = {}
     for c in chunks(len(b)):
         room, bc, swc = _position_room(td, c), _Rows(b, c), _Rows(sw, c)
-        bc.prompt_floor, bc.verified_again = _prompt_floor(td, c), again[c]
+        bc.prompt_floor, bc.verified_again, bc.kcfg = _prompt_floor(td, c), again[c], kcfg
         for name, _, test, _ in RULES:
             broken = test(bc, room, swc)
             if broken.any():
@@ -244,7 +252,7 @@ def _rule_hits(td: TraceData) -> _Hits:
         row = firsts.get(name)
         if row is not None and (first is None or row < first[0]):
             one = slice(row, row + 1)
-            at = _Bounds(int(_position_room(td, one)[0]), int(_prompt_floor(td, one)[0]))
+            at = _Bounds(int(_position_room(td, one)[0]), int(_prompt_floor(td, one)[0]), kcfg)
             first = (row, name, col, None if limit is None else limit(b, at, sw, row))
     return _Hits(bad=bad, counts={r[0]: counts[r[0]] for r in RULES if r[0] in counts}, first=first)
 
@@ -264,10 +272,10 @@ def _value(v: np.ndarray) -> int:
 
 
 def impossible(s: SideInput) -> Finding | None:
-    """impossible_values: accepted > k or > num_verified, counts below -1 (unknown), k < 0
-    or wider than the stored proposals, proposed ids or anchors below -1, num_emitted > k + 1,
-    positions outside the sequence or inside the prompt, a position verified twice in one
-    request, batch rows outside the batch."""
+    """impossible_values: accepted > k or > num_verified, counts below -1 (unknown), k < 0,
+    above /meta k or wider than the stored proposals, proposed ids or anchors below -1,
+    num_emitted > k + 1, positions outside the sequence or inside the prompt, a position
+    verified twice in one request, batch rows outside the batch."""
     td = s.td
     b = td.t.blocks
     if not len(b):

@@ -65,6 +65,7 @@ def requests(s: SideInput) -> Finding | None:
     fin, out = req.finish_reason, req.output_ids
     oreq = s.ref.t.requests if s.ref is not None else None
     ids = [req.req_id[i] for i, _ in bad]
+    reprompted: list[str] = []
     first = None
     where: dict = {}
     if bad:
@@ -99,13 +100,29 @@ def requests(s: SideInput) -> Finding | None:
             f"{counted(len(missing), 'request')} of the other side {verb} absent "
             f"({other_side}' id{'s' if len(missing) > 1 else ''} {named})"
         )
+        # an id both sides hold, unmatched on both: the request ran here with another prompt
+        al = s.al  # a diff's: ``missing`` is empty without one
+        assert al is not None
+        own = {req.req_id[int(i)] for i in (al.unmatched_a if s.side_a else al.unmatched_b)}
+        reprompted = [m for m in missing if m in own]
+        if reprompted:
+            what += (
+                f"; {td.side} has {'requests' if len(reprompted) > 1 else 'a request'} "
+                f"{', '.join(reprompted[:3])}{', ..' if len(reprompted) > 3 else ''} with "
+                f"another prompt"
+            )
         where = {"request": missing[0]}  # the first absent request, by the other side's id
+    tail = (
+        "not compared, their prompts differ"
+        if not bad and len(reprompted) == len(missing)
+        else "their work is missing, not compared"
+    )
     return Finding(
         "requests_incomplete",
         "error",
         side=td.side,
         **where,
-        message=f"{td.side}: {what}: their work is missing, not compared",
+        message=f"{td.side}: {what}: {tail}",
         evidence=RequestsEvidence(
             requests=len(bad) + len(missing),
             aborted=[req.req_id[i] for i, _ in bad if fin[i] in NOT_COMPLETED][:10],

@@ -91,8 +91,8 @@ def _expand(s: str) -> list[Path]:
         if not partial.exists():
             raise InputError(f"{s}: no such file")
         warnings.warn(
-            f"{s}: no such file; reading {partial} instead (its writer is still running "
-            f"or was killed)",
+            f"{s}: no such file; reading {partial} instead (its writer is still running, "
+            f"was killed or stopped on an error: info's capture row says which)",
             TraceWarning,
             stacklevel=3,
         )

@@ -38,6 +38,7 @@ from .structure import (
     runs_differ,
     scanned_request_index_problems,
     shared_request,
+    stored_rows,
     value_problems,
 )
 
@@ -170,8 +171,7 @@ class Trace:
         # A writer killed mid-flush may leave columns of different lengths: the shortest one
         # bounds the rows that were completely written; a live writer's announced count
         # bounds the rows its last flush finished (.live).
-        g = f["blocks"]
-        n = min((g[c.name].shape[0] for c in schema.BLOCK_COLUMNS if c.name in g), default=0)
+        n = stored_rows(f["blocks"])
         told = announced(f)
         return n if told is None else min(n, told)
 

@@ -427,3 +427,11 @@ def _decode(v) -> str:
 def _short_repr(v: object) -> object:
     text = repr(v)
     return v if len(text) <= 60 else text[:57] + "..."
+
+
+def stored_rows(g: h5py.Group) -> int:
+    """The rows of the shortest block column in /blocks group ``g`` (a 0-D column counts
+    none: :func:`column_problems` names it, exit 2)."""
+    return min(
+        ((g[c.name].shape or (0,))[0] for c in schema.BLOCK_COLUMNS if c.name in g), default=0
+    )
