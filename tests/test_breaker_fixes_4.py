@@ -56,7 +56,7 @@ DRAFT = ROOT / "engine" / "models" / "draft"
 BLOCK_HEADER = (
     "run,rank,block,request,req_id,step,position,anchor,k,proposed,num_verified,verified,"
     "accepted,accepted_recomputed,num_emitted,emitted,t_ns,batch_row,batch_size,"
-    "proposal_source,draft_margin,target_margin"
+    "proposal_source,draft_margin,target_margin,impossible"
 )
 REQUEST_HEADER = "run,rank,request,req_id,prompt_ids,output_ids,finish_reason"
 
@@ -726,7 +726,7 @@ def test_an_infinite_margin_is_a_json_number(tmp_path):
     t = _margins_trace(tmp_path / "t.h5", "q", [inf, 0.5], -inf)
     assert run_inproc("export", t, "-o", tmp_path / "o", "--format", "jsonl").returncode == 0
     line = (tmp_path / "o" / "blocks.jsonl").read_text().splitlines()[0]
-    assert '"draft_margin": [1e999, 0.5], "target_margin": -1e999}' in line
+    assert '"draft_margin": [1e999, 0.5], "target_margin": -1e999, "impossible": false}' in line
     row = _strict(line)
     assert (row["draft_margin"], row["target_margin"]) == ([inf, 0.5], -inf)
 

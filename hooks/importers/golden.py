@@ -41,6 +41,10 @@ SOURCE = "golden"
 RUN_KEYS = ("oracle_version", "pin", "attention_backend", "enforce_eager", "max_tokens")
 
 
+#: Why a golden block was not placed that means the trace lacks it (see GoldenStats.lost).
+_DAMAGE = ("anchor_mismatch", "invalid_block", "invalid_record")
+
+
 @dataclass
 class GoldenStats:
     """What an import of a golden found (stored as ``meta["import"]``).
@@ -93,14 +97,18 @@ class GoldenStats:
 
     def lost(self) -> dict:
         """The golden's blocks the trace lacks (``meta["import"]["lost"]``, which the
-        ``capture_incomplete`` finding reads, as for a llama.cpp dump): every block not
-        placed, with the first problem that ended a walk or made a block unreadable.
-        ``{"count", "first": "FILE:LINE: what"}``."""
+        ``capture_incomplete`` finding reads, as for a llama.cpp dump) when the golden has no
+        counters to say (with counters, ``checks.golden_counters`` decides): the blocks a
+        damaged record or block, or a walk that ended on a wrong anchor, left unplaced. A
+        block past the output's end is no loss: drafted from a token that max_tokens or a
+        stop trimmed. ``{"count", "first": "FILE:LINE: what"}``."""
+        if self.check is not None and self.check.get("golden") is not None:
+            return {"count": 0, "first": None}
         classes = self.problems.classes if self.problems else {}
-        hits = [p for c, p in classes.items() if c in (*UNPLACED_REASONS, "invalid_record")]
+        hits = [p for c, p in classes.items() if c in _DAMAGE]
         first = min(hits, key=lambda p: int(p.where.rsplit(":", 1)[1]), default=None)
         return {
-            "count": sum(self.unplaced.values()),
+            "count": sum(self.unplaced[r] for r in (*_DAMAGE, "after_walk_end")),
             "first": f"{first.where}: {first.what}" if first else None,
         }
 

@@ -65,7 +65,6 @@ def requests(s: SideInput) -> Finding | None:
     fin, out = req.finish_reason, req.output_ids
     oreq = s.ref.t.requests if s.ref is not None else None
     ids = [req.req_id[i] for i, _ in bad]
-    reprompted: list[str] = []
     first = None
     where: dict = {}
     if bad:
@@ -92,31 +91,10 @@ def requests(s: SideInput) -> Finding | None:
             f"{counted(len(bad), 'request')} did not complete (first: request {ids[0]}, finish "
             f"{fin[i] or '?'} after {len(out[i])} output tokens{other})"
         )
+        tail = "their work is missing, not compared"
     else:
-        verb = "is" if len(missing) == 1 else "are"
-        named = ", ".join(missing[:3]) + (", .." if len(missing) > 3 else "")
-        other_side = "theirs" if td.side == "ours" else "ours"
-        what = (
-            f"{counted(len(missing), 'request')} of the other side {verb} absent "
-            f"({other_side}' id{'s' if len(missing) > 1 else ''} {named})"
-        )
-        # an id both sides hold, unmatched on both: the request ran here with another prompt
-        al = s.al  # a diff's: ``missing`` is empty without one
-        assert al is not None
-        own = {req.req_id[int(i)] for i in (al.unmatched_a if s.side_a else al.unmatched_b)}
-        reprompted = [m for m in missing if m in own]
-        if reprompted:
-            what += (
-                f"; {td.side} has {'requests' if len(reprompted) > 1 else 'a request'} "
-                f"{', '.join(reprompted[:3])}{', ..' if len(reprompted) > 3 else ''} with "
-                f"another prompt"
-            )
+        what, tail = _absent(s, missing)
         where = {"request": missing[0]}  # the first absent request, by the other side's id
-    tail = (
-        "not compared, their prompts differ"
-        if not bad and len(reprompted) == len(missing)
-        else "their work is missing, not compared"
-    )
     return Finding(
         "requests_incomplete",
         "error",
@@ -134,6 +112,33 @@ def requests(s: SideInput) -> Finding | None:
             first=first,
         ),
     )
+
+
+def _absent(s: SideInput, missing: list[str]) -> tuple[str, str]:
+    """What a diff says of the other side's requests ``missing`` here (ids), and why they
+    are not compared: absent, or (an id both sides hold, unmatched on both) here with
+    another prompt."""
+    td, req = s.td, s.td.t.requests
+    verb = "is" if len(missing) == 1 else "are"
+    named = ", ".join(missing[:3]) + (", .." if len(missing) > 3 else "")
+    other_side = "theirs" if td.side == "ours" else "ours"
+    what = (
+        f"{counted(len(missing), 'request')} of the other side {verb} absent "
+        f"({other_side}' id{'s' if len(missing) > 1 else ''} {named})"
+    )
+    al = s.al  # a diff's: ``missing`` is empty without one
+    assert al is not None
+    own = {req.req_id[int(i)] for i in (al.unmatched_a if s.side_a else al.unmatched_b)}
+    reprompted = [m for m in missing if m in own]
+    if not reprompted:
+        return what, "their work is missing, not compared"
+    what += (
+        f"; {td.side} has {'requests' if len(reprompted) > 1 else 'a request'} "
+        f"{', '.join(reprompted[:3])}{', ..' if len(reprompted) > 3 else ''} with another prompt"
+    )
+    if len(reprompted) == len(missing):
+        return what, "not compared, their prompts differ"
+    return what, "their work is missing, not compared"
 
 
 def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) -> np.ndarray:
