@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from spectrace.tracer import export
 from spectrace.tracer.errors import InputError
-from spectrace.tracer.metrics import trace_summary
 from spectrace.tracer.store import Trace, TraceSpec, open_trace
 
 if TYPE_CHECKING:
@@ -75,8 +74,11 @@ class TraceTables:
         return self.requests_arrow().to_pandas()
 
     def info(self) -> dict:
-        """What ``spectrace info --format json`` prints (metadata, acceptance figures)."""
-        return trace_summary(self.trace)
+        """What ``spectrace info --format json`` prints (metadata, acceptance figures; blocks
+        with impossible values left out of them, named by ``impossible_values``)."""
+        from spectrace.tracer.findings.summary import explained_summary
+
+        return explained_summary(self.trace)
 
     def close(self) -> None:
         """Close the trace's HDF5 files."""

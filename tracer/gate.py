@@ -31,142 +31,12 @@ import numpy as np
 from .align import Alignment, align
 from .diff import diff_traces, nothing_compared
 from .diff_result import DiffResult, GateSummary
-from .errors import InputError
 from .findings.model import KINDS, Finding
 from .findings.pair import content_only
 from .fmt import pct
+from .selection import GateError, PositionSpec, Selection, in_selection, parse_positions
 from .store import Trace
 from .tokens import Decoder
-
-
-class GateError(InputError, ValueError):
-    """A bad selection or threshold (exit 2 on the CLI; a ValueError in the fixture).
-
-    Attributes:
-        field: the argument at fault (``min_agreement``, ``max_errors``, ``ignore``,
-            ``positions``).
-    """
-
-    def __init__(self, field: str, what: str) -> None:
-        super().__init__(f"{field}: {what}")
-        self.field = field
-        self.what = what
-
-
-#: Positions as given: a ``slice``/``range`` or a pair ``(A, B)`` (half-open ``A:B``; an end
-#: may be None: ``(A, None)`` = ``A:``, ``(None, B)`` = ``:B``), or other ints (a set).
-PositionSpec = slice | range | tuple[int | None, int | None] | Iterable[int] | None
-
-
-@dataclass(frozen=True)
-class Selection:
-    """What counts in a comparison.
-
-    Attributes:
-        requests: request ids (ours or theirs) whose pairs are compared; None: all.
-        positions: half-open ``slice`` of anchor positions (tokens), a frozenset of
-            positions, or None: all.
-    """
-
-    requests: frozenset[str] | None = None
-    positions: slice | frozenset[int] | None = None
-
-    @classmethod
-    def of(cls, requests: Iterable[str] | None = None, positions: PositionSpec = None):
-        """A validated selection (``requests``: ids; ``positions``: slice, range, (A, B) or ints).
-
-        Raises:
-            GateError: a non-integer position or a slice with a step.
-        """
-        reqs = None if requests is None else frozenset(str(r) for r in requests)
-        if reqs is not None and not reqs:
-            reqs = None  # an empty repeatable option means "all"
-        return cls(reqs, _positions(positions))
-
-    @property
-    def everything(self) -> bool:
-        """True when nothing is narrowed."""
-        return self.requests is None and self.positions is None
-
-    def position_mask(self, pos: np.ndarray) -> np.ndarray:
-        """bool [n]: which anchor positions (int [n]) lie in the selection."""
-        p = self.positions
-        if p is None:
-            return np.ones(len(pos), bool)
-        if isinstance(p, slice):
-            lo = -1 if p.start is None else p.start
-            hi = np.iinfo(np.int64).max if p.stop is None else p.stop
-            return (pos >= lo) & (pos < hi)
-        return np.isin(pos, np.fromiter(p, np.int64, len(p)))
-
-    def positions_text(self) -> str | None:
-        """The positions as ``A:B`` (a slice; ends may be empty) or ``3, 7`` (a set)."""
-        p = self.positions
-        if isinstance(p, slice):
-            lo, hi = ("" if x is None else str(x) for x in (p.start, p.stop))
-            return f"{lo}:{hi}"
-        return None if p is None else ", ".join(str(x) for x in sorted(p))
-
-
-def _positions(p: PositionSpec) -> slice | frozenset[int] | None:
-    if p is None:
-        return None
-    if isinstance(p, range) and p.step == 1:
-        return _checked_slice(p.start, p.stop, repr(p))
-    if isinstance(p, tuple) and len(p) == 2:  # (A, B) = A:B, as range(A, B); never {A, B}
-        return _checked_slice(p[0], p[1], repr(p))
-    if isinstance(p, slice):
-        if p.step not in (None, 1):
-            raise GateError("positions", f"a slice with step {p.step} is not supported")
-        for end in (p.start, p.stop):
-            if end is not None and (not isinstance(end, int) or isinstance(end, bool)):
-                raise GateError("positions", f"slice ends must be ints (got {end!r})")
-        return _checked_slice(p.start, p.stop, repr(p))
-    out = []
-    for x in p:
-        if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
-            raise GateError("positions", f"{x!r} is not an int")
-        out.append(int(x))
-    return frozenset(out)
-
-
-def _checked_slice(start: object, stop: object, given: str) -> slice:
-    """``slice(start, stop)`` of positions >= 0 with stop > start, as ``--positions``
-    requires (one rule for the CLI and the fixture).
-
-    Raises:
-        GateError: an end that is not an int >= 0 (None: open), or stop <= start (empty).
-    """
-    ends: list[int | None] = []
-    for end in (start, stop):
-        if end is not None and (isinstance(end, bool) or not isinstance(end, (int, np.integer))):
-            raise GateError("positions", f"ends must be ints or None (got {given})")
-        if end is not None and end < 0:
-            raise GateError(
-                "positions", f"expected A:B with positions >= 0, e.g. 5:20 or 40: (got {given})"
-            )
-        ends.append(None if end is None else int(end))
-    lo, hi = ends
-    if lo is not None and hi is not None and hi <= lo:
-        how = "before" if hi < lo else "not after"
-        raise GateError("positions", f"end {hi} is {how} start {lo} (got {given})")
-    return slice(lo, hi)
-
-
-def parse_positions(text: str) -> slice:
-    """``A:B`` (half-open, tokens; either end may be left out) as a slice.
-
-    Raises:
-        GateError: not ``A:B`` with non-negative ints, or B <= A.
-    """
-    lo, sep, hi = text.partition(":")
-    try:
-        ends = [None if not x.strip() else int(x) for x in (lo, hi)]
-    except ValueError:
-        ends = [-1, -1]
-    if not sep:
-        ends = [-1, -1]
-    return _checked_slice(ends[0], ends[1], repr(text))
 
 
 @dataclass(frozen=True)
@@ -341,18 +211,6 @@ def nothing_selected(full: Alignment, al: Alignment, sel: Selection) -> str | No
     return None
 
 
-def in_selection(f: Finding, sel: Selection, ids: frozenset[str] | None = None) -> bool:
-    """Whether finding ``f`` lies in ``sel``: its request is selected (``ids``: every id of
-    the selected pairs, both sides; default ``sel.requests``) and its position lies in the
-    positions. A finding without a request or position is never left out by that part."""
-    if sel.requests is not None and f.request is not None:
-        if f.request not in (sel.requests if ids is None else ids | sel.requests):
-            return False
-    if sel.positions is not None and f.position is not None:
-        return bool(sel.position_mask(np.array([f.position], np.int64))[0])
-    return True
-
-
 def counted_errors(findings: list[Finding], th: Thresholds) -> list[Finding]:
     """The error findings the gate counts (kinds in ``th.ignore`` left out)."""
     return [f for f in findings if f.severity == "error" and f.kind not in th.ignore]
@@ -465,10 +323,14 @@ def judge(
     )
 
 
+#: The selection that narrows nothing (gated_diff's default).
+_EVERYTHING = Selection()
+
+
 def gated_diff(
     a: Trace,
     b: Trace,
-    sel: Selection = Selection(),
+    sel: Selection = _EVERYTHING,
     th: Thresholds = Thresholds(),
     examples: int | None = 5,
     decoder: Decoder | None = None,
@@ -497,3 +359,17 @@ def gated_diff(
     if not (sel.everything and th.default):
         r.diverged, r.reasons, r.gate = not g.passed, list(g.problems), g
     return al, r, g
+
+
+#: The selection's names, re-exported: the gate's callers take them from here.
+__all__ = [
+    "GateError",
+    "PositionSpec",
+    "Selection",
+    "Thresholds",
+    "check_gate",
+    "counted_errors",
+    "gated_diff",
+    "in_selection",
+    "parse_positions",
+]

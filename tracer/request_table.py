@@ -13,7 +13,9 @@ from .align import Alignment
 from .compare import NO_DIVERGENCE
 from .diff import compare_alignment
 from .diff_result import DiffResult, RequestRow
-from .findings.model import tok
+from .findings import TraceData
+from .findings.model import Side, tok
+from .findings.values import impossible_rows
 from .index import checked_counts
 from .metrics import acceptance_counts
 from .rows import gather
@@ -21,11 +23,13 @@ from .store import Trace
 from .tokens import Decoder
 
 
-def _rates(t: Trace, pair_of_block: np.ndarray, comparable: np.ndarray, m: int) -> list:
-    """Recorded acceptance rate per request pair (m) of ``t``'s blocks on matched content."""
+def _rates(t: Trace, side: Side, pair_of_block: np.ndarray, comparable: np.ndarray, m: int) -> list:
+    """Recorded acceptance rate per request pair (m) of ``t``'s blocks on matched content;
+    blocks with impossible values are left out, as in the diff's acceptance figures."""
     checked = checked_counts(t)
     group = np.where(comparable & (pair_of_block >= 0), pair_of_block + 1, 0)
-    by_acc, ver = acceptance_counts(t.blocks.accepted, checked, group, m + 1)
+    accepted = np.where(impossible_rows(TraceData.build(t, side)), -1, t.blocks.accepted)
+    by_acc, ver = acceptance_counts(accepted, checked, group, m + 1)
     acc = (by_acc * np.arange(by_acc.shape[1])).sum(axis=1)
     return [float(acc[g] / ver[g]) if ver[g] else None for g in range(1, m + 1)]
 
@@ -50,8 +54,8 @@ def request_rows(al: Alignment, r: DiffResult, decoder: Decoder | None = None) -
     exact = np.bincount(pair, weights=pc.blocks.exact, minlength=m).astype(np.int64)
     div = np.flatnonzero(pc.blocks.divergent)
     first_div = dict(zip(*(x.tolist() for x in np.unique(pair[div], return_index=True))))
-    rates_a = _rates(al.a, al.pair_of_block_a, al.comparable_a, m)
-    rates_b = _rates(al.b, al.pair_of_block_b, al.comparable_b, m)
+    rates_a = _rates(al.a, "ours", al.pair_of_block_a, al.comparable_a, m)
+    rates_b = _rates(al.b, "theirs", al.pair_of_block_b, al.comparable_b, m)
     errors = [f for f in r.findings if f.severity == "error" and f.request is not None]
     # The proposals of each pair's first divergent block only (a few rows, not [P, w]).
     xs = np.array([div[first_div[p]] for p in range(m) if p in first_div], np.int64)

@@ -284,7 +284,7 @@ def _print_sides(con: Console, r: DiffResult) -> None:
         con.print(
             escape(
                 f"{label} {', '.join(side.files)}  ({engine or 'engine unknown'}, "
-                f"{side.method or 'method unknown'}, k={side.k or '?'}, "
+                f"{side.method or 'method unknown'}, k={'?' if side.k is None else side.k}, "
                 f"{side.blocks} blocks)"
             )
         )
