@@ -11,12 +11,16 @@ trace (``traces/README.md``): its request 0 (prompt 10 + output 64 tokens) draft
 3. ``spectrace.open(...).info()`` and ``diff --by-request`` counted blocks with impossible
    values (an acceptance rate of 5468%), which ``info`` leaves out.
 4. The fixture's ``positions=12`` raised a bare TypeError; ``positions=[]`` printed a blank.
+5. ``capture --strict`` refused a healthy run whose request never drafted (an n-gram request
+   without a match, a request done at its first token) as "not in the log", although its
+   ``[spec-update]`` lines name it.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import h5py
@@ -138,3 +142,30 @@ def test_clean_twin_positions_given_as_ints_or_none():
     assert Selection.of(positions=[7, 3]).positions_text() == "3, 7"
     assert Selection.of(positions=[]).positions_text() == "(none)"
     assert Selection.of(positions=(40, None)).positions_text() == "40:"
+
+
+# -- 5. --strict and requests that never drafted ---------------------------------------------
+
+
+def test_strict_capture_takes_a_request_that_never_drafted(tmp_path):
+    """An n-gram run (k 3, 5 tokens) whose request 3 never matches: its [spec-update] lines
+    name it with drafts=0 and no [SPECTRACE] line does; --strict refused it as "not in the
+    log"."""
+    out, reqs, log = tmp_path / "ng.h5", tmp_path / "ng.req.jsonl", tmp_path / "ng.log"
+    engine = [sys.executable, "-m", "spectrace.engine", "--method", "ngram", "--k", "3"]
+    engine += ["--max-tokens", "5", "--requests-out", str(reqs)]
+    args = ["--requests", reqs, "--log", log, "--meta", "method=ngram", "--strict"]
+    r = run_inproc("capture", "-o", out, *args, "--", *engine)
+    assert r.returncode == 0, r.stderr
+    text = log.read_text()
+    assert "[spec-update] req=3 " in text and "[SPECTRACE] req=3 " not in text
+    with h5py.File(out, "r") as f:
+        check = json.loads(f["meta"][()])["import"]["requests_check"]
+    assert (check["unmatched"], check["log_requests"], check["file_requests"]) == (0, 5, 5)
+    # twin: a request no line names is still not in the log
+    extra = {"req_id": "99", "prompt_ids": [5, 6], "output_ids": [7, 8]}
+    more = tmp_path / "more.jsonl"
+    more.write_text(reqs.read_text() + json.dumps(extra) + "\n")
+    r = run_inproc("import", "vt", log, "-o", tmp_path / "x.h5", "--requests", more, "--strict")
+    assert r.returncode == 2
+    assert "1 of its 6 requests are not in the log (first: req=99)" in r.stderr

@@ -67,8 +67,7 @@ class VtTraceParser:
         source_name: str = "<log>",
         trace_level: int | None = None,
     ) -> None:
-        self.writer = writer
-        self.strict = strict
+        self.writer, self.strict = writer, strict
         self.stats = ImportStats(source=source_name)
         self.trace_level = trace_level
         self.late_patches: list[tuple[int, int]] = []  # (row, anchor) fixed after writing
@@ -192,7 +191,8 @@ class VtTraceParser:
             self._proposal = None
         if self._requests is not None:
             reached = {r: c.pos for r, c in self._chains.items()}
-            reached |= {r: 0 for r in sorted(self._reqs - reached.keys())}
+            named = self._reqs | self._done.keys()  # drafted, or named by [spec-update]
+            reached |= {r: 0 for r in sorted(named - reached.keys())}
             lengths = {r: len(rec.full) for r, rec in self._requests.items()}
             check = check_requests(self._requests_source, self.stats.source, reached, lengths)
             self.stats.requests_check = check
