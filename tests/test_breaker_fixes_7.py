@@ -155,7 +155,7 @@ def test_blocks_verified_twice_are_impossible_values(tmp_path):
 def test_one_position_in_two_requests_is_no_repeat(tmp_path):
     """Twin: the bundled trace has blocks of requests 0 and 3 both at position 10 (and of
     2 and 4 at 12), and each request's final proposal is unverified: valid, exit 0."""
-    with h5py.File(VLLM) as f:
+    with h5py.File(VLLM, "r", locking=False) as f:  # as spectrace opens it
         req, pos = f["blocks/request"][:], f["blocks/position"][:]
     assert set(req[pos == 10].tolist()) >= {0, 3}
     assert run_inproc("validate", VLLM).returncode == 0
