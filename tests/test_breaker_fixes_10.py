@@ -25,6 +25,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from bundled import edited_copy
 from inproc import run_inproc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,21 +35,7 @@ REFERENCE, VLLM = ROOT / "traces" / "reference.h5", ROOT / "traces" / "vllm.h5"
 def _copy(dst: Path, keep=None, meta: dict | None = None, drop_meta: tuple[str, ...] = ()) -> Path:
     """A copy of the bundled vLLM trace keeping the /blocks rows ``keep`` selects (bool
     [144]; all when None), /meta items replaced by ``meta`` and ``drop_meta`` removed."""
-    shutil.copyfile(VLLM, dst)
-    with h5py.File(dst, "r+") as f:
-        m = json.loads(f["meta"][()])
-        m.update(meta or {})
-        for key in drop_meta:
-            m.pop(key, None)
-        del f["meta"]
-        f["meta"] = json.dumps(m)
-        if keep is not None:
-            g = f["blocks"]
-            for name in list(g):
-                a = g[name][:][keep]
-                del g[name]
-                g.create_dataset(name, data=a, maxshape=(None, *a.shape[1:]), chunks=True)
-    return dst
+    return edited_copy(VLLM, dst, keep, meta, drop_meta)
 
 
 def _column(name: str) -> np.ndarray:

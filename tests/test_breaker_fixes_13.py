@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
+from bundled import edited_copy
 from inproc import run_inproc
+from replay_fake import replay_fake
 
 import spectrace
 from spectrace.tracer.errors import InputError
@@ -46,22 +47,9 @@ LOG, REQUESTS = TRACES / "reference.vt.log", TRACES / "reference.requests.jsonl"
 def _vllm_copy(dst: Path, drop_rows=(), meta: dict | None = None, no_checks=True) -> Path:
     """The bundled vLLM trace without block rows ``drop_rows``; /meta items replaced by
     ``meta``; its ``checks`` removed (so that the recorder's block count does not speak)."""
-    shutil.copyfile(VLLM, dst)
-    with h5py.File(dst, "r+") as f:
-        m = json.loads(f["meta"][()])
-        m.update(meta or {})
-        if no_checks:
-            m.pop("checks", None)
-        del f["meta"]
-        f["meta"] = json.dumps(m)
-        keep = np.ones(f["blocks/request"].shape[0], bool)
-        keep[list(drop_rows)] = False
-        g = f["blocks"]
-        for name in list(g):
-            a = g[name][:][keep]
-            del g[name]
-            g.create_dataset(name, data=a, maxshape=(None, *a.shape[1:]), chunks=True)
-    return dst
+    keep = np.ones(144, bool)  # traces/README.md: 144 blocks
+    keep[list(drop_rows)] = False
+    return edited_copy(VLLM, dst, keep, meta, ("checks",) if no_checks else ())
 
 
 def _capture_message(*args) -> tuple[int, str | None]:
@@ -269,14 +257,7 @@ with open(requests, "w") as out:
 
 def _replay_fake(tmp_path: Path, *unrecorded: str):
     """Replay a 3-token prompt + 4-token output: 3 positions (3, 4, 5: sites 0, 1, 2)."""
-    engine = tmp_path / "engine.py"
-    engine.write_text(_FAKE_ENGINE)
-    ref = tmp_path / "ref.jsonl"
-    ref.write_text('{"req_id": "a", "prompt_ids": [1, 2, 3], "output_ids": [4, 5, 6, 7]}\n')
-    out = tmp_path / "replay.h5"
-    cmd = " ".join([sys.executable, str(engine), "{prompts}", "{requests}", *unrecorded])
-    r = run_inproc("replay", ref, "-o", out, "--engine", "cmd", "--k", "2", "--command", cmd)
-    return r, out
+    return replay_fake(tmp_path, _FAKE_ENGINE, *unrecorded)
 
 
 def test_an_engine_that_loses_a_requests_record_failed(tmp_path):

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from inproc import run_inproc
+from replay_fake import replay_fake
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "traces"
@@ -177,14 +178,7 @@ with open(requests, "w") as out:
 
 def _replay_fake(tmp_path: Path, mode: str):
     """Replay a 3-token prompt + 4-token output: 3 positions (3, 4, 5: sites 0, 1, 2)."""
-    engine = tmp_path / "engine.py"
-    engine.write_text(_FAKE_ENGINE)
-    ref = tmp_path / "ref.jsonl"
-    ref.write_text('{"req_id": "a", "prompt_ids": [1, 2, 3], "output_ids": [4, 5, 6, 7]}\n')
-    out = tmp_path / "replay.h5"
-    cmd = " ".join([sys.executable, str(engine), "{prompts}", "{requests}", mode])
-    r = run_inproc("replay", ref, "-o", out, "--engine", "cmd", "--k", "2", "--command", cmd)
-    return r, out
+    return replay_fake(tmp_path, _FAKE_ENGINE, mode)
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from bundled import keep_block_rows
 from inproc import run_inproc
 
 import spectrace
@@ -44,11 +45,7 @@ def _stopped_at_36(dst: Path) -> Path:
         f["requests/output_ids"][0] = f["requests/output_ids"][0][:26]
         f["requests/finish_reason"][0] = "abort"
         g = f["blocks"]
-        keep = ~((g["request"][:] == 0) & (g["position"][:] >= 35))
-        for name in list(g):
-            a = g[name][:][keep]
-            del g[name]
-            g.create_dataset(name, data=a, maxshape=(None, *a.shape[1:]), chunks=True)
+        keep_block_rows(f, ~((g["request"][:] == 0) & (g["position"][:] >= 35)))
     return dst
 
 

@@ -88,6 +88,13 @@ class Problems:
         """One line per class: ``N CLASS (first at FILE:LINE: what)``."""
         return [f"{p.count} {c} (first at {p.where}: {p.what})" for c, p in self.classes.items()]
 
+    def first_of(self, classes: tuple[str, ...]) -> str | None:
+        """``FILE:LINE: what`` of the problem of ``classes`` on the earliest line (each
+        class keeps its first), or None when none of them occurred."""
+        hits = [p for c, p in self.classes.items() if c in classes]
+        first = min(hits, key=lambda p: int(p.where.rsplit(":", 1)[1]), default=None)
+        return f"{first.where}: {first.what}" if first else None
+
     def to_meta(self) -> dict:
         """``{class: {"count", "first", "what"}}``, JSON-ready (in ``meta["import"]``)."""
         return {

@@ -104,13 +104,8 @@ class GoldenStats:
         stop trimmed. ``{"count", "first": "FILE:LINE: what"}``."""
         if self.check is not None and self.check.get("golden") is not None:
             return {"count": 0, "first": None}
-        classes = self.problems.classes if self.problems else {}
-        hits = [p for c, p in classes.items() if c in _DAMAGE]
-        first = min(hits, key=lambda p: int(p.where.rsplit(":", 1)[1]), default=None)
-        return {
-            "count": sum(self.unplaced[r] for r in (*_DAMAGE, "after_walk_end")),
-            "first": f"{first.where}: {first.what}" if first else None,
-        }
+        count = sum(self.unplaced[r] for r in (*_DAMAGE, "after_walk_end"))
+        return {"count": count, "first": self.problems.first_of(_DAMAGE) if self.problems else None}
 
 
 def import_golden(

@@ -114,13 +114,10 @@ class DumpStats:
         """The dump's steps the trace lacks (``meta["import"]["lost"]``, which the
         ``capture_incomplete`` finding reads): lines that are no step (:data:`LOST_STEPS`)
         and steps that could not be placed. ``{"count", "first": "FILE:LINE: what"}``."""
-        classes = self.problems.classes if self.problems else {}
-        hits = [p for c, p in classes.items() if c in LOST_STEPS]
-        first = min(hits, key=lambda p: int(p.where.rsplit(":", 1)[1]), default=None)
-        return {
-            "count": sum(p.count for p in hits),
-            "first": f"{first.where}: {first.what}" if first else None,
-        }
+        if self.problems is None:
+            return {"count": 0, "first": None}
+        hits = [p for c, p in self.problems.classes.items() if c in LOST_STEPS]
+        return {"count": sum(p.count for p in hits), "first": self.problems.first_of(LOST_STEPS)}
 
 
 def import_dump(

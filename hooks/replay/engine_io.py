@@ -112,14 +112,12 @@ def _answers_what_was_asked(
     for s in sites:
         r = index.get(s.ident)
         got = rq.prompt_ids[r] if r is not None else ()
-        if len(got) and tuple(int(x) for x in got) != refs[s.request].sequence[: s.position]:
+        if len(got) and not np.array_equal(got, refs[s.request].sequence[: s.position]):
+            sizes = f" ({len(got)} tokens, not {s.position})" if len(got) != s.position else ""
             raise EngineFailed(
                 f"engine's requests record for site {s.ident} (request "
                 f"{refs[s.request].req_id} position {s.position}) holds another prompt than "
-                f"the prefix it was given ({len(got)} tokens, not {s.position})"
-                if len(got) != s.position
-                else f"engine's requests record for site {s.ident} holds another prompt than "
-                f"the prefix it was given"
+                f"the prefix it was given{sizes}"
             )
 
 

@@ -241,12 +241,10 @@ def _undrafted(td: TraceData, ev: CaptureEvidence) -> None:
     """Requests with 2 or more output tokens and no block: the first output token comes
     from the prefill, the second from a step verifying drafts made from the first."""
     t = td.t
-    # td.length: prompt + output tokens, 0 where the output is unknown (no row reads)
-    prompt = np.fromiter(map(len, t.requests.prompt_ids), np.int64, len(td.length))
     served = np.bincount(t.blocks.request[t.blocks.request >= 0], minlength=len(td.length))
-    none = np.flatnonzero(
-        (td.length > 0) & (td.length - prompt >= 2) & (served[: len(td.length)] == 0)
-    )
+    # td.length: prompt + output tokens, 0 where the output is unknown
+    emitted = td.length - td.prompt_lengths
+    none = np.flatnonzero((td.length > 0) & (emitted >= 2) & (served[: len(td.length)] == 0))
     ev["undrafted_requests"] = len(none)
     if len(none):
         ev["first_undrafted"] = t.requests.req_id[int(none[0])]

@@ -142,6 +142,12 @@ class TraceData:
         return np.concatenate(gaps), np.concatenate(exp)
 
     @functools.cached_property
+    def prompt_lengths(self) -> np.ndarray:
+        """int64 [requests]: each request's prompt length (tokens; 0 unknown)."""
+        prompts = self.t.requests.prompt_ids
+        return np.fromiter(map(len, prompts), np.int64, len(prompts))
+
+    @functools.cached_property
     def tail_gaps(self) -> tuple[np.ndarray, np.ndarray]:
         """Requests whose output goes on past their last block: the last block's anchor
         position + accepted + 1 (the recomputed count where a verified block's is unknown;

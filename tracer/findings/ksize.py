@@ -55,8 +55,10 @@ def drafter_name(meta: dict) -> str:
     return f"{method} drafter" if isinstance(method, str) and method else "drafter"
 
 
-def _meta_k(meta: dict) -> int | None:
-    """The configured k in /meta (an int >= 1), or None."""
+def meta_k(meta: dict) -> int | None:
+    """The configured k in /meta (vLLM's ``speculative_config.num_speculative_tokens``, as
+    the vLLM hook and the importers record it): an int >= 1 (drafts per block), or None
+    when unknown, 0 or not an integer."""
     k = meta.get("k")
     return k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else None
 
@@ -115,7 +117,7 @@ def k_pairs(pd: PairData) -> Finding | None:
     first = int(np.flatnonzero(bad)[0])
     typical = _typical(pd.ka[bad] - pd.kb[bad])
     ka, kb = int(pd.ka[first]), int(pd.kb[first])
-    why = k_reason(ka, kb, _meta_k(pd.al.a.meta), _meta_k(pd.al.b.meta))
+    why = k_reason(ka, kb, meta_k(pd.al.a.meta), meta_k(pd.al.b.meta))
     return Finding(
         "k_mismatch",
         "error",
@@ -143,7 +145,7 @@ def k_configured(s: SideInput) -> Finding | None:
     located at the first. In a diff whose paired blocks differ in k, :func:`k_pairs` names it
     between the runs instead."""
     td = s.td
-    cfg_k, k = _meta_k(td.t.meta), td.t.blocks.k
+    cfg_k, k = meta_k(td.t.meta), td.t.blocks.k
     if cfg_k is None or not drafts_every_step(td.t.meta) or not len(k):
         return None
     bad = (k >= 0) & (k != cfg_k)

@@ -23,7 +23,7 @@ from ..rows import row as read_row
 from ..store import Blocks
 from .data import SideInput, TraceData
 from .evidence import ImpossibleEvidence, TrimmedEvidence
-from .ksize import _meta_k
+from .ksize import meta_k
 from .model import Finding
 from .sweep import Sweep, sweep
 from .thresholds import MIN_BLOCKS
@@ -137,16 +137,10 @@ def _prompt_floor(td: TraceData, c: slice) -> np.ndarray:
     every engine and importer anchors a request's first block on its first output token,
     at ``len(prompt)``); -1 where the prompt is unknown (empty) or the request out of range.
     Mirrors :mod:`spectrace.tracer.validate` (``_position_problems``)."""
-    floor = memo(td.t, "prompt_floor", lambda: _prompt_lengths(td) - 1)
+    floor = memo(td.t, "prompt_floor", lambda: td.prompt_lengths - 1)
     req = td.t.blocks.request[c]
     ok = (req >= 0) & (req < len(floor))
     return np.where(ok, floor[np.where(ok, req, 0)], -1)
-
-
-def _prompt_lengths(td: TraceData) -> np.ndarray:
-    """int64 [requests] prompt length per request (tokens; 0 unknown)."""
-    prompts = td.t.requests.prompt_ids
-    return np.fromiter(map(len, prompts), np.int64, len(prompts))
 
 
 def verified_again(
@@ -234,7 +228,7 @@ def _rule_hits(td: TraceData) -> _Hits:
     """Every rule over the blocks, chunk by chunk (the rules' temporaries stay small)."""
     b, sw = td.t.blocks, sweep(td.t)
     again = verified_again(b.request, b.position, b.num_verified, b.accepted, td.order)
-    kcfg = _meta_k(td.t.meta) or np.iinfo(np.int16).max  # k is int16
+    kcfg = meta_k(td.t.meta) or np.iinfo(np.int16).max  # k is int16
     bad = np.zeros(len(b), bool)
     counts: dict[str, int] = {}
     firsts: dict[str, int] = {}
