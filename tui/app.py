@@ -5,7 +5,9 @@ immediate), owns the :class:`~spectrace.tui.model.ViewModel`, and runs the
 background work in thread workers: the model's loading stages and the whole-trace analysis
 (in a thread for small traces, in a child process for big ones so its peak memory stays
 out of the viewer). With ``follow`` it polls the files and re-opens them when they grow,
-keeping the place in view.
+keeping the place in view. Bad input met while viewing (a damaged chunk, a request index
+past its table) ends the app with that error, one line, not a traceback
+(:attr:`SpectraceApp.failure`, raised again by the CLI after the app exited).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from textual.app import App
-from textual.worker import get_current_worker
+from textual.worker import WorkerFailed, get_current_worker
 
+from spectrace.tracer.errors import InputError, SpectraceError
 from spectrace.tracer.store import Trace, TraceWarning, final_path, open_trace
 from spectrace.tracer.tokens import Decoder, decoder_for
 
@@ -70,6 +73,8 @@ class SpectraceApp(App[None]):
         #: Follow mode: why reloads or loads failed (after the reader's own retries).
         self.follow_errors: list[str] = []
         self.first_paint: float | None = None
+        #: The spectrace error (bad input) that ended the app, if one did.
+        self.failure: SpectraceError | None = None
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -78,8 +83,11 @@ class SpectraceApp(App[None]):
         # the overview shows its status instead of a warning line over the screen.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", TraceWarning)
-            a = open_trace(self.spec_a, lazy_requests=True)
-            b = open_trace(self.spec_b, lazy_requests=True) if self.spec_b else None
+            # The request-index scan waits for the load worker's read of the column (the
+            # same check, the same error): the first paint does not wait for both columns.
+            kw = {"lazy_requests": True, "scan_requests": False}
+            a = open_trace(self.spec_a, **kw)
+            b = open_trace(self.spec_b, **kw) if self.spec_b else None
         return ViewModel(a, b, generation=self.generation)
 
     def _paths(self) -> list[Path]:
@@ -100,11 +108,27 @@ class SpectraceApp(App[None]):
 
     # -- lifecycle -----------------------------------------------------------------------------
 
+    def _handle_exception(self, error: Exception) -> None:
+        """Textual's handler of an exception no handler or worker caught: a spectrace error
+        (bad input: a damaged chunk, a bad index) ends the app quietly, kept in
+        :attr:`failure` for the CLI to report as it reports every spectrace error (bad
+        input: exit 2); any other is Textual's traceback (a bug)."""
+        err = error.error if isinstance(error, WorkerFailed) else error
+        if self.failure is not None:  # the app is ending: later errors are its consequence
+            return None
+        if not isinstance(err, SpectraceError):
+            return super()._handle_exception(error)
+        self.failure = err
+        self.exit(return_code=2 if isinstance(err, InputError) else 3)
+        return None
+
     def on_mount(self) -> None:
         self.main = MainScreen(self.model, self.start_tab)
         self.push_screen(self.main)
         self.call_after_refresh(self._painted)
-        self._start(self.model)
+        # Loading starts after the first paint: its reads hold the GIL (h5py), which the
+        # paint would otherwise wait for.
+        self.call_after_refresh(lambda: self._start(self.model))
         if self.follow:
             self.main.live = self._live_badge(self.model)
             self.set_interval(self.follow_interval, self._poll)

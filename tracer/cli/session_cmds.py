@@ -89,5 +89,7 @@ def view(
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise InputError("view needs a terminal (stdin and stdout must be a TTY)")
     app.run()
+    if app.failure is not None:  # bad input met while viewing: the CLI's one line, exit 2
+        raise app.failure
     if app.return_code:
         sys.exit(app.return_code)

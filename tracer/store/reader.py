@@ -57,9 +57,10 @@ class Trace:
         warnings: one-line warnings raised while opening (also issued as TraceWarning).
     """
 
-    def __init__(self, paths: list[Path], *, lazy_requests: bool = False) -> None:
-        self.paths = paths
-        self._lazy_requests = lazy_requests
+    def __init__(
+        self, paths: list[Path], *, lazy_requests: bool = False, scan_requests: bool = True
+    ) -> None:
+        self.paths, self._lazy_requests, self._scan = paths, lazy_requests, scan_requests
         self._requests: Requests | None = None
         self._requests_lock = threading.Lock()
         self._unknown: dict[int, int] = {}
@@ -147,7 +148,7 @@ class Trace:
         if complete and not problems:
             problems = length_problems(str(path), f)
         n = self._flushed_rows(f)
-        if complete and not problems:  # one int column: a bad index fails here, not mid-view
+        if complete and not problems and self._scan:  # a bad index fails here, not later
             nreq = f["requests"]["req_id"].shape[0]
             req = f["blocks"]["request"]  # a damaged chunk: PartError (_open_checked says so)
             problems = _part(path, scanned_request_index_problems, str(path), req, n, nreq)
@@ -190,11 +191,7 @@ class Trace:
         the chunk index the writer has flushed since. The row counts stay those read at open
         (rows below them never change). A file that cannot be opened right now keeps its
         closed handle: the next read fails and is retried."""
-        if not self._files:
-            return
-        for i, complete in enumerate(self._complete):
-            if complete:
-                continue
+        for i in [i for i, complete in enumerate(self._complete) if not complete]:
             path = self.paths[i]
             if not path.exists() and final_path(path).exists():  # the writer closed it
                 path = final_path(path)
@@ -233,9 +230,8 @@ class Trace:
         try:
             return self._retrying(self._read_requests_unchecked)
         except (KeyError, OSError, RuntimeError) as exc:
-            raise TraceFormatError(
-                f"{self.name}: damaged /requests table ({short_reason(exc)})"
-            ) from None
+            why = short_reason(exc)
+            raise TraceFormatError(f"{self.name}: damaged /requests table ({why})") from None
 
     def _read_requests_unchecked(self) -> Requests:
         r = Requests()
@@ -452,19 +448,24 @@ class Trace:
         return f"{self.paths[0].name}{extra}" if self.paths else "?"
 
 
-def open_trace(spec: TraceSpec, *, lazy_requests: bool = False) -> Trace:
+def open_trace(
+    spec: TraceSpec, *, lazy_requests: bool = False, scan_requests: bool = True
+) -> Trace:
     """Open a trace for reading (see :func:`resolve_paths` for the accepted specs).
 
     Args:
         lazy_requests: read /requests on first use and output ids row by row on demand
             (for viewers of very large traces; see :class:`RaggedColumn`).
+        scan_requests: scan each complete file's ``blocks/request`` column for indexes
+            past its /requests table on open (False: when the column loads, for a viewer
+            whose first paint should not wait for a whole-column read).
     Returns:
         A :class:`Trace`; its columns are read lazily.
     Raises:
         InputError: missing file; TraceFormatError: not a spectrace trace or an unknown
         major version. Each message is one line naming the file.
     """
-    return Trace(resolve_paths(spec), lazy_requests=lazy_requests)
+    return Trace(resolve_paths(spec), lazy_requests=lazy_requests, scan_requests=scan_requests)
 
 
 class PartError(OSError):
@@ -485,10 +486,9 @@ def _part(path: Path, read: Callable[..., _T], *args) -> _T:
 
 
 def _filled(c: schema.Column, n: int, width: int | None) -> np.ndarray:
-    """``n`` rows of column ``c``'s fill value (``width`` columns, or 1-D when None): a
-    column that an older file lacks reads as its fill."""
-    shape = (n,) if width is None else (n, width)
-    return np.full(shape, c.fill, c.np_dtype)
+    """``n`` rows of column ``c``'s fill (``width`` columns, 1-D when None): a column an
+    older file lacks reads as its fill."""
+    return np.full((n,) if width is None else (n, width), c.fill, c.np_dtype)
 
 
 def _attr(f: h5py.File, name: str) -> str | None:
