@@ -407,3 +407,13 @@ def test_default_gate_is_the_diff_verdict(tmp_path, pair):
         assert g.passed == (not r.diverged) and r.gate is None, (a, b)
     _, r, g = gated_diff(open_trace(theirs), open_trace(odd))
     assert r.diverged and (g.paired_blocks, g.agreeing_blocks) == (10, 9)
+
+
+@pytest.mark.parametrize("given", ["-0", "0"])
+def test_min_agreement_minus_zero_is_zero(capsys, pair, given):
+    """-0 is 0 (it printed as -0.0%): 5 of 7 paired blocks agree (see the module docstring),
+    so only the error findings fail the gate."""
+    _, out, _ = run_cli(capsys, "diff", *pair, "--min-agreement", given)
+    assert "(71.4%) >= 0.0%," in out and "-0.0%" not in out
+    _, out, _ = run_cli(capsys, "diff", *pair, "--format", "json", "--min-agreement", given)
+    assert repr(json.loads(out)["gate"]["min_agreement"]) == "0.0"

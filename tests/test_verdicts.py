@@ -511,6 +511,19 @@ def test_spec_against_vanilla_with_identical_text_passes(tmp_path, clean):
     assert doc["findings"][0]["evidence"]["without_drafts"] == ["ours"]
 
 
+def test_two_vanilla_runs_say_neither_side_drafted(tmp_path):
+    a = write_trace(tmp_path / "a.h5", complete(), [], {"exit_status": 0, "k": 0})
+    b = write_trace(tmp_path / "b.h5", complete(), [], {"exit_status": 0, "k": 0})
+    rc, doc = diff_json(a, b)
+    assert_clean(rc, doc)
+    f = doc["findings"][0]
+    assert (f["kind"], f["side"]) == ("content_only", "both")
+    text = run("diff", str(a), str(b))
+    assert text.returncode == 0
+    assert "no divergence in content (no drafts on either side: no draft comparison)" in text.stdout
+    assert "on one side" not in text.stdout
+
+
 def test_spec_against_vanilla_with_other_text_diverges(tmp_path, clean):
     """c's output token 4 (position 3 + 4 = 7) differs on the vanilla side."""
     out = list(OUTPUTS["c"])

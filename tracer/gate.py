@@ -64,6 +64,8 @@ class Thresholds:
         bad = isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m <= 1
         if m is not None and bad:
             raise GateError("min_agreement", f"{m!r} is outside [0, 1]")
+        if m is not None:  # -0.0 is 0.0 (it printed as -0.0%)
+            object.__setattr__(self, "min_agreement", m + 0.0)
         e = self.max_errors
         if isinstance(e, bool) or not isinstance(e, int) or e < 0:
             raise GateError("max_errors", f"{e!r} is not an int >= 0")

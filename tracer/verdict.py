@@ -26,26 +26,35 @@ class Verdict:
 
 
 def verdict(
-    diverged: bool, reasons: list[str], content_only: bool = False, ignored: Sequence[str] = ()
+    diverged: bool, reasons: list[str], no_drafts: str | None = None, ignored: Sequence[str] = ()
 ) -> Verdict:
-    """The verdict sentence of a diff (``DiffResult.diverged``, ``.reasons``, and whether a
-    ``content_only`` finding says one side has no drafts: a vanilla baseline).
+    """The verdict sentence of a diff (``DiffResult.diverged``, ``.reasons``, and
+    ``no_drafts``: the side of its ``content_only`` finding, a vanilla baseline, from
+    :func:`vanilla_side`).
 
     ``DIVERGED: reason; reason``, ``no divergence on comparable blocks``, or for a vanilla
-    baseline ``no divergence in content (no drafts on one side: no draft comparison)``.
+    baseline ``no divergence in content (no drafts on one side: no draft comparison)``
+    (``on either side`` when neither drafted).
     ``ignored``: the kinds of the error findings a gate left out (``--ignore``), one entry
     per finding; a passing verdict says them, so that ignored missing work is never silent.
     """
     if diverged:
         return Verdict(True, "DIVERGED", ": " + "; ".join(reasons))
     note = ignored_note(ignored)
-    if content_only:
+    if no_drafts is not None:
+        where = "either side" if no_drafts == "both" else "one side"
         return Verdict(
             False,
             "no divergence",
-            " in content (no drafts on one side: no draft comparison)" + note,
+            f" in content (no drafts on {where}: no draft comparison)" + note,
         )
     return Verdict(False, "no divergence", " on comparable blocks" + note)
+
+
+def vanilla_side(findings: Iterable[Finding]) -> str | None:
+    """The side of the ``content_only`` finding (``ours``, ``theirs`` or ``both``: the side
+    without drafts), or None when there is none."""
+    return next((f.side for f in findings if f.kind == "content_only"), None)
 
 
 def ignored_note(ignored: Sequence[str]) -> str:

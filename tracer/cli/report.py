@@ -24,7 +24,7 @@ from ..diff_result import (
 from ..fmt import SEVERITY_STYLE, num, pct
 from ..metrics import CONVENTIONS
 from ..schema import SOURCE_REPLAY, capture_end
-from ..verdict import ignored_errors, ignored_note, verdict
+from ..verdict import ignored_errors, ignored_note, vanilla_side, verdict
 
 #: Content divergences listed one per line in the text report (JSON lists all).
 CONTENT_LINES = 10
@@ -298,7 +298,7 @@ def _print_sides(con: Console, r: DiffResult) -> None:
         )
         return
     ignored = ignored_errors(r.findings, g.ignore if g is not None else ())
-    v = verdict(r.diverged, r.reasons, any(f.kind == "content_only" for f in r.findings), ignored)
+    v = verdict(r.diverged, r.reasons, vanilla_side(r.findings), ignored)
     style = "bold red" if v.diverged else "bold green"
     con.print(f"[{style}]{v.word}[/{style}]{escape(v.detail)}")
 

@@ -21,7 +21,7 @@ from spectrace.tracer.diff_result import CountedAcceptance
 from spectrace.tracer.findings import Finding
 from spectrace.tracer.fmt import SEVERITY_STYLE, pct
 from spectrace.tracer.metrics import CONVENTIONS, Acceptance
-from spectrace.tracer.verdict import verdict
+from spectrace.tracer.verdict import vanilla_side, verdict
 
 from ..messages import FindingChosen
 from ..model import Analysis, ViewModel
@@ -110,8 +110,7 @@ def verdict_text(an: Analysis | None, model: ViewModel, error: str | None = None
             error or "Analysing the traces… (the block view works meanwhile: press 2)", style="dim"
         )
     elif an.diff is not None:
-        only = any(f.kind == "content_only" for f in an.diff.findings)
-        v = verdict(an.diff.diverged, an.diff.reasons, only)
+        v = verdict(an.diff.diverged, an.diff.reasons, vanilla_side(an.diff.findings))
         t.append(v.word.upper(), style="bold red" if v.diverged else "bold green")
         t.append(v.detail + "\n")
         q = an.diff.requests
