@@ -43,7 +43,7 @@ def _load(opts: EngineOptions):
     """(target LoadedModel, drafter, draft path or None) for ``opts`` (faults enabled)."""
     from . import faults
     from .drafters import DraftModelDrafter, NgramDrafter
-    from .loader import bundled_model_dir, configure_torch, load_model
+    from .loader import bundled_model_dir, configure_torch
 
     if opts.method not in ("draft_model", "ngram"):
         raise InputError(f"--engine reference: --method {opts.method} cannot be replayed")
@@ -53,11 +53,26 @@ def _load(opts: EngineOptions):
     except ValueError as exc:
         raise InputError(f"--fault: {exc}") from None
     configure_torch(1)
-    target = load_model(opts.target or bundled_model_dir("target"))
+    target = _model("--target", opts.target or bundled_model_dir("target"))
     if opts.method == "ngram":
         return target, NgramDrafter(opts.k, max_model_len=target.max_model_len), None
     draft_dir = opts.draft or bundled_model_dir("draft")
-    return target, DraftModelDrafter(load_model(draft_dir), opts.k), draft_dir
+    return target, DraftModelDrafter(_model("--draft", draft_dir), opts.k), draft_dir
+
+
+def _model(option: str, path):
+    """:func:`~spectrace.engine.loader.load_model` of a user's folder; a folder transformers
+    cannot load as a causal LM (no or a foreign ``config.json``, missing weights) is bad
+    input (InputError naming the option and folder), not an engine failure."""
+    from .loader import load_model
+
+    try:
+        return load_model(path)
+    except (OSError, ValueError, KeyError) as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(
+            f"{option} {path}: not a model folder transformers can load ({why})"
+        ) from None
 
 
 def _check_vocab(ref: Reference, vocab_size: int) -> None:

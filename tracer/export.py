@@ -87,12 +87,16 @@ def run_name(trace: Trace) -> str:
 
 
 def file_ranks(trace: Trace) -> list[int]:
-    """Per file of ``trace``, its rank: /meta ``dp_rank`` when every file has a distinct
-    one, else the file's index."""
-    ranks = [m.get("dp_rank") for m in trace.metas]
-    if all(isinstance(r, int) for r in ranks) and len(set(ranks)) == len(ranks):
-        return [int(r) for r in ranks]  # type: ignore[arg-type]
-    return list(range(len(trace.metas)))
+    """Per file of ``trace``, its rank: its /meta ``dp_rank`` (an int, not another file's);
+    a file without one takes the smallest rank no file holds, in file order."""
+    ranks: list[int | None] = []
+    for m in trace.metas:
+        r = m.get("dp_rank")
+        ok = isinstance(r, int) and not isinstance(r, bool) and r not in ranks
+        ranks.append(int(r) if ok else None)  # type: ignore[arg-type]
+    taken = {r for r in ranks if r is not None}
+    free = (n for n in range(len(ranks) + len(taken)) if n not in taken)
+    return [r if r is not None else next(free) for r in ranks]
 
 
 @dataclass
@@ -163,10 +167,11 @@ def block_columns(trace: Trace, run: str) -> dict[str, object]:
 
 
 def request_columns(trace: Trace, run: str) -> dict[str, object]:
-    """The requests table of one trace (:data:`REQUEST_FIELDS`); placeholder requests of a
-    partial trace have rank -1."""
+    """The requests table of one trace (:data:`REQUEST_FIELDS`); a placeholder request of a
+    partial trace (blocks flushed before their request row) has the rank of its blocks'
+    file."""
     r = trace.requests
-    ranks = np.append(np.asarray(file_ranks(trace), np.int32), -1)
+    ranks = np.asarray(file_ranks(trace), np.int32)
     return {
         "run": [run] * len(r),
         "rank": ranks[r.file],

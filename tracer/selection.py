@@ -102,6 +102,8 @@ def _positions(p: PositionSpec) -> slice | frozenset[int] | None:
     for x in p:
         if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
             raise GateError("positions", f"{x!r} is not an int")
+        if x < 0:  # no anchor sits there: a list holding one is a mistake, never a filter
+            raise GateError("positions", f"positions must be >= 0 (got {x!r} in {p!r})")
         out.append(int(x))
     return frozenset(out)
 

@@ -85,7 +85,7 @@ def replay_cmd(
             status = capture_command(run, out, requests, meta=meta, forward_trace_lines=False)
         _check_status(status, cmd[0], opts.timeout_s, time.monotonic() - began)
         t = open_trace(out)
-        broken = incomplete_reasons(t.meta, t.status)
+        broken = incomplete_reasons(t)
         if broken:  # the capture's own verdict on the engine's lines (a repeated block, ...)
             raise EngineFailed(f"--engine cmd: {cmd[0]}'s trace lines: {'; '.join(broken)}")
         drafts = drafts_of(t, refs, sites, by="id")

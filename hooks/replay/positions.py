@@ -79,7 +79,7 @@ def read_references(path: str | os.PathLike) -> tuple[list[Reference], Trace | N
             raise InputError(
                 f"{p}: request {ref.req_id} has no prompt or output ids: nothing to replay"
             )
-    why = incomplete_reasons(t.meta, t.status)
+    why = incomplete_reasons(t)
     if why:  # the replay covers what it recorded only: say so, never silently
         say(
             f"warning: {p}: the reference's capture is missing work ({'; '.join(why)}): "

@@ -11,6 +11,8 @@ trace and, for a drafter that drafts every step, the gaps in each request's anch
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from .. import schema
@@ -70,6 +72,49 @@ def capture_end(meta: dict, status: str = schema.STATUS_COMPLETE) -> CaptureEvid
         undrafted_requests=0,
         first_undrafted=None,
     )
+
+
+def trace_capture_end(t: Trace) -> CaptureEvidence:
+    """:func:`capture_end` of every file of ``t`` (the DP ranks of one run; rank 0 first),
+    merged: a rank whose capture failed, whose counters disagree or whose import lost lines
+    fails the whole trace (rank 0's /meta alone spoke for the run, and a dead rank 1 read
+    as clean)."""
+    files = sorted(zip(t.metas, t.paths), key=lambda mp: _int_or_none(mp[0].get("dp_rank")) or 0)
+    if len(files) < 2:
+        return capture_end(t.meta, t.status)
+    ev = capture_end(files[0][0], t.status)
+    for m, path in files[1:]:
+        ev = _merged(ev, capture_end(m, t.status), Path(path).name)
+    return ev
+
+
+def _merged(a: CaptureEvidence, b: CaptureEvidence, file_b: str) -> CaptureEvidence:
+    """Two files' :func:`capture_end`: ``a``'s, with what only ``b`` (of file ``file_b``,
+    named in its texts) says added: the first failure of each kind, counts summed, counter
+    names joined."""
+    if b["aborted"]:
+        b["aborted"] = f"{file_b}: {b['aborted']}"
+    b["counters_mismatch"] = [f"{x} of {file_b}" for x in b["counters_mismatch"]]
+    out = a.copy()
+    if a["ended"] in (None, "clean"):
+        out["ended"] = b["ended"] if b["ended"] is not None else a["ended"]
+    out["exit_status"] = a["exit_status"] or b["exit_status"]
+    out["signal"] = a["signal"] or b["signal"]
+    out["aborted"] = a["aborted"] or b["aborted"]
+    out["first_dropped"] = a["first_dropped"] or b["first_dropped"]
+    out["first_chain_break"] = a["first_chain_break"] or b["first_chain_break"]
+    out["first_violation"] = a["first_violation"] or b["first_violation"]
+    out["interrupted"] = a["interrupted"] or b["interrupted"]
+    out["checks_pending"] = a["checks_pending"] or b["checks_pending"]
+    more = [x for x in b["counters_mismatch"] if x not in a["counters_mismatch"]]
+    out["counters_mismatch"] = a["counters_mismatch"] + more
+    out["dropped_lines"] = a["dropped_lines"] + b["dropped_lines"]
+    out["chain_breaks"] = a["chain_breaks"] + b["chain_breaks"]
+    v = dict(a["violations"])
+    for kind, n in b["violations"].items():
+        v[kind] = v.get(kind, 0) + n
+    out["violations"] = v
+    return out
 
 
 def _dict(d: dict, key: str) -> dict:
@@ -299,11 +344,11 @@ def _blocks_how(ev: CaptureEvidence, held: int, drafter: str) -> list[str]:
     return out
 
 
-def incomplete_reasons(meta: dict, status: str = schema.STATUS_COMPLETE) -> list[str]:
-    """Why a trace's capture or import is missing work, in words, from /meta and the file
-    status alone (what ``capture_incomplete`` says, but for an empty trace); empty when it
-    ended cleanly or nothing says (e.g. for a replay's reference)."""
-    ev = capture_end(meta, status)
+def incomplete_reasons(t: Trace) -> list[str]:
+    """Why trace ``t``'s capture or import is missing work, in words, from its files' /meta
+    and status alone (what ``capture_incomplete`` says, but for an empty trace); empty when
+    it ended cleanly or nothing says (e.g. for a replay's reference)."""
+    ev = trace_capture_end(t)
     return _how(ev) + _log_how(ev)
 
 
@@ -318,7 +363,7 @@ def capture(s: SideInput) -> Finding | None:
     drafter's requests emitted tokens: :func:`_block_evidence`), or the trace holds nothing
     at all (no block, no request; whoever wrote it): work is missing from the trace."""
     td = s.td
-    ev = capture_end(td.t.meta, td.t.status)
+    ev = trace_capture_end(td.t)
     # No block and no request: whatever wrote the trace (a capture, an import, the plugin
     # or the API) recorded no work, and a verdict on nothing would read as agreement.
     ev["empty"] = len(td.t.blocks) == 0 and len(td.t.requests) == 0

@@ -314,7 +314,7 @@ class Trace:
         arr = arr.astype(np.int32) + self._req_offsets[i]
         missing = arr >= self._req_offsets[i] + self._nreq_per_file[i]
         if missing.any():
-            self._add_unknown_requests(arr, missing)
+            self._add_unknown_requests(i, arr, missing)
         return arr
 
     def _verified_is_proposed(self) -> bool:
@@ -327,9 +327,9 @@ class Trace:
                 return False
         return bool(self.blocks.verified_same.all())
 
-    def _add_unknown_requests(self, arr: np.ndarray, missing: np.ndarray) -> None:
-        # Remap dangling request indices to placeholder request rows at the end (the same
-        # placeholder when windowed reads see an index again), in one pass over the column.
+    def _add_unknown_requests(self, i: int, arr: np.ndarray, missing: np.ndarray) -> None:
+        # Remap file i's dangling request indices to placeholder request rows (of file i) at
+        # the end, the same placeholder when windowed reads see an index again, in one pass.
         dangling, inverse = np.unique(arr[missing], return_inverse=True)
         target = np.empty(len(dangling), arr.dtype)
         for j, idx in enumerate(dangling.tolist()):
@@ -339,7 +339,7 @@ class Trace:
                 self.requests.prompt_ids.append(np.zeros(0, np.int32))
                 self.requests.output_ids.append(np.zeros(0, np.int32))
                 self.requests.finish_reason.append("unfinished")
-                self.requests.file = np.append(self.requests.file, -1)
+                self.requests.file = np.append(self.requests.file, np.int32(i))
             target[j] = self._unknown[idx]
         arr[missing] = target[inverse]
 

@@ -192,11 +192,11 @@ def runs_differ(metas: list[dict]) -> str | None:
 def shared_request(paths: list, files: list[h5py.File], ranked: bool) -> str | None:
     """Why files given as one trace cannot be ranks of one run: a request id held by two of
     them (a run's ranks serve distinct requests; a copy of one file holds every request
-    twice), or None. With every file ``ranked`` (a /meta dp_rank each), only a request id
-    whose prompt ids are the same (and known) in both counts: engines that number each
-    rank's requests from 0 reuse ids across ranks, a copy under another rank number
-    repeats the prompts too. Reads each file's ``requests/req_id`` (and the prompts of
-    the first shared id).
+    twice), or None. With every file ``ranked`` (a /meta dp_rank each), only a shared id
+    that is one request twice counts (the same known prompt; unknown in both files: the
+    same output, else the same blocks, :func:`_same_request`): engines that number each
+    rank's requests from 0 reuse ids across ranks, a copy under another rank number repeats
+    the request. Reads each file's ``requests/req_id`` (and the first shared id's rows).
     """
     seen: dict[bytes, tuple[str, h5py.File, int]] = {}  # id -> (path, file, its row)
     for path, f in zip(paths, files):
@@ -205,18 +205,42 @@ def shared_request(paths: list, files: list[h5py.File], ranked: bool) -> str | N
         if both:
             r = min(both)
             where, g, row = seen[r]
-            if not ranked or _same_prompt(g["requests"], row, f["requests"], ids.index(r)):
+            if not ranked or _same_request(g, row, f, ids.index(r)):
                 rid = _decode(r)
                 return f"request {rid!r} in {where} and {path}: a copy of one file, or two runs"
         seen.update({r: (str(path), f, i) for i, r in enumerate(ids)})
     return None
 
 
-def _same_prompt(a: h5py.Group, row_a: int, b: h5py.Group, row_b: int) -> bool:
-    """Whether /requests row ``row_a`` of ``a`` and ``row_b`` of ``b`` hold the same,
-    non-empty prompt ids."""
-    pa, pb = np.asarray(a["prompt_ids"][row_a]), np.asarray(b["prompt_ids"][row_b])
-    return len(pa) > 0 and np.array_equal(pa, pb)
+def _same_request(fa: h5py.File, row_a: int, fb: h5py.File, row_b: int) -> bool:
+    """Whether /requests row ``row_a`` of file ``fa`` and ``row_b`` of ``fb`` are one
+    request twice: the same non-empty prompt ids; where neither file knows the prompt (a
+    log imported without its requests file), the same non-empty output ids, else the same
+    blocks (anchor positions, anchors and proposals)."""
+    a, b = fa["requests"], fb["requests"]
+    for col in ("prompt_ids", "output_ids"):
+        ia, ib = np.asarray(a[col][row_a]), np.asarray(b[col][row_b])
+        if len(ia) or len(ib):
+            return len(ia) > 0 and np.array_equal(ia, ib)
+    rows_a, rows_b = _request_rows(fa, row_a), _request_rows(fb, row_b)
+    if not len(rows_a) or len(rows_a) != len(rows_b):
+        return False
+    cols = ("position", "anchor", "proposed")
+    return all(
+        np.array_equal(fa["blocks"][c][rows_a], fb["blocks"][c][rows_b])
+        for c in cols
+        if c in fa["blocks"] and c in fb["blocks"]
+    )
+
+
+def _request_rows(f: h5py.File, row: int) -> np.ndarray:
+    """The block rows of /requests row ``row`` (a whole read of ``blocks/request``: only
+    for a request id two ranked files share while neither knows its prompt or output)."""
+    g = f["blocks"]
+    if "request" not in g:
+        return np.zeros(0, np.int64)
+    n = min(g[c].shape[0] for c in ("request", "position", "anchor", "proposed") if c in g)
+    return np.flatnonzero(g["request"][:n] == row)
 
 
 def request_index_problems(
