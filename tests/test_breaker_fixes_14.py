@@ -7,6 +7,7 @@ anchor 2 at position 1, both accepted), so a clean pair of ranks has no finding 
    whose capture aborted, or whose counters disagreed with vLLM's, read as clean (exit 0).
 2. A copy of one file saved under another ``dp_rank`` was accepted as two ranks when neither
    knows its prompts (a VT log imported without its requests file): every block counted twice.
+   Its blocks, ``t_ns`` included, are the original's; two ranks' blocks never all are.
 3. ``export`` gave every file its index as rank when one file lacked ``dp_rank``: the file
    whose /meta says ``dp_rank`` 0 was exported as rank 1.
 4. ``export`` put the placeholder requests of a killed capture (blocks flushed before their
@@ -18,6 +19,7 @@ anchor 2 at position 1, both accepted), so a clean pair of ranks has no finding 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import h5py
@@ -91,18 +93,33 @@ def test_clean_ranks_pass(tmp_path):
 # -- 2. a copy under another rank, prompts unknown --------------------------------------------
 
 
+def _copy_as_rank(src: Path, dst: Path, rank: int) -> Path:
+    """``src`` copied to ``dst`` with /meta ``dp_rank`` set to ``rank``."""
+    shutil.copyfile(src, dst)
+    with h5py.File(dst, "r+") as f:
+        meta = json.loads(f["meta"][()])
+        del f["meta"]
+        f["meta"] = json.dumps({**meta, "dp_rank": rank})
+    return dst
+
+
 def test_a_copy_under_another_rank_is_refused_without_prompts(tmp_path):
-    kw = {"rid": "0", "prompt": (), "output": ()}
-    a, b = _rank(tmp_path / "cp.dp0.h5", 0, **kw), _rank(tmp_path / "cp.dp1.h5", 1, **kw)
+    a = _rank(tmp_path / "cp.dp0.h5", 0, rid="0", prompt=(), output=())
+    b = _copy_as_rank(a, tmp_path / "cp.dp1.h5", 1)
     r = run_inproc("info", a, b)
     assert r.returncode == 2 and r.stdout == ""
     assert "request '0' in " in r.stderr and "a copy of one file, or two runs" in r.stderr
 
 
-def test_ranks_reusing_an_id_for_other_work_are_one_trace(tmp_path):
+@pytest.mark.parametrize("other_work", [True, False], ids=["other-blocks", "same-blocks"])
+def test_ranks_reusing_an_id_are_one_trace(tmp_path, other_work):
+    """Two ranks numbering their requests from 0, prompts unknown: other blocks, or the same
+    blocks recorded at other instants (two ranks serving one prompts file)."""
     kw = {"rid": "0", "prompt": (), "output": ()}
     a = _rank(tmp_path / "tw.dp0.h5", 0, **kw)
-    b = _rank(tmp_path / "tw.dp1.h5", 1, **kw, anchor=7, drafts=(8, 9))
+    b = _rank(
+        tmp_path / "tw.dp1.h5", 1, **kw, **({"anchor": 7, "drafts": (8, 9)} if other_work else {})
+    )
     r = run_inproc("info", a, b, "--format", "json")
     assert r.returncode == 0
     assert (json.loads(r.stdout)["requests"], json.loads(r.stdout)["blocks"]) == (2, 2)

@@ -216,7 +216,9 @@ def _same_request(fa: h5py.File, row_a: int, fb: h5py.File, row_b: int) -> bool:
     """Whether /requests row ``row_a`` of file ``fa`` and ``row_b`` of ``fb`` are one
     request twice: the same non-empty prompt ids; where neither file knows the prompt (a
     log imported without its requests file), the same non-empty output ids, else the same
-    blocks (anchor positions, anchors and proposals)."""
+    blocks recorded at the same instants (anchor positions, anchors, proposals and
+    ``t_ns``: two processes never record a request's every block at the same nanosecond,
+    a copy does; ranks that serve one prompts file under the same ids stay two ranks)."""
     a, b = fa["requests"], fb["requests"]
     for col in ("prompt_ids", "output_ids"):
         ia, ib = np.asarray(a[col][row_a]), np.asarray(b[col][row_b])
@@ -225,7 +227,7 @@ def _same_request(fa: h5py.File, row_a: int, fb: h5py.File, row_b: int) -> bool:
     rows_a, rows_b = _request_rows(fa, row_a), _request_rows(fb, row_b)
     if not len(rows_a) or len(rows_a) != len(rows_b):
         return False
-    cols = ("position", "anchor", "proposed")
+    cols = ("position", "anchor", "proposed", "t_ns")
     return all(
         np.array_equal(fa["blocks"][c][rows_a], fb["blocks"][c][rows_b])
         for c in cols
@@ -239,7 +241,7 @@ def _request_rows(f: h5py.File, row: int) -> np.ndarray:
     g = f["blocks"]
     if "request" not in g:
         return np.zeros(0, np.int64)
-    n = min(g[c].shape[0] for c in ("request", "position", "anchor", "proposed") if c in g)
+    n = min(g[c].shape[0] for c in ("request", "position", "anchor", "proposed", "t_ns") if c in g)
     return np.flatnonzero(g["request"][:n] == row)
 
 
