@@ -148,6 +148,37 @@ def test_a_golden_named_like_another_tests_obtained_trace_fails(tester):
     assert not (tester.path / "test_engine" / "test_x_a.obtained.h5").exists()
 
 
+@pytest.mark.parametrize("where", ["one worker", "two workers"])
+def test_two_tests_of_one_golden_fail_under_xdist(tester, where):
+    """test_x[a/b] and test_x[a_b] both map to test_x_a_b.h5: under pytest-xdist the second
+    one claimed fails as it does in one process, whichever worker ran the first (breaker 14:
+    the claims were per worker process); the twin with distinct names passes both."""
+    tester.makepyfile(
+        test_engine="""
+        import pytest
+        from conftest import make, good
+        @pytest.mark.parametrize("case", [
+            pytest.param("a/b", marks=pytest.mark.xdist_group("one")),
+            pytest.param("a_b", marks=pytest.mark.xdist_group("two")),
+        ])
+        def test_x(case, tmp_path, spectrace_regression):
+            spectrace_regression.check(make(tmp_path / "run.h5", good))
+    """
+    )
+    # loadgroup: each group on a worker of its own (the two idle workers take one each).
+    dist = ["-n", "2", "--dist", "loadgroup" if where == "two workers" else "loadfile"]
+    tester.runpytest_subprocess("-q", "-p", "no:randomly", "--spectrace-regen", "-n", "0")
+    r = tester.runpytest_subprocess("-q", "-p", "no:randomly", *dist)
+    r.stdout.fnmatch_lines(["*spectrace: test_engine.py::test_x?a* have one golden trace *"])
+    outcomes = r.parseoutcomes()
+    assert outcomes.get("errors", 0) >= 1 and "failed" not in outcomes
+    clean = tester.path / "test_engine.py"
+    clean.write_text(clean.read_text().replace('"a_b"', '"c"'))
+    tester.runpytest_subprocess("-q", "-p", "no:randomly", "--spectrace-regen", "-n", "0")
+    ok = tester.runpytest_subprocess("-q", "-p", "no:randomly", *dist)
+    assert ok.parseoutcomes().get("errors", 0) == 0 and ok.ret == 0
+
+
 def test_golden_cycle(tester, monkeypatch):
     tester.makepyfile(
         test_engine="""

@@ -184,6 +184,33 @@ class Regression:
 _GOLDEN_OWNERS = pytest.StashKey[dict]()
 
 
+def _claim(request, golden: Path) -> str:
+    """The node id that owns ``golden`` in this test session: this test's, unless another
+    claimed it first. Under pytest-xdist each worker is a process of its own, so the claims
+    are files in the session's shared temporary folder (the parent of every worker's
+    basetemp), each made whole by one atomic link: the two tests of a shared golden may run
+    on two workers."""
+    me = request.node.nodeid
+    if not hasattr(request.config, "workerinput"):  # one process: its stash is the session's
+        return request.config.stash.setdefault(_GOLDEN_OWNERS, {}).setdefault(golden, me)
+    import hashlib
+    import os
+    import tempfile
+
+    folder = request.getfixturevalue("tmp_path_factory").getbasetemp().parent / "spectrace-goldens"
+    folder.mkdir(exist_ok=True)
+    claim = folder / hashlib.sha256(str(golden.resolve()).encode()).hexdigest()
+    with tempfile.NamedTemporaryFile("w", dir=folder, delete=False) as f:
+        f.write(me)
+    try:
+        os.link(f.name, claim)  # fails when another test claimed it: then theirs counts
+    except FileExistsError:
+        return claim.read_text()
+    finally:
+        os.unlink(f.name)
+    return me
+
+
 @pytest.fixture
 def spectrace_regression(request) -> Regression:
     """The golden-trace checker of this test (see :class:`Regression`). Fails the test when
@@ -193,11 +220,10 @@ def spectrace_regression(request) -> Regression:
     path = Path(request.node.path)
     name = request.node.name.replace("/", "_").replace("[", "_").replace("]", "")
     golden = path.parent / path.stem / f"{name}.h5"
-    owners = request.config.stash.setdefault(_GOLDEN_OWNERS, {})
     # A test owns its golden and the .obtained.h5 beside it (written on a mismatch,
     # removed on a pass): test_x[a]'s obtained trace is test_x[a.obtained]'s golden.
     for mine in (golden, Regression.obtained_of(golden)):
-        owner = owners.setdefault(mine, request.node.nodeid)
+        owner = _claim(request, mine)
         if owner != request.node.nodeid:
             pytest.fail(
                 f"spectrace: {request.node.nodeid} and {owner} have one golden trace {mine}; "
