@@ -124,6 +124,10 @@ def replay_cmd(
         names.append(vs)
     if len(names) > 2:
         raise click.UsageError("at most two engines (--engine twice, or --engine and --vs)")
+    _check_applies(names, faults, command, tokenizer, margins, timeout_s)
+    from ..tokens import Decoder
+
+    decoder = Decoder(tokenizer) if tokenizer else None  # bad input before minutes of replay
     try:
         where = parse_positions(positions)
     except ValueError as exc:
@@ -159,7 +163,33 @@ def replay_cmd(
         opts = EngineOptions(**{**base.__dict__, "faults": planted})
         _replay_one(ref, path, name, opts, where, list(requests) or None, blocks_of)
     if len(paths) == 2:
-        _diff(paths[0], paths[1], fmt, tokenizer)
+        _diff(paths[0], paths[1], fmt, decoder)
+
+
+def _check_applies(names: list[str], faults, command, tokenizer, margins, timeout_s) -> None:
+    """Refuse an option that nothing of this replay would read (a silently ignored option
+    makes a user believe a run they did not get).
+
+    Raises:
+        click.UsageError: --fault when the first engine is not the reference engine,
+            --command without the cmd engine, --margins without vllm, --timeout with the
+            reference engine alone, --tokenizer when one engine replays (there is no diff to
+            decode).
+    """
+    if faults and names[0] != "reference":
+        raise click.UsageError(
+            f"--fault plants a fault in the reference engine, and the first engine is {names[0]}"
+        )
+    if command and "cmd" not in names:
+        raise click.UsageError("--command is the cmd engine's command, and no engine is cmd")
+    if margins is not None and "vllm" not in names:
+        raise click.UsageError("--margins/--no-margins is for the vllm engine, and none replays")
+    if timeout_s is not None and set(names) == {"reference"}:
+        raise click.UsageError("--timeout stops a vllm or cmd engine, and none replays")
+    if tokenizer and len(names) == 1:
+        raise click.UsageError(
+            "--tokenizer decodes the diff of two replays, and one engine replays here"
+        )
 
 
 def _replay_one(ref, path, name, opts, where, requests, blocks_of) -> None:
@@ -179,7 +209,7 @@ def _replay_one(ref, path, name, opts, where, requests, blocks_of) -> None:
     )
 
 
-def _diff(ours: str, theirs: str, fmt: str, tokenizer: str | None) -> None:
+def _diff(ours: str, theirs: str, fmt: str, decoder) -> None:
     """Print the diff of the two replays (as ``spectrace diff``) and exit with its verdict."""
     from ..align import align
     from ..diff import diff_traces, open_pair
@@ -187,7 +217,7 @@ def _diff(ours: str, theirs: str, fmt: str, tokenizer: str | None) -> None:
     from . import report
 
     a, b = open_pair(ours, theirs)
-    result = diff_traces(align(a, b), decoder=decoder_for(tokenizer, a.meta, b.meta))
+    result = diff_traces(align(a, b), decoder=decoder or decoder_for(None, a.meta, b.meta))
     if fmt == "json":
         output.out_json(result.to_json())
     else:

@@ -1,0 +1,68 @@
+"""The fifteenth round: replay options that nothing of the run reads were silently ignored,
+and an unusable --tokenizer was found only after the replays had run.
+
+1. ``--fault`` with a first engine other than the reference engine, ``--command`` without
+   the cmd engine, ``--margins`` without vllm, ``--timeout`` with the reference engine alone
+   and ``--tokenizer`` with one engine were ignored (exit 0): the user believed in a run they
+   did not get. Each is now a usage error (exit 2) before anything runs.
+2. ``--tokenizer /nonexistent`` with two engines was read after both replays (minutes):
+   now bad input (exit 2) before the first replay, and no trace is written.
+
+Each case has its clean twin: the same option where it applies runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from inproc import run_inproc
+
+ROOT = Path(__file__).resolve().parent.parent
+REF = ROOT / "traces" / "reference.h5"
+TOKENIZER = ROOT / "engine" / "models" / "target"
+ONE = ("--positions", "1", "--requests", "0")  # one replayed position: seconds
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (("--engine", "cmd", "--command", "x {requests}", "--fault", "layout_shift"),
+         "--fault plants a fault in the reference engine, and the first engine is cmd"),
+        (("--command", "echo {requests}"),
+         "--command is the cmd engine's command, and no engine is cmd"),
+        (("--no-margins",), "--margins/--no-margins is for the vllm engine, and none replays"),
+        (("--timeout", "5"), "--timeout stops a vllm or cmd engine, and none replays"),
+        (("--tokenizer", str(TOKENIZER)),
+         "--tokenizer decodes the diff of two replays, and one engine replays here"),
+    ],
+)  # fmt: skip
+def test_an_option_nothing_reads_is_a_usage_error(tmp_path, args, says):
+    out = tmp_path / "r.h5"
+    r = run_inproc("replay", REF, "-o", out, *args, *ONE)
+    assert r.returncode == 2, r.stderr
+    assert says in r.stderr
+    assert not out.exists()
+
+
+def test_an_unusable_tokenizer_is_refused_before_any_replay(tmp_path):
+    out = tmp_path / "r.h5"
+    missing = tmp_path / "nowhere"
+    r = run_inproc("replay", REF, "-o", out, "--engine", "reference", "--engine", "reference",
+                   "--tokenizer", missing, *ONE)  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == f"spectrace: error: {missing}: no tokenizer.json found"
+    assert not out.exists() and not (tmp_path / "r.reference.h5").exists()
+
+
+def test_the_options_where_they_apply_run(tmp_path):
+    """The clean twins: a fault in the reference engine and a tokenizer for two replays."""
+    out = tmp_path / "r.h5"
+    r = run_inproc("replay", REF, "-o", out, "--engine", "reference", "--engine", "reference",
+                   "--tokenizer", TOKENIZER, *ONE)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert out.exists() and (tmp_path / "r.reference.h5").exists()
+    out2 = tmp_path / "f.h5"
+    r = run_inproc("replay", REF, "-o", out2, "--fault", "layout_shift", *ONE)
+    assert r.returncode == 0, r.stderr
+    assert out2.exists()
