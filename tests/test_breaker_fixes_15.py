@@ -66,3 +66,41 @@ def test_the_options_where_they_apply_run(tmp_path):
     r = run_inproc("replay", REF, "-o", out2, "--fault", "layout_shift", *ONE)
     assert r.returncode == 0, r.stderr
     assert out2.exists()
+
+
+# -- 3. one rank's uninstalled drafts hid another rank's lost tail ---------------------------
+
+
+def _rank(path: Path, rank: int, meta: dict, output: tuple[int, ...]) -> Path:
+    """One DP rank's file of a draft-model run: request ``q{rank}``, prompt (1, 2), one
+    block at position 1 (anchor 2) proposing (3, 4), both accepted, and ``output``."""
+    from spectrace.tracer.store import TraceWriter
+
+    rid = f"q{rank}"
+    with TraceWriter(path, {"k": 2, "method": "draft_model", "dp_rank": rank, **meta},
+                     flush_interval=0) as w:  # fmt: skip
+        w.request(rid, prompt_ids=[1, 2], output_ids=list(output), finish_reason="length")
+        w.add_block(rid, 0, 1, 2, [3, 4], verified=[3, 4], accepted=2, emitted=[3, 4, 5])
+    return path
+
+
+UNINSTALLED = {"import": {"joins": {"not_installed": 1}}}
+
+
+@pytest.mark.parametrize("rank1_output, lost", [((3, 4, 5, 6, 7, 8), True), ((3, 4, 5), False)])
+def test_a_rank_with_uninstalled_drafts_does_not_hide_another_ranks_lost_tail(
+    tmp_path, rank1_output, lost
+):
+    """Rank 0's import saw drafts never installed (its requests may end without blocks);
+    rank 1's request goes on 3 tokens past the position its one block reaches (1 + 2 + 1 =
+    4, its last token is at 7): blocks lost at rank 1's end. The twin ends at position 4."""
+    _rank(tmp_path / "run.dp0.h5", 0, UNINSTALLED, (3, 4, 5, 6, 7, 8))
+    _rank(tmp_path / "run.dp1.h5", 1, {}, rank1_output)
+    r = run_inproc("check", str(tmp_path / "run.dp*.h5"), "--format", "json")
+    import json
+
+    capture = [f for f in json.loads(r.stdout)["findings"] if f["kind"] == "capture_incomplete"]
+    says = "request q1: its last block, at position 1, reaches position 4; its output goes on to position 7"
+    assert bool(capture) == lost, r.stdout
+    if lost:
+        assert r.returncode == 1 and says in capture[0]["message"]

@@ -267,8 +267,12 @@ def _block_evidence(s: SideInput, ev: CaptureEvidence) -> None:
         return
     # A VT log whose drafts were not installed at some steps says the engine decoded plain
     # tokens there (unverified_drafts names them): a request's end without blocks is no loss.
-    if not (_int_or_none(_dict(_dict(t.meta, "import"), "joins").get("not_installed")) or 0):
-        _tail_evidence(td, ev)
+    # Per file: one rank's uninstalled drafts say nothing of another rank's requests.
+    plain = [
+        bool(_int_or_none(_dict(_dict(m, "import"), "joins").get("not_installed"))) for m in t.metas
+    ]
+    if not all(plain):
+        _tail_evidence(td, ev, np.flatnonzero(plain))
     if "chain_gaps" in _dict(t.meta, "import"):
         return  # the VT import counted its own gaps (dropped_lines)
     rows, expected = td.chain_gaps
@@ -295,8 +299,13 @@ def _undrafted(td: TraceData, ev: CaptureEvidence) -> None:
         ev["first_undrafted"] = t.requests.req_id[int(none[0])]
 
 
-def _tail_evidence(td: TraceData, ev: CaptureEvidence) -> None:
+def _tail_evidence(td: TraceData, ev: CaptureEvidence, skip_files: np.ndarray) -> None:
+    """Fill ``ev``'s tail gaps, leaving out the requests of files ``skip_files`` (indexes
+    into ``td.t.metas``: VT imports that decoded plain tokens where drafts went uninstalled)."""
     rows, reach = td.tail_gaps
+    if len(skip_files):
+        keep = ~np.isin(td.t.requests.file[td.t.blocks.request[rows]], skip_files)
+        rows, reach = rows[keep], reach[keep]
     ev["tail_gaps"] = len(rows)
     if len(rows):
         r = int(rows[0])
