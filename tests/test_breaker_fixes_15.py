@@ -104,3 +104,18 @@ def test_a_rank_with_uninstalled_drafts_does_not_hide_another_ranks_lost_tail(
     assert bool(capture) == lost, r.stdout
     if lost:
         assert r.returncode == 1 and says in capture[0]["message"]
+
+
+# -- 4. the fixture's requests=0 ------------------------------------------------------------
+
+
+def test_an_integer_request_is_that_request_id():
+    """``requests=0`` raised TypeError (an int is not iterable); it is request id "0", as
+    ``--request 0`` (the bundled traces' ids are 0..4; request 0 matches), and an id neither
+    trace has is the fixture's ValueError."""
+    from spectrace.tracer.testing.assertions import drafts_match_report
+
+    vllm = ROOT / "traces" / "vllm.h5"
+    assert drafts_match_report(REF, vllm, requests=0) is None
+    with pytest.raises(ValueError, match=r"no request '7' \(known: "):
+        drafts_match_report(REF, vllm, requests=7)

@@ -80,8 +80,8 @@ def drafts_match_report(
     # its characters (requests="01" selected requests "0" and "1").
     if isinstance(ignore, str):
         ignore = (ignore,)
-    if isinstance(requests, str):
-        requests = (requests,)
+    if isinstance(requests, (str, int)):  # requests=0: request id "0", as --request 0
+        requests = (str(requests),)
     if isinstance(positions, str):
         positions = parse_positions(positions)
     th = Thresholds(min_agreement, max_error_findings, frozenset(ignore))
