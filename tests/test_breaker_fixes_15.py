@@ -119,3 +119,31 @@ def test_an_integer_request_is_that_request_id():
     assert drafts_match_report(REF, vllm, requests=0) is None
     with pytest.raises(ValueError, match=r"no request '7' \(known: "):
         drafts_match_report(REF, vllm, requests=7)
+
+
+# -- 5. --request unknown to one of several runs --------------------------------------------
+
+
+def _one(path: Path, rid: str, prompt: list[int]) -> Path:
+    from spectrace.tracer.store import TraceWriter
+
+    with TraceWriter(path, {"k": 2}, flush_interval=0) as w:
+        w.request(rid, prompt_ids=prompt, output_ids=[3, 4, 5], finish_reason="length")
+        w.add_block(rid, 0, 1, 2, [3, 4], verified=[3, 4], accepted=2, emitted=[3, 4, 5])
+    return path
+
+
+def test_an_unknown_request_names_the_pair_of_several_runs(tmp_path):
+    """Request y is c.h5's only; gated against the golden a.h5, run b.h5 lacks it: the
+    line names that pair (it listed only the known ids, as if every run lacked y). The twin:
+    request x, which the golden and both runs (b.h5 twice) hold, passes."""
+    a, b = _one(tmp_path / "a.h5", "x", [1, 2]), _one(tmp_path / "b.h5", "x", [1, 2])
+    c = _one(tmp_path / "c.h5", "y", [9, 9])
+    r = run_inproc("diff", a, b, c, "--request", "y")
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        "spectrace: error: Invalid value for --request: no request 'y' (known: x) in a.h5 or "
+        "b.h5 (see 'spectrace diff --help')"
+    )
+    r = run_inproc("diff", a, b, b, "--request", "x")
+    assert r.returncode == 0, r.stderr

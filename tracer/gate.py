@@ -150,11 +150,12 @@ def request_ids(al: Alignment) -> frozenset[str]:
     return frozenset(ids)
 
 
-def check_known(sel: Selection, known: Iterable[str]) -> None:
-    """Every id of ``sel.requests`` must be a request of the traces (``known``: their ids).
+def check_known(sel: Selection, known: Iterable[str], where: str = "") -> None:
+    """Every id of ``sel.requests`` must be a request of the traces (``known``: their ids;
+    ``where``: the traces' names, for the message: one golden is gated against several runs).
 
     Raises:
-        GateError: ``no request 'ID' (known: a, b, ...)`` (field ``requests``).
+        GateError: ``no request 'ID' (known: a, b, ...) in WHERE`` (field ``requests``).
     """
     ids = frozenset(known)
     missing = sorted((sel.requests or frozenset()) - ids)
@@ -162,7 +163,8 @@ def check_known(sel: Selection, known: Iterable[str]) -> None:
         shown = sorted(ids)[:KNOWN_SHOWN]
         more = ", ..." if len(ids) > KNOWN_SHOWN else ""
         listed = ", ".join(shown) + more if ids else "none: the traces hold no request"
-        raise GateError("requests", f"no request {missing[0]!r} (known: {listed})")
+        at = f" in {where}" if where else ""
+        raise GateError("requests", f"no request {missing[0]!r} (known: {listed}){at}")
 
 
 #: Known request ids an unknown ``--request`` lists.
@@ -351,7 +353,7 @@ def gated_diff(
     """
     full = align(a, b)
     if sel.requests is not None:
-        check_known(sel, [*a.requests.req_id, *b.requests.req_id])
+        check_known(sel, [*a.requests.req_id, *b.requests.req_id], f"{a.name} or {b.name}")
     al = select(full, sel)
     r = diff_traces(al, examples=examples, decoder=decoder)
     if not sel.everything:
