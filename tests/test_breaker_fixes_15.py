@@ -147,3 +147,89 @@ def test_an_unknown_request_names_the_pair_of_several_runs(tmp_path):
     )
     r = run_inproc("diff", a, b, b, "--request", "x")
     assert r.returncode == 0, r.stderr
+
+
+# -- 6. a VT line whose accepted count contradicts its own emitted ids -----------------------
+
+LOG = ROOT / "traces" / "reference.vt.log"
+REQS = ROOT / "traces" / "reference.requests.jsonl"
+# Line 20 is request 0's first block: ns=3 acc=2 draft=[318 351 372 63] emit=[318 351 385].
+LINE20 = "[SPECTRACE] req=0 pos=11 k=4 ns=3 acc=2 draft=[ 318 351 372 63 ] emit=[ 318 351 385 ]"
+
+
+def _vt_import(tmp_path: Path, name: str, line20: str, requests: bool) -> Path:
+    lines = LOG.read_text().splitlines(keepends=True)
+    assert lines[19].rstrip("\n") == LINE20
+    lines[19] = line20 + "\n"
+    log, out = tmp_path / f"{name}.vt.log", tmp_path / f"{name}.h5"
+    log.write_text("".join(lines))
+    args = ["import", "vt", log, "-o", out] + (["--requests", REQS] if requests else [])
+    assert run_inproc(*args).returncode == 0
+    return out
+
+
+def _errors(*args) -> tuple[int, dict[str, dict]]:
+    import json
+
+    r = run_inproc(*args, "--format", "json")
+    doc = json.loads(r.stdout)
+    return r.returncode, {f["kind"]: f for f in doc["findings"] if f["severity"] == "error"}
+
+
+def test_acceptance_one_too_high_without_the_requests_file_is_named(tmp_path):
+    """acc=3 with 3 emitted ids (ns=3): imported without outputs, every block's end was
+    taken for a trimmed request end, and the import's own count was left to a check that
+    needs the outputs: exit 0. Now: 3 emitted != 3 + 1 on a block that is not its
+    request's last: acceptance_bookkeeping (1 block), exit 1; the bundled log is the twin."""
+    bad = _vt_import(tmp_path, "acc", LINE20.replace("acc=2", "acc=3"), requests=False)
+    code, errors = _errors("check", bad)
+    assert code == 1 and list(errors) == ["acceptance_bookkeeping"]
+    ev = errors["acceptance_bookkeeping"]["evidence"]
+    assert (ev["blocks"], ev["emitted_count_mismatch"]) == (1, 1)
+    assert ev["import_lines"] == {"acc != ns-1": 1, "emit != draft": 1}
+    assert errors["acceptance_bookkeeping"]["request"] == "0"
+    clean = _vt_import(tmp_path, "clean", LINE20, requests=False)
+    assert _errors("check", clean) == (0, {})
+    assert _errors("diff", clean, bad)[0] == 1
+
+
+def test_emitted_ids_contradicting_the_accepted_drafts_are_named(tmp_path):
+    """emit[1] = 999 where draft[1] = 351 was accepted: the import counted 1 ``emit !=
+    draft`` line, and no detector reads the emitted ids (the outputs hold 351): exit 0.
+    Now acceptance_bookkeeping says what the import read (0 blocks: the counts agree)."""
+    bad = _vt_import(tmp_path, "emit", LINE20.replace("318 351 385", "318 999 385"), True)
+    code, errors = _errors("check", bad)
+    assert code == 1 and list(errors) == ["acceptance_bookkeeping"]
+    f = errors["acceptance_bookkeeping"]
+    assert f["evidence"]["blocks"] == 0 and f["evidence"]["import_lines"] == {"emit != draft": 1}
+    assert f["evidence"]["first_line"] == (
+        f"{tmp_path / 'emit.vt.log'}:20: emit != draft: req=0 pos=11: emit[:acc] [318, 999] "
+        "differs from draft[:acc] [318, 351]"
+    )
+    clean = _vt_import(tmp_path, "clean", LINE20, requests=True)
+    assert _errors("diff", clean, clean) == (0, {})
+    assert _errors("diff", clean, bad)[0] == 1
+
+
+def test_validate_checks_the_emitted_ids_against_the_accepted_ones(tmp_path):
+    """vllm.h5's block 60 accepted 1 (proposed and verified [63, ...]; emitted [63, 821]):
+    emitted[0] set to 64 contradicts the accepted draft; validate said valid."""
+    import shutil
+
+    import h5py
+
+    path = tmp_path / "v.h5"
+    shutil.copy(ROOT / "traces" / "vllm.h5", path)
+    with h5py.File(path, "r+") as f:
+        b = f["blocks"]
+        assert (b["accepted"][60], b["verified"][60][0], b["emitted"][60][0]) == (1, 63, 63)
+        row = b["emitted"][60]
+        row[0] = 64
+        b["emitted"][60] = row
+    r = run_inproc("validate", path)
+    assert r.returncode == 1
+    assert r.stdout.strip() == (
+        f"{path}: emitted ids are not the accepted verified ids (emitted[:accepted]) at row 60 "
+        "(field=blocks/emitted, value=1)"
+    )
+    assert run_inproc("validate", ROOT / "traces" / "vllm.h5").returncode == 0

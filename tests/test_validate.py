@@ -212,6 +212,10 @@ def test_validate_lists_each_problem_with_its_first_row_and_count(tmp_path, caps
         f"{path}: accepted > num_verified (4) at row 10 (field=blocks/accepted, value=5)",
         f"{path}: num_emitted != accepted + 1 at row 10 (3 rows) (field=blocks/num_emitted, "
         "value=1)",
+        # accepted 5 on a block that accepted none: its emitted[0] is the bonus token, not
+        # the rejected verified[0]
+        f"{path}: emitted ids are not the accepted verified ids (emitted[:accepted]) at row "
+        "10 (field=blocks/emitted, value=5)",
         f"{path}: verified block's position past the end of the request's prompt + output at "
         "row 0 (field=blocks/position, value=74)",
     ]

@@ -160,6 +160,8 @@ def _block_problems(
     ]  # fmt: skip
     for name in ("proposed", "verified", "emitted"):
         checks.append((f"blocks/{name}", "token id below the -1 pad", b[name], b[name] < -1))
+    what = "emitted ids are not the accepted verified ids (emitted[:accepted])"
+    checks.append(("blocks/emitted", what, acc, _emitted_contradicts(b)))
     if "batch_size" in b:
         row, size = b["batch_row"], b["batch_size"]
         bad = (row < -1) | (size < -1) | ((row >= 0) & (size >= 0) & (row >= size))
@@ -182,6 +184,20 @@ def _block_problems(
     problems += [_rows(path, field, what, v, bad) for field, what, v, bad in checks if bad.any()]
     problems += _position_problems(path, b, req, nreq)
     return problems
+
+
+def _emitted_contradicts(b: dict[str, np.ndarray]) -> np.ndarray:
+    """bool [n]: a slot ``j < min(accepted, num_emitted)`` whose emitted id is not the
+    verified id there (the accepted drafts are what the step emitted, before its bonus
+    token; vLLM ``RejectionSampler``'s output), where both are recorded."""
+    acc, ne = b["accepted"].astype(np.int64), b["num_emitted"].astype(np.int64)
+    upto = np.minimum(acc, ne)
+    ver, emit = b["verified"], b["emitted"]
+    bad = np.zeros(len(acc), bool)
+    for j in range(min(ver.shape[1], emit.shape[1])):
+        live = (upto > j) & (ver[:, j] >= 0) & (emit[:, j] >= 0)
+        bad |= live & (ver[:, j] != emit[:, j])
+    return bad
 
 
 def _position_problems(

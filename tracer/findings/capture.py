@@ -174,6 +174,31 @@ def import_violations(meta: dict) -> tuple[dict[str, int], str | None]:
     return kinds, _first_example(imp, kinds)
 
 
+#: The import's counts of lines whose accepted count disagrees with their own emitted ids:
+#: ``acceptance_bookkeeping`` names them (a trace without outputs keeps no other trace of an
+#: ``emit != draft`` line: its emitted ids are checked by no detector).
+BOOKKEEPING_LINES = ("acc != ns-1", "emit != draft")
+
+
+def import_bookkeeping(t: Trace) -> tuple[dict[str, int], str | None]:
+    """``({kind: lines}, the first as FILE:LINE: what or None)``: the :data:`BOOKKEEPING_LINES`
+    that the VT imports of ``t``'s files counted (summed over its files; ``({}, None)``
+    when none)."""
+    kinds: dict[str, int] = {}
+    first = None
+    for meta in t.metas:
+        imp = _dict(meta, "import")
+        found = {
+            k: n
+            for k in BOOKKEEPING_LINES
+            if (n := _int_or_none(_dict(imp, "violations").get(k)) or 0) > 0
+        }
+        for k, n in found.items():
+            kinds[k] = kinds.get(k, 0) + n
+        first = first or _first_example(imp, found)
+    return kinds, first
+
+
 def _first_example(imp: dict, kinds: dict[str, int]) -> str | None:
     """The earliest example line of the import's ``kinds`` that occurred, as FILE:LINE: what."""
     examples = _dict(imp, "examples")

@@ -351,14 +351,22 @@ class AcceptedPair(TypedDict):
     recomputed: int
 
 
-class BookkeepingEvidence(TypedDict):
-    """acceptance_bookkeeping: recorded vs recomputed accepted counts."""
-
+class _BookkeepingBase(TypedDict):
     blocks: int
     recorded_total: int
     recomputed_total: int
     emitted_count_mismatch: int
+
+
+class BookkeepingEvidence(_BookkeepingBase, total=False):
+    """acceptance_bookkeeping: recorded vs recomputed accepted counts (``first``: the first
+    such block's, absent when only the import's lines say it), and the VT import's lines
+    whose accepted count disagrees with their own emitted ids (``import_lines``: kind ->
+    lines; ``first_line``: FILE:LINE: what)."""
+
     first: AcceptedPair
+    import_lines: dict[str, int]
+    first_line: str
 
 
 class MismatchEvidence(TypedDict):

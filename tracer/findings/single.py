@@ -15,6 +15,7 @@ from ..fmt import pct
 from ..index import memo
 from ..parallel import chunks
 from ..rows import row, row_chunks
+from .capture import import_bookkeeping
 from .data import SideInput, TraceData
 from .evidence import (
     AcceptedPair,
@@ -232,15 +233,29 @@ def bookkeeping(s: SideInput) -> Finding | None:
         rec, rc = b.accepted[c].astype(np.int64), td.recomputed[c]
         known[c] = (rec >= 0) & (rc >= 0)
         # Where the recorded emission runs past the end of the stored output (trimmed at
-        # max_tokens or a stop), the recomputed count can only undercount.
-        trimmed = b.position[c] + 1 + rec >= td.length[b.request[c]]
+        # max_tokens or a stop), the recomputed count can only undercount; with the output
+        # unknown, only a request's last block may be so trimmed.
+        length = td.length[b.request[c]]
+        trimmed = np.where(length > 0, b.position[c] + 1 + rec >= length, td.last[c])
         ne = b.num_emitted[c]
         bad_emit[c] = (ne >= 0) & (rec >= 0) & (ne != rec + 1) & ~trimmed
         bad[c] = (known[c] & (rc != rec) & ~(trimmed & (rc < rec))) | bad_emit[c]
-    if not bad.any():
+    lines, first_line = import_bookkeeping(td.t)
+    if not bad.any() and not lines:
         return None
     rec, rc = b.accepted.astype(np.int64), td.recomputed.astype(np.int64)
+    ev = BookkeepingEvidence(
+        blocks=int(bad.sum()),
+        recorded_total=int(rec[known].sum()),
+        recomputed_total=int(rc[known].sum()),
+        emitted_count_mismatch=int(bad_emit.sum()),
+    )
+    if lines:
+        ev["import_lines"], ev["first_line"] = lines, first_line or "?"
+    if not bad.any():  # the import's lines say what its blocks no longer show
+        return _bookkeeping_lines(td, ev, lines, first_line)
     first = int(np.flatnonzero(bad)[0])
+    ev["first"] = AcceptedPair(recorded=int(rec[first]), recomputed=int(rc[first]))
     return Finding(
         "acceptance_bookkeeping",
         "error",
@@ -251,13 +266,28 @@ def bookkeeping(s: SideInput) -> Finding | None:
             f"{int(bad.sum())} of {int(known.sum())} blocks (recorded "
             f"{int(rec[known].sum())}, recomputed {int(rc[known].sum())} accepted tokens)"
         ),
-        evidence=BookkeepingEvidence(
-            blocks=int(bad.sum()),
-            recorded_total=int(rec[known].sum()),
-            recomputed_total=int(rc[known].sum()),
-            emitted_count_mismatch=int(bad_emit.sum()),
-            first=AcceptedPair(recorded=int(rec[first]), recomputed=int(rc[first])),
+        evidence=ev,
+    )
+
+
+def _bookkeeping_lines(
+    td: TraceData, ev: BookkeepingEvidence, lines: dict[str, int], first_line: str | None
+) -> Finding:
+    """acceptance_bookkeeping from the VT import's counts alone: lines whose accepted count
+    disagrees with their own emitted ids (an ``emit != draft`` line keeps a plausible
+    count; its emitted ids are what contradicts it)."""
+    n = sum(lines.values())
+    kinds = ", ".join(f"{k}: {v}" for k, v in lines.items())
+    return Finding(
+        "acceptance_bookkeeping",
+        "error",
+        side=td.side,
+        message=(
+            f"{td.side}: the VT import read {n} line{'s' if n > 1 else ''} whose accepted "
+            f"count disagrees with its emitted ids ({kinds}; first: {first_line or '?'}): "
+            f"the recorded acceptance is not what the engine emitted"
         ),
+        evidence=ev,
     )
 
 
