@@ -233,3 +233,31 @@ def test_validate_checks_the_emitted_ids_against_the_accepted_ones(tmp_path):
         "(field=blocks/emitted, value=1)"
     )
     assert run_inproc("validate", ROOT / "traces" / "vllm.h5").returncode == 0
+
+
+# -- 7. --max-errors and drafts never verified ------------------------------------------------
+
+
+def test_max_errors_does_not_tolerate_drafts_never_verified(tmp_path):
+    """Request 0's first proposal never installed (line 6, ``installed=0``): one block
+    proposed and never verified, unverified_drafts (error). ``--max-errors 1`` passed it
+    (exit 0) as if it were an error in what was recorded; it is missing work, as a dead
+    engine is. Twins: ``--ignore unverified_drafts`` accepts it; the bundled log passes."""
+    lines = LOG.read_text().splitlines(keepends=True)
+    assert lines[5] == "[spec-install] req=0 installed=4 lookahead=4\n"
+    lines[5] = lines[5].replace("installed=4", "installed=0")
+    log, bad = tmp_path / "ni.vt.log", tmp_path / "ni.h5"
+    log.write_text("".join(lines))
+    assert run_inproc("import", "vt", log, "-o", bad, "--requests", REQS).returncode == 0
+    import json
+
+    for cmd in (("check", bad), ("diff", REF, bad)):
+        r = run_inproc(*cmd, "--max-errors", "1", "--format", "json")
+        assert r.returncode == 1, cmd
+        assert json.loads(r.stdout)["gate"]["problems"] == [
+            "missing work (unverified_drafts): --max-errors tolerates none; --ignore KIND does"
+        ]
+    assert run_inproc("check", bad, "--ignore", "unverified_drafts").returncode == 0
+    clean = tmp_path / "clean.h5"
+    assert run_inproc("import", "vt", LOG, "-o", clean, "--requests", REQS).returncode == 0
+    assert run_inproc("diff", REF, clean, "--max-errors", "1").returncode == 0

@@ -220,9 +220,10 @@ def counted_errors(findings: list[Finding], th: Thresholds) -> list[Finding]:
     return [f for f in findings if f.severity == "error" and f.kind not in th.ignore]
 
 
-#: Missing work (a dead engine, lost trace lines, requests cut short or absent): a count of
-#: tolerated errors never covers it (that is for what was recorded), naming it in ``ignore`` does.
-MISSING_WORK = frozenset({"capture_incomplete", "requests_incomplete"})
+#: Missing work (a dead engine, lost trace lines, requests cut short or absent, drafts never
+#: verified or blocks skipped where the other side drafted): a count of tolerated errors never
+#: covers it (that is for what was recorded), naming it in ``ignore`` does.
+MISSING_WORK = frozenset({"capture_incomplete", "requests_incomplete", "unverified_drafts"})
 
 
 def errors_problem(errors: list[Finding], th: Thresholds) -> str | None:
