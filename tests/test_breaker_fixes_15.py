@@ -261,3 +261,32 @@ def test_max_errors_does_not_tolerate_drafts_never_verified(tmp_path):
     clean = tmp_path / "clean.h5"
     assert run_inproc("import", "vt", LOG, "-o", clean, "--requests", REQS).returncode == 0
     assert run_inproc("diff", REF, clean, "--max-errors", "1").returncode == 0
+
+
+# -- 8. a request's first blocks lost --------------------------------------------------------
+
+
+def test_blocks_lost_at_a_requests_start_are_missing_work(tmp_path):
+    """Lines 20 and 44 are request 0's first two blocks (VT ``pos`` is the anchor's
+    position + 1: anchors at 10 and 13; its prompt holds 10 ids). Without them its first
+    block is line 68's, ``pos=16``: it drafts from position 15, although a draft model
+    drafts at every step from the first output token, at position 10. The chain check
+    started at the first recorded block: exit 0. Twin: the bundled log."""
+    lines = LOG.read_text().splitlines(keepends=True)
+    assert lines[19].startswith("[SPECTRACE] req=0 pos=11 ")
+    assert lines[43].startswith("[SPECTRACE] req=0 pos=14 ")
+    log, bad = tmp_path / "head.vt.log", tmp_path / "head.h5"
+    log.write_text("".join(x for i, x in enumerate(lines) if i not in (19, 43)))
+    assert run_inproc("import", "vt", log, "-o", bad, "--requests", REQS).returncode == 0
+    code, errors = _errors("check", bad)
+    assert code == 1 and list(errors) == ["capture_incomplete"]
+    ev = errors["capture_incomplete"]["evidence"]
+    assert ev["head_gaps"] == 1
+    assert ev["first_head_gap"] == (
+        "request 0: its first block drafts from position 15; its first output token is at "
+        "position 10"
+    )
+    assert _errors("diff", REF, bad)[0] == 1
+    clean = tmp_path / "clean.h5"
+    assert run_inproc("import", "vt", LOG, "-o", clean, "--requests", REQS).returncode == 0
+    assert _errors("check", clean) == (0, {})

@@ -67,6 +67,8 @@ def capture_end(meta: dict, status: str = schema.STATUS_COMPLETE) -> CaptureEvid
         recorded_blocks=None,
         chain_gaps=0,
         first_chain_gap=None,
+        head_gaps=0,
+        first_head_gap=None,
         tail_gaps=0,
         first_tail_gap=None,
         undrafted_requests=0,
@@ -297,6 +299,7 @@ def _block_evidence(s: SideInput, ev: CaptureEvidence) -> None:
         bool(_int_or_none(_dict(_dict(m, "import"), "joins").get("not_installed"))) for m in t.metas
     ]
     if not all(plain):
+        _head_evidence(td, ev, np.flatnonzero(plain))
         _tail_evidence(td, ev, np.flatnonzero(plain))
     if "chain_gaps" in _dict(t.meta, "import"):
         return  # the VT import counted its own gaps (dropped_lines)
@@ -324,13 +327,34 @@ def _undrafted(td: TraceData, ev: CaptureEvidence) -> None:
         ev["first_undrafted"] = t.requests.req_id[int(none[0])]
 
 
+def _kept(td: TraceData, rows: np.ndarray, skip_files: np.ndarray) -> np.ndarray:
+    """bool [len(rows)]: the block rows whose request is of none of ``skip_files``."""
+    if not len(skip_files):
+        return np.ones(len(rows), bool)
+    return ~np.isin(td.t.requests.file[td.t.blocks.request[rows]], skip_files)
+
+
+def _head_evidence(td: TraceData, ev: CaptureEvidence, skip_files: np.ndarray) -> None:
+    """Fill ``ev``'s head gaps (requests of ``skip_files`` left out, as for the tail)."""
+    rows, start = td.head_gaps
+    keep = _kept(td, rows, skip_files)
+    rows, start = rows[keep], start[keep]
+    ev["head_gaps"] = len(rows)
+    if len(rows):
+        r = int(rows[0])
+        ev["first_head_gap"] = (
+            f"request {td.req_id(r)}: its first block drafts from position "
+            f"{int(td.t.blocks.position[r])}; its first output token is at position "
+            f"{int(start[0])}"
+        )
+
+
 def _tail_evidence(td: TraceData, ev: CaptureEvidence, skip_files: np.ndarray) -> None:
     """Fill ``ev``'s tail gaps, leaving out the requests of files ``skip_files`` (indexes
     into ``td.t.metas``: VT imports that decoded plain tokens where drafts went uninstalled)."""
     rows, reach = td.tail_gaps
-    if len(skip_files):
-        keep = ~np.isin(td.t.requests.file[td.t.blocks.request[rows]], skip_files)
-        rows, reach = rows[keep], reach[keep]
+    keep = _kept(td, rows, skip_files)
+    rows, reach = rows[keep], reach[keep]
     ev["tail_gaps"] = len(rows)
     if len(rows):
         r = int(rows[0])
@@ -356,6 +380,12 @@ def _blocks_how(ev: CaptureEvidence, held: int, drafter: str) -> list[str]:
             f"{counted(ev['chain_gaps'], 'gap')} in the anchor chain although its {drafter} "
             f"drafts at every step (first: {ev['first_chain_gap']}): the blocks "
             f"between are missing"
+        )
+    if ev["head_gaps"]:
+        out.append(
+            f"{counted(ev['head_gaps'], 'request')} whose first block drafts past its first "
+            f"output token although its {drafter} drafts at every step (first: "
+            f"{ev['first_head_gap']}): the blocks at the start are missing"
         )
     if ev["tail_gaps"]:
         out.append(

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..align import Alignment
-from ..compare import BlockComparison, PairedComparison, SlotCounts, slots_present
+from ..compare import BlockComparison, PairedComparison, SlotCounts, anchors_equal, slots_present
 from ..index import block_order, checked_counts, sequence_index
 from ..metrics import recompute_accepted
 from ..parallel import chunks
@@ -170,6 +170,43 @@ class TraceData:
         end = self.length[req] - 1
         gap = (end >= 0) & (reach < end)
         return rows[gap], reach[gap]
+
+    @functools.cached_property
+    def head_gaps(self) -> tuple[np.ndarray, np.ndarray]:
+        """Requests whose first block drafts past the first output token: its anchor position
+        lies beyond ``len(prompt)`` (every engine anchors a request's first block on the
+        token its prefill sampled, at ``len(prompt)``; vLLM ``GPUModelRunner`` proposes in
+        that step), so the engine emitted tokens before it without a block drafting from
+        them. Requests whose prompt is unknown are left out, and every request when an
+        anchor of the trace is not the token at its position (:attr:`anchor_check`).
+
+        Returns:
+            ``(rows, start)``: int64 [g] the first block rows (row order), int64 [g] each
+            request's prompt length (the position its first block should draft from).
+        """
+        b = self.t.blocks
+        rows = np.flatnonzero(self.prev < 0)
+        req = b.request[rows].astype(np.int64)
+        known = (req >= 0) & (req < len(self.prompt_lengths))
+        rows, req = rows[known], req[known]
+        start, pos = self.prompt_lengths[req], b.position[rows]
+        gap = (start > 0) & (pos > start)
+        if self.anchor_check[1].any():  # positions not to be trusted: anchor_shift's to name
+            gap[:] = False
+        return rows[gap], start[gap]
+
+    @functools.cached_property
+    def anchor_check(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(known, bad)``: bool [n] each, the block's anchor and the sequence's token at
+        its position are both known, and they differ (the record is shifted or corrupt)."""
+        b = self.t.blocks
+        n = len(b)
+        known, bad = np.zeros(n, bool), np.zeros(n, bool)
+        for c in chunks(n):
+            req, anchor, pos = b.request[c], b.anchor[c], b.position[c].astype(np.int64)
+            known[c] = (anchor >= 0) & (pos >= 0) & (pos < self.length[req])
+            bad[c] = known[c] & ~anchors_equal(token_at(self, req, pos), anchor)
+        return known, bad
 
     @functools.cached_property
     def _neighbours(self) -> tuple[np.ndarray, np.ndarray]:
@@ -351,3 +388,12 @@ def paired_row(td: TraceData, rows: np.ndarray, x: int) -> np.ndarray:
     if sw is not None and sw.paired is not None and sw.rows is rows:
         return sw.paired[x]
     return row(td.t, "proposed", int(rows[x])).astype(np.int32, copy=False)
+
+
+def token_at(td: TraceData, req: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """int64 [n] the token of request ``req`` at position ``pos`` (-1 outside the sequence)."""
+    length = td.length[req]
+    ok = (pos >= 0) & (pos < length)
+    out = np.full(len(req), -1, np.int64)
+    out[ok] = td.flat[td.start[req[ok]] + pos[ok]]
+    return out

@@ -296,6 +296,12 @@ class CaptureEvidence(TypedDict):
     chain_gaps: int
     #: The first gap, ``request R: ...``; null when none.
     first_chain_gap: str | None
+    #: Requests whose first block drafts past their first output token (at ``len(prompt)``)
+    #: although a model drafter drafts at every step: the blocks at the request's start are
+    #: missing; 0 when none (or the prompt is unknown).
+    head_gaps: int
+    #: The first such request, ``request R: ...``; null when none.
+    first_head_gap: str | None
     #: Requests whose output goes on past what their last block reaches (its anchor
     #: position + accepted + 1; its position when never verified) although a model drafter
     #: drafts at every step: the blocks at the request's end are missing; 0 when none.

@@ -11,7 +11,7 @@ from ..align import Alignment, drafts_configured
 from ..compare import NO_DIVERGENCE, count_anchors_known, shift_equal, shift_present
 from ..fmt import pct
 from ..tokens import Decoder
-from .data import PairData, TraceData
+from .data import PairData, TraceData, token_at
 from .evidence import (
     AnchorEvidence,
     AnchorPair,
@@ -22,7 +22,7 @@ from .evidence import (
     MismatchEvidence,
 )
 from .model import Finding, Severity, Side, tok
-from .single import constant_rate, token_at
+from .single import constant_rate
 from .thresholds import MIN_BLOCKS, MISMATCH_ERROR_RATE, SYSTEMATIC
 
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..align import is_replay
-from ..compare import anchors_equal
 from ..fmt import pct
 from ..index import memo
 from ..parallel import chunks
 from ..rows import row, row_chunks
 from .capture import import_bookkeeping
-from .data import SideInput, TraceData
+from .data import SideInput, TraceData, token_at
 from .evidence import (
     AcceptedPair,
     AnchorEvidence,
@@ -31,15 +30,6 @@ from .sweep import sweep
 from .thresholds import MIN_BLOCKS, SYSTEMATIC
 
 
-def token_at(td: TraceData, req: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """int64 [n] the token of request ``req`` at position ``pos`` (-1 outside the sequence)."""
-    length = td.length[req]
-    ok = (pos >= 0) & (pos < length)
-    out = np.full(len(req), -1, np.int64)
-    out[ok] = td.flat[td.start[req[ok]] + pos[ok]]
-    return out
-
-
 def anchor_consistency(s: SideInput) -> Finding | None:
     """anchor_shift within a trace: the recorded anchor is not the sequence's token at its
     position, in any block (no engine drafts from a token its output does not hold there: a
@@ -48,12 +38,7 @@ def anchor_consistency(s: SideInput) -> Finding | None:
     them."""
     td = s.td
     b = td.t.blocks
-    n = len(b)
-    known, bad = np.zeros(n, bool), np.zeros(n, bool)
-    for c in chunks(n):
-        req, anchor, pos = b.request[c], b.anchor[c], b.position[c].astype(np.int64)
-        known[c] = (anchor >= 0) & (pos >= 0) & (pos < td.length[req])
-        bad[c] = known[c] & ~anchors_equal(token_at(td, req, pos), anchor)
+    known, bad = td.anchor_check
     nknown, nbad = int(known.sum()), int(bad.sum())
     if is_replay(td.t):
         # A replay's anchor is what its target sampled at a given prefix: it differs from
