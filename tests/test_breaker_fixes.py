@@ -138,7 +138,7 @@ def test_golden_without_records_or_blocks_is_an_input_error(tmp_path, capsys):
 
 # -- 2. unknown requests, empty selections ---------------------------------------------------
 
-UNKNOWN = "no request 'nosuch' (known: A, B, a, b)"
+UNKNOWN = "no request 'nosuch' (known: A, B, a, b) in ours.h5 or theirs.h5"
 
 
 @pytest.mark.parametrize("cmd", ["diff", "check"])

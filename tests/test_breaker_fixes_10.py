@@ -148,16 +148,17 @@ def test_clean_twin_finish_reasons_of_completed_requests(tmp_path, reason):
     assert code == 0
 
 
-def _verified_col(dst: Path, same: int) -> Path:
+def _verified_col(dst: Path, same, rows=slice(None)) -> Path:
     """The bundled trace (format 1.0, no verified_same) with verified slot 3 set to 5 in
-    every block and a verified_same column of ``same``."""
+    blocks ``rows`` and a verified_same column of ``same`` (one value or one per row)."""
     shutil.copyfile(VLLM, dst)
     with h5py.File(dst, "r+") as f:
         g = f["blocks"]
         v = g["verified"][:]
-        v[:, 3] = 5
+        v[rows, 3] = 5
         g["verified"][:] = v
-        g.create_dataset("verified_same", data=np.full(len(v), same, np.int8), maxshape=(None,))
+        col = np.broadcast_to(np.asarray(same, np.int8), (len(v),))
+        g.create_dataset("verified_same", data=col, maxshape=(None,))
     return dst
 
 
@@ -174,7 +175,11 @@ def test_validate_proves_verified_same(tmp_path):
 
 
 def test_clean_twin_an_honest_verified_same_is_valid(tmp_path):
-    ok = _verified_col(tmp_path / "honest.h5", 0)
+    # Slot 3 edited only where it was not accepted (accepted <= 3): a block that accepted
+    # all 4 emitted its real slot-3 draft, and a verified 5 there contradicts it.
+    with h5py.File(VLLM, "r", locking=False) as f:
+        unaccepted = f["blocks"]["accepted"][:] <= 3
+    ok = _verified_col(tmp_path / "honest.h5", (~unaccepted).astype(np.int8), unaccepted)
     assert run_inproc("validate", ok).returncode == 0
     code, found = _findings("check", ok)
     assert code == 1 and "verified_differs" in found

@@ -290,3 +290,34 @@ def test_blocks_lost_at_a_requests_start_are_missing_work(tmp_path):
     clean = tmp_path / "clean.h5"
     assert run_inproc("import", "vt", LOG, "-o", clean, "--requests", REQS).returncode == 0
     assert _errors("check", clean) == (0, {})
+
+
+# -- 9. an n-gram request's first or last block lost ------------------------------------------
+
+
+@pytest.mark.parametrize("lost", ["first", "last"])
+def test_a_block_lost_at_either_end_of_a_request_is_missing_work(tmp_path, lost):
+    """The bundled n-gram log without request 0's first (or last) ``[SPECTRACE]`` line,
+    diffed against the whole log: on identical content the same drafter drafts from the
+    same anchors, and only gaps inside the chain were looked at (exit 0). Before its first
+    block the engine stepped from the first output token (``len(prompt)``) without drafting
+    where theirs drafted; after its last block's reach (anchor + accepted + 1: its next
+    step's anchor) it did not draft where theirs did. The twin (the whole log against
+    itself, both orders clean) is tests/test_verdicts.py's healthy n-gram pair."""
+    from test_verdicts import diff_json, first_error, ngram_blocks, ngram_trace
+
+    b0 = [p for r, p, _ in ngram_blocks() if r == "0"]
+    n = len(b0)
+    drop = 0 if lost == "first" else n - 1
+    ours = ngram_trace(tmp_path, lost, lambda req, nth: req == "0" and nth == drop)
+    rc, doc = diff_json(ours, ngram_trace(tmp_path, "all"))
+    f = first_error(rc, doc, "unverified_drafts")
+    # first: named at the block after the span it skipped (its second); last: at its
+    # last block left (the one before the lost one).
+    want = b0[1] if lost == "first" else b0[n - 2]
+    assert (f["side"], f["request"], f["position"]) == ("ours", "0", want)
+    ev = f["evidence"]
+    if lost == "first":
+        assert (ev["skipped_anchors"], ev["requests_stopping"]) == (1, [])
+    else:
+        assert (ev["skipped_anchors"], ev["requests_stopping"]) == (0, ["0"])

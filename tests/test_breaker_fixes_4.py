@@ -217,11 +217,15 @@ def test_validate_takes_the_llama_dump_import(tmp_path):
 def test_a_cut_block_is_valid_only_at_the_end_of_the_output(
     tmp_path, position, anchor, accepted, emitted, valid
 ):
-    # prompt [1, 2] + output [3, 4, 5]: positions 0..4, the last at 4.
+    # prompt [1, 2] + output [3, 4, 5]: positions 0..4, the last at 4. The drafts are the
+    # sequence's next tokens (9 past its end), so that the accepted ones are what a step
+    # emits (validate checks emitted[:accepted] too).
+    seq = [1, 2, 3, 4, 5]
+    drafts = [seq[i] if i < len(seq) else 9 for i in (position + 1, position + 2)]
     p = tmp_path / "t.h5"
     with TraceWriter(p, {"k": 2}, flush_interval=0) as w:
         w.request("q", prompt_ids=[1, 2], output_ids=[3, 4, 5], finish_reason="length")
-        w.add_block("q", 0, position, anchor, [9, 9], verified=[9, 9], accepted=accepted,
+        w.add_block("q", 0, position, anchor, drafts, verified=drafts, accepted=accepted,
                     emitted=emitted)  # fmt: skip
     r = run_inproc("validate", p)
     if valid:

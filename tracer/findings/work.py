@@ -158,7 +158,7 @@ def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) 
     pob = al.pair_of_block_a if side_a else al.pair_of_block_b
     rpob = al.pair_of_block_b if side_a else al.pair_of_block_a
     rcomp = al.comparable_b if side_a else al.comparable_a
-    idx, expected = td.chain_gaps
+    idx, expected = _gaps_and_heads(td)
     paired = pob[idx] >= 0
     idx, expected = idx[paired], expected[paired]
     if not len(idx):
@@ -175,6 +175,20 @@ def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) 
     lo = np.searchsorted(have, base + expected)
     hi = np.searchsorted(have, base + b.position[idx].astype(np.int64))
     return idx[hi > lo]
+
+
+def _gaps_and_heads(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
+    """:attr:`~.data.TraceData.chain_gaps` and each request's first block with the span
+    before it: from the first output token (``len(prompt)``, where every engine's first
+    step drafts from) the engine emitted up to the first block without drafting. Returns
+    ``(rows, expected)`` as ``chain_gaps`` does (gaps first, then the first blocks)."""
+    idx, expected = td.chain_gaps
+    first = np.flatnonzero(td.prev < 0)
+    req = td.t.blocks.request[first].astype(np.int64)
+    ok = (req >= 0) & (req < len(td.prompt_lengths))
+    first, start = first[ok], td.prompt_lengths[req[ok]]
+    head = (start > 0) & (td.t.blocks.position[first] > start)
+    return np.concatenate([idx, first[head]]), np.concatenate([expected, start[head]])
 
 
 def _last_verified(td: TraceData) -> np.ndarray:
@@ -244,7 +258,8 @@ def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
     r = here[ps]
     x = np.where(last[r] >= 0, last[r], any_last[r])
     reach = b.position[x].astype(np.int64) + np.maximum(b.accepted[x], 0) + 1
-    stops = sorted(x[span.top[ps] > reach].tolist())
+    # reach is the anchor of this side's next step: drafting there is what it skipped.
+    stops = sorted(x[span.top[ps] >= reach].tolist())
     if not len(never_p):
         return stops, []
     first = span.first_lowest(~has_block[here])
