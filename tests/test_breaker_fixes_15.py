@@ -295,29 +295,32 @@ def test_blocks_lost_at_a_requests_start_are_missing_work(tmp_path):
 # -- 9. an n-gram request's first or last block lost ------------------------------------------
 
 
-@pytest.mark.parametrize("lost", ["first", "last"])
-def test_a_block_lost_at_either_end_of_a_request_is_missing_work(tmp_path, lost):
+@pytest.mark.parametrize("lost, req", [("first", "0"), ("last", "0"), ("last", "2")])
+def test_a_block_lost_at_either_end_of_a_request_is_missing_work(tmp_path, lost, req):
     """The bundled n-gram log without request 0's first (or last) ``[SPECTRACE]`` line,
     diffed against the whole log: on identical content the same drafter drafts from the
     same anchors, and only gaps inside the chain were looked at (exit 0). Before its first
     block the engine stepped from the first output token (``len(prompt)``) without drafting
     where theirs drafted; after its last block's reach (anchor + accepted + 1: its next
-    step's anchor) it did not draft where theirs did. The twin (the whole log against
-    itself, both orders clean) is tests/test_verdicts.py's healthy n-gram pair."""
+    step's anchor) it did not draft where theirs did: request 2's last two blocks are at
+    29 (ns=1) and 30, so without the last its reach, 30, is where theirs drafted (request
+    0's last, at 26, lies past its reach 23: that loss was named before). The twin (the
+    whole log against itself, both orders clean) is tests/test_verdicts.py's healthy n-gram
+    pair."""
     from test_verdicts import diff_json, first_error, ngram_blocks, ngram_trace
 
-    b0 = [p for r, p, _ in ngram_blocks() if r == "0"]
-    n = len(b0)
+    b = [p for r, p, _ in ngram_blocks() if r == req]
+    n = len(b)
     drop = 0 if lost == "first" else n - 1
-    ours = ngram_trace(tmp_path, lost, lambda req, nth: req == "0" and nth == drop)
+    ours = ngram_trace(tmp_path, lost, lambda r, nth: r == req and nth == drop)
     rc, doc = diff_json(ours, ngram_trace(tmp_path, "all"))
     f = first_error(rc, doc, "unverified_drafts")
     # first: named at the block after the span it skipped (its second); last: at its
     # last block left (the one before the lost one).
-    want = b0[1] if lost == "first" else b0[n - 2]
-    assert (f["side"], f["request"], f["position"]) == ("ours", "0", want)
+    want = b[1] if lost == "first" else b[n - 2]
+    assert (f["side"], f["request"], f["position"]) == ("ours", req, want)
     ev = f["evidence"]
     if lost == "first":
         assert (ev["skipped_anchors"], ev["requests_stopping"]) == (1, [])
     else:
-        assert (ev["skipped_anchors"], ev["requests_stopping"]) == (0, ["0"])
+        assert (ev["skipped_anchors"], ev["requests_stopping"]) == (0, [req])
