@@ -324,3 +324,28 @@ def test_a_block_lost_at_either_end_of_a_request_is_missing_work(tmp_path, lost,
         assert (ev["skipped_anchors"], ev["requests_stopping"]) == (1, [])
     else:
         assert (ev["skipped_anchors"], ev["requests_stopping"]) == (0, [req])
+
+
+# -- 10. an n-gram replay through the cmd engine ----------------------------------------------
+
+
+def test_an_ngram_replay_through_cmd_keeps_its_empty_proposals(tmp_path):
+    """8 positions of each of the 5 requests, n-gram: the in-process reference engine
+    proposes nothing at 10 of the 40 (no match in the prefix; first: request 0, position
+    28). Through the cmd contract the same engine prints no block there, which was
+    "engine left no block at 10 of 40 replayed positions" (exit 3). Now those sites are
+    empty proposals, as in the reference replay, and the two replays agree. The draft
+    model twin (it drafts everywhere) runs as before."""
+    from spectrace.tracer.store import open_trace
+
+    ours, theirs = tmp_path / "ng.h5", tmp_path / "ng.cmd.h5"
+    r = run_inproc("replay", REF, "-o", ours, "--engine", "reference", "--vs", "cmd",
+                   "--method", "ngram", "--positions", "8")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    for path in (ours, theirs):
+        b = open_trace(path).blocks
+        assert (len(b), int((b.k == 0).sum())) == (40, 10)
+        assert b.position[b.k == 0][0] == 28
+    twin = tmp_path / "dm.h5"
+    r = run_inproc("replay", REF, "-o", twin, "--engine", "cmd", "--positions", "2")
+    assert r.returncode == 0, r.stderr

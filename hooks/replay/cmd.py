@@ -88,7 +88,7 @@ def replay_cmd(
         broken = incomplete_reasons(t)
         if broken:  # the capture's own verdict on the engine's lines (a repeated block, ...)
             raise EngineFailed(f"--engine cmd: {cmd[0]}'s trace lines: {'; '.join(broken)}")
-        drafts = drafts_of(t, refs, sites, by="id")
+        drafts = drafts_of(t, refs, sites, by="id", always_drafts=opts.method != "ngram")
         meta = {key: t.meta[key] for key in ("engine", "method", "k", "command") if key in t.meta}
     if progress is not None:
         progress(len(sites), len(sites))

@@ -26,6 +26,15 @@ class EngineFailed(SpectraceError):
     (:attr:`ExitCode.FAILURE`) with one line, never 1 (a divergence) or 2 (bad input)."""
 
 
+def _sampled(t: Trace, r: int | None) -> int | None:
+    """The token request row ``r`` of ``t`` emitted first (its target's sample at the
+    site), or None when the request or its output is unknown."""
+    if r is None:
+        return None
+    out = t.requests.output_ids[r]
+    return int(out[0]) if len(out) else None
+
+
 def write_prefixes(path: str | os.PathLike, refs: list[Reference], sites: list[Site]) -> Path:
     """One ``{"id": site.ident, "prompt_ids": sequence[:position]}`` line per site."""
     path = Path(path)
@@ -36,12 +45,17 @@ def write_prefixes(path: str | os.PathLike, refs: list[Reference], sites: list[S
     return path
 
 
-def drafts_of(t: Trace, refs: list[Reference], sites: list[Site], by: str) -> list[Draft]:
+def drafts_of(
+    t: Trace, refs: list[Reference], sites: list[Site], by: str, always_drafts: bool = True
+) -> list[Draft]:
     """The first block of each site's request in the engine's trace ``t``.
 
     Args:
         by: how requests of ``t`` name their site: ``prompt`` (by prompt ids; vLLM) or
             ``id`` (the request id is the site's ident; the ``cmd`` contract).
+        always_drafts: the drafter proposes at every step (a model). False for n-gram,
+            which rightly proposes nothing where the prefix holds no match: a site whose
+            request emitted its token without a block is then an empty proposal.
     Raises:
         EngineFailed: a site without a block at its position (the engine did not draft
             there: dropped work, never bad input), or whose block's anchor is unknown (no
@@ -63,7 +77,11 @@ def drafts_of(t: Trace, refs: list[Reference], sites: list[Site], by: str) -> li
         r = index.get(s.ident)
         row = first.get(r) if r is not None else None
         if row is None or int(pos[row]) != s.position:
-            missing.append(s)
+            sampled = _sampled(t, r) if not always_drafts and row is None else None
+            if sampled is None:
+                missing.append(s)
+            else:  # no match, no proposal: what the reference replay records too
+                out.append(Draft(s, sampled, []))
             continue
         if int(t.blocks.anchor[row]) < 0:
             unknown.append(s)
