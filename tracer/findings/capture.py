@@ -299,8 +299,9 @@ def _block_evidence(s: SideInput, ev: CaptureEvidence) -> None:
         bool(_int_or_none(_dict(_dict(m, "import"), "joins").get("not_installed"))) for m in t.metas
     ]
     if not all(plain):
-        _head_evidence(td, ev, np.flatnonzero(plain))
-        _tail_evidence(td, ev, np.flatnonzero(plain))
+        skip = np.flatnonzero(plain)
+        _head_evidence(td, ev, skip)
+        _tail_evidence(td, ev, skip)
     if "chain_gaps" in _dict(t.meta, "import"):
         return  # the VT import counted its own gaps (dropped_lines)
     rows, expected = td.chain_gaps
@@ -327,18 +328,21 @@ def _undrafted(td: TraceData, ev: CaptureEvidence) -> None:
         ev["first_undrafted"] = t.requests.req_id[int(none[0])]
 
 
-def _kept(td: TraceData, rows: np.ndarray, skip_files: np.ndarray) -> np.ndarray:
-    """bool [len(rows)]: the block rows whose request is of none of ``skip_files``."""
+def _kept(
+    td: TraceData, gaps: tuple[np.ndarray, np.ndarray], skip_files: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``gaps`` (block rows, a value per row) without the rows whose request is of one of
+    ``skip_files`` (indexes into ``td.t.metas``)."""
+    rows, values = gaps
     if not len(skip_files):
-        return np.ones(len(rows), bool)
-    return ~np.isin(td.t.requests.file[td.t.blocks.request[rows]], skip_files)
+        return rows, values
+    keep = ~np.isin(td.t.requests.file[td.t.blocks.request[rows]], skip_files)
+    return rows[keep], values[keep]
 
 
 def _head_evidence(td: TraceData, ev: CaptureEvidence, skip_files: np.ndarray) -> None:
     """Fill ``ev``'s head gaps (requests of ``skip_files`` left out, as for the tail)."""
-    rows, start = td.head_gaps
-    keep = _kept(td, rows, skip_files)
-    rows, start = rows[keep], start[keep]
+    rows, start = _kept(td, td.head_gaps, skip_files)
     ev["head_gaps"] = len(rows)
     if len(rows):
         r = int(rows[0])
@@ -352,9 +356,7 @@ def _head_evidence(td: TraceData, ev: CaptureEvidence, skip_files: np.ndarray) -
 def _tail_evidence(td: TraceData, ev: CaptureEvidence, skip_files: np.ndarray) -> None:
     """Fill ``ev``'s tail gaps, leaving out the requests of files ``skip_files`` (indexes
     into ``td.t.metas``: VT imports that decoded plain tokens where drafts went uninstalled)."""
-    rows, reach = td.tail_gaps
-    keep = _kept(td, rows, skip_files)
-    rows, reach = rows[keep], reach[keep]
+    rows, reach = _kept(td, td.tail_gaps, skip_files)
     ev["tail_gaps"] = len(rows)
     if len(rows):
         r = int(rows[0])

@@ -172,13 +172,12 @@ class TraceData:
         return rows[gap], reach[gap]
 
     @functools.cached_property
-    def head_gaps(self) -> tuple[np.ndarray, np.ndarray]:
+    def late_starts(self) -> tuple[np.ndarray, np.ndarray]:
         """Requests whose first block drafts past the first output token: its anchor position
         lies beyond ``len(prompt)`` (every engine anchors a request's first block on the
         token its prefill sampled, at ``len(prompt)``; vLLM ``GPUModelRunner`` proposes in
         that step), so the engine emitted tokens before it without a block drafting from
-        them. Requests whose prompt is unknown are left out, and every request when an
-        anchor of the trace is not the token at its position (:attr:`anchor_check`).
+        them. Requests whose prompt is unknown are left out.
 
         Returns:
             ``(rows, start)``: int64 [g] the first block rows (row order), int64 [g] each
@@ -189,11 +188,19 @@ class TraceData:
         req = b.request[rows].astype(np.int64)
         known = (req >= 0) & (req < len(self.prompt_lengths))
         rows, req = rows[known], req[known]
-        start, pos = self.prompt_lengths[req], b.position[rows]
-        gap = (start > 0) & (pos > start)
-        if self.anchor_check[1].any():  # positions not to be trusted: anchor_shift's to name
-            gap[:] = False
-        return rows[gap], start[gap]
+        start = self.prompt_lengths[req]
+        late = (start > 0) & (b.position[rows] > start)
+        return rows[late], start[late]
+
+    @property
+    def head_gaps(self) -> tuple[np.ndarray, np.ndarray]:
+        """:attr:`late_starts` as lost blocks: none when an anchor of the trace is not the
+        token at its position (:attr:`anchor_check`; the positions are not to be trusted,
+        anchor_shift names it). Returns ``(rows, start)`` as ``late_starts`` does."""
+        rows, start = self.late_starts
+        if self.anchor_check[1].any():
+            return rows[:0], start[:0]
+        return rows, start
 
     @functools.cached_property
     def anchor_check(self) -> tuple[np.ndarray, np.ndarray]:

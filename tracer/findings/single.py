@@ -238,7 +238,7 @@ def bookkeeping(s: SideInput) -> Finding | None:
     if lines:
         ev["import_lines"], ev["first_line"] = lines, first_line or "?"
     if not bad.any():  # the import's lines say what its blocks no longer show
-        return _bookkeeping_lines(td, ev, lines, first_line)
+        return _bookkeeping_lines(td, ev)
     first = int(np.flatnonzero(bad)[0])
     ev["first"] = AcceptedPair(recorded=int(rec[first]), recomputed=int(rc[first]))
     return Finding(
@@ -255,12 +255,11 @@ def bookkeeping(s: SideInput) -> Finding | None:
     )
 
 
-def _bookkeeping_lines(
-    td: TraceData, ev: BookkeepingEvidence, lines: dict[str, int], first_line: str | None
-) -> Finding:
-    """acceptance_bookkeeping from the VT import's counts alone: lines whose accepted count
-    disagrees with their own emitted ids (an ``emit != draft`` line keeps a plausible
-    count; its emitted ids are what contradicts it)."""
+def _bookkeeping_lines(td: TraceData, ev: BookkeepingEvidence) -> Finding:
+    """acceptance_bookkeeping from the VT import's counts alone (``ev``'s ``import_lines``):
+    lines whose accepted count disagrees with their own emitted ids (an ``emit != draft``
+    line keeps a plausible count; its emitted ids are what contradicts it)."""
+    lines = ev["import_lines"]
     n = sum(lines.values())
     kinds = ", ".join(f"{k}: {v}" for k, v in lines.items())
     return Finding(
@@ -269,7 +268,7 @@ def _bookkeeping_lines(
         side=td.side,
         message=(
             f"{td.side}: the VT import read {n} line{'s' if n > 1 else ''} whose accepted "
-            f"count disagrees with its emitted ids ({kinds}; first: {first_line or '?'}): "
+            f"count disagrees with its emitted ids ({kinds}; first: {ev['first_line']}): "
             f"the recorded acceptance is not what the engine emitted"
         ),
         evidence=ev,

@@ -178,17 +178,12 @@ def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) 
 
 
 def _gaps_and_heads(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
-    """:attr:`~.data.TraceData.chain_gaps` and each request's first block with the span
-    before it: from the first output token (``len(prompt)``, where every engine's first
-    step drafts from) the engine emitted up to the first block without drafting. Returns
-    ``(rows, expected)`` as ``chain_gaps`` does (gaps first, then the first blocks)."""
+    """:attr:`~.data.TraceData.chain_gaps` and the span before each request's first block
+    (:attr:`~.data.TraceData.late_starts`: from the first output token the engine emitted
+    up to it without drafting), as ``(rows, expected)`` (gaps first, then first blocks)."""
     idx, expected = td.chain_gaps
-    first = np.flatnonzero(td.prev < 0)
-    req = td.t.blocks.request[first].astype(np.int64)
-    ok = (req >= 0) & (req < len(td.prompt_lengths))
-    first, start = first[ok], td.prompt_lengths[req[ok]]
-    head = (start > 0) & (td.t.blocks.position[first] > start)
-    return np.concatenate([idx, first[head]]), np.concatenate([expected, start[head]])
+    first, start = td.late_starts
+    return np.concatenate([idx, first]), np.concatenate([expected, start])
 
 
 def _last_verified(td: TraceData) -> np.ndarray:
