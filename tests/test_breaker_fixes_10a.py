@@ -33,11 +33,12 @@ VT_LOG, VLLM = ROOT / "traces" / "reference.vt.log", ROOT / "traces" / "vllm.h5"
 REQUESTS = ROOT / "traces" / "reference.requests.jsonl"
 BIG = 10**29  # written out in full on the command line: 1 and 29 zeros
 
-# The bundled golden's walk (test_importers derives it): 5 placed blocks, 15 draft tokens,
-# 7 accepted, per slot [4, 2, 1]. One placed block reaches past max_tokens: record 0's third
-# block, anchor 27 at position 3 + 7 = 10, the last of 11 tokens, so none of its 3 drafts
-# [28, 29, 30] can be compared: 3 drafts cut, one in each slot 0, 1, 2. The golden may count
-# 0..3 accepted tokens more than 7 (per slot 0..1 more), never fewer, never more than 15.
+# The bundled golden's walk (test_importers derives it): 6 verified placed blocks (the final
+# proposal left out), 18 draft tokens, 8 accepted, per slot [6, 2, 0]. One placed block
+# reaches past max_tokens: record 0's third block, anchor 26 at position 9, drafts
+# [27, 28, 29]: 27 is the last of 11 tokens (position 10), so 28 and 29 cannot be compared:
+# 2 drafts cut, in slots 1 and 2. The golden may count 0..2 accepted tokens more than 8 (per
+# slot 0..1 more in slots 1 and 2), never fewer, never more than 18.
 
 
 def _golden(tmp_path: Path, **metrics) -> Path:
@@ -64,28 +65,28 @@ def _error_kinds(r) -> list[str]:
 @pytest.mark.parametrize(
     ("metrics", "mismatch", "why"),
     [
-        # 100 accepted of 15 draft tokens: more than drafted (per slot [4, 3, 2] stays within)
+        # 100 accepted of 18 draft tokens: more than drafted (per slot [6, 3, 0] stays within)
         (
             {"accepted_tokens": 100},
             ["accepted_tokens"],
-            "accepted tokens: the golden counts 100, more than its 15 draft tokens",
+            "accepted tokens: the golden counts 100, more than its 18 draft tokens",
         ),
-        # 5 accepted, [4, 1, 0]: 2 fewer than the placed 7, slot 1 one fewer than 2
+        # 6 accepted, [6, 0, 0]: 2 fewer than the placed 8, slot 1 two fewer than 2
         (
-            {"accepted_tokens": 5, "accepted_tokens_per_pos": [4, 1, 0]},
+            {"accepted_tokens": 6, "accepted_tokens_per_pos": [6, 0, 0]},
             ["accepted_tokens", "accepted_per_pos"],
             "accepted tokens: the golden counts 2 fewer than the placed blocks show",
         ),
-        # 11 accepted (per slot [4, 3, 2] within): 4 more than 7, only 3 drafts were cut
+        # 11 accepted (per slot [6, 3, 0] within): 3 more than 8, only 2 drafts were cut
         (
             {"accepted_tokens": 11},
             ["accepted_tokens"],
-            "accepted tokens: the golden counts 4 more than the placed blocks show; the drafts "
-            "cut at the output's end explain at most 3",
+            "accepted tokens: the golden counts 3 more than the placed blocks show; the drafts "
+            "cut at the output's end explain at most 2",
         ),
-        # 10 accepted, [4, 4, 2]: the total within 3, slot 1 two more than 2 (one was cut)
+        # 10 accepted, [6, 4, 0]: the total within 2, slot 1 two more than 2 (one was cut)
         (
-            {"accepted_tokens": 10, "accepted_tokens_per_pos": [4, 4, 2]},
+            {"accepted_tokens": 10, "accepted_tokens_per_pos": [6, 4, 0]},
             ["accepted_per_pos"],
             "accepted at position 1: the golden counts 2 more than the placed blocks show",
         ),
@@ -98,7 +99,7 @@ def test_accepted_counters_trimming_cannot_explain_are_missing_work(
     checks, r = _import_and_check(tmp_path, **metrics)
     assert (checks["status"], checks["mismatch"]) == ("mismatch", mismatch)
     gc = checks["golden_counters"]
-    assert (gc["past_max_tokens"], gc["cut_drafts"], gc["unexplained"]) == (1, 3, mismatch)
+    assert (gc["past_max_tokens"], gc["cut_drafts"], gc["unexplained"]) == (1, 2, mismatch)
     assert why in gc["message"]
     assert r.returncode == 1 and _error_kinds(r) == ["capture_incomplete"]
     assert f"own counters ({', '.join(mismatch)})" in r.stdout
@@ -107,14 +108,14 @@ def test_accepted_counters_trimming_cannot_explain_are_missing_work(
 @pytest.mark.parametrize(
     "metrics",
     [
-        {},  # the bundled counters: 9 accepted, [4, 3, 2]: 2 more than 7, slots [0, 1, 1]
-        {"accepted_tokens": 10, "accepted_tokens_per_pos": [5, 3, 2]},  # 3 more: all cut ones
-        {"accepted_tokens": 7, "accepted_tokens_per_pos": [4, 2, 1]},  # equal
+        {},  # the bundled counters: 9 accepted, [6, 3, 0]: 1 more than 8, slots [0, 1, 0]
+        {"accepted_tokens": 10, "accepted_tokens_per_pos": [6, 3, 1]},  # 2 more: both cut ones
+        {"accepted_tokens": 8, "accepted_tokens_per_pos": [6, 2, 0]},  # equal
     ],
     ids=["bundled", "at-the-bound", "equal"],
 )
 def test_accepted_counters_within_the_trimming_bound_stay_ok(tmp_path, metrics):
-    """Twin: what vLLM's trimming at max_tokens can hide (0..3 here) is no mismatch."""
+    """Twin: what vLLM's trimming at max_tokens can hide (0..2 here) is no mismatch."""
     checks, r = _import_and_check(tmp_path, **metrics)
     assert checks["status"] == "ok" and "mismatch" not in checks
     assert checks["golden_counters"].get("unexplained", []) == []

@@ -186,11 +186,13 @@ def test_a_run_without_blocks_stays_in_the_parquet_dataset(tmp_path):
 
 def test_validate_takes_the_golden_import(tmp_path):
     # golden_small's first request: prompt of 3, 8 outputs (positions 3..10); its third
-    # placed block is anchored at 10, the last token: 0 accepted visible, nothing emitted.
+    # placed block is anchored at 9: 1 accepted visible (27 at 10), the bonus cut, 1 emitted.
+    # The last block is record 3's final proposal at 4, its last token: unverified.
     out = tmp_path / "g.h5"
     assert run_inproc("import", "golden", GOLDEN, "-o", out).returncode == 0
     t = open_trace(out)
-    assert (int(t.blocks.position[2]), int(t.blocks.num_emitted[2])) == (10, 0)
+    assert (int(t.blocks.position[2]), int(t.blocks.num_emitted[2])) == (9, 1)
+    assert (int(t.blocks.position[6]), int(t.blocks.accepted[6])) == (4, -1)
     r = run_inproc("validate", out)
     assert (r.returncode, r.stdout) == (0, f"{out}: valid\n")
 

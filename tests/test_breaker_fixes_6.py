@@ -206,8 +206,9 @@ def _check_errors(path: Path) -> tuple[int, list[str]]:
 
 
 def test_a_golden_short_of_its_draft_counter_is_missing_work(tmp_path):
-    # the golden counted 9 drafts; the walk places 5 (test_importers derives them): 4 missing
-    src = _golden(tmp_path, lambda d: d["metrics"].update({"vllm:spec_decode_num_drafts": 9}))
+    # the golden counted 10 drafts; the walk places 6 verified (test_importers derives
+    # them): 4 missing
+    src = _golden(tmp_path, lambda d: d["metrics"].update({"vllm:spec_decode_num_drafts": 10}))
     out = tmp_path / "g.h5"
     assert run_inproc("import", "golden", src, "-o", out).returncode == 0
     with h5py.File(out) as f:
@@ -217,8 +218,9 @@ def test_a_golden_short_of_its_draft_counter_is_missing_work(tmp_path):
 
 
 def test_a_golden_whose_drafts_equal_its_counters_passes_check(tmp_path):
-    """Twin: the bundled golden: drafts 5 = 5 placed and draft tokens 15 = 15; its accepted
-    tokens (9 vs 7) differ where a block's bonus falls past max_tokens, which is no loss."""
+    """Twin: the bundled golden: drafts 6 = 6 placed and verified, draft tokens 18 = 18;
+    its accepted tokens (9 vs 8) differ where a block's bonus falls past max_tokens, which
+    is no loss."""
     out = tmp_path / "g.h5"
     assert run_inproc("import", "golden", _golden(tmp_path), "-o", out).returncode == 0
     assert _check_errors(out) == (0, [])
@@ -240,7 +242,7 @@ def test_two_golden_records_of_one_request_id_are_bad_input(tmp_path):
 
 
 def test_golden_records_of_distinct_request_ids_import(tmp_path):
-    """Twin: ids a, b and the third record's index 2."""
+    """Twin: ids a, b and the third and fourth records' indexes 2, 3."""
 
     def name(doc):
         doc["records"][0]["request_id"], doc["records"][1]["request_id"] = "a", "b"
@@ -248,7 +250,7 @@ def test_golden_records_of_distinct_request_ids_import(tmp_path):
     out = tmp_path / "g.h5"
     assert run_inproc("import", "golden", _golden(tmp_path, name), "-o", out).returncode == 0
     with h5py.File(out) as f:
-        assert [x.decode() for x in f["requests/req_id"][:]] == ["a", "b", "2"]
+        assert [x.decode() for x in f["requests/req_id"][:]] == ["a", "b", "2", "3"]
 
 
 def test_a_golden_request_id_that_is_no_text_is_an_invalid_record(tmp_path):
@@ -256,8 +258,8 @@ def test_a_golden_request_id_that_is_no_text_is_an_invalid_record(tmp_path):
     src = _golden(tmp_path, lambda d: d["records"][0].update({"request_id": "a\ud800"}))
     r = run_inproc("import", "golden", src, "-o", tmp_path / "g.h5")
     assert r.returncode == 0, r.stderr
-    with h5py.File(tmp_path / "g.h5") as f:  # records 1 and 2 remain, with their indexes
-        assert [x.decode() for x in f["requests/req_id"][:]] == ["1", "2"]
+    with h5py.File(tmp_path / "g.h5") as f:  # records 1..3 remain, with their indexes
+        assert [x.decode() for x in f["requests/req_id"][:]] == ["1", "2", "3"]
         imp = json.loads(f["meta"][()])["import"]
     assert imp["unplaced"]["invalid_record"] == 4  # record 0's four blocks
     r = run_inproc("import", "golden", src, "-o", tmp_path / "s.h5", "--strict")

@@ -79,12 +79,13 @@ def _check_errors(path: Path) -> tuple[int, list[str]]:
     return r.returncode, [f["kind"] for f in doc["findings"] if f["severity"] == "error"]
 
 
-# The bundled golden's walk places 5 blocks of 15 drafts (test_importers derives them).
+# The bundled golden's walk places 6 verified blocks of 18 drafts, 8 accepted, per slot
+# [6, 2, 0] (test_importers derives them).
 _FLOATS_SHORT = {
-    "vllm:spec_decode_num_drafts": 9.0,  # 4 drafts more than the golden's blocks hold
+    "vllm:spec_decode_num_drafts": 9.0,  # 3 drafts more than the golden's blocks hold
     "vllm:spec_decode_num_draft_tokens": 27.0,
     "vllm:spec_decode_num_accepted_tokens": 9.0,
-    "vllm:spec_decode_num_accepted_tokens_per_pos": [4.0, 3.0, 2.0],
+    "vllm:spec_decode_num_accepted_tokens_per_pos": [6.0, 3.0, 0.0],
 }
 
 
@@ -100,9 +101,9 @@ def test_float_counters_short_of_the_blocks_are_missing_work(tmp_path):
 
 
 def test_float_counters_equal_to_the_blocks_pass_check(tmp_path):
-    """Twin: the bundled golden's own counters (5 drafts, 15 draft tokens) as floats."""
-    metrics = {**_FLOATS_SHORT, "vllm:spec_decode_num_drafts": 5.0}
-    metrics["vllm:spec_decode_num_draft_tokens"] = 15.0
+    """Twin: the bundled golden's own counters (6 drafts, 18 draft tokens) as floats."""
+    metrics = {**_FLOATS_SHORT, "vllm:spec_decode_num_drafts": 6.0}
+    metrics["vllm:spec_decode_num_draft_tokens"] = 18.0
     out = tmp_path / "g.h5"
     assert run_inproc("import", "golden", _golden(tmp_path, metrics), "-o", out).returncode == 0
     with h5py.File(out) as f:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from inproc import run_inproc, run_process
 
+from spectrace.hooks.importers.counters import check_status
 from spectrace.hooks.importers.golden import import_golden
 from spectrace.hooks.importers.llama_dump import import_dump
 from spectrace.hooks.importers.placement import accepted_prefix, place
@@ -42,15 +43,28 @@ def test_walk_places_until_an_anchor_mismatch():
     # full = prompt [1, 2] + output [3, 4, 5, 6]; first anchor at 2 (token 3)
     walk = place([1, 2, 3, 4, 5, 6], 2, [(3, [4, 9]), (5, [6]), (5, [6]), (6, [])])
     # block 0: acc 1 (4), next at 2+1+1=4 (token 5); block 1: acc 1 (6), 4+1+1=6 >= 6 so its
-    # bonus falls past the end; block 2: position 6 is past the end, the walk ends
+    # bonus falls past the end; block 2: position 6 is past the end right after block 1 was
+    # cut there: the final proposal, drafted from the trimmed bonus; the walk ends
     assert [(b.index, b.position, b.accepted, b.past_end) for b in walk.placed] == [
         (0, 2, 1, False),
         (1, 4, 1, True),
     ]
-    assert walk.ended_at == (2, "past_end")
-    assert dict(walk.unplaced) == {"past_end": 1, "after_walk_end": 1}
+    assert (walk.ended_at, walk.final) == ((2, "final_past_end"), 2)
+    assert dict(walk.unplaced) == {"final_past_end": 1, "after_walk_end": 1}
+    # past the end after the final proposal (anchored at 2, the last token): unexplained
+    after = place([1, 2, 3], 2, [(3, [9]), (9, [])])
+    assert [(b.position, b.final) for b in after.placed] == [(2, True)]
+    assert (after.ended_at, after.final, dict(after.unplaced)) == (
+        (1, "past_end"),
+        0,
+        {"past_end": 1},
+    )
     clean = place([1, 2, 3, 4, 5, 6], 2, [(3, [4, 5]), (6, [])])  # the clean twin
-    assert [(b.position, b.accepted) for b in clean.placed] == [(2, 2), (5, 0)]
+    # block 1 is anchored at 5, the last token: the final proposal, never verified
+    assert [(b.position, b.accepted, b.final) for b in clean.placed] == [
+        (2, 2, False),
+        (5, 0, True),
+    ]
     assert clean.ended_at is None and not clean.unplaced
 
 
@@ -67,27 +81,34 @@ def golden_trace(tmp_path_factory):
 def test_golden_placements_are_the_hand_derived_ones(golden_trace):
     stats, t = golden_trace
     b = t.blocks
-    # record 0: full = [10,11,12, 20..27]; blocks at 3 (acc 2: 21,22), 6 (acc 3: 24,25,26),
-    # 10 (acc 0, bonus past max_tokens=8); the 4th block's position 11 is past the end.
+    # record 0: full = [10,11,12, 20..27] (11 tokens); blocks at 3 (acc 2: 21,22; drafts
+    # [21,22,99]), 6 (acc 2: 24,25), 9 (acc 1: 27 at 10; 28 would be at 11, past max_tokens=8:
+    # its bonus is cut); the 4th block's position 9+1+1 = 11 is past the end.
     # record 1: full = [10,13, 30..34]; block at 2 (acc 1: 31), then anchor 99 != token 32.
     # record 2: full = [10,14,15, 50,51,52]; block at 3 (acc 1: 51), then drafts [53, "x"].
-    assert b.request.tolist() == [0, 0, 0, 1, 2]
-    assert b.position.tolist() == [3, 6, 10, 2, 3]
-    assert b.anchor.tolist() == [20, 23, 27, 30, 50]
-    assert b.accepted.tolist() == [2, 3, 0, 1, 1]
-    assert b.step.tolist() == [0, 1, 2, 0, 0]
-    assert b.batch_row.tolist() == [0, 0, 0, 1, 2]
+    # record 3: full = [10,16, 70,71,72]; block at 2 (acc 1: 71), then the final proposal
+    # anchored at 4, the last token 72: unverified (accepted -1, nothing emitted).
+    assert b.request.tolist() == [0, 0, 0, 1, 2, 3, 3]
+    assert b.position.tolist() == [3, 6, 9, 2, 3, 2, 4]
+    assert b.anchor.tolist() == [20, 23, 26, 30, 50, 70, 72]
+    assert b.accepted.tolist() == [2, 2, 1, 1, 1, 1, -1]
+    assert b.step.tolist() == [0, 1, 2, 0, 0, 0, 1]
+    assert b.batch_row.tolist() == [0, 0, 0, 1, 2, 3, 3]
     assert b.emitted.tolist() == [
         [21, 22, 23, -1],
-        [24, 25, 26, 27],
-        [-1, -1, -1, -1],
+        [24, 25, 26, -1],
+        [27, -1, -1, -1],
         [31, 32, -1, -1],
         [51, 52, -1, -1],
+        [71, 72, -1, -1],
+        [-1, -1, -1, -1],
     ]
-    assert t.requests.finish_reason == ["length", "stop", "stop"]
-    assert (stats.blocks, stats.placed, stats.past_max_tokens) == (9, 5, 1)
+    assert b.num_verified.tolist() == [3, 3, 3, 3, 3, 3, -1]  # -1: not recorded
+    assert t.requests.finish_reason == ["length", "stop", "stop", "stop"]
+    assert (stats.blocks, stats.placed, stats.past_max_tokens, stats.final) == (12, 7, 1, 1)
     assert dict(stats.unplaced) == {
-        "past_end": 1,
+        "final_past_end": 1,  # record 0's 4th block, drafted from the trimmed bonus
+        "past_end": 1,  # record 3's 3rd block, after its final proposal
         "anchor_mismatch": 1,
         "after_walk_end": 1,
         "invalid_block": 1,
@@ -97,51 +118,76 @@ def test_golden_placements_are_the_hand_derived_ones(golden_trace):
 def test_golden_counters_are_cross_checked(golden_trace):
     stats, t = golden_trace
     check = t.meta["checks"]["golden_counters"]
-    # placed: 5 blocks, 15 drafts, accepted 2+3+0+1+1 = 7; per slot acc > 0: 4, > 1: 2, > 2: 1
+    # verified placed blocks (the final proposal left out): 6 blocks, 18 drafts, accepted
+    # 2+2+1+1+1+1 = 8; per slot acc > 0: 6, > 1: 2, > 2: 0. The golden counts 9 accepted,
+    # [6, 3, 0]: record 0's third block accepted 28 too, which max_tokens trimmed (of its 3
+    # drafts 2 are past the end, slots 1 and 2).
     assert check["placed"] == {
-        "drafts": 5,
-        "draft_tokens": 15,
-        "accepted_tokens": 7,
-        "accepted_per_pos": [4, 2, 1],
+        "drafts": 6,
+        "draft_tokens": 18,
+        "accepted_tokens": 8,
+        "accepted_per_pos": [6, 2, 0],
     }
     assert check["golden"]["accepted_tokens"] == 9
     assert check["shortfall"] == {
         "drafts": 0,
         "draft_tokens": 0,
-        "accepted_tokens": 2,
-        "accepted_per_pos": [0, 1, 1],
+        "accepted_tokens": 1,
+        "accepted_per_pos": [0, 1, 0],
     }
-    assert check["equal"] is False and check["past_max_tokens"] == 1 and check["unplaced"] == 4
+    assert check["equal"] is False and check["past_max_tokens"] == 1 and check["unplaced"] == 5
+    assert (check["cut_drafts"], check["unexplained"]) == (2, [])
+    assert t.meta["checks"]["status"] == "ok"
     assert "1 placed block(s) reach past max_tokens" in check["message"]
     assert t.meta["k"] == 3 and t.meta["target_model"] == "toy/target-1b"
     assert t.meta["golden"]["pin"] == "vllm==0.32.0" and t.meta["engine_version"] == "0.32.0"
     s = trace_summary(t)
-    assert (s["blocks"], s["recorded"]["accepted_tokens"], s["verified_tokens"]) == (5, 7, 15)
+    assert (s["blocks"], s["recorded"]["accepted_tokens"], s["verified_tokens"]) == (7, 8, 18)
+
+
+def test_golden_final_proposals_are_not_counted(tmp_path):
+    """A golden counting the final proposal as verified (7 drafts, 21 draft tokens) is short
+    of a block vLLM never counts: mismatch; its twin is the bundled golden (6, 18: ok)."""
+    doc = json.loads(GOLDEN.read_text())
+    doc["metrics"]["vllm:spec_decode_num_drafts"] = 7
+    doc["metrics"]["vllm:spec_decode_num_draft_tokens"] = 21
+    src = tmp_path / "g.json"
+    src.write_text(json.dumps(doc))
+    stats = import_golden(src, tmp_path / "g.h5")
+    assert stats.check["shortfall"]["drafts"] == 1
+    assert check_status(stats.check) == {
+        "status": "mismatch",
+        "mismatch": ["drafts", "draft_tokens"],
+    }
+    assert check_status(import_golden(GOLDEN, tmp_path / "twin.h5").check) == {"status": "ok"}
 
 
 def test_golden_problems_are_counted_with_their_first_line(golden_trace):
     stats, _ = golden_trace
     f = str(GOLDEN)
+    # record 0's 4th block (line 27, past the end right after a block cut there) is its
+    # final proposal: no problem. Record 3's 3rd block (line 59) follows its final proposal
+    # at 4: position 5 is past the end, which nothing explains.
     assert stats.problems.lines() == [
-        f"1 past_end (first at {f}:27: position 11 is past the end of the output (11 tokens) "
-        "(field=anchor, value=28))",
         f"1 anchor_mismatch (first at {f}:37: anchor is not the token at position 4 (32): the "
         "walk ends (field=anchor, value=99))",
         f"1 invalid_block (first at {f}:48: not a list of token ids (field=drafts, value=[53, "
         "'x']))",
+        f"1 past_end (first at {f}:59: position 5 is past the end of the output (5 tokens) "
+        "(field=anchor, value=73))",
     ]
 
 
 def test_golden_equal_counters_are_said_equal(tmp_path):
-    # the clean twin: only record 0's first two blocks, counters that match them
+    # the clean twin: only record 0's first two blocks (acc 2, 2), counters that match them
     doc = json.loads(GOLDEN.read_text())
     doc["records"] = [doc["records"][0]]
     doc["records"][0]["blocks"] = doc["records"][0]["blocks"][:2]
     doc["metrics"] = {
         "vllm:spec_decode_num_drafts": 2,
         "vllm:spec_decode_num_draft_tokens": 6,
-        "vllm:spec_decode_num_accepted_tokens": 5,
-        "vllm:spec_decode_num_accepted_tokens_per_pos": [2, 2, 1],
+        "vllm:spec_decode_num_accepted_tokens": 4,
+        "vllm:spec_decode_num_accepted_tokens_per_pos": [2, 2, 0],
     }
     src = tmp_path / "clean.json"
     src.write_text(json.dumps(doc, indent=1))
@@ -157,8 +203,8 @@ def test_golden_strict_fails_on_the_first_problem_and_leaves_nothing(tmp_path):
     r = _run_process("import", "golden", GOLDEN, "-o", out, "--strict")
     assert r.returncode == 2
     assert r.stderr.splitlines() == [
-        f"spectrace: error: {GOLDEN}:27: position 11 is past the end of the output (11 "
-        f"tokens) (field=anchor, value=28) (partial trace {out}.partial removed)"
+        f"spectrace: error: {GOLDEN}:37: anchor is not the token at position 4 (32): the walk "
+        f"ends (field=anchor, value=99) (partial trace {out}.partial removed)"
     ]
     assert list(tmp_path.iterdir()) == []
 
@@ -169,9 +215,9 @@ def test_golden_cli_reports_and_refuses_to_overwrite(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
     assert lines[0] == (
-        f"spectrace: imported 5 of 9 blocks of 3 requests from {GOLDEN} (not placed: 1 "
-        "anchor mismatch, 1 past end, 1 invalid block, 1 after walk end; 1 past max_tokens "
-        "(visible acceptance))"
+        f"spectrace: imported 7 of 12 blocks of 4 requests from {GOLDEN} (not placed: 1 "
+        "anchor mismatch, 1 past end, 1 final past end, 1 invalid block, 1 after walk end; 1 "
+        "past max_tokens (visible acceptance); 1 final proposal (never verified))"
     )
     assert len(lines) == 5 and lines[-1].startswith("spectrace: warning: golden counters vs")
     r = _run("import", "golden", GOLDEN, "-o", out)
@@ -278,14 +324,14 @@ def test_dump_strict_names_the_line(tmp_path):
 
 
 def test_golden_drafts_shortfall_names_the_unplaced_blocks(tmp_path):
-    # the golden counted all 9 blocks as drafts; the walk placed 5
+    # the golden counted 10 drafts; the walk placed 6 verified blocks
     doc = json.loads(GOLDEN.read_text())
-    doc["metrics"]["vllm:spec_decode_num_drafts"] = 9
+    doc["metrics"]["vllm:spec_decode_num_drafts"] = 10
     src = tmp_path / "g.json"
     src.write_text(json.dumps(doc))
     stats = import_golden(src, tmp_path / "g.h5")
-    assert stats.check["shortfall"]["drafts"] == 4  # 9 counted - 5 placed
-    assert stats.check["message"].endswith("; 4 golden block(s) were not placed")
+    assert stats.check["shortfall"]["drafts"] == 4  # 10 counted - 6 placed and verified
+    assert stats.check["message"].endswith("; 5 golden block(s) were not placed")
 
 
 def test_golden_blocks_out_of_call_order_are_counted(tmp_path):
@@ -297,4 +343,4 @@ def test_golden_blocks_out_of_call_order_are_counted(tmp_path):
     stats = import_golden(src, tmp_path / "g.h5")
     c = stats.problems.classes["call_order"]
     assert (c.count, c.what) == (1, "call 1 after call 2 (field=call, value=1)")
-    assert stats.placed == 5  # the walk is the file order's: the same placements
+    assert stats.placed == 7  # the walk is the file order's: the same placements

@@ -28,7 +28,8 @@ GOLDEN_COUNTERS = {
 
 
 def placed_totals(placed: Sequence[PlacedBlock], k: int | None) -> dict:
-    """vLLM's four counters recomputed over the placed blocks.
+    """vLLM's four counters recomputed over the placed blocks that were verified (a
+    request's final proposal, ``final``, never was: vLLM counts no step for it).
 
     Returns:
         ``{"drafts", "draft_tokens", "accepted_tokens", "accepted_per_pos"}``: blocks with
@@ -39,6 +40,7 @@ def placed_totals(placed: Sequence[PlacedBlock], k: int | None) -> dict:
         the counters may count on top) and per slot the blocks whose slot i was cut
         (``cut_per_pos``).
     """
+    placed = [b for b in placed if not b.final]
     width = k or max((len(b.drafts) for b in placed), default=0)
     return {
         "drafts": sum(1 for b in placed if b.drafts),

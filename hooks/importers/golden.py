@@ -12,7 +12,9 @@ the placed totals are checked against the golden's own counters (``meta["checks"
 _counters"]``): blocks whose bonus token falls past ``max_tokens`` keep their visible
 acceptance and explain an accepted-token shortfall of at most their drafts past the end
 (vLLM counts acceptance before it trims the output; :mod:`.counters`), unplaced blocks a
-drafts shortfall; any other difference is a ``mismatch`` (``capture_incomplete``).
+drafts shortfall; any other difference is a ``mismatch`` (``capture_incomplete``). A
+request's final proposal (anchored at its last token) is written unverified, as the vLLM
+capture writes it, and left out of the counters (vLLM never verified it).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class GoldenStats:
         blocks: blocks in the golden; ``placed``: placed and written.
         unplaced: reason -> blocks not placed (:data:`UNPLACED_REASONS`, ``invalid_record``).
         past_max_tokens: placed blocks whose bonus token falls past the output's end.
+        final: placed blocks that are a request's final proposal (written unverified).
         problems: the counted problems; ``check``: the counter cross-check (or None).
     """
 
@@ -64,6 +67,7 @@ class GoldenStats:
     placed: int = 0
     unplaced: Counter = field(default_factory=Counter)
     past_max_tokens: int = 0
+    final: int = 0
     problems: Problems | None = None
     check: dict | None = None
 
@@ -77,6 +81,9 @@ class GoldenStats:
         parts = [f"not placed: {why}" if why else "every block placed"]
         if self.past_max_tokens:
             parts.append(f"{self.past_max_tokens} past max_tokens (visible acceptance)")
+        if self.final:
+            parts.append(f"{self.final} final proposal{'s' if self.final > 1 else ''} "
+                         f"(never verified)")  # fmt: skip
         return (
             f"imported {self.placed} of {self.blocks} blocks of {self.requests} requests "
             f"from {self.source} ({'; '.join(parts)})"
@@ -91,6 +98,7 @@ class GoldenStats:
             "placed": self.placed,
             "unplaced": dict(self.unplaced),
             "past_max_tokens": self.past_max_tokens,
+            "final": self.final,
             "problems": self.problems.to_meta() if self.problems else {},
             "lost": self.lost(),
         }
@@ -281,15 +289,16 @@ def _record_ids(rec: object, problems: Problems, line) -> tuple[list[int], list[
 
 
 def _place_record(rec: dict, full: list[int], prompt_len: int, stats: GoldenStats, at) -> list:
-    """Walk one record's blocks; the block that ends the walk is a problem. ``at(j)`` is
-    block j's line function."""
+    """Walk one record's blocks; the block that ends the walk is a problem, unless it is the
+    request's final proposal past the end (``final_past_end``: expected) or unreadable
+    (already one). ``at(j)`` is block j's line function."""
     assert stats.problems is not None
     blocks = rec["blocks"]
     readable = [_block(b, stats.problems, at(j)) for j, b in enumerate(blocks)]
     _check_call_order(blocks, stats.problems, at)
     walk = place(full, prompt_len, readable)
     stats.unplaced.update(walk.unplaced)
-    if walk.ended_at is not None and walk.ended_at[1] != "invalid_block":
+    if walk.ended_at is not None and walk.ended_at[1] in ("anchor_mismatch", "past_end"):
         i, reason = walk.ended_at
         blk = blocks[i]
         p = walk.placed[-1].position + walk.placed[-1].accepted + 1 if walk.placed else prompt_len
@@ -301,6 +310,7 @@ def _place_record(rec: dict, full: list[int], prompt_len: int, stats: GoldenStat
         stats.problems.add(reason, at(i), what, "anchor", blk.get("anchor"))
     stats.placed += len(walk.placed)
     stats.past_max_tokens += sum(b.past_end for b in walk.placed)
+    stats.final += sum(b.final for b in walk.placed)
     return walk.placed
 
 
@@ -343,15 +353,16 @@ def _add_blocks(
         blk = blocks[pb.index]
         call, row = blk.get("call"), blk.get("req_row")
         p, acc = pb.position, pb.accepted
+        verdict: dict = {}  # a final proposal is unverified: no verdict columns
+        if not pb.final:
+            verdict = {"verified": pb.drafts, "accepted": acc, "emitted": full[p + 1 : p + acc + 2]}
         writer.add_block(
             req_id,
             call if is_int(call) else 0,
             p,
             pb.anchor,
             pb.drafts,
-            verified=pb.drafts,
-            accepted=acc,
-            emitted=full[p + 1 : p + acc + 2],
+            **verdict,
             t_ns=0,
             batch_row=row if is_int(row, 0, 2**15 - 1) else schema.PAD,
             proposal_source=schema.PROPOSAL_FROM_DRAFTER,

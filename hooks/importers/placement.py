@@ -10,7 +10,14 @@ prompt + output ids (``full``):
 * a block whose position is past the end of ``full``, or whose anchor is not ``full[p]``,
   ends the walk: it and every later block of the request stay unplaced;
 * a block whose bonus token would fall past the end (``p + acc + 1 >= len(full)``, the
-  output trimmed at ``max_tokens``) keeps the acceptance the output shows.
+  output trimmed at ``max_tokens``) keeps the acceptance the output shows;
+* a block anchored at the output's last token (``p == len(full) - 1``) is the request's
+  final proposal: vLLM's drafter proposes once more after the step that sampled the last
+  token (``GPUModelRunner.execute_model`` proposes before ``Scheduler.update_from_output``
+  finishes the request), so nothing ever verified it and vLLM's counters leave it out;
+* after a block cut at the end, the final proposal was drafted from the sampled bonus that
+  the trimming removed: its position is past the end and it is not placed
+  (``final_past_end``), but it is no problem; a block past the end anywhere else is one.
 """
 
 from __future__ import annotations
@@ -19,7 +26,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 #: Why a block was not placed, in the order a summary names them.
-UNPLACED_REASONS = ("anchor_mismatch", "past_end", "invalid_block", "after_walk_end")
+UNPLACED_REASONS = (
+    "anchor_mismatch",
+    "past_end",
+    "final_past_end",
+    "invalid_block",
+    "after_walk_end",
+)
 
 
 @dataclass
@@ -33,6 +46,8 @@ class PlacedBlock:
         accepted: drafts equal to the following tokens (the longest prefix).
         past_end: the bonus token falls past the end of the output (``max_tokens``):
             ``accepted`` is what the output shows, the engine may have accepted more.
+        final: the anchor is the output's last token: the request's final proposal, never
+            verified (``accepted`` 0, not ``past_end``).
     """
 
     index: int
@@ -41,6 +56,7 @@ class PlacedBlock:
     drafts: list[int]
     accepted: int
     past_end: bool
+    final: bool = False
 
 
 @dataclass
@@ -51,11 +67,14 @@ class Walk:
         placed: the placed blocks, in call order.
         unplaced: reason (one of :data:`UNPLACED_REASONS`) -> blocks not placed.
         ended_at: index of the block that ended the walk and why (``(i, reason)``), or None.
+        final: index of the request's final proposal (placed at the last token, or past
+            the end right after a block cut there), or None.
     """
 
     placed: list[PlacedBlock] = field(default_factory=list)
     unplaced: Counter = field(default_factory=Counter)
     ended_at: tuple[int, str] | None = None
+    final: int | None = None
 
 
 def accepted_prefix(drafts: list[int], full: list[int], position: int) -> int:
@@ -87,11 +106,20 @@ def place(full: list[int], prompt_len: int, blocks: list[tuple[int, list[int]] |
             continue
         reason = _stop_reason(full, p, blk)
         if reason is not None:
+            last = walk.placed[-1] if walk.placed else None
+            if reason == "past_end" and last is not None and last.past_end and last.index == i - 1:
+                reason = "final_past_end"  # drafted from the bonus the trimming removed
+                walk.final = i
             walk.unplaced[reason] += 1
             walk.ended_at = (i, reason)
             continue
         assert blk is not None
         anchor, drafts = blk
+        if p == len(full) - 1:  # the final proposal: nothing after it to verify
+            walk.placed.append(PlacedBlock(i, p, anchor, drafts, 0, False, final=True))
+            walk.final = i
+            p += 1
+            continue
         acc = accepted_prefix(drafts, full, p)
         walk.placed.append(PlacedBlock(i, p, anchor, drafts, acc, p + acc + 1 >= len(full)))
         p += acc + 1
