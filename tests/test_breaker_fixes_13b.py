@@ -214,7 +214,8 @@ def test_clean_twin_a_consistent_engine_replays(tmp_path):
 
 
 def _golden(tmp_path: Path, k: int, blocks: list, metrics: bool = True, **extra) -> Path:
-    """One record: prompt [10, 11, 12], output [20 .. 27]; ``blocks`` as (anchor, drafts)."""
+    """One record: prompt [10, 11, 12], output [20 .. 25] (positions 3 .. 8, a stop before
+    max_tokens); ``blocks`` as (anchor, drafts)."""
     doc = {
         "oracle_version": 3,
         "pin": "vllm==0.32.0",
@@ -224,7 +225,7 @@ def _golden(tmp_path: Path, k: int, blocks: list, metrics: bool = True, **extra)
         "records": [
             {
                 "prompt_token_ids": [10, 11, 12],
-                "output_token_ids": list(range(20, 28)),
+                "output_token_ids": list(range(20, 26)),
                 "blocks": [
                     {"call": i, "req_row": 0, "anchor": a, "drafts": d}
                     for i, (a, d) in enumerate(blocks)
@@ -244,7 +245,8 @@ def _golden(tmp_path: Path, k: int, blocks: list, metrics: bool = True, **extra)
     return path
 
 
-# anchor 20 at position 3 accepts 21, 22 (2); the next anchor is 23 at position 6 (accepts 24)
+# anchor 20 at position 3 accepts 21, 22 (2); the next anchor is 23 at position 6 (accepts 24,
+# then 98 is not 25): its bonus 25 at 8 ends the output, which the two blocks cover whole
 _BLOCKS = [(20, [21, 22, 99]), (23, [24, 98, 97])]
 
 

@@ -110,3 +110,39 @@ def test_a_real_golden_short_of_a_verified_block_is_missing_work(tmp_path):
     assert r.returncode == 1
     kinds = [f["kind"] for f in json.loads(r.stdout)["findings"] if f["severity"] == "error"]
     assert "capture_incomplete" in kinds
+
+
+def _check(tmp_path: Path, edit) -> tuple[int, list[str]]:
+    """Import the real-run golden without its counters, edited by ``edit(records)``, and
+    ``check`` it: (exit status, error kinds)."""
+    src, out = tmp_path / "g.json", tmp_path / "g.h5"
+    doc = _golden_of(VLLM, src)
+    del doc["metrics"]
+    edit(doc["records"])
+    src.write_text(json.dumps(doc))
+    import_golden(src, out)
+    r = run_inproc("check", out, "--format", "json")
+    return r.returncode, [
+        f["kind"] for f in json.loads(r.stdout)["findings"] if f["severity"] == "error"
+    ]
+
+
+def _cut_tail(records):
+    del records[0]["blocks"][-6:]  # request 0's last 5 verified blocks and its final proposal
+
+
+def _drop_request(records):
+    records[2]["blocks"] = []  # request 2 emitted 64 tokens without a block
+
+
+@pytest.mark.parametrize("edit", [_cut_tail, _drop_request], ids=["tail-cut", "request-lost"])
+def test_a_golden_without_counters_that_lost_blocks_is_missing_work(tmp_path, edit):
+    """Without counters nothing cross-checks the blocks: the oracle capture records a model
+    speculator's every proposal, so a request's output past its last block's reach, or
+    emitted without any block, is work the golden lost (capture_incomplete, exit 1)."""
+    assert _check(tmp_path, edit) == (1, ["capture_incomplete"])
+
+
+def test_a_golden_without_counters_that_kept_every_block_passes(tmp_path):
+    """Twin: the same golden, whole."""
+    assert _check(tmp_path, lambda records: None) == (0, [])

@@ -162,7 +162,7 @@ def _block_problems(
         checks.append((f"blocks/{name}", "token id below the -1 pad", b[name], b[name] < -1))
     what = "emitted ids are not the accepted verified ids (emitted[:accepted])"
     checks.append(("blocks/emitted", what, acc, _emitted_contradicts(b)))
-    if "batch_size" in b:
+    if "batch_size" in b and "batch_row" in b:  # optional columns, each on its own
         row, size = b["batch_row"], b["batch_size"]
         bad = (row < -1) | (size < -1) | ((row >= 0) & (size >= 0) & (row >= size))
         checks.append(("blocks/batch_row", "batch_row outside the batch", row, bad))

@@ -133,17 +133,20 @@ class JsonLines:
         self._doc: object = None
 
     def line(self, *path: str | int) -> int:
-        """The line of the object at ``path`` (keys and indexes from the root), 0 when
-        there is no object there."""
+        """The line of the object at ``path`` (keys and indexes from the root); where there
+        is no object there (a number in place of a record), the line of the nearest object
+        around it; 0 when the document is no object."""
         if self._doc is None:
             self._doc = load_located_json(self._text, self._source)
-        node = self._doc
-        try:
-            for key in path:
+        node, line = self._doc, 0
+        for key in path:
+            if isinstance(node, Located):
+                line = node.line
+            try:
                 node = node[key]  # type: ignore[index]
-        except (KeyError, IndexError, TypeError):
-            return 0
-        return node.line if isinstance(node, Located) else 0
+            except (KeyError, IndexError, TypeError):
+                return line
+        return node.line if isinstance(node, Located) else line
 
 
 def load_json(text: str, source: str) -> object:

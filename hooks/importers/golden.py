@@ -216,7 +216,7 @@ def _write_records(
     seen: dict[str, int] = {}  # request id -> its record
     for i, rec in enumerate(records):
         stats.records += 1
-        ids = _record_ids(rec, stats.problems, lambda i=i: lines.line("records", i))
+        ids = _record_ids(rec, i, stats.problems, lambda i=i: lines.line("records", i))
         nblocks = len(rec["blocks"]) if isinstance(rec, dict) and _is_list(rec, "blocks") else 0
         stats.blocks += nblocks
         if ids is None:
@@ -273,10 +273,13 @@ def _block_lines(lines: JsonLines, i: int):
     return lambda j: lambda: lines.line("records", i, "blocks", j)
 
 
-def _record_ids(rec: object, problems: Problems, line) -> tuple[list[int], list[int]] | None:
-    """A record's prompt and output ids, or None (an ``invalid_record`` problem)."""
+def _record_ids(
+    rec: object, i: int, problems: Problems, line
+) -> tuple[list[int], list[int]] | None:
+    """Record ``i``'s prompt and output ids, or None (an ``invalid_record`` problem; one
+    that is no object is named by its index, its line being the document's)."""
     if not isinstance(rec, dict):
-        problems.add("invalid_record", line, "a record is not an object", "records", rec)
+        problems.add("invalid_record", line, f"record {i} is not an object", "records", rec)
         return None
     for key in ("prompt_token_ids", "output_token_ids"):
         if id_list(rec.get(key)) is None:

@@ -173,7 +173,8 @@ def _requests_by_seq(path, requests: dict[str, RequestRecord]) -> dict[int, list
             seqs[str(obj["req_id"])] = obj["seq"]
     out: dict[int, list] = {}
     for rid, rec in requests.items():
-        seq = seqs.get(rid, int(rid) if rid.isdigit() else None)
+        # isdigit() is also true of other digits ("²"), which int() refuses
+        seq = seqs.get(rid, int(rid) if rid.isascii() and rid.isdigit() else None)
         if seq is not None:
             out.setdefault(seq, []).append(rec)
     return out
@@ -229,6 +230,14 @@ def _step(n: int, obj: dict, problems: Problems) -> Step | None:
         if not is_int(obj.get(key), 0, hi):
             problems.add("invalid_step", n, "not a count", key, obj.get(key))
             return None
+    if obj["n_draft"] + obj["pmin_drop"] > schema.META_MAXIMUM["k"]:  # no trace holds it
+        what = (
+            f"{obj['n_draft'] + obj['pmin_drop']} drafts (n_draft + pmin_drop), more than k can be"
+        )
+        problems.add(
+            "invalid_step", n, f"{what} ({schema.META_MAXIMUM['k']})", "n_draft", obj["n_draft"]
+        )
+        return None
     pos = obj.get("pos")
     if not isinstance(pos, list) or not all(
         isinstance(q, dict) and is_int(q.get("tok")) for q in pos

@@ -228,9 +228,7 @@ def _how(ev: CaptureEvidence) -> list[str]:
         out.append("the capture was interrupted")
     if ev["aborted"]:
         out.append(f"the capture aborted ({ev['aborted']})")
-    if ev["counters_mismatch"]:
-        names = ", ".join(ev["counters_mismatch"])
-        out.append(f"the trace's totals differ from the engine's own counters ({names})")
+    out += _counters_how(ev)
     if ev["checks_pending"]:
         out.append(
             "the recorder's close stopped before it flushed and cross-checked the blocks "
@@ -239,16 +237,36 @@ def _how(ev: CaptureEvidence) -> list[str]:
     return out
 
 
-def _log_how(ev: CaptureEvidence) -> list[str]:
-    """What is wrong with an imported log's trace lines, in words (empty: nothing)."""
+#: /meta ``source`` of a file importer -> what its lost work is, in its own words (a VT
+#: import's are trace lines).
+_LOST_WORDS = {
+    "golden": ("the golden lost", "block", "not placed: a damaged record or block, or a walk "
+               "that ended on an anchor the output contradicts"),
+    "llama-spec-dump": ("the dump lost", "step", "a line that is no step, a step no request "
+                        "holds, or placed off its output after a lost one"),
+}  # fmt: skip
+_LOG_WORDS = ("the log lost", "trace line", "dropped as malformed or unplaceable, placed off "
+              "its output after a lost step, or a chain gap")  # fmt: skip
+
+
+def _counters_how(ev: CaptureEvidence) -> list[str]:
+    """The counters' disagreement, in words (empty: they agree or were not compared)."""
+    if not ev["counters_mismatch"]:
+        return []
+    names = ", ".join(ev["counters_mismatch"])
+    return [f"the trace's totals differ from the engine's own counters ({names})"]
+
+
+def _log_how(ev: CaptureEvidence, source: object = None) -> list[str]:
+    """What is wrong with an imported log's trace lines (a golden's blocks, a dump's steps:
+    ``source``, the /meta ``source``), in words (empty: nothing)."""
     out = []
     if ev["dropped_lines"]:
         first = f"; first: {ev['first_dropped']}" if ev["first_dropped"] else ""
-        lost = counted(ev["dropped_lines"], "trace line")
-        out.append(
-            f"the log lost {lost} (dropped as malformed or unplaceable, placed off its output "
-            f"after a lost step, or a chain gap){first}"
+        lead, unit, why = (
+            _LOST_WORDS.get(source, _LOG_WORDS) if isinstance(source, str) else _LOG_WORDS
         )
+        out.append(f"{lead} {counted(ev['dropped_lines'], unit)} ({why}){first}")
     if ev["chain_breaks"]:
         first = f"; first: {ev['first_chain_break']}" if ev["first_chain_break"] else ""
         out.append(
@@ -415,7 +433,7 @@ def incomplete_reasons(t: Trace) -> list[str]:
     and status alone (what ``capture_incomplete`` says, but for an empty trace); empty when
     it ended cleanly or nothing says (e.g. for a replay's reference)."""
     ev = trace_capture_end(t)
-    return _how(ev) + _log_how(ev)
+    return _how(ev) + _log_how(ev, t.meta.get("source"))
 
 
 def capture(s: SideInput) -> Finding | None:
@@ -434,9 +452,15 @@ def capture(s: SideInput) -> Finding | None:
     # or the API) recorded no work, and a verdict on nothing would read as agreement.
     ev["empty"] = len(td.t.blocks) == 0 and len(td.t.requests) == 0
     _block_evidence(s, ev)
-    how, log = _how(ev), _log_how(ev)
+    how, log = _how(ev), _log_how(ev, td.t.meta.get("source"))
     blk = _blocks_how(ev, len(td.t.blocks), drafter_name(td.t.meta))
-    if how:
+    if how and how == _counters_how(ev):
+        # the totals alone: the run ended cleanly, blocks it counted are missing anywhere
+        message = (
+            f"{td.side}: {'; '.join(how + log + blk)}: blocks the engine counted are missing "
+            f"from the trace, agreement of the rest proves nothing"
+        )
+    elif how:
         message = (
             f"{td.side}: the capture did not end cleanly ({'; '.join(how + log + blk)}): requests "
             f"and blocks after that point are missing, agreement of the rest proves nothing"

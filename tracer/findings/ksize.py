@@ -26,11 +26,14 @@ VARIABLE_K_WORDS = ("ngram", "n-gram", "lookup", "suffix")
 def drafts_every_step(meta: dict) -> bool:
     """Whether the trace's drafter proposes k ids for every running request each step: its
     /meta ``method`` names a model drafter (none of :data:`VARIABLE_K_WORDS`), or, with no
-    method named, its VT import saw ``[spec-propose]`` lines (only a model drafter prints
-    them)."""
+    method named, it is an oracle-capture golden (``source`` golden: the gate's recorder
+    wraps a model speculator's ``propose``, e.g. ``DFlashSpeculator.propose``) or its VT
+    import saw ``[spec-propose]`` lines (only a model drafter prints them)."""
     method = meta.get("method")
     if isinstance(method, str) and method:
         return not any(w in method.lower() for w in VARIABLE_K_WORDS)
+    if meta.get("source") == "golden":
+        return True
     imp = meta.get("import")
     families = imp.get("families") if isinstance(imp, dict) else None
     return isinstance(families, dict) and bool(families.get("spec-propose"))

@@ -228,7 +228,8 @@ def _rule_hits(td: TraceData) -> _Hits:
     """Every rule over the blocks, chunk by chunk (the rules' temporaries stay small)."""
     b, sw = td.t.blocks, sweep(td.t)
     again = verified_again(b.request, b.position, b.num_verified, b.accepted, td.order)
-    kcfg = meta_k(td.t.meta) or np.iinfo(np.int16).max  # k is int16
+    k0 = td.t.meta.get("k") == 0 and type(td.t.meta.get("k")) is int  # a vanilla run's k
+    kcfg = 0 if k0 else meta_k(td.t.meta) or np.iinfo(np.int16).max  # k is int16
     bad = np.zeros(len(b), bool)
     counts: dict[str, int] = {}
     firsts: dict[str, int] = {}

@@ -157,7 +157,7 @@ def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) 
         return np.zeros(0, np.int64)  # replayed positions are chosen: the rest never ran
     pob = al.pair_of_block_a if side_a else al.pair_of_block_b
     rpob = al.pair_of_block_b if side_a else al.pair_of_block_a
-    rcomp = al.comparable_b if side_a else al.comparable_a
+    rcomp = _drafted(ref, al.comparable_b if side_a else al.comparable_a)
     idx, expected = _gaps_and_heads(td)
     paired = pob[idx] >= 0
     idx, expected = idx[paired], expected[paired]
@@ -177,13 +177,33 @@ def skipped_anchors(td: TraceData, ref: TraceData, al: Alignment, side_a: bool) 
     return idx[hi > lo]
 
 
+_NO_LIMIT = np.iinfo(np.int64).max
+
+
+def _drafted(ref: TraceData, comparable: np.ndarray) -> np.ndarray:
+    """bool [blocks of ref]: its comparable blocks that propose at least one draft (a k=0
+    block, an n-gram step without a match that a writer kept, drafted nothing: silence
+    beside it is no skipped work)."""
+    k = ref.t.blocks.k
+    return comparable if (k > 0).all() else comparable & (k > 0)
+
+
 def _gaps_and_heads(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
     """:attr:`~.data.TraceData.chain_gaps` and the span before each request's first block
     (:attr:`~.data.TraceData.late_starts`: from the first output token the engine emitted
-    up to it without drafting), as ``(rows, expected)`` (gaps first, then first blocks)."""
+    up to it without drafting; from position 0 where the prompt is unknown, e.g. a VT log
+    imported without its requests file: the other side drafts only past its prompt, which
+    a paired request shares), as ``(rows, expected)`` (gaps first, then first blocks)."""
     idx, expected = td.chain_gaps
     first, start = td.late_starts
-    return np.concatenate([idx, first]), np.concatenate([expected, start])
+    heads = np.flatnonzero(td.prev < 0)
+    req = td.t.blocks.request[heads].astype(np.int64)
+    pl = td.prompt_lengths
+    blind = heads[(req >= 0) & (req < len(pl)) & (pl[np.clip(req, 0, max(len(pl) - 1, 0))] == 0)]
+    return (
+        np.concatenate([idx, first, blind]),
+        np.concatenate([expected, start, np.zeros(len(blind), np.int64)]),
+    )
 
 
 def _last_verified(td: TraceData) -> np.ndarray:
@@ -242,17 +262,21 @@ def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
     any_last[b.request[rows]] = rows
     has_block = any_last >= 0
     rpob = al.pair_of_block_b if s.side_a else al.pair_of_block_a
-    rcomp = al.comparable_b if s.side_a else al.comparable_a
+    rcomp = _drafted(ref, al.comparable_b if s.side_a else al.comparable_a)
     here, _ = s.pairs()
     # Per pair: the other side's rows on matched content anchored inside this side's
     # sequence (past its end the request was cut short, and without output ids nothing
     # says how far it got), by their highest position.
-    span = _OtherRows(s, rpob, rcomp, (td.length - 1)[here])
+    # A request whose output is unknown (no output ids) holds whatever the other drafted on.
+    limit = np.where(td.length[here] > td.prompt_lengths[here], td.length[here] - 1, _NO_LIMIT)
+    span = _OtherRows(s, rpob, rcomp, limit)
     never_p = np.flatnonzero(span.seen & ~has_block[here])
     ps = np.flatnonzero(span.seen & has_block[here])
     r = here[ps]
     x = np.where(last[r] >= 0, last[r], any_last[r])
     reach = b.position[x].astype(np.int64) + np.maximum(b.accepted[x], 0) + 1
+    # ... or past its last proposal, verified or not (it drafted there: a final proposal)
+    reach = np.maximum(reach, b.position[any_last[r]].astype(np.int64) + 1)
     # reach is the anchor of this side's next step: drafting there is what it skipped.
     stops = sorted(x[span.top[ps] >= reach].tolist())
     if not len(never_p):

@@ -34,6 +34,7 @@ from .structure import (
     length_problems,
     phase_name_column,
     read_meta,
+    request_ids,
     request_index_problems,
     runs_differ,
     scanned_request_index_problems,
@@ -234,15 +235,13 @@ class Trace:
             raise TraceFormatError(f"{self.name}: damaged /requests table ({why})") from None
 
     def _read_requests_unchecked(self) -> Requests:
-        r = Requests()
-        files = []
+        r, files, self._req_offsets = Requests(), [], []
         lazy_parts: list[tuple[h5py.Dataset, int]] = []
-        self._req_offsets = []
         for i, f in enumerate(self._files):
             g = f["requests"]
             n = min(g[c.name].shape[0] for c in schema.REQUEST_COLUMNS)
             self._req_offsets.append(len(r.req_id))
-            r.req_id += decode_texts(str(self.paths[i]), "requests/req_id", g["req_id"][:n])
+            r.req_id += request_ids(str(self.paths[i]), g["req_id"][:n])
             r.prompt_ids += [np.asarray(x, np.int32) for x in g["prompt_ids"][:n]]
             if self._lazy_requests:
                 lazy_parts.append((g["output_ids"], n))

@@ -461,3 +461,23 @@ def stored_rows(g: h5py.Group) -> int:
     return min(
         ((g[c.name].shape or (0,))[0] for c in schema.BLOCK_COLUMNS if c.name in g), default=0
     )
+
+
+def request_ids(path: str, raw: np.ndarray) -> list[str]:
+    """A file's ``requests/req_id`` cells (``raw``) as text, each id on one row.
+
+    Raises:
+        TraceFormatError: a cell that is not UTF-8 text (:func:`decode_texts`), or an id on
+            two rows (the writer keeps one row per request: a second is another request
+            under its name, two runs in one file or a copied row; pairing by id would take
+            either).
+    """
+    ids = decode_texts(path, "requests/req_id", raw)
+    if len(set(ids)) == len(ids):
+        return ids
+    first: dict[str, int] = {}
+    j = next(j for j, x in enumerate(ids) if first.setdefault(x, j) != j)
+    raise TraceFormatError(
+        f"{path}: request id {ids[j]!r} on rows {first[ids[j]]} and {j} (field=requests/req_id): "
+        f"one row per request"
+    )
