@@ -196,12 +196,14 @@ def test_acceptance_one_too_high_without_the_requests_file_is_named(tmp_path):
 def test_emitted_ids_contradicting_the_accepted_drafts_are_named(tmp_path):
     """emit[1] = 999 where draft[1] = 351 was accepted: the import counted 1 ``emit !=
     draft`` line, and no detector reads the emitted ids (the outputs hold 351): exit 0.
-    Now acceptance_bookkeeping says what the import read (0 blocks: the counts agree)."""
+    Now acceptance_bookkeeping says what the import read, and (since round 19) names the
+    block: its emitted 999 is not the output's 351 at its position."""
     bad = _vt_import(tmp_path, "emit", LINE20.replace("318 351 385", "318 999 385"), True)
     code, errors = _errors("check", bad)
     assert code == 1 and list(errors) == ["acceptance_bookkeeping"]
     f = errors["acceptance_bookkeeping"]
-    assert f["evidence"]["blocks"] == 0 and f["evidence"]["import_lines"] == {"emit != draft": 1}
+    assert f["evidence"]["blocks"] == 1 and f["evidence"]["import_lines"] == {"emit != draft": 1}
+    assert f["evidence"]["emitted_ids_mismatch"] == 1
     assert f["evidence"]["first_line"] == (
         f"{tmp_path / 'emit.vt.log'}:20: emit != draft: req=0 pos=11: emit[:acc] [318, 999] "
         "differs from draft[:acc] [318, 351]"

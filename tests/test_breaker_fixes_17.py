@@ -7,8 +7,8 @@ bundled traces (traces/README.md).
    check starts at ``len(prompt)`` and the tail check stops at the output's end, both
    unknown. Now a request whose prompt is unknown is checked from position 0 (the other
    side drafts only past a prompt the pair shares) and one whose output is unknown up to
-   the other side's last block: ``unverified_drafts``. A side's last proposal, verified or
-   not, counts as drafting there (a final proposal is no lost block).
+   the other side's last block: ``unverified_drafts``. A side's final proposal (its last
+   block, unverified, at its verified reach) counts as drafting there.
 2. /meta ``k`` 0 (a vanilla run) beside blocks that propose drafts was no contradiction
    (k 0 read as unknown). Now each such block is above /meta k: ``impossible_values``.
 3. An n-gram side that keeps its no-match steps as k=0 blocks, against one that leaves them
@@ -22,6 +22,13 @@ bundled traces (traces/README.md).
    (exit 2) naming the field.
 6. ``validate`` of a trace with ``batch_size`` but not ``batch_row`` (two optional columns)
    said "damaged trace file ('batch_row')": now it checks them only together.
+7. A stored trace whose ``emitted`` ids contradict the output (two rejected blocks' bonus
+   tokens swapped, as a recorder's batch-row mis-join would) passed ``validate``, ``check``
+   and ``diff``: no detector read the emitted ids. The sweep now holds them against the
+   output (``acceptance_bookkeeping``).
+8. Two blocks whose target verified 1 of 4 drafts, paired with blocks whose target verified
+   all 4, diffed clean: ``trimmed_drafts`` needs 3 blocks in one trace. In a diff one block
+   is enough where the paired block's target verified more.
 """
 
 from __future__ import annotations
@@ -203,3 +210,94 @@ def test_validate_checks_batch_rows_only_beside_their_column(tmp_path):
         f["blocks"].create_dataset("batch_row", data=np.full(144, 3, np.int16), maxshape=(None,))
     r = run_inproc("validate", out)
     assert r.returncode == 1 and "batch_row outside the batch" in r.stdout
+
+
+# -- 7. emitted ids the output contradicts ---------------------------------------------------
+
+
+def _emitted_edit(tmp_path: Path, name: str, edit) -> Path:
+    out = edited_copy(VLLM, tmp_path / f"{name}.h5")
+    with h5py.File(out, "r+") as f:
+        e = f["blocks/emitted"][:]
+        edit(e, f)
+        f["blocks/emitted"][...] = e
+    return out
+
+
+def _swap_bonus(e, f):
+    # the first two rejected blocks (accepted 0) of different requests: each emits only its
+    # bonus; swapped, as a batch-row mis-join in a recorder would
+    acc, req = f["blocks/accepted"][:], f["blocks/request"][:]
+    rows = np.flatnonzero(acc == 0)
+    i = rows[0]
+    j = next(r for r in rows if req[r] != req[i] and e[r, 0] != e[i, 0])
+    e[i, 0], e[j, 0] = e[j, 0], e[i, 0]
+
+
+def test_emitted_ids_the_output_contradicts_are_bookkeeping_errors(tmp_path):
+    out = _emitted_edit(tmp_path, "swap", _swap_bonus)
+    assert _check(out) == (1, ["acceptance_bookkeeping"])
+    r = run_inproc("check", out)
+    assert "2 blocks emit ids that the output does not hold at their positions" in r.stdout
+    assert _diff(VLLM, out) == (1, ["acceptance_bookkeeping"])
+
+
+def test_emitted_ids_past_the_output_end_are_not_compared(tmp_path):
+    """Twin: request 2's last verified block anchors at 74 and emits 5 ids (accepted 4 + the
+    bonus) at 75..79, but its output (12 prompt + 64) ends at 75: max_tokens trimmed 76..79,
+    so an edit of the fifth id (position 79) contradicts nothing."""
+
+    def edit(e, f):
+        req, pos, acc = f["blocks/request"][:], f["blocks/position"][:], f["blocks/accepted"][:]
+        (row,) = np.flatnonzero((req == 2) & (pos == 74) & (acc == 4))
+        e[row, 4] = 7
+
+    out = _emitted_edit(tmp_path, "past", edit)
+    assert _check(out) == (0, [])
+    assert _diff(VLLM, out) == (0, [])
+
+
+# -- 8. drafts trimmed beside a paired block verified whole -----------------------------------
+
+
+def _trimmed(tmp_path: Path, name: str) -> Path:
+    """The vLLM trace with its first two rejected blocks (accepted 0) verified 1 of their 4
+    drafts (the rest cut before verification); its counters' check left out."""
+    out = edited_copy(VLLM, tmp_path / f"{name}.h5", drop_meta=("checks",))
+    with h5py.File(out, "r+") as f:
+        rows = np.flatnonzero(f["blocks/accepted"][:] == 0)[:2]
+        nv, ver = f["blocks/num_verified"][:], f["blocks/verified"][:]
+        nv[rows], ver[rows, 1:] = 1, -1
+        f["blocks/num_verified"][...], f["blocks/verified"][...] = nv, ver
+    return out
+
+
+def test_drafts_trimmed_where_the_other_target_verified_them_are_named(tmp_path):
+    cut = _trimmed(tmp_path, "cut")
+    assert _check(cut) == (0, [])  # alone: 2 blocks, below the 3 a single trace needs
+    code, kinds = _diff(VLLM, cut)
+    assert (code, kinds) == (1, ["trimmed_drafts"])
+    r = run_inproc("diff", VLLM, cut)
+    assert "in 2 of 139 verified blocks" in r.stdout
+    assert "at 2 of these anchors the other engine's target verified more drafts" in r.stdout
+    assert _diff(cut, VLLM) == (1, ["trimmed_drafts"])
+
+
+def test_drafts_trimmed_alike_on_both_sides_stay_below_the_bar(tmp_path):
+    """Twin: both sides trimmed the same two blocks: neither verified more."""
+    assert _diff(_trimmed(tmp_path, "a"), _trimmed(tmp_path, "b")) == (0, [])
+
+
+def test_a_side_without_outputs_keeps_its_final_proposals(tmp_path):
+    """Twin of 1 (no false alarm): the vLLM trace with every output and finish reason left
+    unknown against itself whole. Each request's last verified block reaches the anchor of
+    its final proposal (e.g. request 3: 69 + 4 accepted + 1 = 74, its unverified last block);
+    the other side's final proposal there is no drafting this side skipped."""
+    out = edited_copy(VLLM, tmp_path / "unknown.h5")
+    with h5py.File(out, "r+") as f:
+        g = f["requests"]
+        for i in range(g["output_ids"].shape[0]):
+            g["output_ids"][i] = np.zeros(0, np.int32)
+            g["finish_reason"][i] = ""
+    assert _diff(out, VLLM) == (0, [])
+    assert _diff(VLLM, out) == (0, [])

@@ -10,7 +10,6 @@ format (tag dropped, double spaces, ``...`` ellipses, other ``[ ]`` spacing) are
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 
@@ -23,8 +22,7 @@ _TAG_RE = re.compile(
 _FIELD_RE = re.compile(r"([A-Za-z_][\w/]*)\s*=\s*(\[[^\]]*\]|[^\s\[\]]+)")
 _UNTERMINATED_RE = re.compile(r"=\s*\[[^\]]*$")
 _INT_RE = re.compile(r"[+-]?\d+")
-_FLOAT_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)")
-_NAN_RE = re.compile(r"[+-]?(?:nan|inf)", re.IGNORECASE)
+_FLOAT_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+|nan)", re.IGNORECASE)  # nan: printf's NaN
 _NO_ROWS_RE = re.compile(r"NO proposing rows this step\s*\(\s*num_reqs\s*=\s*([+-]?\d+)\s*\)")
 _ELLIPSES = ("...", "\u2026")
 _NOT_UTF8 = re.compile("[\udc80-\udcff]")  # bytes not UTF-8 as "surrogateescape" reads them
@@ -181,8 +179,7 @@ def parse_line(line: str) -> Record | None:
     rec = _parse_payload(family, text[m.end() :])
     _check_ranges(rec)
     canonical = _render(rec)
-    # glibc prints the NaN of 0.0/0.0 as "-nan": the engine's own format, rendered "nan"
-    if canonical is not None and canonical in (text, text.replace("=-nan", "=nan")):
+    if canonical is not None and canonical in (text, text.replace("=-nan", "=nan")):  # glibc: -nan
         return rec
     rec.edits += _describe_edits(rec, text, m.start(), m.group(0), family)
     return rec
@@ -399,10 +396,7 @@ def _convert(name: str, value: str, kind: str | None):
     if kind == "str":
         return value
     if kind in ("ms", "pct"):
-        number = value.removesuffix("ms" if kind == "ms" else "%")
-        if _NAN_RE.fullmatch(number):  # printf's "%.2f" of a NaN or an infinity: unknown
-            return math.nan
-        m = _FLOAT_RE.fullmatch(number)
+        m = _FLOAT_RE.fullmatch(value.removesuffix("ms" if kind == "ms" else "%"))
         if not m:
             raise MalformedLine(f"{name}={value} is not a number of {kind}")
         return float(m.group(0))

@@ -368,11 +368,13 @@ class BookkeepingEvidence(_BookkeepingBase, total=False):
     """acceptance_bookkeeping: recorded vs recomputed accepted counts (``first``: the first
     such block's, absent when only the import's lines say it), and the VT import's lines
     whose accepted count disagrees with their own emitted ids (``import_lines``: kind ->
-    lines; ``first_line``: FILE:LINE: what)."""
+    lines; ``first_line``: FILE:LINE: what), and the blocks whose emitted ids the output
+    contradicts at their positions (``emitted_ids_mismatch``, present when any)."""
 
     first: AcceptedPair
     import_lines: dict[str, int]
     first_line: str
+    emitted_ids_mismatch: int
 
 
 class MismatchEvidence(TypedDict):

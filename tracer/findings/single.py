@@ -225,6 +225,10 @@ def bookkeeping(s: SideInput) -> Finding | None:
         ne = b.num_emitted[c]
         bad_emit[c] = (ne >= 0) & (rec >= 0) & (ne != rec + 1) & ~trimmed
         bad[c] = (known[c] & (rc != rec) & ~(trimmed & (rc < rec))) | bad_emit[c]
+    off = sweep(td.t).emitted_off  # emitted ids the output contradicts
+    bad_ids = off if off is not None else np.zeros(n, bool)
+    counts_bad = bad.copy()
+    bad |= bad_ids
     lines, first_line = import_bookkeeping(td.t)
     if not bad.any() and not lines:
         return None
@@ -235,24 +239,39 @@ def bookkeeping(s: SideInput) -> Finding | None:
         recomputed_total=int(rc[known].sum()),
         emitted_count_mismatch=int(bad_emit.sum()),
     )
+    if bad_ids.any():
+        ev["emitted_ids_mismatch"] = int(bad_ids.sum())
     if lines:
         ev["import_lines"], ev["first_line"] = lines, first_line or "?"
     if not bad.any():  # the import's lines say what its blocks no longer show
         return _bookkeeping_lines(td, ev)
     first = int(np.flatnonzero(bad)[0])
     ev["first"] = AcceptedPair(recorded=int(rec[first]), recomputed=int(rc[first]))
-    return Finding(
-        "acceptance_bookkeeping",
-        "error",
-        side=td.side,
-        **td.at(first),
-        message=(
+    ids = _emitted_ids_words(int(bad_ids.sum()), bool(counts_bad.any()))
+    if not counts_bad.any():
+        message = f"{td.side}: {ids}"
+    else:
+        message = (
             f"{td.side}: the recorded accepted count disagrees with the emitted stream in "
-            f"{int(bad.sum())} of {int(known.sum())} blocks (recorded "
+            f"{int(counts_bad.sum())} of {int(known.sum())} blocks (recorded "
             f"{int(rec[known].sum())}, recomputed {int(rc[known].sum())} accepted tokens)"
-        ),
+            + (f"; {ids}" if bad_ids.any() else "")
+        )
+    return Finding(
+        "acceptance_bookkeeping", "error", side=td.side, **td.at(first), message=message,
         evidence=ev,
+    )  # fmt: skip
+
+
+def _emitted_ids_words(n: int, counts_too: bool) -> str:
+    """The emitted-ids clause of acceptance_bookkeeping (``n`` blocks)."""
+    what = f"{n} block{'s' if n != 1 else ''} emit{'s' if n == 1 else ''} ids"
+    tail = (
+        ""
+        if counts_too
+        else ": the recorded emission is not the output (a row joined to another request's tokens?)"
     )
+    return f"{what} that the output does not hold at their positions{tail}"
 
 
 def _bookkeeping_lines(td: TraceData, ev: BookkeepingEvidence) -> Finding:

@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from ..compare import slot_equal, slots_present
-from ..index import checked_counts, checked_ids, memo
+from ..index import checked_counts, checked_ids, memo, sequence_index
 from ..metrics import recompute_rows
 from ..rows import Gather, gather, row_chunks, verified_is_proposed
 from ..store import Trace
@@ -63,6 +63,9 @@ class Sweep:
         verified: the verified_differs figures, None when verified equals proposed.
         paired: int32 [P, width] rows ``rows`` of ``proposed`` (-1 padded), or None.
         rows: int [P] the block rows of ``paired`` (None with it).
+        emitted_off: bool [n] an emitted id (of the ``num_emitted`` recorded) that is not
+            the output's token at its position (ids past the output's end, trimmed at a
+            stop, are not compared); all False when no request holds output ids.
     """
 
     width: int
@@ -73,6 +76,7 @@ class Sweep:
     verified: VerifiedStats | None
     paired: np.ndarray | None = None
     rows: np.ndarray | None = None
+    emitted_off: np.ndarray | None = None
 
 
 def sweep(t: Trace, paired_rows: np.ndarray | None = None) -> Sweep:
@@ -147,9 +151,14 @@ def _chunked(
     g: Gather | None = None
     width, max_id = 0, -1
     # ``step`` is read for its value check only (a negative step is a damaged trace, exit 2):
-    # no detector needs the column, and streaming it costs no memory.
-    for c, cols in row_chunks(t, ("proposed", "verified", "step"), ahead=True):
+    # no detector needs the column, and streaming it costs no memory. ``emitted`` is read
+    # only where there is an output to hold it against.
+    names = ("proposed", "verified", "step") + (("emitted",) if _has_outputs(t) else ())
+    off = np.zeros(n, bool)
+    for c, cols in row_chunks(t, names, ahead=True):
         p, v = cols["proposed"], cols["verified"]
+        if "emitted" in cols:
+            _emitted_off(t, c, cols["emitted"], off[c])
         if g is None:
             width = p.shape[1]
             g = Gather(
@@ -182,7 +191,30 @@ def _chunked(
         verified=vs if vs is not None and vs.bad.any() else None,
         paired=None if paired_rows is None or g is None else g.out,
         rows=None if paired_rows is None or g is None else paired_rows,
+        emitted_off=off,
     )
+
+
+def _has_outputs(t: Trace) -> bool:
+    """Whether any request holds output ids (its sequence is in the sequence index)."""
+    return bool((sequence_index(t)[2] > 0).any())
+
+
+def _emitted_off(t: Trace, c: slice, e: np.ndarray, out: np.ndarray) -> None:
+    """``out[:] =`` rows ``c`` emit an id (int32 ``e`` [rows, w], ``num_emitted`` of them)
+    that is not the token of the output at ``position + 1 + j`` (slots past the output's
+    end, or of requests without output ids, are not compared; slot by slot: 1-D passes)."""
+    b = t.blocks
+    flat, start, length = sequence_index(t)
+    req, first = b.request[c], b.position[c].astype(np.int64) + 1
+    room = np.minimum(b.num_emitted[c].astype(np.int64), length[req] - first)
+    room[(first < 0) | (length[req] == 0)] = 0
+    base, at, last = start[req] + first, np.empty(len(first), np.int64), max(len(flat) - 1, 0)
+    out[:] = False
+    for j in range(min(e.shape[1], int(room.max(initial=0)))):
+        live = room > j
+        np.minimum(np.add(base, j, out=at), last, out=at)  # in bounds where not live
+        out |= live & (flat[at] != e[:, j])
 
 
 def _below_pad(p: np.ndarray, out: np.ndarray) -> None:

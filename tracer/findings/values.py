@@ -321,20 +321,40 @@ def _trimmed_rows(td: TraceData) -> np.ndarray:
     return trim
 
 
+def _trimmed_beside(s: SideInput, trim: np.ndarray) -> int:
+    """In a diff, this side's trimmed blocks (``trim``, bool [n]) paired with one whose
+    target verified more drafts (at the same anchor on matched content): one is enough, the
+    other engine shows the drafts were verifiable there. 0 in a check."""
+    al, ref = s.al, s.ref
+    if al is None or ref is None:
+        return 0
+    mine, other = (al.ia, al.ib) if s.side_a else (al.ib, al.ia)
+    nv_here, nv_there = s.td.t.blocks.num_verified[mine], ref.t.blocks.num_verified[other]
+    return int((trim[mine] & (nv_there > nv_here)).sum())
+
+
 def trimmed(s: SideInput) -> Finding | None:
     """trimmed_drafts: the target verified fewer drafts than the drafter proposed
     (``0 <= num_verified < k``) in at least :data:`~.thresholds.MIN_BLOCKS` blocks whose k
-    drafts fit inside the output (near the output's end the engine may trim legitimately).
+    drafts fit inside the output (near the output's end the engine may trim legitimately),
+    or, in a diff, in one block whose paired block's target verified more
+    (:func:`_trimmed_beside`).
     The verified slots may agree with the reference while the acceptance per verified slot
     looks better than it is."""
     td = s.td
     b = td.t.blocks
     nv, k = b.num_verified, b.k
     trim = _trimmed_rows(td)
-    if trim.sum() < MIN_BLOCKS:
+    beside = _trimmed_beside(s, trim)
+    if trim.sum() < MIN_BLOCKS and not beside:
         return None
     first = int(np.flatnonzero(trim)[0])
     ntrim, nver = int(trim.sum()), int((nv >= 0).sum())
+    more = (
+        f"; at {beside} of these anchors the other engine's target verified more drafts"
+        if beside
+        else ""
+    )
     return Finding(
         "trimmed_drafts",
         "error",
@@ -346,6 +366,7 @@ def trimmed(s: SideInput) -> Finding | None:
             f"{nver} verified blocks (first: k={int(k[first])}, verified {int(nv[first])}; "
             f"{int(nv[trim].sum())} of {int(k[trim].sum())} proposed drafts verified): the "
             f"drafts are cut before verification, and acceptance per verified slot overstates"
+            f"{more}"
         ),
         evidence=TrimmedEvidence(
             blocks=ntrim,

@@ -275,8 +275,9 @@ def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
     r = here[ps]
     x = np.where(last[r] >= 0, last[r], any_last[r])
     reach = b.position[x].astype(np.int64) + np.maximum(b.accepted[x], 0) + 1
-    # ... or past its last proposal, verified or not (it drafted there: a final proposal)
-    reach = np.maximum(reach, b.position[any_last[r]].astype(np.int64) + 1)
+    # ... or past its final proposal: an unverified last block drafted from that anchor
+    # (the request ended there; further unverified blocks are drafts never verified)
+    reach += b.position[any_last[r]].astype(np.int64) == reach
     # reach is the anchor of this side's next step: drafting there is what it skipped.
     stops = sorted(x[span.top[ps] >= reach].tolist())
     if not len(never_p):
