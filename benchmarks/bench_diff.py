@@ -41,8 +41,9 @@ from spectrace.tracer.findings import TraceData  # noqa: E402
 from spectrace.tracer.pages import prefer_small_pages  # noqa: E402
 from spectrace.tracer.store import open_trace  # noqa: E402
 
-# The block columns the diff reads: the narrow ones whole, the id matrices streamed.
-COLUMNS = TraceData.COLUMNS + TraceData.WIDE
+# The block columns the diff reads: the narrow ones whole, the id matrices streamed (and
+# ``step``, which the sweep reads for its value check).
+COLUMNS = TraceData.COLUMNS + TraceData.WIDE + ("step",)
 PARTS = ("floor", "diff", "pandas")
 
 

@@ -66,9 +66,10 @@ class TraceData:
     )
     #: Those of :data:`COLUMNS` that alignment and the sweeps read (a diff prefetches
     #: these; the others load on first use, after the comparison, not beside its rows).
-    SWEPT = ("request", "position", "anchor", "k", "num_verified", "accepted")
-    #: The id matrices, streamed by :func:`~.sweep.sweep` (never loaded whole).
-    WIDE = ("proposed", "verified")
+    SWEPT = ("request", "position", "anchor", "k", "num_verified", "accepted", "num_emitted")
+    #: The id matrices, streamed by :func:`~.sweep.sweep` (never loaded whole; ``emitted``
+    #: only where requests hold output ids to check it against).
+    WIDE = ("proposed", "verified", "emitted")
 
     @classmethod
     def build(

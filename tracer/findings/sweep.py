@@ -157,8 +157,9 @@ def _chunked(
     off = np.zeros(n, bool)
     for c, cols in row_chunks(t, names, ahead=True):
         p, v = cols["proposed"], cols["verified"]
+        ids = checked_ids(p, v, nv[c])
         if "emitted" in cols:
-            _emitted_off(t, c, cols["emitted"], off[c])
+            _emitted_off(t, c, cols["emitted"], ids, off[c])
         if g is None:
             width = p.shape[1]
             g = Gather(
@@ -171,7 +172,7 @@ def _chunked(
         max_id = max(max_id, int(p.max(initial=-1)))
         _below_pad(p, below[c])
         _constant(p, k[c], const[c])
-        recompute_rows(t, c, checked_ids(p, v, nv[c]), counts[c], recomputed[c])
+        recompute_rows(t, c, ids, counts[c], recomputed[c])
         if vs is not None:
             _verified(vs, c, p, v, k[c], nv[c], anchor[c])
         g.take(c, p)
@@ -200,21 +201,25 @@ def _has_outputs(t: Trace) -> bool:
     return bool((sequence_index(t)[2] > 0).any())
 
 
-def _emitted_off(t: Trace, c: slice, e: np.ndarray, out: np.ndarray) -> None:
+def _emitted_off(t: Trace, c: slice, e: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
     """``out[:] =`` rows ``c`` emit an id (int32 ``e`` [rows, w], ``num_emitted`` of them)
-    that is not the token of the output at ``position + 1 + j`` (slots past the output's
-    end, or of requests without output ids, are not compared; slot by slot: 1-D passes)."""
+    that is not the output's token at ``position + 1 + j``. The accepted ones (all but the
+    last) are held against the checked drafts ``ids`` (int32 [rows, wi]), which the
+    recomputed acceptance holds against the output (a difference there is bookkeeping's),
+    so that only the last id, the bonus or correction, needs a gather from the output.
+    Ids past the output's end (trimmed at a stop), or of requests without output ids, are
+    not compared."""
     b = t.blocks
     flat, start, length = sequence_index(t)
-    req, first = b.request[c], b.position[c].astype(np.int64) + 1
-    room = np.minimum(b.num_emitted[c].astype(np.int64), length[req] - first)
-    room[(first < 0) | (length[req] == 0)] = 0
-    base, at, last = start[req] + first, np.empty(len(first), np.int64), max(len(flat) - 1, 0)
+    ne = b.num_emitted[c].astype(np.int64)
     out[:] = False
-    for j in range(min(e.shape[1], int(room.max(initial=0)))):
-        live = room > j
-        np.minimum(np.add(base, j, out=at), last, out=at)  # in bounds where not live
-        out |= live & (flat[at] != e[:, j])
+    for j in range(min(e.shape[1] - 1, ids.shape[1], int(ne.max(initial=0)) - 1)):
+        out |= (ne - 1 > j) & (e[:, j] != ids[:, j])
+    req, last = b.request[c], b.position[c].astype(np.int64) + ne  # the last id's position
+    live = (ne >= 1) & (last < length[req]) & (last >= 0) & (length[req] > 0)
+    at = np.where(live, start[req] + last, 0)
+    tail = e[np.arange(len(ne)), np.clip(ne - 1, 0, e.shape[1] - 1)]
+    out |= live & (flat[np.minimum(at, max(len(flat) - 1, 0))] != tail)
 
 
 def _below_pad(p: np.ndarray, out: np.ndarray) -> None:
