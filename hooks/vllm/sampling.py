@@ -39,6 +39,25 @@ def trim_output(
     return tokens, None
 
 
+def removed_reason(sampling_params, final: bool) -> str:
+    """The finish reason of a request without a token-level stop (:func:`trim_output` found
+    none), removed (``final``) or still held by the runner when the trace closes.
+
+    A stop *string* ends a request that way: vLLM's front end detects it
+    (``vllm/v1/engine/output_processor.py`` ``OutputProcessor.process_outputs``, through
+    ``IncrementalDetokenizer.update``) and aborts the request in the engine core; the
+    runner learns of it at its next step, which a generate's last requests never get, so
+    at close it still holds them. A request with stop strings set therefore ends ``stop``
+    either way; its stored output holds the engine core's tokens, up to one step past the
+    stop string (the front end drops those after it). A client's abort of such a request
+    reads as that stop, and a capture interrupted or killed while it ran says so itself
+    (``capture_incomplete``). Any other request: ``abort`` (removed) or ``unfinished``."""
+    stop = getattr(sampling_params, "stop", None)
+    if (isinstance(stop, str) and stop) or (isinstance(stop, list) and any(stop)):
+        return "stop"
+    return "abort" if final else "unfinished"
+
+
 _SAMPLING_KEYS = (
     "temperature",
     "top_p",

@@ -12,7 +12,7 @@ import numpy as np
 
 from .common import SpecTraceLayoutError, is_warmup, require_attrs, vllm_version
 from .margins import install_margins
-from .sampling import trim_output
+from .sampling import removed_reason, trim_output
 from .session import Session, close_on_shutdown
 from .v1_join import StepJoiner, StepProposals, StepVerdicts, new_chunk
 
@@ -296,10 +296,8 @@ class V1Recorder:
             len(prompt),
             getattr(self.runner, "max_model_len", None),
         )
-        if reason is None:
-            # Finished without a token-level stop condition: aborted, or a stop string
-            # (applied by the front end). At shutdown: still running.
-            reason = "abort" if final else "unfinished"
+        if reason is None:  # no token-level stop: a stop string, an abort, or still running
+            reason = removed_reason(getattr(state, "sampling_params", None), final)
         s.finish_request(req_id, ids, reason)
 
     def _finalize_requests(self) -> None:

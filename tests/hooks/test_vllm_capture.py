@@ -836,3 +836,62 @@ def test_v2_layout_error_names_version_and_missing_parameter(tmp_path):
     assert msg.startswith("vLLM ") and "known layout" in msg
     session.close()
     assert not (tmp_path / "x.h5").exists()  # nothing recorded, no file
+
+
+_STOP_DRIVER = """
+import json, sys
+if __name__ == "__main__":
+    from vllm import LLM, SamplingParams
+    target, draft, prompts, out = sys.argv[1:5]
+    texts = [json.loads(x)["text"] for x in open(prompts)][:2]
+    llm = LLM(model=target, tokenizer=target, dtype="float32", max_model_len=512,
+              enforce_eager=True, seed=0, speculative_config={
+                  "method": "draft_model", "model": draft, "num_speculative_tokens": 4})
+    plain = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    first = llm.generate(texts, plain, use_tqdm=False)
+    # a stop string the greedy output is known to hold: 4 characters from its 20th
+    stops = [o.outputs[0].text[20:24] for o in first]
+    params = [SamplingParams(temperature=0, max_tokens=48, ignore_eos=True, stop=[s])
+              for s in stops]
+    second = llm.generate(texts, params, use_tqdm=False)
+    json.dump([{"prompt": o.prompt_token_ids, "tokens": list(o.outputs[0].token_ids),
+                "finish": o.outputs[0].finish_reason, "stop": o.outputs[0].stop_reason}
+               for o in first + second], open(out, "w"))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@needs_vllm
+def test_a_stop_string_ends_a_request_stop_not_abort(models, tmp_path):
+    """vLLM's front end detects a stop string and aborts the request in the engine core
+    (``OutputProcessor.process_outputs``): the plugin saw an abort and wrote ``abort``, so
+    ``check`` of a healthy capture said requests_incomplete. Now a request with stop strings
+    that the engine core removes without a token-level stop ends ``stop``; its output holds
+    the engine core's tokens, vLLM's own output and up to one step (k + 1 = 5) more. The
+    twin: the same prompts without stop strings end ``length`` after 48 tokens."""
+    script, res, out = tmp_path / "stop_driver.py", tmp_path / "res.json", tmp_path / "s.h5"
+    script.write_text(_STOP_DRIVER)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(models.target), str(models.draft), str(models.prompts), str(res)],
+        env=_env(out, inproc=True), cwd=tmp_path, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    vllm = json.loads(res.read_text())
+    assert [r["finish"] for r in vllm] == ["length", "length", "stop", "stop"]
+    t = open_trace(out)
+    assert len(t.requests) == 4
+    for rid, o, f, want in zip(
+        t.requests.req_id, t.requests.output_ids, t.requests.finish_reason, vllm
+    ):
+        ours = o.tolist()
+        if want["finish"] == "length":
+            assert (f, ours) == ("length", want["tokens"])
+        else:
+            assert f == "stop", rid
+            assert ours[: len(want["tokens"])] == want["tokens"]
+            assert len(want["tokens"]) <= len(ours) <= len(want["tokens"]) + K + 1
+    from inproc import run_inproc
+
+    r = run_inproc("check", out, "--format", "json")
+    assert r.returncode == 0, r.stdout[-3000:]

@@ -9,7 +9,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from ..common import is_warmup
-from ..sampling import trim_output
+from ..sampling import removed_reason, trim_output
 from .stream import ReqEvent
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class TapRequests:
         ids, reason = trim_output(self.output_ids(req_id), params, prompt_len, self.max_model_len)
         if final:  # its steps are all joined (finishes are queued after them): free its ids
             self._out.forget(self._ids.get(req_id, -1))
-        self.session.finish_request(req_id, ids, reason or ("abort" if final else "unfinished"))
+        self.session.finish_request(req_id, ids, reason or removed_reason(params, final))
 
     def finish_later(self, req_id: str) -> None:
         """``req_id`` finished: record it once the steps staged so far are joined (at once
