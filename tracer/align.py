@@ -1,6 +1,8 @@
 """Align two traces per anchor on identical content.
 
-1. Requests are matched by identical prompt ids, then by request id, then by order. Requests
+1. Requests are matched by identical prompt ids, then by request id, then, where a prompt
+   is unknown, in order among those whose blocks hold the same anchors at the same
+   positions (``order``: a VT log imported without its requests file). Requests
    left over on both sides with prompts that differ but share most of their tokens (a chat
    template or system prompt wrapped around the same user text) pair up as *prompt drift*
    (:func:`~spectrace.tracer.similar.match_drift`, threshold in :mod:`.similar`): they are
@@ -121,15 +123,66 @@ def match_requests(a: Trace, b: Trace) -> tuple[np.ndarray, np.ndarray, list[str
             pairs.append((i, jb, "req_id"))
         else:
             left_a2.append(i)
-    # Order only where neither side knows its prompt: different prompts never match.
-    rest_b = [j for j in sorted(free_b) if not len(rb.prompt_ids[j])]
-    for i in [i for i in left_a2 if not len(ra.prompt_ids[i])]:
-        if rest_b:
-            pairs.append((i, rest_b.pop(0), "order"))
+    pairs += _pair_by_blocks(a, b, left_a2, sorted(free_b))
     pairs.sort()
     req_a = np.array([p[0] for p in pairs], dtype=np.int64)
     req_b = np.array([p[1] for p in pairs], dtype=np.int64)
     return req_a, req_b, [p[2] for p in pairs]
+
+
+#: Order pairing compares each request with every candidate up to this many comparisons.
+_SCAN = 1_000_000
+
+
+def _pair_by_blocks(
+    a: Trace, b: Trace, left: list[int], free: list[int]
+) -> list[tuple[int, int, str]]:
+    """Pairs ("order") of requests left unmatched where one side or both do not know the
+    prompt (different known prompts never match): each of ours, in order, takes the first
+    of theirs left whose blocks agree (:func:`_same_anchors`; past :data:`_SCAN`
+    comparisons, the next in order only), as a VT log imported without its requests file
+    pairs with the same run's other trace."""
+    ra, rb = a.requests, b.requests
+    blind_a = any(not len(ra.prompt_ids[i]) for i in left)
+    blind_b = any(not len(rb.prompt_ids[j]) for j in free)
+    if not left or not free or not (blind_a or blind_b):
+        return []
+    anchors_a, anchors_b = _anchors_by_request(a, left), _anchors_by_request(b, free)
+    scan = len(free) if len(left) * len(free) <= _SCAN else 1
+    out = []
+    for i in left:
+        mine, known = anchors_a.get(i, {}), bool(len(ra.prompt_ids[i]))
+        fits = (
+            n for n, j in enumerate(free[:scan])
+            if not (known and len(rb.prompt_ids[j])) and _same_anchors(mine, anchors_b.get(j, {}))
+        )  # fmt: skip
+        at = next(fits, -1)
+        if at >= 0:
+            out.append((i, free.pop(at), "order"))
+    return out
+
+
+def _anchors_by_request(t: Trace, requests: list[int]) -> dict[int, dict[int, int]]:
+    """Request row -> {anchor position: anchor id} of its blocks with a known anchor (a VT
+    log imported without its requests file does not know its first), ``requests`` only."""
+    want = np.zeros(len(t.requests) + 1, bool)
+    want[requests] = True
+    b = t.blocks
+    rows = np.flatnonzero(want[np.clip(b.request, 0, len(want) - 1)] & (b.anchor >= 0))
+    out: dict[int, dict[int, int]] = {}
+    for r, p, x in zip(
+        b.request[rows].tolist(), b.position[rows].tolist(), b.anchor[rows].tolist()
+    ):
+        out.setdefault(r, {}).setdefault(p, x)
+    return out
+
+
+def _same_anchors(x: dict[int, int], y: dict[int, int]) -> bool:
+    """Whether two requests' blocks hold one anchor id at every position both drafted from,
+    and share two such positions (one where either has a single block): the same content,
+    as far as the blocks show."""
+    common = x.keys() & y.keys()
+    return len(common) >= min(2, len(x), len(y)) > 0 and all(x[p] == y[p] for p in common)
 
 
 def _pair_blocks(

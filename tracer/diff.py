@@ -84,6 +84,16 @@ def nothing_compared(al: Alignment) -> str:
             f"of similar prompts differ (prompt_drift): their drafts are not compared, the "
             f"contexts differ"
         )
+    blind = [
+        side for side, t in (("ours", a), ("theirs", b)) if not any(map(len, t.requests.prompt_ids))
+    ]
+    if al.pairs == 0 and blind:
+        return (
+            f"no request of ours matches one of theirs: {' and '.join(blind)} "
+            f"{'has' if len(blind) == 1 else 'have'} no prompt ids (a VT log imported without "
+            f"--requests?), and neither request ids nor the blocks' anchors pair them: import "
+            f"with the requests file"
+        )
     if al.pairs == 0:
         ta, tb = a.meta.get("target_model"), b.meta.get("target_model")
         models = f"; target models {ta} vs {tb}" if ta and tb and ta != tb else ""

@@ -114,6 +114,28 @@ class TraceData:
         return self._neighbours[0]
 
     @functools.cached_property
+    def last_verified(self) -> np.ndarray:
+        """int [requests + 1] (intp): each request's last block with a verify record in
+        (request, position) order, ties in row order (-1 none): its last block but for a
+        final proposal after it. In row chunks: per request the highest such position, then
+        the latest row at it."""
+        b = self.t.blocks
+        m = len(self.t.requests) + 1
+        # ufunc.at in matching dtypes (intp indices): its fast path, not a cast per element.
+        top = np.full(m, np.iinfo(b.position.dtype).min, b.position.dtype)
+        last = np.full(m, -1, np.intp)
+        for final in (False, True):  # two passes: the highest positions, then the rows at them
+            for c in chunks(len(b)):
+                rows = np.flatnonzero((b.num_verified[c] >= 0) | (b.accepted[c] >= 0))
+                req, pos = b.request[c][rows].astype(np.intp), b.position[c][rows]
+                if not final:
+                    np.maximum.at(top, req, pos)
+                    continue
+                at = pos == top[req]
+                np.maximum.at(last, req[at], rows[at] + c.start)
+        return last
+
+    @functools.cached_property
     def prev(self) -> np.ndarray:
         """int [n] (the dtype of ``order``): the previous block of the same request, -1 for
         a request's first."""

@@ -309,14 +309,18 @@ def impossible(s: SideInput) -> Finding | None:
 
 
 def _trimmed_rows(td: TraceData) -> np.ndarray:
-    """bool [n]: ``0 <= num_verified < k`` in a block whose k drafts fit inside the output
-    (int64 arithmetic, in row chunks: no whole-column int64 copies)."""
+    """bool [n]: ``0 <= num_verified < k`` in a block whose k drafts fit inside the output,
+    or, the output unknown, that is not its request's last verified block (int64
+    arithmetic, in row chunks: no whole-column int64 copies)."""
     b = td.t.blocks
     trim = np.empty(len(b), bool)
+    last = np.zeros(len(b), bool)  # each request's last verified block
+    last[td.last_verified[td.last_verified >= 0]] = True
     for c in chunks(len(b)):
         n = _lengths(td, c)
         nv, k = b.num_verified[c].astype(np.int64), b.k[c].astype(np.int64)
-        at_end = (n > 0) & (b.position[c].astype(np.int64) + 1 + k >= n)
+        # output unknown: a request's last verified block may be the one trimmed at its end
+        at_end = np.where(n > 0, b.position[c].astype(np.int64) + 1 + k >= n, last[c])
         trim[c] = (nv >= 0) & (nv < k) & ~at_end
     return trim
 

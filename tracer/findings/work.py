@@ -183,9 +183,11 @@ _NO_LIMIT = np.iinfo(np.int64).max
 def _drafted(ref: TraceData, comparable: np.ndarray) -> np.ndarray:
     """bool [blocks of ref]: its comparable blocks that propose at least one draft (a k=0
     block, an n-gram step without a match that a writer kept, drafted nothing: silence
-    beside it is no skipped work)."""
-    k = ref.t.blocks.k
-    return comparable if (k > 0).all() else comparable & (k > 0)
+    beside it is no skipped work) and are not a request's final proposal (its last block,
+    unverified: drafted after the request's last token, which no engine goes on from)."""
+    b = ref.t.blocks
+    out = comparable & ~(ref.last & (b.accepted < 0) & (b.num_verified < 0))
+    return out if (b.k > 0).all() else out & (b.k > 0)
 
 
 def _gaps_and_heads(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
@@ -204,27 +206,6 @@ def _gaps_and_heads(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
         np.concatenate([idx, first, blind]),
         np.concatenate([expected, start, np.zeros(len(blind), np.int64)]),
     )
-
-
-def _last_verified(td: TraceData) -> np.ndarray:
-    """int [requests + 1] (intp): each request's last block with a verify record in (request,
-    position) order, ties in row order (-1 none); in row chunks: per request the highest
-    such position, then the latest row at it."""
-    b = td.t.blocks
-    m = len(td.t.requests) + 1
-    # ufunc.at in matching dtypes (intp indices): its fast path, not a cast per element.
-    top = np.full(m, np.iinfo(b.position.dtype).min, b.position.dtype)
-    last = np.full(m, -1, np.intp)
-    for final in (False, True):  # two passes: the highest positions, then the rows at them
-        for c in chunks(len(b)):
-            rows = np.flatnonzero((b.num_verified[c] >= 0) | (b.accepted[c] >= 0))
-            req, pos = b.request[c][rows].astype(np.intp), b.position[c][rows]
-            if not final:
-                np.maximum.at(top, req, pos)
-                continue
-            at = pos == top[req]
-            np.maximum.at(last, req[at], rows[at] + c.start)
-    return last
 
 
 def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
@@ -256,7 +237,7 @@ def drafting_ends(s: SideInput) -> tuple[list[int], list[tuple[int, int]]]:
     if is_replay(td.t) or is_replay(ref.t):
         return [], []  # a replay drafts only from the positions it was given
     b = td.t.blocks
-    last = _last_verified(td)
+    last = td.last_verified
     any_last = np.full(len(last), -1, np.int64)  # the last block, verified or not
     rows = np.flatnonzero(td.last)
     any_last[b.request[rows]] = rows
