@@ -162,13 +162,23 @@ def _pair_by_blocks(
     return out
 
 
+#: Blocks per request (its first, by position) that pairing on blocks compares.
+_FIRST_BLOCKS = 32
+
+
 def _anchors_by_request(t: Trace, requests: list[int]) -> dict[int, dict[int, int]]:
-    """Request row -> {anchor position: anchor id} of its blocks with a known anchor (a VT
-    log imported without its requests file does not know its first), ``requests`` only."""
+    """Request row -> {anchor position: anchor id} of its first :data:`_FIRST_BLOCKS`
+    blocks with a known anchor (a VT log imported without its requests file does not know
+    its first), ``requests`` only (bounded: a few per request, whatever the trace's size)."""
     want = np.zeros(len(t.requests) + 1, bool)
     want[requests] = True
     b = t.blocks
-    rows = np.flatnonzero(want[np.clip(b.request, 0, len(want) - 1)] & (b.anchor >= 0))
+    rows = block_order(t)
+    rows = rows[want[np.clip(b.request[rows], 0, len(want) - 1)] & (b.anchor[rows] >= 0)]
+    req = b.request[rows]
+    start = np.flatnonzero(np.r_[True, req[1:] != req[:-1]]) if len(req) else req[:0]
+    rank = np.arange(len(rows)) - np.repeat(start, np.diff(np.r_[start, len(rows)]))
+    rows = rows[rank < _FIRST_BLOCKS]
     out: dict[int, dict[int, int]] = {}
     for r, p, x in zip(
         b.request[rows].tolist(), b.position[rows].tolist(), b.anchor[rows].tolist()
