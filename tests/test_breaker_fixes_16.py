@@ -70,13 +70,18 @@ def test_a_dump_step_wider_than_k_can_be_is_a_lost_step(tmp_path, pmin_drop):
     assert _check(out) == (1, ["capture_incomplete"])
 
 
-def test_a_dump_step_within_k_imports_clean(tmp_path):
-    """Twin: 1 draft + 3 trimmed by p_min = k 4."""
-    dump, reqs = _files(tmp_path, 3)
+def _imports_clean(tmp_path: Path, pmin_drop: int) -> None:
+    """The dump of :func:`_files` imports with ``--strict`` and checks clean."""
+    dump, reqs = _files(tmp_path, pmin_drop)
     out = tmp_path / "l.h5"
     r = run_inproc("import", "llama-dump", dump, "--requests", reqs, "-o", out, "--strict")
     assert r.returncode == 0, r.stderr
     assert _check(out) == (0, [])
+
+
+def test_a_dump_step_within_k_imports_clean(tmp_path):
+    """Twin: 1 draft + 3 trimmed by p_min = k 4."""
+    _imports_clean(tmp_path, 3)
 
 
 def test_a_request_id_of_another_scripts_digit_is_no_sequence(tmp_path):
@@ -90,11 +95,7 @@ def test_a_request_id_of_another_scripts_digit_is_no_sequence(tmp_path):
 
 def test_a_request_id_of_ascii_digits_is_its_sequence(tmp_path):
     """Twin: req_id "0" is seq 0: the step is placed."""
-    dump, reqs = _files(tmp_path, 0)
-    out = tmp_path / "l.h5"
-    r = run_inproc("import", "llama-dump", dump, "--requests", reqs, "-o", out, "--strict")
-    assert r.returncode == 0, r.stderr
-    assert _check(out) == (0, [])
+    _imports_clean(tmp_path, 0)
 
 
 def test_a_golden_record_that_is_no_object_is_named_by_its_index(tmp_path):

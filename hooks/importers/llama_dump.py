@@ -230,13 +230,10 @@ def _step(n: int, obj: dict, problems: Problems) -> Step | None:
         if not is_int(obj.get(key), 0, hi):
             problems.add("invalid_step", n, "not a count", key, obj.get(key))
             return None
-    if obj["n_draft"] + obj["pmin_drop"] > schema.META_MAXIMUM["k"]:  # no trace holds it
-        what = (
-            f"{obj['n_draft'] + obj['pmin_drop']} drafts (n_draft + pmin_drop), more than k can be"
-        )
-        problems.add(
-            "invalid_step", n, f"{what} ({schema.META_MAXIMUM['k']})", "n_draft", obj["n_draft"]
-        )
+    width, kmax = obj["n_draft"] + obj["pmin_drop"], schema.META_MAXIMUM["k"]
+    if width > kmax:  # no trace holds a block that wide
+        what = f"{width} drafts (n_draft + pmin_drop), more than k can be ({kmax})"
+        problems.add("invalid_step", n, what, "n_draft", obj["n_draft"])
         return None
     pos = obj.get("pos")
     if not isinstance(pos, list) or not all(

@@ -206,14 +206,26 @@ class TraceData:
             ``(rows, start)``: int64 [g] the first block rows (row order), int64 [g] each
             request's prompt length (the position its first block should draft from).
         """
-        b = self.t.blocks
-        rows = np.flatnonzero(self.prev < 0)
-        req = b.request[rows].astype(np.int64)
-        known = (req >= 0) & (req < len(self.prompt_lengths))
-        rows, req = rows[known], req[known]
-        start = self.prompt_lengths[req]
-        late = (start > 0) & (b.position[rows] > start)
+        rows, start = self._first_blocks
+        late = (start > 0) & (self.t.blocks.position[rows] > start)
         return rows[late], start[late]
+
+    @property
+    def blind_starts(self) -> np.ndarray:
+        """int64 [g]: the first block rows (row order) of requests whose prompt is unknown
+        (a VT log imported without its requests file): where their output starts, nothing
+        here says."""
+        rows, start = self._first_blocks
+        return rows[start == 0]
+
+    @functools.cached_property
+    def _first_blocks(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, start)``: each request's first block row (row order) and its prompt
+        length (int64; 0 unknown), for blocks of a request the table holds."""
+        rows = np.flatnonzero(self.prev < 0)
+        req = self.t.blocks.request[rows].astype(np.int64)
+        known = (req >= 0) & (req < len(self.prompt_lengths))
+        return rows[known], self.prompt_lengths[req[known]]
 
     @property
     def head_gaps(self) -> tuple[np.ndarray, np.ndarray]:

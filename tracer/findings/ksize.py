@@ -66,6 +66,13 @@ def meta_k(meta: dict) -> int | None:
     return k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else None
 
 
+def meta_k_limit(meta: dict) -> int | None:
+    """The most drafts /meta allows a block: :func:`meta_k`, or 0 where /meta k is 0 (a
+    vanilla run: ``num_speculative_tokens`` unset); None when unknown."""
+    k = meta.get("k")
+    return 0 if type(k) is int and k == 0 else meta_k(meta)
+
+
 def k_reason(ka: int, kb: int, meta_ka: int | None, meta_kb: int | None) -> str:
     """Why ours proposes ``ka`` drafts and theirs ``kb`` (``ka != kb``), given each side's
     configured k from /meta (None unknown). One clause, e.g. ``the runs are configured with

@@ -226,9 +226,8 @@ def bookkeeping(s: SideInput) -> Finding | None:
         bad_emit[c] = (ne >= 0) & (rec >= 0) & (ne != rec + 1) & ~trimmed
         bad[c] = (known[c] & (rc != rec) & ~(trimmed & (rc < rec))) | bad_emit[c]
     off = sweep(td.t).emitted_off  # emitted ids the output contradicts
-    bad_ids = off if off is not None else np.zeros(n, bool)
-    counts_bad = bad.copy()
-    bad |= bad_ids
+    counts_bad, bad_ids = bad, off if off is not None else np.zeros(n, bool)
+    bad = counts_bad | bad_ids
     lines, first_line = import_bookkeeping(td.t)
     if not bad.any() and not lines:
         return None

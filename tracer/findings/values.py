@@ -23,7 +23,7 @@ from ..rows import row as read_row
 from ..store import Blocks
 from .data import SideInput, TraceData
 from .evidence import ImpossibleEvidence, TrimmedEvidence
-from .ksize import meta_k
+from .ksize import meta_k_limit
 from .model import Finding
 from .sweep import Sweep, sweep
 from .thresholds import MIN_BLOCKS
@@ -228,8 +228,8 @@ def _rule_hits(td: TraceData) -> _Hits:
     """Every rule over the blocks, chunk by chunk (the rules' temporaries stay small)."""
     b, sw = td.t.blocks, sweep(td.t)
     again = verified_again(b.request, b.position, b.num_verified, b.accepted, td.order)
-    k0 = td.t.meta.get("k") == 0 and type(td.t.meta.get("k")) is int  # a vanilla run's k
-    kcfg = 0 if k0 else meta_k(td.t.meta) or np.iinfo(np.int16).max  # k is int16
+    kcfg = meta_k_limit(td.t.meta)
+    kcfg = np.iinfo(np.int16).max if kcfg is None else kcfg  # unknown: any k (int16)
     bad = np.zeros(len(b), bool)
     counts: dict[str, int] = {}
     firsts: dict[str, int] = {}

@@ -198,10 +198,7 @@ def _gaps_and_heads(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
     a paired request shares), as ``(rows, expected)`` (gaps first, then first blocks)."""
     idx, expected = td.chain_gaps
     first, start = td.late_starts
-    heads = np.flatnonzero(td.prev < 0)
-    req = td.t.blocks.request[heads].astype(np.int64)
-    pl = td.prompt_lengths
-    blind = heads[(req >= 0) & (req < len(pl)) & (pl[np.clip(req, 0, max(len(pl) - 1, 0))] == 0)]
+    blind = td.blind_starts
     return (
         np.concatenate([idx, first, blind]),
         np.concatenate([expected, start, np.zeros(len(blind), np.int64)]),
