@@ -89,11 +89,12 @@ def _counting(make):
                     if _KEYWORDS.issubset(kwargs)
                     else sig.bind(self, *args, **kwargs).arguments
                 )
-                n_draft = int(b["num_draft_tokens"])
+                n_draft = b["num_draft_tokens"]
                 if n_draft:  # vLLM returns early on zero drafts
-                    invalid = b.get("num_invalid_spec_tokens") or {}
-                    n_draft -= int(invalid.get(b.get("request_id"), 0))
-                    c.observe(n_draft, int(b["num_accepted_tokens"]))
+                    invalid = b.get("num_invalid_spec_tokens")
+                    if invalid:
+                        n_draft -= invalid.get(b.get("request_id"), 0)
+                    c.observe(int(n_draft), int(b["num_accepted_tokens"]))
             except Exception as exc:
                 say(f"WARNING counting vLLM's spec-decode stats failed: {exc}")
                 c.broken = True

@@ -49,7 +49,8 @@ class TraceWriter:
     Args:
         path: final file name (``NAME.h5``); the file is written as ``NAME.h5.partial``.
         meta: the /meta JSON document (see :data:`schema.META_KEYS`); must be JSON-serialisable.
-        flush_interval: seconds between background flushes (default 1.0). ``0`` disables the
+        flush_interval: seconds from the last sync of the file, whoever made it, to the flush
+            thread's next (default 1.0): a row reaches the disk within it. ``0`` disables the
             thread; rows are then flushed every ``flush_rows`` rows and on close.
         flush_rows: flush as soon as this many block rows are buffered.
         compression: HDF5 filter for the tables: ``"gzip"`` (deflate level 1 after byte
@@ -108,6 +109,7 @@ class TraceWriter:
         self._closed = False
         self.rows_written = 0
         self._stop = threading.Event()
+        self._synced = time.monotonic()  # the last sync of the file (see _flush_loop)
         self._thread: threading.Thread | None = None
         if flush_interval and flush_interval > 0:
             self._thread = threading.Thread(
@@ -307,7 +309,7 @@ class TraceWriter:
             self._flush_locked(sync=False)  # the rows added before first; one sync below
             self._append_blocks(arrays)
             announce(self._file, self.rows_written)
-            self._file.flush()
+            self._sync()
 
     def _append_blocks(self, arrays: dict[str, np.ndarray]) -> None:
         g = self._tables["blocks"]
@@ -329,7 +331,9 @@ class TraceWriter:
     # -- flushing ------------------------------------------------------------------------------
 
     def _flush_loop(self, interval: float) -> None:
-        while not self._stop.wait(interval):
+        while not self._stop.wait(max(0.01, interval - (time.monotonic() - self._synced))):
+            if time.monotonic() - self._synced < interval - 0.01:
+                continue  # synced while waiting: the next is due an interval after that
             try:
                 self.flush()
             except Exception:  # the file was closed under us; close() flushes anyway
@@ -364,7 +368,12 @@ class TraceWriter:
             self._meta_dirty = False
             wrote = True
         if wrote and sync:
-            self._file.flush()
+            self._sync()
+
+    def _sync(self) -> None:
+        """Flush HDF5's buffers to disk (the time is when the flush thread's next is due)."""
+        self._file.flush()
+        self._synced = time.monotonic()
 
     def _flush_table(
         self, table: str, cols: tuple[schema.Column, ...], buf: dict[str, list]
@@ -441,7 +450,7 @@ class TraceWriter:
             keep = (r >= 0) & (r < ds.shape[0])
             if keep.any():
                 ds[r[keep]] = v[keep]
-                self._file.flush()
+                self._sync()
             return int(keep.sum())
 
     # -- closing -------------------------------------------------------------------------------
@@ -468,8 +477,7 @@ class TraceWriter:
             self._closed = True
         if complete:
             os.replace(self.partial_path, self.path)
-            return self.path
-        return self.partial_path
+        return self.path if complete else self.partial_path
 
     def discard(self) -> Path:
         """Close without completing and delete the ``.partial`` file: a failed import or
