@@ -5,8 +5,9 @@ trace (``traces/README.md``): its request 0 (prompt 10 + output 64 tokens) draft
 ...; 139 blocks, 185 of 556 drafts accepted.
 
 1. ``--positions 45:`` passed a pair whose request 0 stopped (aborted) at position 36: the
-   finding was kept only when its first position lay inside the window. Work that stops, and
-   content that differs, from a position on lie in every window that reaches past it.
+   finding was kept only when its first position lay inside the window. Content that differs
+   from a position on lies in every window that reaches past it; work that stops lies in
+   every window (round 21: missing work is never left out by one).
 2. ``--positions 45:`` passed against a run without drafts whose output differs from 40.
 3. ``spectrace.open(...).info()`` and ``diff --by-request`` counted blocks with impossible
    values (an acceptance rate of 5468%), which ``info`` leaves out.
@@ -61,9 +62,17 @@ def test_work_that_stops_before_a_window_is_missing_in_it(tmp_path):
     assert _kinds("check", cut, "--positions", "45:") == (1, ["requests_incomplete"])
 
 
-def test_clean_twin_a_window_before_the_stop(tmp_path):
+def test_work_that_stops_after_a_window_is_missing_in_it_too(tmp_path):
+    # Missing work is never left out by a window (round 21): the run did not finish the
+    # work the window is part of.
     cut = _stopped_at_36(tmp_path / "cut.h5")
-    assert _kinds("diff", REFERENCE, cut, "--positions", "10:30") == (0, [])
+    assert _kinds("diff", REFERENCE, cut, "--positions", "10:30") == (1, ["requests_incomplete"])
+
+
+def test_clean_twin_the_whole_run_in_the_same_windows(tmp_path):
+    copy = shutil.copyfile(REFERENCE, tmp_path / "copy.h5")
+    for window in ("10:30", "45:"):
+        assert _kinds("diff", REFERENCE, copy, "--positions", window) == (0, [])
 
 
 def _vanilla(dst: Path, differ_from: int | None) -> Path:

@@ -31,7 +31,7 @@ import numpy as np
 from .align import Alignment, align
 from .diff import diff_traces, nothing_compared
 from .diff_result import DiffResult, GateSummary
-from .findings.model import KINDS, Finding
+from .findings.model import KINDS, MISSING_WORK, Finding
 from .findings.pair import content_only
 from .fmt import pct
 from .selection import GateError, PositionSpec, Selection, in_selection, parse_positions
@@ -218,12 +218,6 @@ def nothing_selected(full: Alignment, al: Alignment, sel: Selection) -> str | No
 def counted_errors(findings: list[Finding], th: Thresholds) -> list[Finding]:
     """The error findings the gate counts (kinds in ``th.ignore`` left out)."""
     return [f for f in findings if f.severity == "error" and f.kind not in th.ignore]
-
-
-#: Missing work (a dead engine, lost trace lines, requests cut short or absent, drafts never
-#: verified or blocks skipped where the other side drafted): a count of tolerated errors never
-#: covers it (that is for what was recorded), naming it in ``ignore`` does.
-MISSING_WORK = frozenset({"capture_incomplete", "requests_incomplete", "unverified_drafts"})
 
 
 def errors_problem(errors: list[Finding], th: Thresholds) -> str | None:

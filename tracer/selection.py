@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InputError
-from .findings.model import Finding
+from .findings.model import MISSING_WORK, Finding
 
 
 class GateError(InputError, ValueError):
@@ -148,21 +148,23 @@ def parse_positions(text: str) -> slice:
 
 
 #: Findings about everything from their position to the request's end (the content differs
-#: from there on, the work stops there, the output loops from there): in a window that
-#: reaches past that position, not only in one that holds it.
-_FROM_THERE_ON = frozenset({"content_divergence", "requests_incomplete", "degenerate_output"})
+#: from there on, the output loops from there): in a window that reaches past that
+#: position, not only in one that holds it.
+_FROM_THERE_ON = frozenset({"content_divergence", "degenerate_output"})
 
 
 def in_selection(f: Finding, sel: Selection, ids: frozenset[str] | None = None) -> bool:
     """Whether finding ``f`` lies in ``sel``: its request is selected (``ids``: every id of
     the selected pairs, both sides; default ``sel.requests``) and its position lies in the
     positions (or, for :data:`_FROM_THERE_ON`, before one of them). A finding without a
-    request or position is never left out by that part."""
+    request or position is never left out by that part, nor is missing work
+    (:data:`~spectrace.tracer.findings.model.MISSING_WORK`: an engine that stopped, or lost
+    blocks, outside the window did not finish the work the window is part of)."""
     if sel.requests is not None and f.request is not None:
         if f.request not in (sel.requests if ids is None else ids | sel.requests):
             return False
     p = sel.positions
-    if p is None or f.position is None:
+    if p is None or f.position is None or f.kind in MISSING_WORK:
         return True
     if f.kind in _FROM_THERE_ON:
         if isinstance(p, slice):

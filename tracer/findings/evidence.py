@@ -369,12 +369,15 @@ class BookkeepingEvidence(_BookkeepingBase, total=False):
     such block's, absent when only the import's lines say it), and the VT import's lines
     whose accepted count disagrees with their own emitted ids (``import_lines``: kind ->
     lines; ``first_line``: FILE:LINE: what), and the blocks whose emitted ids the output
-    contradicts at their positions (``emitted_ids_mismatch``, present when any)."""
+    contradicts at their positions (``emitted_ids_mismatch``, present when any), and the
+    blocks whose correction is the rejected draft itself (``rejected_draft_emitted``,
+    present when any: the sampler, not the count, is then the likely defect)."""
 
     first: AcceptedPair
     import_lines: dict[str, int]
     first_line: str
     emitted_ids_mismatch: int
+    rejected_draft_emitted: int
 
 
 class MismatchEvidence(TypedDict):

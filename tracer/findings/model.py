@@ -51,6 +51,14 @@ Kind = Literal[
 ]
 KINDS: tuple[Kind, ...] = typing.get_args(Kind)
 
+#: Missing work (a dead engine, lost trace lines, requests cut short or absent, drafts never
+#: verified or blocks skipped where the other side drafted): a count of tolerated errors never
+#: covers it (that is for what was recorded), nor does a window of positions; naming it in
+#: ``ignore`` does.
+MISSING_WORK: frozenset[Kind] = frozenset(
+    {"capture_incomplete", "requests_incomplete", "unverified_drafts"}
+)
+
 Severity = Literal["error", "warning", "info"]
 SEVERITIES: tuple[Severity, ...] = typing.get_args(Severity)
 

@@ -10,6 +10,8 @@ import numpy as np
 from ..align import Alignment, drafts_configured
 from ..compare import NO_DIVERGENCE, count_anchors_known, shift_equal, shift_present
 from ..fmt import pct
+from ..index import sequence_index
+from ..store import Trace
 from ..tokens import Decoder
 from .data import PairData, TraceData, token_at
 from .evidence import (
@@ -178,31 +180,47 @@ def mismatch(pd: PairData) -> Finding | None:
 
 
 def content_only(al: Alignment) -> bool:
-    """A side has no draft blocks (a vanilla run) while both have outputs: every request of
-    each side is matched and every matched pair's content is known. Only the outputs are
-    then compared (identical outputs pass). A side whose /meta says it decoded
-    speculatively (:func:`~spectrace.tracer.align.drafts_configured`) while the other
-    drafts lost its drafts: no content_only pair (``unverified_drafts`` names it)."""
-    if len(al.a.blocks) and len(al.b.blocks):
+    """A side has no draft blocks (a vanilla run), or only its requests' final proposals
+    (see :func:`_drafted_before_end`), while both have outputs: every request of each side
+    is matched and every matched pair's content is known. Only the outputs are then
+    compared (identical outputs pass). A side whose /meta says it decoded speculatively
+    (:func:`~spectrace.tracer.align.drafts_configured`) while the other drafts lost its
+    drafts: no content_only pair (``unverified_drafts`` names it)."""
+    drafting = [_drafted_before_end(t) for t in (al.a, al.b)]
+    if all(drafting):
         return False
-    if any(not len(t.blocks) and drafts_configured(t) for t in (al.a, al.b)) and (
-        len(al.a.blocks) or len(al.b.blocks)
+    if any(drafting) and any(
+        not d and drafts_configured(t) for d, t in zip(drafting, (al.a, al.b))
     ):
         return False
     every = len(al.unmatched_a) == 0 and len(al.unmatched_b) == 0
     return al.pairs > 0 and every and bool(al.content_known.all())
 
 
+def _drafted_before_end(t: Trace) -> bool:
+    """Whether ``t`` has a block that is not its request's final proposal (one without a
+    verify record anchored at the request's last token: what vLLM's drafter proposes after
+    the step that sampled that token, e.g. every block of a max_tokens 1 run, which never
+    reached a verify step). A block of a request with unknown output ids counts."""
+    b = t.blocks
+    if not len(b) or (b.num_verified >= 0).any() or (b.accepted >= 0).any():
+        return bool(len(b))
+    length = sequence_index(t)[2]
+    return bool((b.position.astype(np.int64) != length[b.request] - 1).any())
+
+
 def vanilla(al: Alignment) -> Finding | None:
     """content_only (info): no draft comparison was possible, the outputs were compared."""
     if not content_only(al):
         return None
-    sides = [s for s, t in (("ours", al.a), ("theirs", al.b)) if not len(t.blocks)]
+    without = [(s, t) for s, t in (("ours", al.a), ("theirs", al.b)) if not _drafted_before_end(t)]
+    sides = [s for s, _ in without]
     side: Side = "both" if len(sides) == 2 else ("ours" if sides[0] == "ours" else "theirs")
     same = int((al.divergence == NO_DIVERGENCE).sum())
-    # Both sides configured to draft and neither has a block: no request reached a verify
-    # step (e.g. max_tokens 1), not a vanilla run.
-    configured = [t for t in (al.a, al.b) if not len(t.blocks) and drafts_configured(t)]
+    # Configured to draft without a block before the end: no request reached a verify step
+    # (e.g. max_tokens 1; vLLM still proposes once after the last token), not a vanilla run.
+    finals = any(len(t.blocks) for _, t in without)
+    configured = finals or any(drafts_configured(t) for _, t in without)
     why = (
         "configured to draft, none verified" if configured else "a run without speculative decoding"
     )
@@ -211,12 +229,22 @@ def vanilla(al: Alignment) -> Finding | None:
         "info",
         side=side,
         message=(
-            f"{' and '.join(sides)} {'has' if len(sides) == 1 else 'have'} no draft blocks "
-            f"({why}): no draft comparison was possible; the outputs were compared, "
+            f"{_without_words(without)} ({why}): no draft comparison was possible; the "
+            f"outputs were compared, "
             f"identical in {same} of {al.pairs} matched requests"
         ),
         evidence=ContentOnlyEvidence(without_drafts=sides, requests=al.pairs, identical=same),
     )
+
+
+def _without_words(without: list[tuple[str, Trace]]) -> str:
+    """``ours has no draft blocks``, ``ours and theirs have only final proposals``, ``ours
+    has no draft blocks and theirs only final proposals``: what each side lacks."""
+    what = ["only final proposals" if len(t.blocks) else "no draft blocks" for _, t in without]
+    names = [s for s, _ in without]
+    if len(set(what)) == 1:
+        return f"{' and '.join(names)} {'has' if len(names) == 1 else 'have'} {what[0]}"
+    return f"{names[0]} has {what[0]} and {names[1]} {what[1]}"
 
 
 def content(al: Alignment, oa: TraceData, dec: Decoder | None) -> Finding | None:

@@ -218,13 +218,15 @@ def bookkeeping(s: SideInput) -> Finding | None:
         rec, rc = b.accepted[c].astype(np.int64), td.recomputed[c]
         known[c] = (rec >= 0) & (rc >= 0)
         # Where the recorded emission runs past the end of the stored output (trimmed at
-        # max_tokens or a stop), the recomputed count can only undercount; with the output
-        # unknown, only a request's last block may be so trimmed.
-        length = td.length[b.request[c]]
-        trimmed = np.where(length > 0, b.position[c] + 1 + rec >= length, td.last[c])
+        # max_tokens or a stop), the recomputed count can only undercount, and only if it
+        # ran to that end: a draft the output contradicts inside it is no trimming. With the
+        # output unknown, only a request's last block may be so trimmed.
+        length, first = td.length[b.request[c]], b.position[c].astype(np.int64) + 1
+        trimmed = np.where(length > 0, first + rec >= length, td.last[c])
+        short = trimmed & (rc < rec) & ((length == 0) | (first + rc >= length))
         ne = b.num_emitted[c]
         bad_emit[c] = (ne >= 0) & (rec >= 0) & (ne != rec + 1) & ~trimmed
-        bad[c] = (known[c] & (rc != rec) & ~(trimmed & (rc < rec))) | bad_emit[c]
+        bad[c] = (known[c] & (rc != rec) & ~short) | bad_emit[c]
     off = sweep(td.t).emitted_off  # emitted ids the output contradicts
     counts_bad, bad_ids = bad, off if off is not None else np.zeros(n, bool)
     bad = counts_bad | bad_ids
@@ -240,6 +242,9 @@ def bookkeeping(s: SideInput) -> Finding | None:
     )
     if bad_ids.any():
         ev["emitted_ids_mismatch"] = int(bad_ids.sum())
+    reemitted = sweep(td.t).rejected_emitted if counts_bad.any() else 0
+    if reemitted:
+        ev["rejected_draft_emitted"] = reemitted
     if lines:
         ev["import_lines"], ev["first_line"] = lines, first_line or "?"
     if not bad.any():  # the import's lines say what its blocks no longer show
@@ -255,11 +260,22 @@ def bookkeeping(s: SideInput) -> Finding | None:
             f"{int(counts_bad.sum())} of {int(known.sum())} blocks (recorded "
             f"{int(rec[known].sum())}, recomputed {int(rc[known].sum())} accepted tokens)"
             + (f"; {ids}" if bad_ids.any() else "")
+            + (f"; {_reemitted_words(reemitted)}" if reemitted else "")
         )
     return Finding(
         "acceptance_bookkeeping", "error", side=td.side, **td.at(first), message=message,
         evidence=ev,
     )  # fmt: skip
+
+
+def _reemitted_words(n: int) -> str:
+    """The rejected-draft clause of acceptance_bookkeeping (``n`` blocks)."""
+    return (
+        f"{n} block{'s' if n != 1 else ''} emit{'s' if n == 1 else ''} the rejected draft "
+        f"itself as the correction, which neither greedy verification nor exact rejection "
+        f"sampling does (vLLM's sample_recovered_tokens masks the draft): the engine's "
+        f"sampler, not its count, is the likely defect"
+    )
 
 
 def _emitted_ids_words(n: int, counts_too: bool) -> str:

@@ -66,6 +66,11 @@ class Sweep:
         emitted_off: bool [n] an emitted id (of the ``num_emitted`` recorded) that is not
             the output's token at its position (ids past the output's end, trimmed at a
             stop, are not compared); all False when no request holds output ids.
+        rejected_emitted: blocks whose correction (the id emitted after the accepted drafts,
+            where the target checked more) is the rejected draft itself, which neither
+            greedy verification nor exact rejection sampling emits (vLLM's
+            ``sample_recovered_tokens`` masks the draft id); 0 when no request holds output
+            ids (``emitted`` is not read then).
     """
 
     width: int
@@ -77,6 +82,7 @@ class Sweep:
     paired: np.ndarray | None = None
     rows: np.ndarray | None = None
     emitted_off: np.ndarray | None = None
+    rejected_emitted: int = 0
 
 
 def sweep(t: Trace, paired_rows: np.ndarray | None = None) -> Sweep:
@@ -155,11 +161,13 @@ def _chunked(
     # only where there is an output to hold it against.
     names = ("proposed", "verified", "step") + (("emitted",) if _has_outputs(t) else ())
     off = np.zeros(n, bool)
+    reemitted = 0
     for c, cols in row_chunks(t, names, ahead=True):
         p, v = cols["proposed"], cols["verified"]
         ids = checked_ids(p, v, nv[c])
         if "emitted" in cols:
             _emitted_off(t, c, cols["emitted"], ids, off[c])
+            reemitted += _rejected_emitted(b.accepted[c], counts[c], cols["emitted"], ids)
         if g is None:
             width = p.shape[1]
             g = Gather(
@@ -193,6 +201,7 @@ def _chunked(
         paired=None if paired_rows is None or g is None else g.out,
         rows=None if paired_rows is None or g is None else paired_rows,
         emitted_off=off,
+        rejected_emitted=reemitted,
     )
 
 
@@ -220,6 +229,15 @@ def _emitted_off(t: Trace, c: slice, e: np.ndarray, ids: np.ndarray, out: np.nda
     at = np.where(live, start[req] + last, 0)
     tail = e[np.arange(len(ne)), np.clip(ne - 1, 0, e.shape[1] - 1)]
     out |= live & (flat[np.minimum(at, max(len(flat) - 1, 0))] != tail)
+
+
+def _rejected_emitted(acc: np.ndarray, n: np.ndarray, e: np.ndarray, ids: np.ndarray) -> int:
+    """How many rows emit their first rejected draft as its correction: ``accepted`` (int
+    ``acc`` [rows]) below the checked count ``n``, and ``e[r, acc] == ids[r, acc]`` (int32
+    emitted [rows, we] and checked drafts [rows, wi])."""
+    rej = np.flatnonzero((acc >= 0) & (acc < n) & (acc < min(e.shape[1], ids.shape[1])))
+    a = acc[rej].astype(np.intp)
+    return int((e[rej, a] == ids[rej, a]).sum())
 
 
 def _below_pad(p: np.ndarray, out: np.ndarray) -> None:

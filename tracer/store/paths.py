@@ -136,8 +136,9 @@ def check_outputs(
         traces: the labels of ``outputs`` that are trace files: they also write
             ``NAME.h5.partial`` (so an input or an output equal to it collides as well).
     Raises:
-        InputError: ``FILE: what`` when an output is an input, two outputs are one file, or
-            an output (or a trace's ``.partial``) exists and ``force`` is False;
+        InputError: ``FILE: what`` when an output is an input, two outputs are one file, a
+            trace output is named ``.partial``, or an output (or a trace's ``.partial``)
+            exists and ``force`` is False;
             ``LABEL: an empty path`` for an output given as ``""``.
     """
     traces = tuple(traces)
@@ -150,6 +151,14 @@ def check_outputs(
             continue
         if not str(value).strip():  # Path("") is ".": the current folder, never meant
             raise InputError(f"{label}: an empty path; name the file to write")
+        if label in traces and Path(value).name.endswith(schema.PARTIAL_SUFFIX):
+            # the writer's own in-progress name: the file it renames to when it closes
+            # would be another (NAME.h5, never checked; or a finished file named .partial)
+            raise InputError(
+                f"{value}: the output ({label}) ends in {schema.PARTIAL_SUFFIX}, the name of "
+                f"a trace still being written; name the final file "
+                f"({final_path(value).name})"
+            )
         for _, path in _claimed(label, Path(value), traces):
             for other, q in ins:
                 if _same_file(path, q):
