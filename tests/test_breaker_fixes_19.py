@@ -226,3 +226,24 @@ def test_a_count_error_without_a_reemitted_draft_names_no_sampler(tmp_path):
     (bk,) = [f for f in found if f["kind"] == "acceptance_bookkeeping"]
     assert "rejected_draft_emitted" not in bk["evidence"]
     assert "sampler" not in bk["message"]
+
+
+# -- 6. a request id with a newline or markup in the text report -------------------------------
+
+
+def test_a_request_id_with_a_newline_stays_on_the_finding_line(tmp_path):
+    bad = _last_block(tmp_path, twin=False)  # request 0's bookkeeping error, at position 69
+    with h5py.File(bad, "r+") as f:
+        f["requests/req_id"][0] = "0-ba\nad [bold]x"
+    r = run_inproc("check", bad)
+    assert r.returncode == 1
+    lines = r.stdout.splitlines()
+    (head,) = [x for x in lines if "acceptance_bookkeeping" in x]
+    assert head.endswith("acceptance_bookkeeping (request 0-ba\\nad [bold]x, position 69)")
+    assert not any(x.startswith("ad ") for x in lines)
+
+
+def test_a_plain_request_id_is_printed_as_it_is(tmp_path):
+    r = run_inproc("check", _last_block(tmp_path, twin=False))
+    (head,) = [x for x in r.stdout.splitlines() if "acceptance_bookkeeping" in x]
+    assert head.endswith("acceptance_bookkeeping (request 0-baad9995, position 69)")

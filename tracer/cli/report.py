@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as _markup_escape
 from rich.table import Table
 
 from ..diff_result import (
@@ -25,6 +25,15 @@ from ..fmt import SEVERITY_STYLE, num, pct
 from ..metrics import CONVENTIONS
 from ..schema import SOURCE_REPLAY, capture_end
 from ..verdict import ignored_errors, ignored_note, vanilla_side, verdict
+from .output import one_line
+
+
+def escape(text: str) -> str:
+    """``text`` as literal rich markup on one line: brackets escaped, and control characters
+    (a request id's newline or terminal escape, read from a trace) written as their escapes,
+    so that a finding stays its two lines and cannot drive the terminal."""
+    return _markup_escape(one_line(text))
+
 
 #: Content divergences listed one per line in the text report (JSON lists all).
 CONTENT_LINES = 10
@@ -158,7 +167,7 @@ def print_findings(con: Console, findings: list) -> None:
         where = ", ".join(
             x
             for x in (
-                f"request {f.request}" if f.request is not None else "",
+                f"request {escape(f.request)}" if f.request is not None else "",
                 f"position {f.position}" if f.position is not None else "",
                 f"slot {f.slot}" if f.slot is not None else "",
             )
@@ -329,9 +338,10 @@ def _print_requests(con: Console, r: DiffResult) -> None:
     )
     for c in r.content_divergence[:CONTENT_LINES]:
         con.print(
-            f"  content diverges: request {c.ours_req} / {c.theirs_req} at position "
-            f"{c.position} (output token {c.position - c.prompt_len}): ours "
-            f"{c.ours_token}, theirs {c.theirs_token}; later blocks are not compared"
+            f"  content diverges: request {escape(c.ours_req)} / {escape(c.theirs_req)} at "
+            f"position {c.position} (output token {c.position - c.prompt_len}): ours "
+            f"{escape(str(c.ours_token))}, theirs {escape(str(c.theirs_token))}; later blocks "
+            f"are not compared"
         )
     if len(r.content_divergence) > CONTENT_LINES:
         con.print(
