@@ -79,6 +79,13 @@ def read_references(path: str | os.PathLike) -> tuple[list[Reference], Trace | N
             raise InputError(
                 f"{p}: request {ref.req_id} has no prompt or output ids: nothing to replay"
             )
+    again = _repeated([ref.req_id for ref in refs])
+    if again is not None:  # ranks that number their requests each from 0: ids repeat
+        raise InputError(
+            f"{p}: request id {refs[again].req_id!r} is on two of its files (data-parallel "
+            f"ranks that reuse request ids): a replay names each request once; replay one "
+            f"rank's file at a time"
+        )
     why = incomplete_reasons(t)
     if why:  # the replay covers what it recorded only: say so, never silently
         say(
@@ -94,18 +101,24 @@ def _read_jsonl(p: Path) -> list[Reference]:
         lines = p.read_text().splitlines()
     except OSError as exc:
         raise InputError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    seen: dict[str, int] = {}
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
-            rid = str(obj.get("req_id", obj.get("id", len(refs))))
-            prompt = tuple(int(x) for x in obj["prompt_ids"])
-            output = tuple(int(x) for x in obj["output_ids"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InputError(
-                f"{p}:{n}: not a request with prompt_ids and output_ids ({exc})"
-            ) from None
+        except ValueError as exc:
+            raise InputError(f"{p}:{n}: not JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise InputError(f"{p}:{n}: not a request object ({type(obj).__name__})")
+        if "prompt_ids" not in obj or "output_ids" not in obj:
+            raise InputError(f"{p}:{n}: not a request with prompt_ids and output_ids")
+        given = obj.get("req_id", obj.get("id"))
+        rid = str(len(refs) if given is None else given)
+        prompt, output = _token_ids(p, n, obj, "prompt_ids"), _token_ids(p, n, obj, "output_ids")
+        if rid in seen:
+            raise InputError(f"{p}:{n}: request id {rid!r} given twice (first on line {seen[rid]})")
+        seen[rid] = n
         if not prompt or not output:
             raise InputError(f"{p}:{n}: request {rid} has empty prompt or output ids")
         if min(prompt + output) < 0:
@@ -114,6 +127,30 @@ def _read_jsonl(p: Path) -> list[Reference]:
     if not refs:
         raise InputError(f"{p}: no requests")
     return refs
+
+
+def _token_ids(p: Path, n: int, obj: dict, field: str) -> tuple[int, ...]:
+    """``obj[field]`` as token ids: a list of JSON integers (never a float or a bool, which
+    ``int()`` would truncate into another token).
+
+    Raises:
+        InputError: ``FILE:LINE: ...`` naming the field.
+    """
+    v = obj[field]
+    if not isinstance(v, list) or not all(type(x) is int for x in v):
+        bad = v if not isinstance(v, list) else next(x for x in v if type(x) is not int)
+        raise InputError(f"{p}:{n}: {field} is not a list of integer token ids ({bad!r})")
+    return tuple(v)
+
+
+def _repeated(ids: list[str]) -> int | None:
+    """The index of the first id seen before in ``ids``, or None."""
+    seen: set[str] = set()
+    for i, x in enumerate(ids):
+        if x in seen:
+            return i
+        seen.add(x)
+    return None
 
 
 def select_requests(refs: list[Reference], ids: Sequence[str] | None) -> list[Reference]:

@@ -73,6 +73,7 @@ def capture_end(meta: dict, status: str = schema.STATUS_COMPLETE) -> CaptureEvid
         first_tail_gap=None,
         undrafted_requests=0,
         first_undrafted=None,
+        missing_ranks=[],
     )
 
 
@@ -87,6 +88,10 @@ def trace_capture_end(t: Trace) -> CaptureEvidence:
     ev = capture_end(files[0][0], t.status)
     for m, path in files[1:]:
         ev = _merged(ev, capture_end(m, t.status), Path(path).name)
+    given = [_int_or_none(m.get("dp_rank")) for m in t.metas]
+    ranks = {r for r in given if r is not None}
+    if len(ranks) == len(given):  # ranked files (the reader refuses a mix): every rank
+        ev["missing_ranks"] = sorted(set(range(max(ranks) + 1)) - ranks)
     return ev
 
 
@@ -389,6 +394,11 @@ def _tail_evidence(td: TraceData, ev: CaptureEvidence, skip_files: np.ndarray) -
 def _blocks_how(ev: CaptureEvidence, held: int, drafter: str) -> list[str]:
     """What the blocks themselves show missing, in words (empty: nothing)."""
     out = []
+    if ev["missing_ranks"]:
+        miss = ", ".join(map(str, ev["missing_ranks"]))
+        out.append(
+            f"no file of the data-parallel run's rank {miss}: its requests and blocks are missing"
+        )
     rec = ev["recorded_blocks"]
     if rec is not None and rec != held:
         out.append(

@@ -313,6 +313,9 @@ class CaptureEvidence(TypedDict):
     undrafted_requests: int
     #: The first of them, by request id; null when none.
     first_undrafted: str | None
+    #: Data-parallel ranks below the highest one read that no file of the trace holds
+    #: (files ranked 0 and 2: rank 1's file is missing); empty for one file.
+    missing_ranks: list[int]
 
 
 class IncompleteRef(TypedDict):

@@ -9,6 +9,7 @@ partial file of a writer that died only when ``NAME.h5`` does not exist, and say
 
 from __future__ import annotations
 
+import fnmatch
 import glob as _glob
 import os
 import warnings
@@ -81,10 +82,7 @@ def _expand(s: str) -> list[Path]:
     if not s.strip():  # Path("") is ".", the current folder: never meant
         raise InputError("an empty trace path; name the trace file")
     if any(ch in s for ch in "*?[") and not os.path.lexists(s):
-        matches = sorted(_glob.glob(s))
-        if not matches:
-            raise InputError(f"{s}: no file matches this pattern")
-        return [Path(m) for m in matches]
+        return _matches(s)
     p = Path(s)
     if not p.exists():
         partial = partial_path(p)
@@ -98,6 +96,32 @@ def _expand(s: str) -> list[Path]:
         )
         p = partial
     return [p]
+
+
+def _matches(pattern: str) -> list[Path]:
+    """A glob's files, sorted by their final names: its matches, and the ``.partial`` file
+    of each final name it would match that does not exist (a rank whose writer died left
+    ``NAME.h5.partial``: the pattern stands for ``NAME.h5``, which reads it, as a path
+    does, not for a run without that rank; with a warning)."""
+    matches = _glob.glob(pattern)
+    found = set(matches)
+    partials = [
+        m
+        for m in _glob.glob(pattern + schema.PARTIAL_SUFFIX)
+        if m not in found
+        and str(final_path(m)) not in found
+        and fnmatch.fnmatch(str(final_path(m)), pattern)
+    ]
+    if not matches and not partials:
+        raise InputError(f"{pattern}: no file matches this pattern")
+    for m in partials:
+        warnings.warn(
+            f"{pattern}: reading {m}, matched as {final_path(m).name} (its writer is still "
+            f"running, was killed or stopped on an error: info's capture row says which)",
+            TraceWarning,
+            stacklevel=4,
+        )
+    return [Path(m) for m in sorted(matches + partials, key=lambda m: str(final_path(m)))]
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -238,6 +238,24 @@ def spectrace_regression(request) -> Regression:
     )
 
 
+def _argv(cmd) -> list[str]:
+    """A capture fixture's command as its argument list (``str`` each: paths welcome).
+
+    Raises:
+        ValueError: a string or bytes (read item by item it would run ``/``, ``u``,
+            ``s``...: pass ``shlex.split(cmd)`` or the list itself) or an empty command.
+    """
+    if isinstance(cmd, str | bytes):
+        raise ValueError(
+            f"cmd must be the command's argument list, not one string ({cmd!r}): pass "
+            f"[program, arg, ...] (or shlex.split of it)"
+        )
+    argv = [str(c) for c in cmd]
+    if not argv:
+        raise ValueError("cmd is empty: pass [program, arg, ...]")
+    return argv
+
+
 @pytest.fixture
 def spectrace_capture_cmd(tmp_path):
     """``capture(cmd, requests=None, name="ours") -> Trace``: run our engine's command under
@@ -253,7 +271,7 @@ def spectrace_capture_cmd(tmp_path):
 
         out = _unused(tmp_path, name)
         rc = capture_command(
-            [str(c) for c in cmd],
+            _argv(cmd),
             str(out),
             requests_path=str(requests) if requests else None,
             forward_trace_lines=False,
@@ -277,7 +295,7 @@ def spectrace_capture_vllm(tmp_path):
         from ..store import open_trace
 
         out = _unused(tmp_path, name)
-        rc = capture_vllm([str(c) for c in cmd], str(out))
+        rc = capture_vllm(_argv(cmd), str(out))
         if rc != 0:
             pytest.fail(f"spectrace: vLLM script exited with {rc}: {cmd}", pytrace=False)
         return open_trace(out)
