@@ -30,7 +30,7 @@ from .diff_result import (
     SideSummary,
 )
 from .findings import Finding, TraceData, detect_pair
-from .findings.pair import content_only
+from .findings.pair import content_only, drafted_before_end
 from .findings.sweep import sweep_pair
 from .findings.values import impossible_rows
 from .index import checked_counts, sequence_index
@@ -76,6 +76,13 @@ def nothing_compared(al: Alignment) -> str:
         return (
             f"{' and '.join(empty)} {'has' if len(empty) == 1 else 'have'} no draft "
             f"blocks: nothing to compare"
+        )
+    finals = [side for side, t in (("ours", a), ("theirs", b)) if not drafted_before_end(t)]
+    if finals:
+        return (
+            f"{' and '.join(finals)} {'has' if len(finals) == 1 else 'have'} only final "
+            f"proposals (drafted after each request's last token, never verified): nothing "
+            f"to compare"
         )
     if al.pairs == 0 and al.drift:
         n = len(al.drift)

@@ -12,6 +12,9 @@ from . import output
 from .options import SECONDS, exit_verdict, force_option, format_option, tokenizer_option
 from .progress import progress
 
+#: The drafters a replay runs (``--method``).
+METHODS = ("draft_model", "ngram")
+
 ENGINE_CHOICE = click.Choice(["reference", "vllm", "cmd"])
 
 
@@ -51,11 +54,16 @@ def vs_path(out: str, engine: str) -> Path:
 )
 @click.option(
     "--method",
-    type=click.Choice(["draft_model", "ngram"]),
-    default="draft_model",
-    show_default=True,
+    type=click.Choice(METHODS),
+    default=None,
+    help="Drafter (default: REF's /meta method where it is one of these, else draft_model).",
 )
-@click.option("--k", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option(
+    "--k",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Drafts per block (default: REF's /meta k, else 4).",
+)
 @click.option(
     "--target", type=click.Path(file_okay=False), help="Target model folder (default: bundled)."
 )
@@ -145,6 +153,7 @@ def replay_cmd(
     )
     from spectrace.engine.loader import bundled_model_dir  # defaults: the bundled models
 
+    method, k = _configured(ref, method, k)
     base = EngineOptions(
         method=method,
         k=k,
@@ -164,6 +173,28 @@ def replay_cmd(
         _replay_one(ref, path, name, opts, where, list(requests) or None, blocks_of)
     if len(paths) == 2:
         _diff(paths[0], paths[1], fmt, decoder)
+
+
+def _configured(ref: str, method: str | None, k: int | None) -> tuple[str, int]:
+    """``--method`` and ``--k``, each taken where not given from REF's /meta (a trace; a
+    requests JSONL has none) when it records a method this replay runs and a k >= 1, else
+    ``draft_model`` and 4; a line on stderr says what came from REF."""
+    meta: dict = {}
+    if (method is None or k is None) and not str(ref).endswith(".jsonl"):
+        from ..store import open_trace
+
+        meta = open_trace(ref).meta
+    took = []
+    if method is None:
+        method = meta.get("method") if meta.get("method") in METHODS else None
+        took += [f"method {method}"] if method else []
+    if k is None:
+        mk = meta.get("k")
+        k = mk if type(mk) is int and mk >= 1 else None
+        took += [f"k {k}"] if k else []
+    if took:
+        output.say(f"replay: {' and '.join(took)} from {ref}'s /meta (--method, --k choose)")
+    return method or "draft_model", k or 4
 
 
 def _check_applies(names: list[str], faults, command, tokenizer, margins, timeout_s) -> None:

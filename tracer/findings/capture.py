@@ -23,6 +23,7 @@ from .data import SideInput, TraceData
 from .evidence import CaptureEvidence
 from .ksize import drafter_name, drafts_every_step
 from .model import Finding
+from .work import work_complete
 
 
 def _int_or_none(v) -> int | None:
@@ -446,16 +447,17 @@ def incomplete_reasons(t: Trace) -> list[str]:
     return _how(ev) + _log_how(ev, t.meta.get("source"))
 
 
+_AFTER_WORK = ("every request finished and the trace equals the engine's counters: the engine "
+               "was stopped after its work (a hung shutdown?), not during it")  # fmt: skip
+_BEFORE_END = "requests and blocks after that point are missing, agreement of the rest proves nothing"  # fmt: skip  # noqa: E501
+
+
 def capture(s: SideInput) -> Finding | None:
-    """capture_incomplete: the engine did not exit cleanly (non-zero exit status, a signal),
-    the capture was interrupted or aborted, the trace disagrees with the engine's own
-    counters (/meta ``checks`` status ``mismatch``) or was closed before the vLLM hook
-    cross-checked it (status still ``pending``), an import dropped trace lines, found
-    blocks at positions their request had passed (chain breaks) or other broken invariants
-    (:func:`import_violations`), the blocks show work missing (another block count than
-    the recorder's, gaps in a model drafter's anchor chain, no block at all while such a
-    drafter's requests emitted tokens: :func:`_block_evidence`), or the trace holds nothing
-    at all (no block, no request; whoever wrote it): work is missing from the trace."""
+    """capture_incomplete: the capture did not end cleanly (:func:`_how`: exit status,
+    signal, interrupted, aborted, counters that disagree or were never checked), an import
+    lost lines or broke invariants (:func:`_log_how`), the blocks show work missing
+    (:func:`_block_evidence`: block count, chain gaps, missing ranks...), or the trace
+    holds nothing at all (no block, no request; whoever wrote it)."""
     td = s.td
     ev = trace_capture_end(td.t)
     # No block and no request: whatever wrote the trace (a capture, an import, the plugin
@@ -471,10 +473,9 @@ def capture(s: SideInput) -> Finding | None:
             f"from the trace, agreement of the rest proves nothing"
         )
     elif how:
-        message = (
-            f"{td.side}: the capture did not end cleanly ({'; '.join(how + log + blk)}): requests "
-            f"and blocks after that point are missing, agreement of the rest proves nothing"
-        )
+        done = not log and not blk and work_complete(td.t)  # stopped in its shutdown
+        message = f"{td.side}: the capture did not end cleanly ({'; '.join(how + log + blk)}): "
+        message += _AFTER_WORK if done else _BEFORE_END
     elif log:
         what = (
             "missing from the trace"

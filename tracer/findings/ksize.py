@@ -51,6 +51,30 @@ def _typical(d: np.ndarray) -> int:
     return int(vals[cnt.argmax()])
 
 
+def config_difference(a: dict, b: dict) -> str | None:
+    """Why two runs' drafts need not agree, by their recorded configuration alone (/meta of
+    ours ``a`` and theirs ``b``): methods that differ, or n-gram lookup settings that differ
+    (the vLLM hook's /meta ``ngram``: vLLM's ``prompt_lookup_min``/``max``); one clause, or
+    None when both record the same or either records nothing. k is :func:`k_reason`'s."""
+    ma, mb = a.get("method"), b.get("method")
+    if isinstance(ma, str) and isinstance(mb, str) and ma and mb and ma.lower() != mb.lower():
+        return (
+            f"the runs use different methods (ours {ma}, theirs {mb}): their drafts need not agree"
+        )
+    ga, gb = a.get("ngram"), b.get("ngram")
+    if isinstance(ga, dict) and isinstance(gb, dict):
+        diff = [
+            f"{key} {ga[key]} vs {gb[key]}"
+            for key in sorted(ga.keys() & gb.keys())
+            if ga[key] != gb[key]
+        ]
+        if diff:
+            return (
+                f"the runs' n-gram settings differ ({', '.join(diff)}): their drafts need not agree"
+            )
+    return None
+
+
 def drafter_name(meta: dict) -> str:
     """``"draft_model drafter"`` (the /meta method's words), or ``"drafter"`` when none is
     recorded."""

@@ -159,11 +159,18 @@ def _split(
         lp for lp in loops if lp.request in partner and partner[lp.request] not in other_looping
     ]
     # Unknown also where the partner's sequence ends before the loop starts (a run cut
-    # short: requests_incomplete names it): nothing says whether it would loop there.
+    # short: requests_incomplete names it), or, its content the same up to its end (a run
+    # of a smaller max_tokens), too soon after it to show a loop: nothing says whether it
+    # would loop there.
     unknown = [
         lp
         for lp in one_sided
-        if other.output_unknown(p := partner[lp.request]) or other.length[p] <= lp.start
+        if other.output_unknown(p := partner[lp.request])
+        or other.length[p] <= lp.start
+        or (
+            div.get(lp.request, NO_DIVERGENCE) == NO_DIVERGENCE
+            and other.length[p] - lp.start < max(LOOP_MIN_TOKENS, 3 * lp.period)
+        )
     ]
     one_sided = [lp for lp in one_sided if lp not in unknown]
     later = [lp for lp in one_sided if lp.start > div.get(lp.request, NO_DIVERGENCE)]
@@ -189,7 +196,8 @@ _REASONS: tuple[tuple[str, Severity, str], ...] = (
         "unknown",
         "warning",
         "the other trace's output is unknown there (no output ids and no finish reason, or "
-        "it ends before the loop starts), so nothing says whether it loops too",
+        "it ends before the loop starts or too soon after to show one), so nothing says "
+        "whether it loops too",
     ),
     (
         "later",

@@ -23,6 +23,7 @@ from .evidence import (
     LayoutEvidence,
     MismatchEvidence,
 )
+from .ksize import config_difference
 from .model import Finding, Severity, Side, tok
 from .single import constant_rate
 from .thresholds import MIN_BLOCKS, MISMATCH_ERROR_RATE, SYSTEMATIC
@@ -159,6 +160,8 @@ def mismatch(pd: PairData) -> Finding | None:
     slot0 = float((pd.both_at(0) & ~pd.cmp.eq[:, 0])[bad].mean())
     sev: Severity = "error" if rate >= MISMATCH_ERROR_RATE else "warning"
     tie = "" if sev == "error" else " (few: possibly numerical near-ties)"
+    why = config_difference(pd.al.a.meta, pd.al.b.meta)
+    tie += f"; {why}" if why else ""
     # The first differing slot both sides have (None: only the lengths differ).
     fs = int(pd.cmp.first_slot[first])
     slot = fs if 0 <= fs < min(pd.ka[first], pd.kb[first]) else None
@@ -181,12 +184,12 @@ def mismatch(pd: PairData) -> Finding | None:
 
 def content_only(al: Alignment) -> bool:
     """A side has no draft blocks (a vanilla run), or only its requests' final proposals
-    (see :func:`_drafted_before_end`), while both have outputs: every request of each side
+    (see :func:`drafted_before_end`), while both have outputs: every request of each side
     is matched and every matched pair's content is known. Only the outputs are then
     compared (identical outputs pass). A side whose /meta says it decoded speculatively
     (:func:`~spectrace.tracer.align.drafts_configured`) while the other drafts lost its
     drafts: no content_only pair (``unverified_drafts`` names it)."""
-    drafting = [_drafted_before_end(t) for t in (al.a, al.b)]
+    drafting = [drafted_before_end(t) for t in (al.a, al.b)]
     if all(drafting):
         return False
     if any(drafting) and any(
@@ -197,7 +200,7 @@ def content_only(al: Alignment) -> bool:
     return al.pairs > 0 and every and bool(al.content_known.all())
 
 
-def _drafted_before_end(t: Trace) -> bool:
+def drafted_before_end(t: Trace) -> bool:
     """Whether ``t`` has a block that is not its request's final proposal (one without a
     verify record anchored at the request's last token: what vLLM's drafter proposes after
     the step that sampled that token, e.g. every block of a max_tokens 1 run, which never
@@ -213,7 +216,7 @@ def vanilla(al: Alignment) -> Finding | None:
     """content_only (info): no draft comparison was possible, the outputs were compared."""
     if not content_only(al):
         return None
-    without = [(s, t) for s, t in (("ours", al.a), ("theirs", al.b)) if not _drafted_before_end(t)]
+    without = [(s, t) for s, t in (("ours", al.a), ("theirs", al.b)) if not drafted_before_end(t)]
     sides = [s for s, _ in without]
     side: Side = "both" if len(sides) == 2 else ("ours" if sides[0] == "ours" else "theirs")
     same = int((al.divergence == NO_DIVERGENCE).sum())

@@ -18,6 +18,7 @@ from ..fmt import pct
 from ..parallel import chunks
 from .data import PairData
 from .evidence import BatchChange, BatchEvidence, GroupCount, StaleEvidence
+from .ksize import config_difference
 from .model import Finding
 from .stats import concentration_p
 from .thresholds import CONCENTRATION_P, CONCENTRATION_RATIO, MIN_BLOCKS, SYSTEMATIC
@@ -128,6 +129,8 @@ def stale(pd: PairData) -> Finding | None:
     """stale_state: mismatches concentrate on blocks that follow a given verdict of the
     request's previous block (a rejection, a full acceptance, a partial acceptance, a
     rejection at slot 0); located at the first mismatching block of that group."""
+    if config_difference(pd.al.a.meta, pd.al.b.meta):  # drafts differ by configuration
+        return None  # draft_mismatch names it: no state to blame
     v, mism, ok = previous_verdict(pd), _mismatch(pd), pd.trusted
     rej = concentration(mism, np.isin(v, (PARTIAL, REJECTED)), ok)
     for name, verdicts, words, cause in STALE_GROUPS:

@@ -17,8 +17,10 @@ import numpy as np
 from ..align import Alignment, drafts_configured, is_replay
 from ..fmt import counted
 from ..parallel import chunks
+from ..store import Trace
 from .data import SideInput, TraceData
 from .evidence import IncompleteRef, RequestsEvidence, UnverifiedEvidence
+from .ksize import config_difference
 from .model import Finding
 
 #: Finish reasons of a request the engine did not complete: aborted, still running when
@@ -26,6 +28,21 @@ from .model import Finding
 #: retryable request-level internal error, e.g. a KV load failure; the client gets a 500).
 #: ``repetition`` (vLLM stopped a repetitive output) is the engine's decision, like ``stop``.
 NOT_COMPLETED = ("abort", "unfinished", "error")
+
+
+def work_complete(t: Trace) -> bool:
+    """Whether ``t`` itself shows its work complete: every request finished (``length`` or
+    ``stop``) and every file's /meta ``checks`` says ``ok`` (the vLLM hook's close found
+    the trace equal to vLLM's own counters). A capture that ended uncleanly after that
+    (``--timeout`` met in vLLM's shutdown) stopped after its work, not during it."""
+    checks = [m.get("checks") for m in t.metas]
+    counted_ok = bool(checks) and all(
+        isinstance(c, dict) and c.get("status") == "ok" for c in checks
+    )
+    fin = t.requests.finish_reason
+    return (
+        bool(checks) and counted_ok and len(fin) > 0 and all(x in ("length", "stop") for x in fin)
+    )
 
 
 def _incomplete(s: SideInput) -> tuple[list[tuple[int, int | None]], list[str]]:
@@ -364,6 +381,10 @@ def unverified(s: SideInput) -> Finding | None:
         bad[c] = (b.num_verified[c] < 0) & (b.accepted[c] < 0) & ~td.last[c]
     stops, never = drafting_ends(s)
     skipped = np.zeros(0, np.int64) if s.skipped is None else s.skipped
+    if s.ref is not None and config_difference(td.t.meta, s.ref.t.meta):
+        # another method or n-gram setting drafts from other anchors by design: where one
+        # side drafts is no evidence of what the other dropped
+        stops, never, skipped = [], [], np.zeros(0, np.int64)
     # One skipped anchor is enough: on identical content the same drafter drafts from the
     # same anchors (an n-gram drafter too: its match depends on the context alone).
     if not bad.any() and not stops and not never and not len(skipped):
