@@ -178,20 +178,20 @@ def replay_cmd(
 def _configured(ref: str, method: str | None, k: int | None) -> tuple[str, int]:
     """``--method`` and ``--k``, each taken where not given from REF's /meta (a trace; a
     requests JSONL has none) when it records a method this replay runs and a k >= 1, else
-    ``draft_model`` and 4; a line on stderr says what came from REF."""
+    ``draft_model`` and 4; a line on stderr says what REF set other than those."""
     meta: dict = {}
     if (method is None or k is None) and not str(ref).endswith(".jsonl"):
         from ..store import open_trace
 
         meta = open_trace(ref).meta
-    took = []
+    took = []  # what REF's /meta set other than the defaults (those need no line)
     if method is None:
         method = meta.get("method") if meta.get("method") in METHODS else None
-        took += [f"method {method}"] if method else []
+        took += [f"method {method}"] if method not in (None, "draft_model") else []
     if k is None:
         mk = meta.get("k")
         k = mk if type(mk) is int and mk >= 1 else None
-        took += [f"k {k}"] if k else []
+        took += [f"k {k}"] if k not in (None, 4) else []
     if took:
         output.say(f"replay: {' and '.join(took)} from {ref}'s /meta (--method, --k choose)")
     return method or "draft_model", k or 4
