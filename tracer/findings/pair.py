@@ -10,7 +10,7 @@ import numpy as np
 from ..align import Alignment, drafts_configured
 from ..compare import NO_DIVERGENCE, count_anchors_known, shift_equal, shift_present
 from ..fmt import pct
-from ..index import sequence_index
+from ..index import memo, sequence_index
 from ..store import Trace
 from ..tokens import Decoder
 from .data import PairData, TraceData, token_at
@@ -159,9 +159,9 @@ def mismatch(pd: PairData) -> Finding | None:
     first = int(np.flatnonzero(bad)[0])
     slot0 = float((pd.both_at(0) & ~pd.cmp.eq[:, 0])[bad].mean())
     sev: Severity = "error" if rate >= MISMATCH_ERROR_RATE else "warning"
-    tie = "" if sev == "error" else " (few: possibly numerical near-ties)"
+    note = "" if sev == "error" else " (few: possibly numerical near-ties)"
     why = config_difference(pd.al.a.meta, pd.al.b.meta)
-    tie += f"; {why}" if why else ""
+    note += f"; {why}" if why else ""
     # The first differing slot both sides have (None: only the lengths differ).
     fs = int(pd.cmp.first_slot[first])
     slot = fs if 0 <= fs < min(pd.ka[first], pd.kb[first]) else None
@@ -174,7 +174,7 @@ def mismatch(pd: PairData) -> Finding | None:
         message=(
             f"proposals differ at matched anchors in {int(bad.sum())} of {P} paired blocks "
             f"({pct(rate, 0)}), from slot 0 in {pct(slot0, 0)} of them, with no shift or "
-            f"mapping pattern{tie}"
+            f"mapping pattern{note}"
         ),
         evidence=MismatchEvidence(
             blocks=int(bad.sum()), paired=P, rate=rate, from_slot0=slot0, example=pd.example(first)
@@ -204,7 +204,12 @@ def drafted_before_end(t: Trace) -> bool:
     """Whether ``t`` has a block that is not its request's final proposal (one without a
     verify record anchored at the request's last token: what vLLM's drafter proposes after
     the step that sampled that token, e.g. every block of a max_tokens 1 run, which never
-    reached a verify step). A block of a request with unknown output ids counts."""
+    reached a verify step). A block of a request with unknown output ids counts. Memoised
+    in ``t.cache`` (a diff asks it for its finding, its reasons and its gate)."""
+    return memo(t, "drafted_before_end", lambda: _drafted_before_end(t))
+
+
+def _drafted_before_end(t: Trace) -> bool:
     b = t.blocks
     if not len(b) or (b.num_verified >= 0).any() or (b.accepted >= 0).any():
         return bool(len(b))

@@ -227,7 +227,8 @@ def bookkeeping(s: SideInput) -> Finding | None:
         ne = b.num_emitted[c]
         bad_emit[c] = (ne >= 0) & (rec >= 0) & (ne != rec + 1) & ~trimmed
         bad[c] = (known[c] & (rc != rec) & ~short) | bad_emit[c]
-    off = sweep(td.t).emitted_off  # emitted ids the output contradicts
+    sw = sweep(td.t)
+    off = sw.emitted_off  # emitted ids the output contradicts
     counts_bad, bad_ids = bad, off if off is not None else np.zeros(n, bool)
     bad = counts_bad | bad_ids
     lines, first_line = import_bookkeeping(td.t)
@@ -242,7 +243,7 @@ def bookkeeping(s: SideInput) -> Finding | None:
     )
     if bad_ids.any():
         ev["emitted_ids_mismatch"] = int(bad_ids.sum())
-    reemitted = sweep(td.t).rejected_emitted if counts_bad.any() else 0
+    reemitted = sw.rejected_emitted if counts_bad.any() else 0
     if reemitted:
         ev["rejected_draft_emitted"] = reemitted
     if lines:
