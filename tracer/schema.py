@@ -300,7 +300,10 @@ META_MINIMUM: dict[str, int] = {"k": 0, "tp_rank": 0, "tp_size": 1, "dp_rank": 0
 #: row, so a k far past any drafter (``--meta k=40000`` built 40000-wide columns, 1.3 GB for
 #: a 139-block log; one past int64 broke HDF5's chunking and the k-size detector) is a typo,
 #: not a config. 1024 is 64x the widest of those and keeps one matrix row at 4 KiB.
-META_MAXIMUM: dict[str, int] = {"k": 1024}
+#: Ranks and sizes are int32 wherever they land (the exported tables, vLLM's own config), so
+#: a rank past that is damage, not a deployment.
+META_MAXIMUM: dict[str, int] = {"k": 1024, "tp_rank": 2**31 - 1, "tp_size": 2**31 - 1,
+                                "dp_rank": 2**31 - 1}  # fmt: skip
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "str": (str,),

@@ -156,6 +156,8 @@ def _block_problems(
          ne, ne > width["emitted"]),
         ("blocks/position", "negative position", b["position"], b["position"] < 0),
         ("blocks/step", "negative step", b["step"], b["step"] < 0),
+        ("blocks/t_ns", "negative time (ns since the epoch; 0 is unknown)", b["t_ns"],
+         b["t_ns"] < 0),
         ("blocks/anchor", "token id below the -1 pad", b["anchor"], b["anchor"] < -1),
     ]  # fmt: skip
     for name in ("proposed", "verified", "emitted"):
@@ -173,6 +175,9 @@ def _block_problems(
         if name in b:
             what = "finite value beyond the float32 range"
             checks.append((f"blocks/{name}", what, b[name], too_wide(b[name])))
+            # top-1 minus top-2 is never below 0 (+inf is real: every other logit masked)
+            what = "negative margin (top-1 minus top-2 logit is at least 0)"
+            checks.append((f"blocks/{name}", what, b[name], b[name] < 0))
     if "verified_same" in b:
         same = b["verified_same"]
         checks.append(("blocks/verified_same", "not 0 or 1", same, (same < 0) | (same > 1)))
