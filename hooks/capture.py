@@ -317,6 +317,7 @@ def capture_vllm(
     out: str | os.PathLike,
     timeout: float | None = None,
     kill_grace: float = KILL_GRACE,
+    extra_env: dict[str, str] | None = None,
 ) -> int:
     """Run a vLLM script with spectrace's plugin recording to OUT; report what it wrote.
 
@@ -328,6 +329,8 @@ def capture_vllm(
             ``kill_grace`` seconds (a hung engine); None: wait. Independently, a watchdog
             (:mod:`spectrace.hooks.watchdog`) stops CMD's group the same way when vLLM's
             EngineCore process died without shutting down (vLLM then hangs).
+        extra_env: variables set for CMD on top of this process's environment (replay's
+            ``SPECTRACE_MARGINS``), which is left as it is.
     Returns:
         CMD's exit status (``128+N`` if killed by signal N, 130 after Ctrl-C),
         :data:`TIMEOUT_STATUS` (124) after a timeout, or after the watchdog ``128+N`` for an
@@ -339,7 +342,7 @@ def capture_vllm(
     out = Path(out).resolve()
     started = time.time() - 1.0  # mtime granularity
     with tempfile.TemporaryDirectory(prefix="spectrace-watch-") as watch_dir:
-        env = {**os.environ, ENV_OUT: str(out), ENV_WATCH: watch_dir}
+        env = {**os.environ, **(extra_env or {}), ENV_OUT: str(out), ENV_WATCH: watch_dir}
         status, record = run_until(
             cmd, env, timeout, kill_grace, watch=lambda pid: EngineCoreWatch(watch_dir, pid).dead()
         )

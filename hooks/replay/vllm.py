@@ -50,13 +50,18 @@ def replay_vllm(
     """
     if opts.faults:
         raise InputError("--fault is for --engine reference only")
+    # replay's default: margins where they cost no sync (a capture's default: none)
+    margins = os.environ.get(MARGINS_ENV, "cpu")
     if opts.margins is not None:
-        os.environ[MARGINS_ENV] = "1" if opts.margins else "0"
+        margins = "1" if opts.margins else "0"
     with tempfile.TemporaryDirectory(prefix="spectrace-replay-") as tmp:
         prefixes = write_prefixes(Path(tmp) / "prefixes.jsonl", refs, sites)
         out = Path(tmp) / "vllm.h5"
         with stdout_to_stderr():
-            status = capture_vllm(driver_command(prefixes, opts), out, timeout=opts.timeout_s)
+            status = capture_vllm(
+                driver_command(prefixes, opts), out, timeout=opts.timeout_s,
+                extra_env={MARGINS_ENV: margins},
+            )  # fmt: skip
         if status != 0 or not out.exists():
             raise EngineFailed(f"--engine vllm: the vLLM run failed (exit status {status})")
         t = open_trace(out)

@@ -21,10 +21,13 @@ than later in the step (measured: a 64-element add 43 us first, 4 us next), and 
 each numpy call costs 5-10 us, so calls, and when they run, are what to save. The usual
 step's subtraction itself runs on the writer thread (:meth:`MarginTap.uniform_later`). The
 per-step values are gathered once per engine step (:meth:`MarginTap.matrix`), not once per
-depth; whether margins are wanted is read once per step too. On a GPU that is still a
-device-to-host copy and a sync, so margins are off there unless ``SPECTRACE_MARGINS=1``
-(``0`` turns them off everywhere). The local-argmax and heterogeneous-vocabulary paths are
-left alone (no margins: NaN).
+depth; whether margins are wanted is read once per step too. Even so they cost a capture
+on the bundled models about 1.6% of a warm ``generate`` on a CPU (one more pass over every
+depth's logits; measured with ``benchmarks/bench_vllm_cpu_capture.py --breakdown``), and on a
+GPU a device-to-host copy and a sync per draft step, so a capture records them only when asked
+(:data:`ENV`); ``spectrace replay``, where a near tie explains a difference on an identical
+prefix and no production step pays, asks for them on a CPU. The local-argmax and
+heterogeneous-vocabulary paths are left alone (no margins: NaN).
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-#: ``1`` records margins, ``0`` never; unset: only on a CPU device (no sync cost there).
+#: ``1`` records margins, ``cpu`` only when the drafter's logits are on a CPU (no sync there;
+#: what ``spectrace replay`` sets by default), ``0`` or unset never (the capture's cost budget).
 ENV = "SPECTRACE_MARGINS"
 
 
@@ -247,10 +251,10 @@ class _Held(NamedTuple):
 
 
 def _wanted(device_type: str) -> bool:
-    v = os.environ.get(ENV)
-    if v is not None:
-        return v not in ("", "0")
-    return device_type == "cpu"
+    v = os.environ.get(ENV, "")
+    if v == "cpu":
+        return device_type == "cpu"
+    return v not in ("", "0")
 
 
 def _torch_margin(logits, idx):
@@ -298,9 +302,10 @@ def _top2(a: np.ndarray, i: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.n
 
 def install_margins(drafter) -> MarginTap | None:
     """Wrap ``drafter._greedy_sample`` to record margins; None when the drafter has no
-    such method (n-gram) or margins are off by :data:`ENV`."""
+    such method (n-gram) or :data:`ENV` is unset or ``0`` when vLLM builds the drafter (a
+    capture's default: no wrapper, no cost)."""
     orig = getattr(drafter, "_greedy_sample", None)
-    if orig is None or os.environ.get(ENV) == "0":
+    if orig is None or os.environ.get(ENV, "") in ("", "0"):
         return None
     tap = MarginTap()
 

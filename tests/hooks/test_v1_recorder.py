@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from spectrace.hooks.vllm.columns import ColumnWriter, concat_columns
 from spectrace.hooks.vllm.v1 import V1Recorder
@@ -329,8 +330,9 @@ class MarginRunner(Runner):
         return out
 
 
-def test_recorder_writes_the_drafter_margins(tmp_path, monkeypatch):
-    monkeypatch.delenv("SPECTRACE_MARGINS", raising=False)  # on: the logits are on a CPU
+@pytest.mark.parametrize("env", ["1", "cpu"])  # cpu: the fake drafter's logits are on one
+def test_recorder_writes_the_drafter_margins(tmp_path, monkeypatch, env):
+    monkeypatch.setenv("SPECTRACE_MARGINS", env)
     r = MarginRunner()
     rec = V1Recorder(r, tmp_path / "t.h5", {"k": 2})
     for _ in range(3):
@@ -342,6 +344,24 @@ def test_recorder_writes_the_drafter_margins(tmp_path, monkeypatch):
     assert b.draft_margin.tolist() == [[1.0, 1.25], [0.0, 0.0], [2.0, 2.25], [0.0, 0.0],
                                        [3.0, 3.25], [0.0, 0.0]]  # fmt: skip
     assert b.num_verified.tolist() == [2, 2, 2, 2, -1, -1]  # the last step's: unverified
+
+
+@pytest.mark.parametrize("env", [None, "0"])
+def test_twin_a_default_capture_records_no_margins(tmp_path, monkeypatch, env):
+    # margins cost a capture about 1.6% of a warm generate on a CPU: only when asked
+    if env is None:
+        monkeypatch.delenv("SPECTRACE_MARGINS", raising=False)
+    else:
+        monkeypatch.setenv("SPECTRACE_MARGINS", env)
+    r = MarginRunner()
+    rec = V1Recorder(r, tmp_path / "t.h5", {"k": 2})
+    assert rec.margins is None  # no wrapper: vLLM's own _greedy_sample runs
+    for _ in range(3):
+        r.sample_tokens()
+    rec.session.close()
+    b = open_trace(tmp_path / "t.h5").blocks
+    assert b.proposed.tolist() == [[11, 11], [10, 10], [21, 21], [20, 20], [31, 31], [30, 30]]
+    assert np.isnan(b.draft_margin).all() and b.draft_margin.shape == (6, 2)
 
 
 class ListRunner(Runner):
