@@ -263,8 +263,14 @@ def test_request_that_pairs_nothing_says_the_selection_left_nothing(tmp_path, ca
             w.request(rid, prompt_ids=prompt, output_ids=OUTPUT, finish_reason="length")
     code, out, _ = run_cli(capsys, "diff", ours, tmp_path / "theirs.h5", "--request", "c",
                            "--max-errors", "9", "--format", "json")  # fmt: skip
-    reasons = json.loads(out)["reasons"]
-    assert code == 1 and reasons == ["nothing selected: request c is in no matched request pair"]
+    doc = json.loads(out)
+    # ours lacks theirs' c (prompt [7, 8, 9]): missing work, which --max-errors never tolerates
+    assert code == 1 and doc["reasons"] == [
+        "nothing selected: request c is in no matched request pair",
+        "missing work (requests_incomplete): --max-errors tolerates none; --ignore KIND does",
+    ]
+    (f,) = doc["findings"]
+    assert (f["kind"], f["side"], f["request"]) == ("requests_incomplete", "ours", "c")
 
 
 # -- 4. replay: --timeout stops the cmd engine; a failing engine exits 3 ---------------------

@@ -60,6 +60,9 @@ class Alignment:
         replay: both traces are replays of the same references; ``disagree_a``,
             ``disagree_b``: int64 block indices of the positions left unpaired because the two
             targets sampled different anchors there (empty otherwise).
+        pairs_before_selection: the matched request pairs before a request selection
+            (``--request``) narrowed the alignment to ``req_a``/``req_b``; None when not
+            narrowed by request.
     """
 
     a: Trace
@@ -82,6 +85,7 @@ class Alignment:
     replay: bool = False
     disagree_a: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     disagree_b: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    pairs_before_selection: int | None = None
 
     @property
     def pairs(self) -> int:

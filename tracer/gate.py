@@ -139,6 +139,9 @@ def _select_requests(al: Alignment, ids: frozenset[str]) -> Alignment:
         comparable_b=al.comparable_b & (pb >= 0),
         ia=al.ia[paired],
         ib=al.ib[paired],
+        pairs_before_selection=(
+            al.pairs if al.pairs_before_selection is None else al.pairs_before_selection
+        ),
     )
 
 

@@ -364,12 +364,18 @@ class _BookkeepingBase(TypedDict):
     blocks: int
     recorded_total: int
     recomputed_total: int
+    recorded_disagreeing: int
+    recomputed_disagreeing: int
     emitted_count_mismatch: int
 
 
 class BookkeepingEvidence(_BookkeepingBase, total=False):
-    """acceptance_bookkeeping: recorded vs recomputed accepted counts (``first``: the first
-    such block's, absent when only the import's lines say it), and the VT import's lines
+    """acceptance_bookkeeping: recorded vs recomputed accepted counts (``recorded_total``,
+    ``recomputed_total``: summed over every block with both counts known, legitimate
+    end-of-output trimming included; ``recorded_disagreeing``, ``recomputed_disagreeing``:
+    over the disagreeing blocks with both counts known, the ones the message names;
+    ``first``: the first such block's, absent when only the import's lines say it), and the
+    VT import's lines
     whose accepted count disagrees with their own emitted ids (``import_lines``: kind ->
     lines; ``first_line``: FILE:LINE: what), and the blocks whose emitted ids the output
     contradicts at their positions (``emitted_ids_mismatch``, present when any), and the

@@ -235,10 +235,13 @@ def bookkeeping(s: SideInput) -> Finding | None:
     if not bad.any() and not lines:
         return None
     rec, rc = b.accepted.astype(np.int64), td.recomputed.astype(np.int64)
+    both = counts_bad & known  # the disagreeing blocks whose two counts are known
     ev = BookkeepingEvidence(
         blocks=int(bad.sum()),
         recorded_total=int(rec[known].sum()),
         recomputed_total=int(rc[known].sum()),
+        recorded_disagreeing=int(rec[both].sum()),
+        recomputed_disagreeing=int(rc[both].sum()),
         emitted_count_mismatch=int(bad_emit.sum()),
     )
     if bad_ids.any():
@@ -256,10 +259,16 @@ def bookkeeping(s: SideInput) -> Finding | None:
     if not counts_bad.any():
         message = f"{td.side}: {ids}"
     else:
+        n_bad, n_both = int(counts_bad.sum()), int(both.sum())
+        those = (
+            ("that block" if n_bad == 1 else "those blocks")
+            if n_both == n_bad
+            else f"the {n_both} of them with both counts"
+        )
         message = (
             f"{td.side}: the recorded accepted count disagrees with the emitted stream in "
-            f"{int(counts_bad.sum())} of {int(known.sum())} blocks (recorded "
-            f"{int(rec[known].sum())}, recomputed {int(rc[known].sum())} accepted tokens)"
+            f"{n_bad} of {int(known.sum())} blocks (recorded {ev['recorded_disagreeing']}, "
+            f"recomputed {ev['recomputed_disagreeing']} accepted tokens in {those})"
             + (f"; {ids}" if bad_ids.any() else "")
             + (f"; {_reemitted_words(reemitted)}" if reemitted else "")
         )

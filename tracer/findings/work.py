@@ -66,7 +66,11 @@ def _incomplete(s: SideInput) -> tuple[list[tuple[int, int | None]], list[str]]:
         if fin[i] in NOT_COMPLETED or shorter:
             bad.append((i, j))
     lacking = s.al.unmatched_b if s.side_a else s.al.unmatched_a
-    missing = [oreq.req_id[int(j)] for j in lacking] if len(here) else []
+    # Absent requests count where the runs pair some request (runs that pair none compare
+    # nothing to miss); a --request selection of an unmatched request keeps none, but the
+    # runs it was narrowed from did.
+    paired = len(here) or s.al.pairs_before_selection
+    missing = [oreq.req_id[int(j)] for j in lacking] if paired else []
     return sorted(bad), missing
 
 
@@ -81,7 +85,6 @@ def requests(s: SideInput) -> Finding | None:
     req = td.t.requests
     fin, out = req.finish_reason, req.output_ids
     oreq = s.ref.t.requests if s.ref is not None else None
-    ids = [req.req_id[i] for i, _ in bad]
     first = None
     where: dict = {}
     if bad:
@@ -97,18 +100,7 @@ def requests(s: SideInput) -> Finding | None:
         # file knows neither prompt nor output: no position then).
         end = len(req.prompt_ids[i]) + len(out[i]) if len(req.prompt_ids[i]) else None
         where = {"request": req.req_id[i], "position": end}
-        other = ""
-        if j is not None:
-            name = "theirs" if td.side == "ours" else "ours"
-            other = (
-                f"; {name}: {first['other_finish_reason'] or '?'} after "
-                f"{first['other_output_tokens']} tokens"
-            )
-        what = (
-            f"{counted(len(bad), 'request')} did not complete (first: request {ids[0]}, finish "
-            f"{fin[i] or '?'} after {len(out[i])} output tokens{other})"
-        )
-        tail = "their work is missing, not compared"
+        what, tail = _cut_short(s, bad)
     else:
         what, tail = _absent(s, missing)
         where = {"request": missing[0]}  # the first absent request, by the other side's id
@@ -129,6 +121,62 @@ def requests(s: SideInput) -> Finding | None:
             first=first,
         ),
     )
+
+
+def _cut_short(s: SideInput, bad: list[tuple[int, int | None]]) -> tuple[str, str]:
+    """What a finding says of this side's requests ``bad`` (:func:`_incomplete`'s rows), and
+    why they are not compared: a max_tokens difference where :func:`_length_limits` sees
+    one, else requests that did not complete."""
+    td, req = s.td, s.td.t.requests
+    fin, out = req.finish_reason, req.output_ids
+    oreq = s.ref.t.requests if s.ref is not None else None
+    (i, j), rid = bad[0], req.req_id[bad[0][0]]
+    name = "theirs" if td.side == "ours" else "ours"
+    limits = _length_limits(s, bad)
+    if limits is not None:
+        n, lo, hi = limits
+        ran = str(hi) if lo == hi else f"{lo} to {hi}"
+        mine, theirs = _max_tokens(td.t.meta), _max_tokens(s.ref.t.meta) if s.ref else None
+        differ = "?" if mine is None or theirs is None else f" ({mine} vs {theirs}):"
+        return (
+            f"{counted(len(bad), 'request')} finished length after {n} output tokens where "
+            f"{name} ran {ran} (first: request {rid})"
+        ), f"the runs' max_tokens differ{differ} the work past {n} tokens is missing, not compared"
+    other = ""
+    if j is not None and oreq is not None:
+        other = f"; {name}: {oreq.finish_reason[j] or '?'} after {len(oreq.output_ids[j])} tokens"
+    what = (
+        f"{counted(len(bad), 'request')} did not complete (first: request {rid}, finish "
+        f"{fin[i] or '?'} after {len(out[i])} output tokens{other})"
+    )
+    return what, "their work is missing, not compared"
+
+
+def _max_tokens(meta: dict) -> object:
+    """/meta ``sampling.max_tokens`` (the vLLM hook records it), or None."""
+    sampling = meta.get("sampling")
+    return sampling.get("max_tokens") if isinstance(sampling, dict) else None
+
+
+def _length_limits(s: SideInput, bad: list[tuple[int, int | None]]) -> tuple[int, int, int] | None:
+    """``(n, lo, hi)`` when this side's cut-short requests ``bad`` look like a run of a
+    smaller max_tokens: each paired and finished ``length`` after the same n output tokens,
+    no request of this side holds more than n, and the other side's partners ran lo..hi > n
+    tokens; None otherwise, or where both runs' /meta record the same max_tokens."""
+    if s.ref is None or any(j is None for _, j in bad):
+        return None
+    req, oreq = s.td.t.requests, s.ref.t.requests
+    lengths = {len(req.output_ids[i]) for i, _ in bad}
+    if len(lengths) != 1 or any(req.finish_reason[i] != "length" for i, _ in bad):
+        return None
+    (n,) = lengths
+    if max(map(len, req.output_ids), default=0) > n:
+        return None  # a longer request of this side: no common limit at n
+    mine, theirs = _max_tokens(s.td.t.meta), _max_tokens(s.ref.t.meta)
+    if mine is not None and mine == theirs:
+        return None
+    other = [len(oreq.output_ids[j]) for _, j in bad if j is not None]
+    return n, min(other), max(other)
 
 
 def _absent(s: SideInput, missing: list[str]) -> tuple[str, str]:
