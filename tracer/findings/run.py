@@ -20,7 +20,6 @@ import spectrace.tracer.findings.drift as drift
 import spectrace.tracer.findings.ksize as ksize
 import spectrace.tracer.findings.margins as margins
 import spectrace.tracer.findings.pair as pair
-import spectrace.tracer.findings.region as region
 import spectrace.tracer.findings.single as single
 import spectrace.tracer.findings.state as state
 import spectrace.tracer.findings.values as values
@@ -152,15 +151,11 @@ def _own_checks(
 
 
 def _pair_findings(pd: PairData) -> list[Finding]:
-    """:data:`PAIR` on two threads (by ``thread``); when no pattern was found over every
-    paired block, the pattern detectors on the onset region (:mod:`.region`: a fault
-    confined to late blocks or one request); then :data:`FALLBACK` when none fired."""
+    """:data:`PAIR` on two threads (by ``thread``), then :data:`FALLBACK` when none fired."""
     groups = [[d for d in PAIR if d.thread == g] for g in ("slots", "blocks")]
     done = in_parallel([lambda g=g: [d.run(pd) for d in g] for g in groups])
     by_detector = {d: f for g, res in zip(groups, done) for d, f in zip(g, res)}
     found = [by_detector[d] for d in PAIR]
-    if not any(f is not None and f.kind in region.REGION_KINDS for f in found):
-        found += region.region_findings(pd, PAIR)
     if not any(found):
         found.append(FALLBACK.run(pd))
     return [f for f in found if f is not None]
