@@ -244,7 +244,9 @@ def capture_end(meta: dict, status: str = STATUS_COMPLETE) -> dict | None:
     cap = meta.get("capture")
     if isinstance(cap, dict):
         out = dict(cap)
-        if out.get("ended") is None and status == STATUS_RECORDING:
+        # A file never closed was not a clean capture, whatever /meta says: the supervisor
+        # writes ``capture`` before the writer's close, which a kill can fall between.
+        if out.get("ended") in (None, "clean") and status == STATUS_RECORDING:
             out["ended"] = "capture-killed"
         return out
     if "exit_status" not in meta:
@@ -258,6 +260,8 @@ def capture_end(meta: dict, status: str = STATUS_COMPLETE) -> dict | None:
         ended = "capture-killed" if status == STATUS_RECORDING else "capture-failed"
     else:
         ended = "clean" if code == 0 else "engine-exit"
+    if ended == "clean" and status == STATUS_RECORDING:
+        ended = "capture-killed"
     return {"ended": ended, "exit_status": code, "signal": sig}
 
 

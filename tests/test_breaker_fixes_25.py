@@ -1,0 +1,124 @@
+"""Fixes for a tester's findings of round 25. Inputs are edited copies of the bundled reference
+trace (traces/README.md: 139 blocks, k 4, 5 requests; a clean capture, /meta exit_status 0,
+file status ``complete``).
+
+1. A file never closed (status ``recording``) whose /meta says the capture ended clean passed
+   ``check`` and ``diff`` with exit 0: the capture supervisor writes /meta ``capture`` before
+   the writer's close, and a kill between the two left exactly that. The status now wins: the
+   capture is ``capture-killed``, a ``capture_incomplete`` error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+from bundled import edited_copy
+from inproc import run_inproc
+
+REF = Path(__file__).resolve().parent.parent / "traces" / "reference.h5"
+
+
+def _json(*argv) -> tuple[int, dict]:
+    r = run_inproc(*argv, "--format", "json")
+    assert r.stdout, r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def _kinds(doc: dict) -> list[str]:
+    return [f["kind"] for f in doc["findings"]]
+
+
+def _recording(src: Path, dst: Path, meta: dict | None = None) -> Path:
+    edited_copy(src, dst, meta=meta)
+    with h5py.File(dst, "r+") as f:
+        f.attrs["status"] = "recording"
+    return dst
+
+
+# -- 1. an unclosed file is not a clean capture, whatever /meta says ---------------------------
+
+CLEAN = {"capture": {"ended": "clean", "exit_status": 0, "signal": None}}
+
+
+def test_recording_status_with_clean_capture_meta_is_capture_incomplete(tmp_path):
+    t = _recording(REF, tmp_path / "t.h5", meta=CLEAN)
+    code, doc = _json("check", str(t))
+    assert code == 1
+    assert "capture_incomplete" in _kinds(doc)
+    f = next(f for f in doc["findings"] if f["kind"] == "capture_incomplete")
+    assert f["severity"] == "error"
+    assert "the trace file was never closed" in f["message"]
+    code, doc = _json("diff", str(REF), str(t))
+    assert code == 1 and "capture_incomplete" in _kinds(doc)
+
+
+def test_recording_status_with_exit_status_zero_is_capture_incomplete(tmp_path):
+    # the older /meta items (exit_status 0, no capture object) read the same way
+    t = _recording(REF, tmp_path / "t.h5")
+    code, doc = _json("check", str(t))
+    assert code == 1 and "capture_incomplete" in _kinds(doc)
+
+
+def test_closed_file_with_clean_capture_meta_passes(tmp_path):
+    t = edited_copy(REF, tmp_path / "t.h5", meta=CLEAN)
+    code, doc = _json("check", str(t))
+    assert (code, _kinds(doc)) == (0, ["degenerate_output"])  # the bundled run's own warning
+    code, doc = _json("diff", str(REF), str(t))
+    assert code == 0 and "capture_incomplete" not in _kinds(doc)
+
+
+# -- 2. a run name longer than a folder name can hold ------------------------------------------
+
+
+def test_export_run_name_over_251_characters_is_bad_input(tmp_path):
+    # "run=" + 252 characters = 256 bytes: one more than a file name holds (NAME_MAX 255)
+    r = run_inproc("export", str(REF), "-o", str(tmp_path / "o"), "--run", "r" * 252)
+    assert r.returncode == 2
+    assert r.stderr.startswith("spectrace: error: run name rrrrrrrrrrrrrrrrrrrr... (252 ")
+    assert "Traceback" not in r.stderr and not (tmp_path / "o").exists()
+    assert not (tmp_path / "o.partial").exists()
+
+
+def test_export_run_name_of_251_characters_is_written(tmp_path):
+    r = run_inproc("export", str(REF), "-o", str(tmp_path / "o"), "--run", "r" * 251)
+    assert r.returncode == 0, r.stderr
+    assert [p.name for p in (tmp_path / "o" / "blocks").iterdir()] == ["run=" + "r" * 251]
+
+
+# -- 3. the Python API: closed traces and run names --------------------------------------------
+
+
+def test_tables_of_a_closed_trace_raise_input_error():
+    import spectrace
+    from spectrace.tracer.errors import InputError
+
+    t = spectrace.open(REF)
+    assert len(t) == 139  # open: the bundled trace's blocks
+    t.close()
+    for method in ("blocks", "blocks_arrow", "blocks_df", "requests", "requests_df", "info"):
+        try:
+            getattr(t, method)()
+        except InputError as exc:
+            assert str(exc) == f"{REF}: the trace is closed; open it again"
+        else:
+            raise AssertionError(f"{method} of a closed trace did not raise")
+    assert t.meta["engine"] == "spectrace-reference"  # /meta stays readable
+
+
+def test_open_refuses_run_names_export_refuses():
+    import pytest
+    import spectrace
+    from spectrace.tracer.errors import InputError
+
+    for run, msg in (
+        (5, "run=5: a run name is a string, e.g. run='ours'"),
+        ("", "run name '': use letters, digits, '.', '_' and '-' only"),
+        ("a/b", "run name 'a/b': use letters, digits, '.', '_' and '-' only"),
+    ):
+        with pytest.raises(InputError) as exc:
+            spectrace.open(REF, run=run)  # type: ignore[arg-type]
+        assert str(exc.value) == msg
+    with spectrace.open(REF, run="ours") as t:
+        assert set(t.blocks()["run"]) == {"ours"}
