@@ -122,3 +122,54 @@ def test_open_refuses_run_names_export_refuses():
         assert str(exc.value) == msg
     with spectrace.open(REF, run="ours") as t:
         assert set(t.blocks()["run"]) == {"ours"}
+
+
+# -- 4. RUN_FIGURES leaves out blocks whose target checked no draft ----------------------------
+
+
+def _run_figures(trace: Path, out: Path) -> dict:
+    import duckdb
+    from spectrace.tracer.export_sql import RUN_FIGURES
+
+    r = run_inproc("export", str(trace), "-o", str(out), "--run", "r")
+    assert r.returncode == 0, r.stderr
+    cur = duckdb.connect().execute(RUN_FIGURES.format(out=out))
+    (row,) = cur.fetchall()
+    return dict(zip([c[0] for c in cur.description], row))
+
+
+def _trimmed(dst: Path) -> Path:
+    """REF with num_verified 0 on the 10 blocks of the first 24 that accepted nothing (a
+    target that checked no draft there)."""
+    edited_copy(REF, dst)
+    with h5py.File(dst, "r+") as f:
+        acc = f["blocks"]["accepted"][:]
+        nv = f["blocks"]["num_verified"][:]
+        nv[:24][acc[:24] == 0] = 0
+        f["blocks"]["num_verified"][:] = nv
+    return dst
+
+
+def test_run_figures_leave_out_blocks_of_no_checked_draft(tmp_path):
+    # REF: 139 blocks of k 4, 185 accepted drafts, 90 blocks accepting at least one; the
+    # trim takes 10 blocks (all accepting 0) out of the verified ones: 129 blocks, 516 drafts
+    row = _run_figures(_trimmed(tmp_path / "t.h5"), tmp_path / "o")
+    assert (row["blocks"], row["verified_blocks"], row["verified_tokens"]) == (139, 129, 516)
+    assert row["accepted_tokens"] == 185 and row["acceptance_rate"] == 185 / 516
+    assert row["mean_acceptance_length"] == 1 + 185 / 129
+    assert row["per_position"][0] == 90 / 129
+    code, info = _json("info", str(tmp_path / "t.h5"))
+    assert (info["recorded"]["blocks"], info["recorded"]["per_position"][0]) == (129, 90 / 129)
+
+
+def test_run_figures_of_the_untrimmed_trace_count_every_block(tmp_path):
+    row = _run_figures(REF, tmp_path / "o")
+    assert (row["blocks"], row["verified_blocks"], row["verified_tokens"]) == (139, 139, 556)
+    assert row["per_position"][0] == 90 / 139
+
+
+def test_readme_shows_run_figures_verbatim():
+    from spectrace.tracer.export_sql import RUN_FIGURES
+
+    readme = (REF.parent.parent / "README.md").read_text()
+    assert RUN_FIGURES.strip() in readme
