@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import h5py
+import numpy as np
 from bundled import edited_copy
 from inproc import run_inproc
 
@@ -173,3 +174,67 @@ def test_readme_shows_run_figures_verbatim():
 
     readme = (REF.parent.parent / "README.md").read_text()
     assert RUN_FIGURES.strip() in readme
+
+
+# -- 5. /meta capture items and draft_margin's width are checked -------------------------------
+
+
+def _refused(tmp_path: Path, **meta) -> list[str]:
+    t = edited_copy(REF, tmp_path / "m.h5", meta=meta)
+    lines = []
+    for argv in (("check", str(t)), ("diff", str(REF), str(t)), ("info", str(t))):
+        r = run_inproc(*argv)
+        assert r.returncode == 2, (argv, r.stdout[-300:])
+        (line,) = r.stderr.splitlines()
+        lines.append(line)
+    assert len(set(lines)) == 1  # every command refuses it alike
+    return lines[0].split(": ", 3)[-1]
+
+
+def test_meta_capture_items_of_the_wrong_type_are_bad_input(tmp_path):
+    # "false" is a truthy string (an interrupted capture), 0.5 and false no exit status
+    assert _refused(tmp_path, interrupted="false") == (
+        "expected true or false (field=meta.interrupted, value='false')"
+    )
+    assert _refused(tmp_path, exit_status=False) == (
+        "expected an integer (field=meta.exit_status, value=False)"
+    )
+    assert _refused(tmp_path, exit_status=0.5) == (
+        "expected an integer (field=meta.exit_status, value=0.5)"
+    )
+    assert _refused(tmp_path, vocab_size=-5) == (
+        "expected an integer >= 1 (field=meta.vocab_size, value=-5)"
+    )
+    assert _refused(tmp_path, vocab_size=2**31) == (
+        "expected an integer <= 2147483647 (field=meta.vocab_size, value=2147483648)"
+    )
+
+
+def test_meta_capture_items_of_the_right_type_are_read(tmp_path):
+    t = edited_copy(REF, tmp_path / "m.h5", meta={"interrupted": False, "vocab_size": 2**31 - 1})
+    assert run_inproc("check", str(t)).returncode == 0  # REF: exit_status 0, a clean capture
+    t = edited_copy(REF, tmp_path / "n.h5", meta={"exit_status": 137, "killed_by_signal": 9})
+    code, doc = _json("check", str(t))
+    assert code == 1 and "capture_incomplete" in _kinds(doc)
+
+
+def _with_margins(dst: Path, width: int) -> Path:
+    edited_copy(REF, dst)
+    with h5py.File(dst, "r+") as f:
+        f["blocks"].create_dataset("draft_margin", data=np.full((139, width), 1.5, np.float32))
+    return dst
+
+
+def test_draft_margin_narrower_than_proposed_is_bad_input(tmp_path):
+    t = _with_margins(tmp_path / "t.h5", 2)
+    r = run_inproc("check", str(t))
+    assert r.returncode == 2
+    assert r.stderr == (
+        f"spectrace: error: {t}: 2 slots wide, expected proposed's width 4 "
+        f"(field=blocks/draft_margin)\n"
+    )
+
+
+def test_draft_margin_as_wide_as_proposed_is_read(tmp_path):
+    t = _with_margins(tmp_path / "t.h5", 4)
+    assert run_inproc("check", str(t)).returncode == 0
