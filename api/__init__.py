@@ -32,7 +32,9 @@ def open(path_or_glob: TraceSpec, *, run: str | None = None) -> TraceTables:  # 
         A :class:`spectrace.tables.TraceTables`: ``.blocks_df()``, ``.requests_df()``,
         ``.blocks_arrow()``, ``.requests_arrow()``, ``.info()``, ``.trace`` (the reader).
     Raises:
-        InputError: no such file; TraceFormatError: not a spectrace trace.
+        InputError: no such file, or ``run`` is not a run name ``spectrace export`` takes;
+        TraceFormatError: not a spectrace trace. The tables' methods raise InputError once
+        the trace is closed.
     """
     from spectrace.tables import TraceTables
 

@@ -26,21 +26,29 @@ class TraceTables:
     """
 
     def __init__(self, trace: Trace, run: str | None = None) -> None:
+        """Raises InputError: ``run`` is not None and not a run name ``spectrace export``
+        takes (:func:`spectrace.tracer.export.check_run_names`)."""
+        _check_run(run)
         self.trace = trace
         self.run = run or export.run_name(trace)
 
+    def _open(self) -> Trace:
+        """The reader, refused once closed (its columns would read as IndexError)."""
+        return as_trace(self.trace)
+
     @classmethod
     def open(cls, spec: TraceSpec, *, run: str | None = None) -> TraceTables:
-        """Open ``spec`` (see :func:`spectrace.open`)."""
+        """Open ``spec`` (see :func:`spectrace.open`); ``run`` is checked first."""
+        _check_run(run)
         return cls(open_trace(spec), run)
 
     @property
     def meta(self) -> dict:
-        """The first file's /meta document."""
+        """The first file's /meta document (kept after close)."""
         return self.trace.meta
 
     def __len__(self) -> int:
-        return len(self.trace.blocks)
+        return len(self._open().blocks)
 
     def blocks(self) -> dict[str, object]:
         """The blocks table as name -> numpy array (one value per block), a list (the string
@@ -48,12 +56,12 @@ class TraceTables:
         ``verified``, ``emitted``, ``draft_margin``), :class:`spectrace.tracer.export.Ragged`
         (row i is ``values[offsets[i]:offsets[i + 1]]``, null where ``valid`` is False); no
         pandas/pyarrow needed."""
-        return export.block_columns(self.trace, self.run)
+        return export.block_columns(self._open(), self.run)
 
     def requests(self) -> dict[str, object]:
         """The requests table as name -> numpy array (``rank``, ``request``) or list (the
         strings, and ``prompt_ids``/``output_ids``: one token-id sequence per request)."""
-        return export.request_columns(self.trace, self.run)
+        return export.request_columns(self._open(), self.run)
 
     def blocks_arrow(self) -> pa.Table:
         """The blocks table (schema :func:`spectrace.tracer.export.arrow_schema`)."""
@@ -78,7 +86,7 @@ class TraceTables:
         with impossible values left out of them, named by ``impossible_values``)."""
         from spectrace.tracer.findings.summary import explained_summary
 
-        return explained_summary(self.trace)
+        return explained_summary(self._open())
 
     def close(self) -> None:
         """Close the trace's HDF5 files."""
@@ -89,6 +97,13 @@ class TraceTables:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _check_run(run: object) -> None:
+    if run is not None:
+        if not isinstance(run, str):
+            raise InputError(f"run={run!r}: a run name is a string, e.g. run='ours'")
+        export.check_run_names([run])
 
 
 def as_trace(x: TraceSpec | TraceTables | Trace) -> Trace:

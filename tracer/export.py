@@ -296,18 +296,28 @@ def _plain(v):
     return v
 
 
+#: The longest run name: ``run=`` + it is one folder name, of at most 255 bytes (NAME_MAX).
+MAX_RUN_NAME = 251
+
 #: Run names that start with a letter but read as a date in DuckDB's hive partitions.
 _TYPED_WORDS = frozenset({"inf", "infinity", "epoch"})
 
 
 def check_run_names(names: list[str]) -> None:
     """Raises InputError when a run name is not a plain directory name (letters, digits,
-    ``._-``), does not start with a letter or is a word DuckDB reads as a date (readers
-    would type it as a number or a date), or two runs share a name (their partitions would
-    mix)."""
+    ``._-``) of at most :data:`MAX_RUN_NAME` characters, does not start with a letter or is a
+    word DuckDB reads as a date (readers would type it as a number or a date), or two runs
+    share a name (their partitions would mix)."""
     bad = [n for n in names if not re.fullmatch(r"[A-Za-z0-9._-]+", n) or n in (".", "..")]
     if bad:
         raise InputError(f"run name {bad[0]!r}: use letters, digits, '.', '_' and '-' only")
+    long = [n for n in names if len(n) > MAX_RUN_NAME]
+    if long:
+        raise InputError(
+            f"run name {long[0][:20]}... ({len(long[0])} characters): at most {MAX_RUN_NAME}, "
+            f"since its partition folder run=NAME is one file name (255 bytes at most): "
+            f"name it with --run NAME"
+        )
     # Readers of hive partitions infer a key's type from the folder names: DuckDB and
     # pyarrow read "123" back as an integer (two runs "007" and "7" merge) and DuckDB
     # reads "2026-12-03", "inf" or "epoch" as a date.

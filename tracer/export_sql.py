@@ -14,12 +14,15 @@ position), the first block of each position on each side.
 from __future__ import annotations
 
 #: Per run and rank: blocks, recorded acceptance, per-position acceptance (the survival
-#: curve over max(k) slots): ``spectrace info``'s ``blocks`` and ``recorded`` figures.
+#: curve over max(k) slots): ``spectrace info``'s ``blocks`` and ``recorded`` figures. A
+#: block whose target checked no draft (k 0, or every draft trimmed) is no verified block,
+#: as in :func:`spectrace.tracer.metrics.acceptance_counts`.
 RUN_FIGURES = """
 WITH b AS (
-  SELECT run, rank, k, CASE WHEN impossible THEN -1 ELSE accepted END AS accepted,
-         CASE WHEN num_verified >= 0 THEN num_verified ELSE k END AS checked
-  FROM read_parquet('{out}/blocks/*/*/*.parquet', hive_partitioning = true)
+  SELECT run, rank, k,
+         CASE WHEN impossible OR checked = 0 THEN -1 ELSE accepted END AS accepted, checked
+  FROM (SELECT *, CASE WHEN num_verified >= 0 THEN num_verified ELSE k END AS checked
+        FROM read_parquet('{out}/blocks/*/*/*.parquet', hive_partitioning = true))
 )
 SELECT run, rank,
        count(*) AS blocks,

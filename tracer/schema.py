@@ -244,7 +244,9 @@ def capture_end(meta: dict, status: str = STATUS_COMPLETE) -> dict | None:
     cap = meta.get("capture")
     if isinstance(cap, dict):
         out = dict(cap)
-        if out.get("ended") is None and status == STATUS_RECORDING:
+        # A file never closed was not a clean capture, whatever /meta says: the supervisor
+        # writes ``capture`` before the writer's close, which a kill can fall between.
+        if out.get("ended") in (None, "clean") and status == STATUS_RECORDING:
             out["ended"] = "capture-killed"
         return out
     if "exit_status" not in meta:
@@ -258,6 +260,8 @@ def capture_end(meta: dict, status: str = STATUS_COMPLETE) -> dict | None:
         ended = "capture-killed" if status == STATUS_RECORDING else "capture-failed"
     else:
         ended = "clean" if code == 0 else "engine-exit"
+    if ended == "clean" and status == STATUS_RECORDING:
+        ended = "capture-killed"
     return {"ended": ended, "exit_status": code, "signal": sig}
 
 
@@ -288,11 +292,19 @@ META_TYPES: dict[str, tuple[str, ...]] = {
     "checks": ("object",),
     "replay": ("object",),
     "capture": ("object",),
+    # the older capture items (hooks/child.py), read by findings/capture.py capture_end:
+    # "false" is truthy and 0.5 no exit status, so a wrong type would flip the verdict
+    "exit_status": ("int",),
+    "killed_by_signal": ("int",),
+    "interrupted": ("bool",),
+    "aborted": ("str",),
 }
 
 #: The smallest valid value of the /meta integers that count or index something (a rank
 #: below 0 names no process: ``hooks.vllm.common.dp_rank_of`` never gives one).
-META_MINIMUM: dict[str, int] = {"k": 0, "tp_rank": 0, "tp_size": 1, "dp_rank": 0}
+META_MINIMUM: dict[str, int] = {"k": 0, "tp_rank": 0, "tp_size": 1, "dp_rank": 0,
+                                "vocab_size": 1, "draft_vocab_size": 1, "max_num_seqs": 1,
+                                "exit_status": 0, "killed_by_signal": 1}  # fmt: skip
 
 #: The largest valid value of the /meta integers that size something. ``k`` is vLLM's
 #: ``num_speculative_tokens``: a handful in practice (EAGLE, MTP, n-gram and block drafters
@@ -301,9 +313,12 @@ META_MINIMUM: dict[str, int] = {"k": 0, "tp_rank": 0, "tp_size": 1, "dp_rank": 0
 #: a 139-block log; one past int64 broke HDF5's chunking and the k-size detector) is a typo,
 #: not a config. 1024 is 64x the widest of those and keeps one matrix row at 4 KiB.
 #: Ranks and sizes are int32 wherever they land (the exported tables, vLLM's own config), so
-#: a rank past that is damage, not a deployment.
+#: a rank past that is damage, not a deployment; so is a vocabulary past int32 token ids.
+#: An exit status is 0..255 and a signal 1..255 (POSIX wait status).
 META_MAXIMUM: dict[str, int] = {"k": 1024, "tp_rank": 2**31 - 1, "tp_size": 2**31 - 1,
-                                "dp_rank": 2**31 - 1}  # fmt: skip
+                                "dp_rank": 2**31 - 1, "vocab_size": 2**31 - 1,
+                                "draft_vocab_size": 2**31 - 1, "max_num_seqs": 2**31 - 1,
+                                "exit_status": 255, "killed_by_signal": 255}  # fmt: skip
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "str": (str,),
