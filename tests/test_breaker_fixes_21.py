@@ -14,7 +14,9 @@ request 1 loops from position 30 with period 3 in both traces).
    counters equal, said "requests and blocks after that point are missing".
 4. ``replay`` ignored REF's method and k (an n-gram trace replayed as draft_model k=4).
 5. A run of max_tokens 1 (only final proposals) against a full run said "the engines never
-   drafted from the same anchor position".
+   drafted from the same anchor position". (Since final proposals compare where both sides
+   drafted at a position, each pairs with the full run's first block, drafted from the same
+   context; the "only final proposals" line stays for a full run without blocks there.)
 """
 
 from __future__ import annotations
@@ -190,6 +192,19 @@ def test_a_run_of_final_proposals_against_a_full_run_says_so(tmp_path):
     one = _one_token(VLLM, tmp_path / "v1.h5", keep_first=True)
     r = run_inproc("diff", one, shutil.copyfile(VLLM, tmp_path / "full.h5"))
     assert r.returncode == 1  # the full run's work has no partner: requests_incomplete
+    # Each final proposal (at len(prompt), drafted from prompt + the one output token) pairs
+    # with the full run's first block there, drafted from the same context: 5 paired, the
+    # same ids (the copy keeps vLLM's proposals), so something was compared.
+    assert "coverage: 5 paired blocks" in r.stdout
+    assert "proposals identical 5/5" in r.stdout
+    assert "nothing to compare" not in r.stdout
+    # Without the full run's blocks at those positions nothing pairs, and the diff says why.
+    with h5py.File(VLLM, "r", locking=False) as f:
+        req, pos = f["blocks/request"][:], f["blocks/position"][:]
+        plen = np.array([len(p) for p in f["requests/prompt_ids"][:]])
+    later = edited_copy(VLLM, tmp_path / "later.h5", keep=pos != plen[req], drop_meta=("checks",))
+    r = run_inproc("diff", one, later)
+    assert r.returncode == 1
     assert (
         "ours has only final proposals (drafted after each request's last token, never "
         "verified): nothing to compare" in r.stdout

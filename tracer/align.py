@@ -10,7 +10,11 @@
 2. Per matched pair the *content divergence position* is the first index where the two full
    sequences (prompt + output) differ; a block is comparable only when its anchor position is
    before it (both engines saw the same prefix up to and including the anchor), as defined
-   once in :mod:`spectrace.tracer.compare`.
+   once in :mod:`spectrace.tracer.compare`. At the *final position* (the shorter sequence's
+   last token) a block is comparable only when both sides have one there: a request's final
+   proposal (drafted after its last token, never verified) that one engine drafts and the
+   other does not is left out; one that both drafted, or one that pairs with the longer
+   side's block there (one output a prefix of the other), was drafted from the same context.
 3. Comparable blocks pair up by (request pair, anchor position): with different acceptance the
    engines draft from different positions, so only positions both drafted from pair up.
 4. A replay pair (both traces ``/meta`` ``source: "replay"``, see :mod:`spectrace.hooks.replay`)
@@ -28,7 +32,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .compare import NO_DIVERGENCE, comparable, comparable_limit, first_difference
+from .compare import (
+    NO_DIVERGENCE,
+    at_final,
+    comparable,
+    comparable_limit,
+    final_position,
+    first_difference,
+)
 from .index import block_keys, block_order
 from .parallel import chunks, in_parallel
 from .schema import SOURCE_REPLAY
@@ -53,7 +64,8 @@ class Alignment:
         common_len: int64 [m] length of the shorter full sequence (tokens).
         pair_of_block_a, pair_of_block_b: int32 [blocks] request-pair index per block, -1
             when the request is unmatched (int64 past 2**31 - 1 pairs).
-        comparable_a, comparable_b: bool [blocks] block lies on matched content.
+        comparable_a, comparable_b: bool [blocks] block lies on matched content (at the
+            final position only where both sides have a block there).
         ia, ib: int [P] indices of the P paired blocks (same pair, same anchor position),
             sorted by (pair, position); int32 (int64 past 2**31 - 1 blocks), as
             :func:`~spectrace.tracer.index.block_order`.
@@ -258,14 +270,18 @@ def align(a: Trace, b: Trace) -> Alignment:
         if known[p]:
             divergence[p] = first_difference(sa, sb)
 
-    def side(t: Trace, req: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """One trace's (pair of block, comparable) columns."""
+    def side(t: Trace, req: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One trace's (pair of block, comparable, at the final position) columns."""
         block_order(t)  # memoised for _pair_blocks and the detectors
         pob = _pair_of_block(t, req)
-        return pob, _comparable(pob, t.blocks.position, divergence, common_len, known)
+        return pob, *_comparable(pob, t.blocks.position, divergence, common_len, known)
 
-    (pob_a, comp_a), (pob_b, comp_b) = in_parallel([lambda: side(a, req_a), lambda: side(b, req_b)])
-    ia, ib = _pair_blocks(a, b, pob_a, comp_a, comp_b, req_b)
+    (pob_a, comp_a, fin_a), (pob_b, comp_b, fin_b) = in_parallel(
+        [lambda: side(a, req_a), lambda: side(b, req_b)]
+    )
+    ia, ib = _pair_blocks(a, b, pob_a, comp_a | fin_a, comp_b | fin_b, req_b)
+    _final_paired(m, ia, pob_a, fin_a, comp_a)
+    _final_paired(m, ib, pob_b, fin_b, comp_b)
     replay = is_replay(a) and is_replay(b)
     dis_a = dis_b = np.zeros(0, np.int64)
     if replay:
@@ -334,9 +350,26 @@ def _comparable(
     divergence: np.ndarray,
     common_len: np.ndarray,
     known: np.ndarray,
-) -> np.ndarray:
-    out = np.zeros(len(pob), bool)
+) -> tuple[np.ndarray, np.ndarray]:
+    """bool [blocks] each: comparable before the final position, and at the final position
+    (comparable once the other side has a block there: :func:`_final_paired`)."""
+    out, fin = np.zeros(len(pob), bool), np.zeros(len(pob), bool)
     limit = comparable_limit(divergence, common_len, known)
+    final = final_position(divergence, common_len, known)
     for c in chunks(len(pob)):
         out[c] = comparable(pos[c], pob[c], limit)
-    return out
+        fin[c] = at_final(pos[c], pob[c], final)
+    return out, fin
+
+
+def _final_paired(
+    m: int, paired: np.ndarray, pob: np.ndarray, fin: np.ndarray, comp: np.ndarray
+) -> None:
+    """Mark comparable (``comp``, in place) one side's blocks at the final position (``fin``)
+    of the request pairs whose final position paired: both sides drafted there (``paired``:
+    that side's paired block indices; ``pob``: its pair of block, of m pairs). Every block
+    at such a (pair, position) is, a re-prefill's repeat included, as before it."""
+    done = np.zeros(m + 1, bool)  # index -1: the unmatched "pair", never marked
+    done[pob[paired[fin[paired]]]] = True
+    for c in chunks(len(comp)):
+        comp[c] |= fin[c] & done[pob[c]]

@@ -13,10 +13,18 @@ Terms (per paired block, ours = ``a``, theirs = ``b``):
 * **shift by s**: ``ours[j] == theirs[j + s]`` with both slots present (s < 0 mirrors it);
 * **first differing slot**: the first j < max(ka, kb) that is not equal, -1 when none;
 * **common prefix**: the number of leading equal slots;
+* **final position**: when both outputs are known, the shorter full sequence's last token
+  (``common_len - 1``), if it lies before the first position where the two full sequences
+  differ: a block anchored there is a request's final proposal (drafted after its last
+  token, never verified) on the side whose sequence ends there, and, where the other
+  sequence goes on (one output a prefix of the other), an ordinary block on the other side,
+  drafted from the same context (prompt + output up to and including that token);
 * **comparable**: a block lies on matched content: its anchor position is before the first
-  position where the two full sequences (prompt + output) differ, and, when both outputs are
-  known, before the shorter sequence's last token (a request's final proposal is drafted
-  after the last token and never verified: it compares with nothing).
+  position where the two full sequences (prompt + output) differ and, when both outputs are
+  known, before the final position, or at the final position when both sides have a block
+  there (same request pair, same position; :mod:`spectrace.tracer.align` pairs them). A
+  final proposal only one side drafted (an engine may or may not draft after the last
+  token: vLLM does, our reference engine does not) compares with nothing.
 
 :func:`compare_blocks` compares rows already paired; :func:`compare_paired` gathers an
 alignment's paired rows and compares them in chunks on threads, with the per-slot counts
@@ -38,6 +46,9 @@ from .schema import pad_to
 
 #: Divergence position meaning "the sequences agree on their common length".
 NO_DIVERGENCE = np.iinfo(np.int64).max
+
+#: Final position meaning "none" (:func:`final_position`): no block is anchored there.
+NO_FINAL = np.iinfo(np.int64).min
 
 #: The slot shifts tested per slot (ours[j] == theirs[j + s]): the diff's shift agreement
 #: and the TUI's "shifted" cells. The layout-shift detector scans wider shifts itself.
@@ -67,9 +78,29 @@ def comparable_limit(
         common_len: int64 [m] length of the shorter full sequence (tokens).
         content_known: bool [m] both sides know their output ids.
     Returns:
-        int64 [m]: a block at anchor position p of pair i is comparable iff ``p < limit[i]``.
+        int64 [m]: a block at anchor position p of pair i is comparable if ``p < limit[i]``;
+        past it, only a block at the final position (:func:`final_position`) that both
+        sides drafted is.
     """
     return np.where(content_known, np.minimum(divergence, common_len - 1), divergence)
+
+
+def final_position(
+    divergence: np.ndarray, common_len: np.ndarray, content_known: np.ndarray
+) -> np.ndarray:
+    """Per request pair, the final position (module docstring): int64 [m], ``common_len -
+    1`` where both outputs are known and the sequences agree up to and including that token,
+    else :data:`NO_FINAL` (no block position). Arguments as :func:`comparable_limit`'s."""
+    last = common_len - 1
+    return np.where(content_known & (last < divergence) & (last >= 0), last, NO_FINAL)
+
+
+def at_final(position: np.ndarray, pair: np.ndarray, final: np.ndarray) -> np.ndarray:
+    """bool [n]: which blocks (int [n] anchor ``position``, int64 [n] ``pair``, -1 for an
+    unmatched request: False) are anchored at their pair's ``final`` position (int64 [m],
+    :func:`final_position`): comparable only where the other side has a block there too."""
+    fin = np.append(final, NO_FINAL)  # index -1: the unmatched "pair"
+    return position == fin[pair]
 
 
 def comparable(position: np.ndarray, pair: np.ndarray, limit: np.ndarray) -> np.ndarray:

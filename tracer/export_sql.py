@@ -7,8 +7,10 @@ Requests pair by identical prompt ids, the n-th request of a prompt with the n-t
 other side (``spectrace diff`` also pairs requests without prompt ids by request id, then
 order: not done here); a block is on matched content when its anchor position is before the
 first token where the two full sequences differ and before the last token of the shorter
-one (any position when either side lacks output ids); blocks pair by (request pair, anchor
-position), the first block of each position on each side.
+one (any position when either side lacks output ids), or at that last token, before the
+first difference, when the other side has a block there too (a request's final proposal
+that both drafted, or one that meets the longer output's block there); blocks pair by
+(request pair, anchor position), the first block of each position on each side.
 """
 
 from __future__ import annotations
@@ -50,25 +52,35 @@ WITH req AS (
   FROM read_parquet('{out}/requests/*/*/*.parquet', hive_partitioning = true)
   WHERE len(prompt_ids) > 0
 ),
-pairs AS (
-  SELECT a.request AS ra, b.request AS rb,
-         CASE WHEN a.known AND b.known THEN least(
-           coalesce(list_position(list_transform(list_zip(a.seq, b.seq),
-                                                 lambda z: z[1] = z[2]), false) - 1,
-                    len(a.seq) + len(b.seq)),
-           least(len(a.seq), len(b.seq)) - 1) ELSE 2147483647 END AS lim
+seqs AS (
+  SELECT a.request AS ra, b.request AS rb, a.known AND b.known AS known,
+         coalesce(list_position(list_transform(list_zip(a.seq, b.seq),
+                                               lambda z: z[1] = z[2]), false) - 1,
+                  len(a.seq) + len(b.seq)) AS div,
+         least(len(a.seq), len(b.seq)) - 1 AS last
   FROM req a JOIN req b ON a.prompt_ids = b.prompt_ids AND a.nth = b.nth
   WHERE a.run = $ours AND b.run = $theirs
+),
+pairs AS (
+  SELECT ra, rb, CASE WHEN known THEN least(div, last) ELSE 2147483647 END AS lim,
+         CASE WHEN known AND last < div THEN last END AS fin
+  FROM seqs
 ),
 blk AS (
   SELECT run, request, position, block, k, proposed
   FROM read_parquet('{out}/blocks/*/*/*.parquet', hive_partitioning = true)
   WHERE run IN ($ours, $theirs)
 ),
-oa AS (SELECT blk.*, p.ra, p.rb FROM blk JOIN pairs p ON blk.request = p.ra
-       WHERE blk.run = $ours AND blk.position < p.lim),
-ob AS (SELECT blk.*, p.ra, p.rb FROM blk JOIN pairs p ON blk.request = p.rb
-       WHERE blk.run = $theirs AND blk.position < p.lim),
+ca AS (SELECT blk.*, p.ra, p.rb, blk.position < p.lim AS before FROM blk
+       JOIN pairs p ON blk.request = p.ra
+       WHERE blk.run = $ours AND (blk.position < p.lim OR blk.position = p.fin)),
+cb AS (SELECT blk.*, p.ra, p.rb, blk.position < p.lim AS before FROM blk
+       JOIN pairs p ON blk.request = p.rb
+       WHERE blk.run = $theirs AND (blk.position < p.lim OR blk.position = p.fin)),
+oa AS (FROM ca WHERE before OR EXISTS (FROM cb WHERE cb.ra = ca.ra AND cb.rb = ca.rb
+                                                 AND cb.position = ca.position)),
+ob AS (FROM cb WHERE before OR EXISTS (FROM ca WHERE ca.ra = cb.ra AND ca.rb = cb.rb
+                                                 AND ca.position = cb.position)),
 paired AS (
   SELECT a.k AS ka, b.k AS kb, a.proposed AS pa, b.proposed AS pb
   FROM (FROM oa QUALIFY row_number() OVER (PARTITION BY request, position ORDER BY block) = 1) a

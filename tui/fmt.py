@@ -111,7 +111,9 @@ def explain(
     elif not win.comparable[i]:
         parts.append(
             f"{head} The request's final proposal: drafted after the last common "
-            f"token and never verified, so it compares with nothing."
+            f"token, never verified, with no block of the other side drafted from the same "
+            f"known context (none at this position, or past the output's end), so it "
+            f"compares with nothing."
         )
     elif not win.paired[i] and not pair.matched:
         who, other = ("ours", "theirs") if a["has"][i] else ("theirs", "ours")

@@ -222,14 +222,20 @@ def test_dp2_files_read_as_one_trace_by_every_command(runs):
 @pytest.mark.slow
 def test_dp2_pair_diffs_against_the_dp1_run_block_for_block(runs):
     """The DP=2 files (one per rank, as a glob) against the DP=1 run of the same prompts
-    (the TP=2 run: one engine): every verified block pairs and agrees."""
+    (the TP=2 run: one engine): every verified block pairs and agrees, and so does each final
+    proposal at a request's last token (both runs drafted it, from the same context)."""
     dp2, dp1 = runs("dp2"), runs("tp2")
     p = _cli("diff", str(dp2.out.parent / "dp2*.h5"), str(dp1.out), "--format", "json")
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert d["diverged"] is False and d["findings"] == []
-    assert d["coverage"]["paired"] == d["agreement"]["paired_blocks"] == 35
-    assert d["agreement"]["exact_matches"] == 35
+    t = open_trace(dp1.out)  # the DP=1 run's final proposals at the last token, by hand
+    b, r = t.blocks, t.requests
+    ends = np.array([len(r.prompt_ids[i]) + len(r.output_ids[i]) - 1 for i in range(len(r))])
+    finals = int(((b.num_verified < 0) & (b.position == ends[b.request])).sum())
+    assert finals == 2  # 37 blocks: 35 verified and 2 final proposals, both at the last token
+    assert d["coverage"]["paired"] == d["agreement"]["paired_blocks"] == 35 + finals
+    assert d["agreement"]["exact_matches"] == 35 + finals
     assert (d["ours"]["blocks"], d["theirs"]["blocks"]) == (37, 37)
     assert len(d["ours"]["files"]) == 2
 

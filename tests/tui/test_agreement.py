@@ -21,7 +21,7 @@ from spectrace.tracer.align import align
 from spectrace.tracer.diff import diff_traces
 from spectrace.tracer.store import TraceWriter, open_trace
 from spectrace.tui.fmt import row_note
-from spectrace.tui.model import S_PAST, analyse, compute_window
+from spectrace.tui.model import analyse, compute_window
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,25 +108,24 @@ def final_pair(tmp_path):
 
 def test_final_proposals_by_hand(final_pair, load_model):
     a, b = final_pair
-    # The diff pairs r@2, r@5, s@2 (r@6 and s@4 are at each request's last token: drafted
-    # after it, never verified, not comparable); only r@5 differs (slot 1: 40 vs 41).
+    # The diff pairs r@2, r@5, r@6, s@2 and s@4: r@6 and s@4 are at each request's last
+    # token (final proposals, never verified), drafted by both sides from the same context,
+    # so they compare; r@5 differs (slot 1: 40 vs 41), and so do both finals (50 51 vs 60
+    # 61, 70 71 vs 80 81).
     al, paired, bad, all_bad = _diff_blocks(a, b)
-    assert paired == {0: [(0, 0), (1, 1)], 1: [(3, 3)]}
-    assert bad == {0: [(1, 1)], 1: []}
+    assert paired == {0: [(0, 0), (1, 1), (2, 2)], 1: [(3, 3), (4, 4)]}
+    assert bad == {0: [(1, 1), (2, 2)], 1: [(4, 4)]}
     vm = load_model(a, b)
     r, s = vm.rows(0), vm.rows(1)
     assert r.pos.tolist() == [2, 5, 6] and s.pos.tolist() == [2, 4]
-    assert vm.bad_mask(r).tolist() == [False, True, False]
-    assert vm.bad_mask(s).tolist() == [False, False]  # only the final proposals differ
+    assert vm.bad_mask(r).tolist() == [False, True, True]
+    assert vm.bad_mask(s).tolist() == [False, True]
     assert vm.next_divergent(0, -1) == (0, 1)
-    assert vm.next_divergent(0, 1) is None
-    assert vm.next_divergent(1, 1 << 62, forward=False) == (0, 1)
+    assert vm.next_divergent(0, 1) == (0, 2)
     win = vm.window(r, 0)
-    assert win.comparable.tolist() == [True, True, False]
-    assert (win.a["state"][2] == S_PAST).all() and (win.b["state"][2] == S_PAST).all()
-    assert row_note(win, 2, True) == "final proposal"
+    assert win.comparable.tolist() == [True, True, True]
     assert row_note(win, 1, True) == "≠ slot 1"
-    assert assert_agree(a, b, load_model) == (1, 2)  # r@6 and s@4 are not comparable
+    assert assert_agree(a, b, load_model) == (3, 0)  # every row both drafted compares
 
 
 # --------------------------------------------------------------------------------------------

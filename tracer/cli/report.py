@@ -365,8 +365,9 @@ def _print_agreement(con: Console, r: DiffResult) -> None:
         if cv.blocks(side) > cv.on_matched_content(side)
     ]
     note = (
-        f"; not on matched content: {' and '.join(outside)} (past a divergence, in "
-        f"unmatched requests, or a request's final proposal, never verified)"
+        f"; not on matched content: {' and '.join(outside)} (past a divergence or the "
+        f"shorter output's end, in unmatched requests, or a request's final proposal that "
+        f"only one side drafted, never verified)"
         if outside
         else ""
     )

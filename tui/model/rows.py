@@ -6,7 +6,8 @@ request of one trace): the union of both sides' anchor positions; a position onl
 drafted from has the other side empty. A side's block at a position is its first one there
 (as :func:`spectrace.tracer.align.align` pairs blocks). A row is *comparable* when the kernel
 says so (:func:`~spectrace.tracer.compare.comparable`: before the content divergence and
-before the last common token), and a paired comparable row *diverges* when the kernel's
+before the last common token; at that token, the final position, when both sides drafted
+there), and a paired comparable row *diverges* when the kernel's
 :func:`~spectrace.tracer.compare.compare_blocks` calls the block pair divergent: exactly the
 blocks ``spectrace diff`` counts as differing.
 """
@@ -19,10 +20,12 @@ import numpy as np
 
 from spectrace.tracer.compare import (
     NO_DIVERGENCE,
+    NO_FINAL,
     SHIFTS,
     comparable,
     comparable_limit,
     compare_blocks,
+    final_position,
     shift_equal,
 )
 from spectrace.tracer.schema import pad_to
@@ -61,7 +64,9 @@ class Pair:
             None until computed (see :meth:`ViewModel.divergence`).
         content_known: both sides know their output ids.
         limit: first anchor position that is not comparable
-            (:func:`~spectrace.tracer.compare.comparable_limit`), set with ``divergence``.
+            (:func:`~spectrace.tracer.compare.comparable_limit`), set with ``divergence``;
+        final: the final position (:func:`~spectrace.tracer.compare.final_position`),
+            comparable where both sides drafted there.
     """
 
     index: int
@@ -74,6 +79,7 @@ class Pair:
     divergence: int | None = None
     content_known: bool = True
     limit: int = NO_DIVERGENCE
+    final: int = NO_FINAL
 
     @property
     def matched(self) -> bool:
@@ -92,13 +98,9 @@ class Pair:
         :func:`~spectrace.tracer.compare.first_difference`, ``common_len`` the shorter full
         sequence's length in tokens, ``known`` both outputs recorded)."""
         self.divergence, self.content_known = divergence, known
-        self.limit = int(
-            comparable_limit(
-                np.array([divergence], np.int64),
-                np.array([common_len], np.int64),
-                np.array([known]),
-            )[0]
-        )
+        args = np.array([divergence], np.int64), np.array([common_len], np.int64), np.array([known])
+        self.limit = int(comparable_limit(*args)[0])
+        self.final = int(final_position(*args)[0])
 
 
 @dataclass
@@ -290,6 +292,7 @@ def compute_window(ta: Trace, tb: Trace | None, rows: Rows, start: int, stop: in
     w = max(ga["proposed"].shape[1], gb["proposed"].shape[1] if gb else 0, 1)
     A = _side_arrays(ga, ia >= 0, w)
     comp = comparable(pos, np.zeros(n, np.int64), np.array([rows.limit], np.int64))
+    comp |= (pos == rows.pair.final) & (ia >= 0) & (ib >= 0)  # a final both drafted
     if gb is None:
         A["state"] = np.where(A["in_k"], S_SOLO, S_NONE).astype(np.int8)
         z = np.zeros(n, bool)

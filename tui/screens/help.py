@@ -25,7 +25,7 @@ LEGEND = (
         "past",
         "bright_black",
         "past the content divergence (the texts differ) or a "
-        "request's final, never-verified proposal: not comparable",
+        "request's final, never-verified proposal only one side drafted: not comparable",
     ),
     ("cat", "solo", "", "unpaired: only this side drafted from this position"),
     ("cat", "accepted", "underline", "inside the accepted prefix (the target took it)"),
