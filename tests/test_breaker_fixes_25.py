@@ -110,6 +110,7 @@ def test_tables_of_a_closed_trace_raise_input_error():
 
 def test_open_refuses_run_names_export_refuses():
     import pytest
+
     import spectrace
     from spectrace.tracer.errors import InputError
 
@@ -130,6 +131,7 @@ def test_open_refuses_run_names_export_refuses():
 
 def _run_figures(trace: Path, out: Path) -> dict:
     import duckdb
+
     from spectrace.tracer.export_sql import RUN_FIGURES
 
     r = run_inproc("export", str(trace), "-o", str(out), "--run", "r")
