@@ -110,6 +110,7 @@ def test_tables_of_a_closed_trace_raise_input_error():
 
 def test_open_refuses_run_names_export_refuses():
     import pytest
+
     import spectrace
     from spectrace.tracer.errors import InputError
 
@@ -130,6 +131,7 @@ def test_open_refuses_run_names_export_refuses():
 
 def _run_figures(trace: Path, out: Path) -> dict:
     import duckdb
+
     from spectrace.tracer.export_sql import RUN_FIGURES
 
     r = run_inproc("export", str(trace), "-o", str(out), "--run", "r")
@@ -238,3 +240,52 @@ def test_draft_margin_narrower_than_proposed_is_bad_input(tmp_path):
 def test_draft_margin_as_wide_as_proposed_is_read(tmp_path):
     t = _with_margins(tmp_path / "t.h5", 4)
     assert run_inproc("check", str(t)).returncode == 0
+
+
+# -- 6. --positions takes plain digits ---------------------------------------------------------
+
+
+def test_positions_with_an_underscore_or_other_digits_is_bad_usage():
+    for text in ("1_0:20", "\u0661:5"):  # int() reads both (10, 1): a typo, not a window
+        r = run_inproc("diff", str(REF), str(REF), "--positions", text)
+        assert r.returncode == 2
+        assert r.stderr == (
+            f"spectrace: error: Invalid value for --positions: expected A:B with positions >= 0, "
+            f"e.g. 5:20 or 40: (got {text!r}) (see 'spectrace diff --help')\n"
+        )
+
+
+def test_positions_of_plain_digits_with_spaces_select_the_window():
+    with h5py.File(REF, "r", locking=False) as f:
+        pos = f["blocks"]["position"][:]
+    window = int(((pos >= 10) & (pos < 20)).sum())
+    code, doc = _json("diff", str(REF), str(REF), "--positions", " 10 : 20 ")
+    assert code == 0 and window > 0
+    assert doc["agreement"]["paired_blocks"] == doc["agreement"]["exact_matches"] == window
+
+
+# -- 7. a damaged flushed_rows attribute is named as the field ---------------------------------
+
+
+def _announcing(dst: Path, value) -> Path:
+    edited_copy(REF, dst)
+    with h5py.File(dst, "r+") as f:
+        f["blocks"].attrs["flushed_rows"] = value
+    return dst
+
+
+def test_flushed_rows_not_one_integer_is_named_as_the_field(tmp_path):
+    for value, shown in ((np.array([1, 2]), "[1, 2]"), (float("nan"), "nan"), (12.5, "12.5")):
+        t = _announcing(tmp_path / "t.h5", value)
+        r = run_inproc("check", str(t))
+        assert (r.returncode, r.stderr) == (
+            2,
+            f"spectrace: error: {t}: expected an integer >= 0 "
+            f"(field=/blocks.flushed_rows, value={shown})\n",
+        )
+
+
+def test_flushed_rows_of_every_row_reads_whole(tmp_path):
+    t = _announcing(tmp_path / "t.h5", np.int64(139))
+    code, info = _json("info", str(t))
+    assert (code, info["blocks"]) == (0, 139)
