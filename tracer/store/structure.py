@@ -145,7 +145,9 @@ def _margin_width_problems(path: str, f: h5py.File) -> list[Problem]:
     """``draft_margin`` holds one margin per proposed slot: a width other than
     ``proposed``'s would pair margins with the wrong ids (or none)."""
     g = f.get("blocks")
-    prop, dm = (g.get(n) if isinstance(g, h5py.Group) else None for n in ("proposed", "draft_margin"))
+    if not isinstance(g, h5py.Group):
+        return []
+    prop, dm = g.get("proposed"), g.get("draft_margin")
     if not (isinstance(prop, h5py.Dataset) and isinstance(dm, h5py.Dataset)):
         return []
     if prop.ndim != 2 or dm.ndim != 2 or prop.shape[1] == dm.shape[1]:
