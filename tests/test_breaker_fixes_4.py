@@ -537,7 +537,7 @@ def test_a_negative_announced_count_is_damaged(tmp_path):
     p = _announced(tmp_path, -5)
     r = run_inproc("check", p)
     assert r.returncode == 2
-    want = f"spectrace: error: {p}: damaged trace file (flushed_rows attribute -5 is negative)"
+    want = f"spectrace: error: {p}: expected an integer >= 0 (field=/blocks.flushed_rows, value=-5)"
     assert _error(r.stderr) == want
 
 

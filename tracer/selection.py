@@ -4,6 +4,7 @@ as :mod:`spectrace.tracer.gate` applies it; :class:`GateError` for a bad one."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -138,10 +139,9 @@ def parse_positions(text: str) -> slice:
         GateError: not ``A:B`` with non-negative ints, or B <= A.
     """
     lo, sep, hi = text.partition(":")
-    try:
-        ends = [None if not x.strip() else int(x) for x in (lo, hi)]
-    except ValueError:
-        ends = [-1, -1]
+    # plain ASCII digits: int() also takes "1_0" and other scripts' digits, never meant
+    plain = all(re.fullmatch(r"[0-9]*", x.strip()) for x in (lo, hi))
+    ends = [None if not x.strip() else int(x) for x in (lo, hi)] if plain else [-1, -1]
     if not sep:
         ends = [-1, -1]
     return _checked_slice(ends[0], ends[1], repr(text))

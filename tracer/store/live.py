@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import h5py
+import numpy as np
 
 from .. import schema
 from ..errors import TraceFormatError
@@ -88,13 +89,20 @@ def announced(f: h5py.File) -> int | None:
     writer, or no flush yet).
 
     Raises:
-        ValueError: a negative or non-integer count (a damaged file).
+        TraceFormatError: a count that is not one integer >= 0 (a damaged file), named as
+            the field ``/blocks.flushed_rows`` with its value.
     """
     v = f["blocks"].attrs.get(FLUSHED_ROWS)
     if v is None:
         return None
-    if int(v) < 0:  # ValueError: the open calls the file damaged (exit 2), not a bug
-        raise ValueError(f"{FLUSHED_ROWS} attribute {int(v)} is negative")
+    if isinstance(v, np.ndarray) and v.shape in ((), (1,)):
+        v = v.reshape(())[()]
+    if not isinstance(v, int | np.integer) or isinstance(v, bool | np.bool_) or v < 0:
+        shown = v.tolist() if isinstance(v, np.ndarray | np.generic) else v
+        raise TraceFormatError(
+            f"{f.filename}: expected an integer >= 0 (field=/blocks.{FLUSHED_ROWS}, "
+            f"value={shown!r})"
+        )
     return int(v)
 
 

@@ -138,22 +138,7 @@ def column_problems(path: str, f: h5py.File) -> list[Problem]:
             why = _column_shape_error(ds, c) if isinstance(ds, h5py.Dataset) else "not a dataset"
             if why is not None:
                 problems.append(Problem(path, f"{table}/{c.name}", why))
-    return problems + _margin_width_problems(path, f)
-
-
-def _margin_width_problems(path: str, f: h5py.File) -> list[Problem]:
-    """``draft_margin`` holds one margin per proposed slot: a width other than
-    ``proposed``'s would pair margins with the wrong ids (or none)."""
-    g = f.get("blocks")
-    if not isinstance(g, h5py.Group):
-        return []
-    prop, dm = g.get("proposed"), g.get("draft_margin")
-    if not (isinstance(prop, h5py.Dataset) and isinstance(dm, h5py.Dataset)):
-        return []
-    if prop.ndim != 2 or dm.ndim != 2 or prop.shape[1] == dm.shape[1]:
-        return []
-    what = f"{dm.shape[1]} slots wide, expected proposed's width {prop.shape[1]}"
-    return [Problem(path, "blocks/draft_margin", what)]
+    return problems
 
 
 def length_problems(path: str, f: h5py.File) -> list[Problem]:
